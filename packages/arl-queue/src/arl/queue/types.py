@@ -1,0 +1,55 @@
+"""The wire schema of a sample: the only thing that crosses from the rollout side to the trainer.
+
+A `Sample` is one prompt with its group of `n` responses (GRPO needs the whole group to compute
+advantages), matching the reference design where one queue item is one prompt's rollouts. It is a
+msgspec struct, encoded to msgpack on the way through the queue; `SCHEMA_VERSION` is bumped on any
+incompatible change and checked on decode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+
+class Response(msgspec.Struct, kw_only=True):
+    """One trajectory: the token-exact record of what the policy produced for a prompt."""
+
+    # Everything after the prompt: sampled tokens and (for multi-turn) tool/user tokens in between.
+    response_ids: list[int]
+    # 1 = token sampled by the policy (trained on), 0 = anything else (tool output, template backfill).
+    response_mask: list[int]
+    # Log prob under the sampling policy where mask is 1; 0.0 where mask is 0.
+    response_logprobs: list[float]
+    # Weight version that sampled each token where mask is 1; -1 where mask is 0.
+    weight_versions: list[int]
+    reward: float
+    finish_reason: str = "stop"
+    num_turns: int = 1
+    # Named reward components (e.g. {"correct": 1.0, "format": 0.5}) when the task reports them.
+    rewards: dict[str, float] = msgspec.field(default_factory=dict)
+    routed_experts: list[list[list[int]]] | None = None
+
+
+class Sample(msgspec.Struct, kw_only=True):
+    """One prompt and its `n` responses, as produced by the rollout side."""
+
+    uid: str
+    prompt_ids: list[int]
+    responses: list[Response]
+    # Weight version the rollouter held when this sample's generation started / finished.
+    start_version: int
+    end_version: int
+    task_id: str = ""
+    # Free-form metadata of the task (e.g. the ground truth) and timings in seconds (e.g. "generate").
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    timings: dict[str, float] = msgspec.field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def min_token_version(self) -> int:
+        """Oldest weight version that sampled any trained token of this sample (its staleness anchor)."""
+        versions = [v for r in self.responses for v in r.weight_versions if v >= 0]
+        return min(versions) if versions else self.start_version

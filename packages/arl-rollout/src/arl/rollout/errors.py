@@ -1,0 +1,25 @@
+"""Errors raised by arl-rollout. All derive from `RolloutError`."""
+
+
+class RolloutError(Exception):
+    """Base of every error arl-rollout raises."""
+
+
+class UnknownAgentLoopError(RolloutError, KeyError):
+    """A task named an agent loop that is not registered."""
+
+
+class UnknownRewardError(RolloutError, KeyError):
+    """A task named a reward function that is not registered."""
+
+
+class DatasetError(RolloutError, ValueError):
+    """A dataset file is missing, of an unknown format, or has a malformed row (the row is named)."""
+
+
+class EngineError(RolloutError):
+    """An inference engine failed or did not answer in time."""
+
+
+class WeightSyncError(RolloutError):
+    """Weights could not be loaded into an engine; the engine keeps its previous weights."""

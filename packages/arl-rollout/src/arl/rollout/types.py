@@ -1,0 +1,47 @@
+"""Wire types of arl-rollout: a task as read from a dataset, and one agent loop's result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Task(msgspec.Struct, kw_only=True):
+    """One row of a dataset: what to ask, and what a verifier needs to score the answer.
+
+    `messages` is an OpenAI-style chat (list of {"role", "content"} dicts). `reward_fn` names a
+    verifier registered in `arl.rollout.rewards` (e.g. "digits"); agent loops that score by other means
+    (a Harbor trial's verifier) ignore it. `agent` names the agent loop that runs the task.
+    """
+
+    id: str
+    messages: list[dict[str, Any]]
+    ground_truth: Any = None
+    reward_fn: str = "exact"
+    agent: str = "single_turn"
+    # Task-specific inputs, e.g. {"harbor_task_path": "..."} for a Harbor trial.
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class AgentResult(msgspec.Struct, kw_only=True):
+    """What one agent loop run produced: a token-exact trajectory and its reward.
+
+    Field meanings match `arl.proxy.Trajectory` and `arl.queue.Response`; prompt_ids are kept per
+    result because an agent may render the prompt itself (tools, system prompt).
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    weight_versions: list[int]
+    reward: float
+    finish_reason: str = "stop"
+    num_turns: int = 1
+    rewards: dict[str, float] = msgspec.field(default_factory=dict)
+    # Seconds per phase (e.g. "generate", "environment_setup", "verifier"), for metrics.
+    timings: dict[str, float] = msgspec.field(default_factory=dict)
+    # True when the agent could not produce a trainable trajectory (e.g. sandbox failed); not trained on.
+    failed: bool = False
+    error: str = ""
