@@ -1,0 +1,224 @@
+"""The Ray actors of a run: the rollout side (engines + Rollouter) and the trainer side.
+
+Both are async actors. The trainer drives the weight sync by calling the rollout actor's
+pause / update_weights / resume; samples travel through the arl-queue actor as msgspec bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from arl_train.config import AppConfig
+
+RPC_TIMEOUT_S = 600.0
+
+
+def _limit_threads() -> None:
+    # Two processes share a small machine: keep torch from oversubscribing cores.
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+
+
+class RolloutActor:
+    def __init__(self, config: AppConfig, model_path: str, queue_handle: Any) -> None:
+        self.config = config
+        self.model_path = model_path
+        self.queue_handle = queue_handle
+        self.rollouter: Any = None
+        self._run_task: asyncio.Task[None] | None = None
+        self._engines: list[Any] = []
+
+    async def start(self) -> None:
+        """Start the engines, then the feed loop (in the background of this actor)."""
+        from transformers import AutoTokenizer
+
+        from arl.proxy.types import SamplingParams
+        from arl.queue.ray_actor import QueueClient
+        from arl.rollout import Rollouter, ServerManager, SingleTurnAgentLoop, compute_budget, cycle_tasks, load_tasks
+
+        _limit_threads()
+        cfg = self.config
+        tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self._engines = [self._make_engine(i) for i in range(cfg.rollout.replicas)]
+        await asyncio.gather(*(e.start() for e in self._engines))
+        manager = ServerManager(self._engines, generate_timeout_s=cfg.rollout.generate_timeout_s)
+        at = cfg.async_training
+        budget = compute_budget(
+            require_batches=at.require_batches,
+            ppo_mini_batch_size=cfg.actor.ppo_mini_batch_size,
+            staleness_threshold=at.staleness_threshold,
+            trigger_parameter_sync_step=at.trigger_parameter_sync_step,
+            replicas=cfg.rollout.replicas,
+            per_replica=cfg.rollout.max_concurrent_per_replica,
+        )
+        tasks = load_tasks(cfg.data.source, seed=cfg.data.seed, size=cfg.data.size)
+        self.rollouter = Rollouter(
+            tasks=cycle_tasks(tasks, seed=cfg.seed),
+            manager=manager,
+            sink=_BlockingSink(QueueClient(self.queue_handle)),
+            agent_loops={"single_turn": SingleTurnAgentLoop(tokenizer)},
+            sampling_params=SamplingParams(
+                max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
+            ),
+            n=cfg.rollout.n,
+            budget=budget,
+            partial_rollout=at.partial_rollout,
+        )
+        self._run_task = asyncio.create_task(self.rollouter.run())
+
+    def _make_engine(self, index: int) -> Any:
+        r = self.config.rollout
+        if r.engine == "vllm":
+            from arl.rollout.engines.vllm_engine import VllmEngine, VllmEngineConfig
+
+            return VllmEngine(
+                VllmEngineConfig(
+                    model_path=self.model_path,
+                    dtype=r.dtype,
+                    max_model_len=r.max_model_len,
+                    enforce_eager=r.enforce_eager,
+                    seed=self.config.seed + index,
+                )
+            )
+        from arl.rollout.engines.torch_engine import TorchEngine, TorchEngineConfig
+
+        return TorchEngine(TorchEngineConfig(model_path=self.model_path, device=r.device, dtype=r.dtype, seed=self.config.seed + index))
+
+    def _check_alive(self) -> None:
+        if self._run_task is not None and self._run_task.done():
+            self._run_task.result()  # re-raise the feed loop's failure in the caller
+
+    async def pause(self) -> None:
+        self._check_alive()
+        await self.rollouter.pause()
+
+    async def update_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
+        await self.rollouter.update_weights(sync_address, sync_config_json, version)
+
+    async def resume(self, queued_samples: int) -> None:
+        await self.rollouter.resume(queued_samples)
+
+    async def stats(self) -> dict[str, Any]:
+        self._check_alive()
+        return self.rollouter.stats.as_dict() | {
+            "active": self.rollouter.active,
+            "resumed_requests": self.rollouter.manager.resumed_requests,
+            "engine_versions": self.rollouter.manager.weight_versions,
+        }
+
+    async def engine_weights(self) -> bytes:
+        """Replica 0's parameters (safetensors bytes, the engine's naming), to verify a sync."""
+        from safetensors.torch import save
+
+        return save(await self._engines[0].worker_weights())
+
+    async def stop(self) -> None:
+        if self._run_task is not None:
+            self._run_task.cancel()
+            try:
+                await self._run_task
+            except (asyncio.CancelledError, Exception):
+                pass
+        await asyncio.gather(*(e.stop() for e in self._engines), return_exceptions=True)
+
+
+class _BlockingSink:
+    """Puts a sample, waiting while the queue is full (back-pressure, never a drop)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def put(self, sample: Any) -> None:
+        while not await self.client.put(sample, timeout=30.0):
+            pass
+
+
+class _RolloutHandle:
+    """`RolloutControl` over the rollout actor's handle, with a timeout on every call."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    async def pause(self) -> None:
+        await asyncio.wait_for(self.handle.pause.remote(), RPC_TIMEOUT_S)
+
+    async def update_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
+        await asyncio.wait_for(self.handle.update_weights.remote(sync_address, sync_config_json, version), RPC_TIMEOUT_S)
+
+    async def resume(self, queued_samples: int) -> None:
+        await asyncio.wait_for(self.handle.resume.remote(queued_samples), RPC_TIMEOUT_S)
+
+
+class TrainerActor:
+    def __init__(self, config: AppConfig, model_path: str, queue_handle: Any, rollout_handle: Any) -> None:
+        from transformers import AutoTokenizer
+
+        from arl.queue.ray_actor import QueueClient
+        from arl.sync import SyncConfig
+        from arl.trainer import HFPolicy, OptimConfig, Trainer, TrainerConfig, WeightPublisher
+
+        _limit_threads()
+        cfg = self.config = config
+        at, actor = cfg.async_training, cfg.actor
+        tcfg = TrainerConfig(
+            ppo_mini_batch_size=actor.ppo_mini_batch_size,
+            require_batches=at.require_batches,
+            trigger_parameter_sync_step=at.trigger_parameter_sync_step,
+            clip_ratio_low=actor.clip_ratio_low,
+            clip_ratio_high=actor.clip_ratio_high,
+            tis_cap=actor.tis_cap,
+            norm_adv_by_std=actor.norm_adv_by_std,
+            temperature=cfg.rollout.temperature,
+            max_version_lag=None if at.max_version_lag < 0 else at.max_version_lag,
+            on_version_lag=at.on_version_lag,
+            batch_timeout_s=cfg.trainer.batch_timeout_s,
+            optim=OptimConfig(lr=actor.lr, grad_clip=actor.grad_clip),
+        )
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.policy = HFPolicy(model_path, tcfg, device=actor.device, dtype=cfg.model.dtype, seed=cfg.seed)
+        sync_config = SyncConfig(
+            transport=cfg.sync.transport,
+            bucket_bytes=cfg.sync.bucket_mb << 20,
+            timeout_s=cfg.sync.timeout_s,
+            cast_dtype=None if cfg.rollout.dtype == cfg.model.dtype else cfg.rollout.dtype,
+        )
+        self.publisher = WeightPublisher(sync_config, num_receivers=cfg.rollout.replicas)
+        self.trainer = Trainer(
+            self.policy,
+            QueueClient(queue_handle),
+            _RolloutHandle(rollout_handle),
+            self.publisher,
+            tcfg,
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        )
+
+    async def train_step(self) -> dict[str, Any]:
+        return await self.trainer.train_step()
+
+    async def final_sync(self) -> dict[str, Any]:
+        """Sync now unless the last step already did, so the engines serve the final weights."""
+        if self.trainer.step % self.config.async_training.trigger_parameter_sync_step == 0:
+            return {}
+        return await self.trainer.sync()
+
+    async def save_checkpoint(self, directory: str) -> str:
+        from pathlib import Path
+
+        state = {"step": self.trainer.step, "version": self.trainer.version, "samples_seen": self.trainer.samples_seen}
+        return str(self.policy.save(Path(directory), state))
+
+    async def version(self) -> int:
+        return self.trainer.version
+
+    async def weights(self) -> bytes:
+        """The trainer's parameters (safetensors bytes, HF naming), to verify a sync."""
+        from safetensors.torch import save
+
+        return save(self.policy.state_dict_cpu())
+
+    async def close(self) -> None:
+        self.publisher.close()
+

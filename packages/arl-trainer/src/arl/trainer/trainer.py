@@ -1,0 +1,137 @@
+"""The consumer loop: take samples off the queue, update the policy, publish weights every few steps.
+
+One step consumes `required = require_batches × ppo_mini_batch_size` samples (each a prompt with n
+responses) and makes `require_batches` optimizer updates. Every `trigger_parameter_sync_step` steps it
+syncs: pause the rollout side, stream the weights through arl-sync into the engines, resume and
+re-arm the rollout staleness budget. Samples whose oldest token is more than `max_version_lag`
+versions old are dropped (or kept) and counted, never silently lost.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from arl.queue.types import Sample
+from arl.trainer.backend import HFPolicy
+from arl.trainer.batch import assemble_batch
+from arl.trainer.config import TrainerConfig
+from arl.trainer.errors import StarvedError
+from arl.trainer.publisher import RolloutControl, WeightPublisher
+
+
+class SampleSource(Protocol):
+    async def get_batch(self, n: int, timeout: float | None = None) -> list[Sample]: ...
+
+    async def size(self) -> int: ...
+
+
+class Trainer:
+    def __init__(
+        self,
+        policy: HFPolicy,
+        source: SampleSource,
+        rollout: RolloutControl,
+        publisher: WeightPublisher,
+        config: TrainerConfig,
+        *,
+        pad_token_id: int,
+    ) -> None:
+        self.policy = policy
+        self.source = source
+        self.rollout = rollout
+        self.publisher = publisher
+        self.config = config
+        self.pad_token_id = pad_token_id
+        self.step = 0
+        self.version = 0  # weight version the rollout side holds (bumped by every sync)
+        self.samples_seen = 0
+        self.dropped_version_lag = 0
+        self._last_step_end = time.perf_counter()
+
+    @property
+    def required(self) -> int:
+        return self.config.require_batches * self.config.ppo_mini_batch_size
+
+    async def _collect(self) -> tuple[list[Sample], int]:
+        """`required` samples within the version-lag bound; returns them and how many were over it."""
+        kept: list[Sample] = []
+        over = 0
+        deadline = time.monotonic() + self.config.batch_timeout_s
+        while len(kept) < self.required:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise StarvedError(
+                    f"waited {self.config.batch_timeout_s}s for {self.required} samples, got {len(kept)}"
+                )
+            for sample in await self.source.get_batch(self.required - len(kept), timeout=remaining):
+                lag = self.version - sample.min_token_version()
+                if self.config.max_version_lag is not None and lag > self.config.max_version_lag:
+                    over += 1
+                    if self.config.on_version_lag == "drop":
+                        continue
+                kept.append(sample)
+        return kept, over
+
+    async def train_step(self) -> dict[str, Any]:
+        """One step (and a sync when due); returns the step's metrics."""
+        wait_start = time.perf_counter()
+        samples, over_lag = await self._collect()
+        wait_s = time.perf_counter() - wait_start
+        if self.config.on_version_lag == "drop":
+            self.dropped_version_lag += over_lag
+        batch = assemble_batch(samples, self.pad_token_id)
+        n_per_prompt = batch.input_ids.shape[0] / len(samples)
+        train_start = time.perf_counter()
+        metrics = self.policy.train_step(batch, mini_batch_rows=max(1, int(self.config.ppo_mini_batch_size * n_per_prompt)))
+        train_s = time.perf_counter() - train_start
+        self.step += 1
+        self.samples_seen += len(samples)
+        staleness = [self.version - s.min_token_version() for s in samples]
+        sampled_tokens = int(batch.loss_mask.sum().item())
+        metrics.update(
+            step=self.step,
+            version=self.version,
+            reward_mean=batch.rewards.mean().item(),
+            reward_max=batch.rewards.max().item(),
+            response_length_mean=batch.response_lengths.float().mean().item(),
+            staleness_mean=sum(staleness) / len(staleness),
+            staleness_max=max(staleness),
+            mixed_version_samples=sum(
+                len({v for r in s.responses for v in r.weight_versions if v >= 0}) > 1 for s in samples
+            ),
+            over_version_lag=over_lag,
+            dropped_version_lag_total=self.dropped_version_lag,
+            wait_s=wait_s,
+            train_s=train_s,
+            sync_s=0.0,
+        )
+        if self.step % self.config.trigger_parameter_sync_step == 0:
+            metrics.update(await self.sync())
+        now = time.perf_counter()
+        step_s = now - self._last_step_end
+        self._last_step_end = now
+        metrics.update(
+            step_s=step_s, samples_per_s=len(samples) / step_s, sampled_tokens_per_s=sampled_tokens / step_s
+        )
+        return metrics
+
+    async def sync(self) -> dict[str, float]:
+        """Pause rollout, push weights as version+1, resume; returns timing metrics."""
+        start = time.perf_counter()
+        await self.rollout.pause()
+        paused = time.perf_counter()
+        new_version = self.version + 1
+        stats = await self.publisher.publish(self.policy.named_parameters_for_sync(), new_version, self.rollout)
+        self.version = new_version
+        transferred = time.perf_counter()
+        await self.rollout.resume(await self.source.size())
+        end = time.perf_counter()
+        return {
+            "sync_s": end - start,
+            "sync_pause_s": paused - start,
+            "sync_transfer_s": transferred - paused,
+            "sync_resume_s": end - transferred,
+            "sync_gbps": stats.gbps,
+            "version": self.version,
+        }
