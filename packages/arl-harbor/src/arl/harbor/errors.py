@@ -1,0 +1,27 @@
+"""Errors raised by arl-harbor. All derive from `HarborError`.
+
+Failures *inside* a Harbor trial (sandbox, agent, verifier) are not raised to the caller: the failure
+policy (`arl.harbor.policy`) turns them into a retry or an `AgentResult(failed=True, error=...)`. These
+errors are for misuse of the package and for the local sandbox's own failures, which Harbor records in
+`TrialResult.exception_info` like any environment error.
+"""
+
+
+class HarborError(Exception):
+    """Base of every error arl-harbor raises."""
+
+
+class HarborConfigError(HarborError, ValueError):
+    """A `HarborConfig` (or a task's metadata) is invalid, e.g. no `harbor_task_path` in the task."""
+
+
+class SandboxError(HarborError, RuntimeError):
+    """The local sandbox environment failed (namespace setup, exec plumbing, file transfer)."""
+
+
+class SandboxStartError(SandboxError):
+    """The local sandbox could not start: `unshare` unavailable, not root, or the setup script failed."""
+
+
+class SandboxExecTimeoutError(SandboxError):
+    """A command in the local sandbox ran past its `timeout_sec` and was killed (Docker raises likewise)."""

@@ -1,0 +1,127 @@
+"""The failure policy: how a finished (or failed) Harbor trial is classified, and what follows from it.
+
+`classify` maps a `TrialResult` to a `FailureKind` using Harbor's own exception table
+(`harbor.models.trial.error_policy`, keyed by exception type name, so stored results classify the same
+way) refined by the trial phase the failure happened in; `decide` turns the kind into accept / retry /
+fail under a `FailurePolicy`; `reward_for` gives the scalar reward of an accepted trajectory.
+
+| kind             | Harbor exceptions (exception_type)                                    | default |
+|------------------|------------------------------------------------------------------------|---------|
+| sandbox          | EnvironmentStartTimeoutError, SandboxBuildFailedError, HealthcheckError,| retry   |
+|                  | AgentSetupTimeoutError, AddTestsDirError, DownloadVerifierDirError,    |         |
+|                  | SandboxError (local sandbox), any unknown error before the agent ran   |         |
+| model_provider   | APIConnectionError, InternalServerError, Api*Error, NetworkConnection… | retry   |
+| harbor_error     | BadRequestError, AuthenticationError, ModelNotFoundError, Harbor's own | drop    |
+|                  | non-retryable errors (ServiceOperationsUnsupportedError, …)            |         |
+| agent_error      | any other exception in the agent phase                                 | retry   |
+| agent_timeout    | AgentTimeoutError (verifier still runs)                                | keep    |
+| agent_exit       | NonZeroAgentExitCodeError (verifier still runs)                        | keep    |
+| agent_refused    | AgentSafetyRefusalError, ContentPolicyViolationError                   | keep    |
+| context_length   | ContextLengthExceededError, ContextWindowExceededError                 | zero    |
+| output_length    | OutputLengthExceededError, OutputTokenExceededError                    | zero    |
+| verifier_timeout | VerifierTimeoutError                                                   | retry   |
+| verifier_error   | RewardFileNotFoundError, RewardFileEmptyError, VerifierOutputParse…    | retry   |
+| no_reward        | no exception, but no `reward_key` in verifier_result.rewards           | retry   |
+| invalid_task     | `Trial.create` raised (bad task dir or trial config)                   | drop    |
+| trial_timeout    | the attempt ran past `HarborConfig.trial_timeout_sec`                  | drop    |
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from arl.harbor.types import Action, FailureKind, FailurePolicy
+
+from harbor.models.trial.error_policy import FailureCause, policy_for
+from harbor.models.trial.result import TrialResult
+
+__all__ = ["Decision", "FailurePolicy", "classify", "classify_exception", "decide", "phase_of", "reward_for"]
+
+Phase = Literal["environment", "agent_setup", "agent", "verifier"]
+Decision = Literal["accept", "retry", "fail"]
+
+# Checked before Harbor's table: finer kinds than its FailureCause, and arl's own errors.
+_BY_NAME: dict[str, FailureKind] = {
+    "AgentTimeoutError": "agent_timeout",
+    "ContextLengthExceededError": "context_length",
+    "ContextWindowExceededError": "context_length",
+    "OutputLengthExceededError": "output_length",
+    "OutputTokenExceededError": "output_length",
+    "AgentSafetyRefusalError": "agent_refused",
+    "ContentPolicyViolationError": "agent_refused",
+    "VerifierTimeoutError": "verifier_timeout",
+    "RewardFileNotFoundError": "verifier_error",
+    "RewardFileEmptyError": "verifier_error",
+    "VerifierOutputParseError": "verifier_error",
+    "NonZeroAgentExitCodeError": "agent_exit",
+    "SandboxError": "sandbox",
+    "SandboxStartError": "sandbox",
+    "SandboxExecTimeoutError": "sandbox",
+    "CancelledError": "trial_timeout",
+}
+
+
+def phase_of(result: TrialResult) -> Phase:
+    """The last phase the trial entered, from its timings."""
+    if result.verifier is not None:
+        return "verifier"
+    if result.agent_execution is not None:
+        return "agent"
+    if result.agent_setup is not None:
+        return "agent_setup"
+    return "environment"
+
+
+def classify_exception(exception_type: str, phase: Phase) -> FailureKind:
+    """The failure kind of an exception (by type name) raised in `phase`."""
+    if exception_type in _BY_NAME:
+        return _BY_NAME[exception_type]
+    harbor = policy_for(exception_type)
+    match harbor.cause:
+        case FailureCause.SANDBOX_FAILED:
+            return "sandbox"
+        case FailureCause.MODEL_PROVIDER_FAILED:
+            return "model_provider" if harbor.retry else "harbor_error"
+        case FailureCause.HARBOR_FAILED:
+            return "harbor_error"
+        case FailureCause.AGENT_EXHAUSTED_BUDGET:
+            return "agent_timeout"
+        case FailureCause.AGENT_REFUSED_TASK:
+            return "agent_refused"
+        case FailureCause.VERIFIER_FAILED:
+            return "verifier_error"
+        case FailureCause.CANCELLED:
+            return "trial_timeout"
+    # Unclassified: decide by where it happened.
+    if phase in ("environment", "agent_setup"):
+        return "sandbox"
+    return "agent_error" if phase == "agent" else "verifier_error"
+
+
+def classify(result: TrialResult, reward_key: str = "reward") -> FailureKind:
+    """How a trial ended: "ok" when it raised nothing and the verifier reported `reward_key`."""
+    if result.exception_info is not None:
+        return classify_exception(result.exception_info.exception_type, phase_of(result))
+    rewards = result.verifier_result.rewards if result.verifier_result is not None else None
+    if not rewards or reward_key not in rewards:
+        return "no_reward"
+    return "ok"
+
+
+def decide(policy: FailurePolicy, kind: FailureKind, attempt: int) -> tuple[Decision, Action]:
+    """What to do after attempt number `attempt` (1-based) ended as `kind`."""
+    action = policy.action(kind)
+    if action == "retry":
+        return ("retry" if attempt < policy.max_attempts else "fail"), action
+    if action == "drop":
+        return "fail", action
+    return "accept", action
+
+
+def reward_for(action: Action, result: TrialResult | None, reward_key: str = "reward") -> float:
+    """The scalar reward of an accepted trajectory: the verifier's for "keep" (0.0 if it did not run)."""
+    if action == "zero" or result is None or result.verifier_result is None:
+        return 0.0
+    rewards = result.verifier_result.rewards or {}
+    value = rewards.get(reward_key, 0.0)
+    return float(value) if isinstance(value, int | float) else 0.0
