@@ -8,7 +8,7 @@ incompatible change and checked on decode.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -53,3 +53,28 @@ class Sample(msgspec.Struct, kw_only=True):
         """Oldest weight version that sampled any trained token of this sample (its staleness anchor)."""
         versions = [v for r in self.responses for v in r.weight_versions if v >= 0]
         return min(versions) if versions else self.start_version
+
+
+# What a full queue does with a new sample: "block" waits for space (put may time out and return
+# False); "drop_oldest" evicts the oldest queued sample (counted in `QueueStats.dropped`).
+OverflowPolicy = Literal["block", "drop_oldest"]
+
+
+class QueueStats(msgspec.Struct, kw_only=True):
+    """Counters of a `MessageQueue` since it was created (restored samples count as put)."""
+
+    # Samples currently queued.
+    size: int
+    # Capacity (max_size) of the queue.
+    max_size: int
+    # Largest number of samples queued at once.
+    peak_size: int
+    total_put: int
+    total_got: int
+    # Samples evicted by the "drop_oldest" overflow policy (always 0 with "block").
+    dropped: int
+    # Blocking puts that timed out and returned False (the caller still holds those samples).
+    put_timeouts: int
+    # Samples loaded from a snapshot at construction.
+    restored: int
+    closed: bool
