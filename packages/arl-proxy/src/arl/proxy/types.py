@@ -6,7 +6,7 @@ rollout side's server manager and every engine adapter speak the same `Generator
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -42,3 +42,43 @@ class TokenOutput(msgspec.Struct, kw_only=True):
     routed_experts: list[list[list[int]]] | None = None
     # Per token, the top alternatives as (token_id, log_prob) pairs, when asked for.
     top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+class Trajectory(msgspec.Struct, kw_only=True):
+    """The token-exact record of one agent session, ready for training.
+
+    `prompt_ids + response_ids` is the token sequence the model saw at its last turn (plus that turn's
+    sampled tokens and backfilled end-of-turn tail). `response_mask` is 1 exactly on tokens the model
+    sampled in this very context, and `response_logprobs` holds their sampled log probs (0.0 where the
+    mask is 0).
+    """
+
+    session_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    # 1 = token sampled by the model, 0 = template, tool output, user text, backfilled tail, rebuilt text.
+    response_mask: list[int]
+    response_logprobs: list[float]
+    # Generation calls committed to this trajectory.
+    num_turns: int
+    # The final conversation: the last request's messages plus the last assistant reply (normalized).
+    messages: list[dict[str, Any]]
+    # The last turn's OpenAI finish reason ("stop", "tool_calls", "length", "abort"), "max_consecutive_no_tool"
+    # when the proxy ended the session, or None before any turn.
+    finish_reason: str | None
+    # How many times the history was rewritten and the sequence rebuilt segment by segment.
+    rebuilds: int
+    tools: list[dict[str, Any]] | None = None
+    # Per response token: the policy version that sampled it, -1 where the mask is 0 (None if the generator
+    # reported none).
+    weight_versions: list[int] | None = None
+    # Per response token: MoE routing (layers x top-k), [] where the mask is 0 (None if never reported).
+    routed_experts: list[list[list[int]]] | None = None
+
+
+class SessionInfo(msgspec.Struct, kw_only=True):
+    """What `ChatProxy.open_session` returns: the session id and the OpenAI base URL the agent should use."""
+
+    id: str
+    base_url: str
+    trajectory_dir: str | None = None

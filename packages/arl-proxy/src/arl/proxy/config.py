@@ -1,0 +1,54 @@
+"""`ProxyConfig`: every knob of the chat proxy, as a documented msgspec struct (loadable from TOML)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+ToolParserName = Literal["hermes", "qwen3_coder", "llama3_json"]
+
+
+class ProxyConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Configuration of a `ChatProxy`."""
+
+    # Address to bind. Loopback by default; bind "0.0.0.0" explicitly for sandboxes on other hosts.
+    host: str = "127.0.0.1"
+    # Port to bind; 0 picks any free port.
+    port: int = 0
+    # Host written into session base URLs; None = `host`, or this machine's address when binding all interfaces.
+    advertise_host: str | None = None
+    # Tool-call parser applied to completions when the request has tools: "hermes", "qwen3_coder",
+    # "llama3_json", or None (content returned as is).
+    tool_parser: ToolParserName | None = None
+    # Model name reported by /models and in responses (requests may name any model).
+    model_name: str = "arl-policy"
+    # When set, every request must carry `Authorization: Bearer <api_key>`.
+    api_key: str | None = None
+    # Largest accepted request body, in bytes.
+    max_body_bytes: int = 32 * 1024 * 1024
+    # Context limit in tokens (prompt + completion); None = the tokenizer's model_max_length when sane.
+    max_context_len: int | None = None
+    # Completion length when the request names none; None = whatever the context leaves.
+    default_max_tokens: int | None = None
+    # End the session after this many assistant turns in a row without a tool call (None = never).
+    max_consecutive_no_tool: int | None = None
+    # Seconds to wait for one generation before answering 504.
+    generate_timeout_s: float = 1800.0
+    # Chat template to use instead of the tokenizer's own (Jinja source).
+    chat_template: str | None = None
+    # Default keyword arguments of the template (e.g. {"enable_thinking": False}); a request's
+    # `chat_template_kwargs` overrides them.
+    chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
+    # Token ids that end a generation besides the template's end-of-turn token and the tokenizer's EOS.
+    extra_stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    # How an appended turn is checked before only its new messages are tokenized: "window" renders the
+    # prompt messages + the last assistant turn + the new messages (cost flat in history length);
+    # "full" renders the whole conversation every turn (catches templates that rewrite old turns from
+    # far away, costs O(history) per turn).
+    incremental_check: Literal["window", "full"] = "window"
+    # Serve session management routes (POST /sessions, GET/DELETE /sessions/{id}...); the standalone
+    # server turns them on.
+    admin_routes: bool = False
+    # Sessions opened over HTTP (admin routes) write their debug JSON under trajectory_root/<session id>.
+    trajectory_root: str | None = None

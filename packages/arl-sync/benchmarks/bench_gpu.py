@@ -1,0 +1,106 @@
+"""One-GPU benchmark (H200): the CUDA IPC path and the host-staged path, each against the limit
+measured in the same run, with the naive per-tensor copy as the baseline; bucket size swept.
+
+    PYTHONPATH=packages/arl-sync/src python3 packages/arl-sync/benchmarks/bench_gpu.py \
+        [--model 0.5b|7b] [--buckets 4,16,64,256] [--rounds 5] [--paths ipc,host_gpu,host_cpu]
+
+Paths (sender tensors are on cuda:0 in every case; the receiver is another process):
+  ipc       transport "cuda_ipc", receiver staging on cuda:0    limit: one device-to-device copy
+  host_gpu  transport "cpu" (pinned shm), receiver on cuda:0    limit: min(pinned D2H, pinned H2D)
+  host_cpu  transport "cpu" (pinned shm), receiver on the CPU   limit: pinned D2H
+Baselines: per-tensor `.cpu()` (what a naive sync does), per-tensor `.clone()` on the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model_shapes import make_state_dict, total_bytes  # noqa: E402
+
+from arl.sync import SyncConfig, WeightReceiver, WeightSender  # noqa: E402
+
+MiB = 1 << 20
+
+
+def receiver_worker(q) -> None:
+    """Serves (address, cfg, rounds, device) jobs from the queue until None."""
+    while (job := q.get()) is not None:
+        address, cfg, rounds, device = job
+        with WeightReceiver(address, cfg, device=device) as r:
+            for _ in range(rounds):
+                r.receive(timeout_s=300)
+
+
+def timed(fn, reps: int = 5) -> float:
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="0.5b")
+    ap.add_argument("--buckets", default="4,16,64,256")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--paths", default="ipc,host_gpu,host_cpu")
+    args = ap.parse_args()
+    dev = torch.device("cuda:0")
+    torch.cuda.set_device(dev)
+    sd = make_state_dict(torch.bfloat16, device="cuda", model=args.model)
+    n = total_bytes(sd)
+    print(f"GPU: {torch.cuda.get_device_name(0)}; model {args.model}: {len(sd)} tensors, {n / 1e9:.3f} GB bf16")
+    a = torch.empty(n, dtype=torch.uint8, device=dev)
+    b = torch.empty_like(a)
+    h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    lim = {
+        "d2d": n / timed(lambda: b.copy_(a)) / 1e9,
+        "d2h": n / timed(lambda: h.copy_(a, non_blocking=True)) / 1e9,
+        "h2d": n / timed(lambda: a.copy_(h, non_blocking=True)) / 1e9,
+    }
+    del a, b, h
+    naive_cpu = n / timed(lambda: [v.cpu() for v in sd.values()], reps=2) / 1e9
+    naive_clone = n / timed(lambda: [v.clone() for v in sd.values()]) / 1e9
+    print(f"limits (same run): device-to-device copy {lim['d2d']:.1f} GB/s, pinned D2H {lim['d2h']:.1f} GB/s, "
+          f"pinned H2D {lim['h2d']:.1f} GB/s")
+    print(f"baselines: per-tensor .cpu() {naive_cpu:.2f} GB/s; per-tensor .clone() on device {naive_clone:.1f} GB/s")
+    paths = {
+        "ipc": ("cuda_ipc", "cuda:0", lim["d2d"], "D2D"),
+        "host_gpu": ("cpu", "cuda:0", min(lim["d2h"], lim["h2d"]), "min(D2H,H2D)"),
+        "host_cpu": ("cpu", "cpu", lim["d2h"], "D2H"),
+    }
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    worker = ctx.Process(target=receiver_worker, args=(q,), daemon=True)
+    worker.start()
+    print(f"{'path':>9} {'bucket MiB':>10} {'best GB/s':>10} {'median':>8} {'% of limit':>11} {'limit':>13} {'first':>7}")
+    for name in args.paths.split(","):
+        transport, rdev, limit, lname = paths[name]
+        for mb in [int(x) for x in args.buckets.split(",")]:
+            cfg = SyncConfig(transport=transport, bucket_bytes=mb * MiB, timeout_s=300)
+            with WeightSender(cfg, num_receivers=1, device=dev) as s:
+                q.put((s.address, cfg, args.rounds + 1, rdev))
+                first = s.send(sd, version=0)
+                rates = [s.send(sd, version=v).gbps for v in range(1, args.rounds + 1)]
+            best, med = max(rates), statistics.median(rates)
+            print(f"{name:>9} {mb:>10} {best:>10.1f} {med:>8.1f} {100 * best / limit:>10.0f}% "
+                  f"{lname:>13} {first.gbps:>7.1f}", flush=True)
+    q.put(None)
+    worker.join(60)
+
+
+if __name__ == "__main__":
+    main()

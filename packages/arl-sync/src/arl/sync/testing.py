@@ -1,0 +1,123 @@
+"""Process entry points for multi-process tests of arl-sync (and of code that embeds it).
+
+Run them with `multiprocessing.get_context("spawn").Process(target=...)`. They exchange results through
+files written with `torch.save`, so a test compares what arrived bit for bit with what was sent.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import torch
+
+from .errors import SyncError
+from .receiver import WeightReceiver
+from .sender import WeightSender
+from .types import SyncConfig
+
+
+def receiver_main(
+    address: str,
+    cfg: SyncConfig,
+    rounds: int,
+    out_path: str,
+    stream: bool = False,
+    die_round: int | None = None,
+    die_after: int = 0,
+    device: str | None = None,
+    start_timeout_s: float = 60.0,
+) -> None:
+    """Receive `rounds` syncs into a dict "model" (a clone per tensor, as a real `load_weights` copies),
+    then save {"model", "version", "log"} to `out_path`. `log` holds, per round, (version or None,
+    error class name or ""). In round `die_round` the process exits abruptly after `die_after` tensors."""
+    model: dict[str, torch.Tensor] = {}
+    log: list[tuple[int | None, str]] = []
+
+    def store(named) -> None:
+        staged = {n: t.clone() for n, t in named}
+        model.clear()
+        model.update(staged)
+
+    with WeightReceiver(address, cfg, device=device) as r:
+        for i in range(rounds):
+            try:
+                if i == die_round:
+                    for n, (_name, _t) in enumerate(r.iter_tensors(timeout_s=start_timeout_s)):
+                        if n + 1 >= die_after:
+                            os._exit(3)
+                elif stream:
+                    got = {n: t.clone() for n, t in r.iter_tensors(timeout_s=start_timeout_s)}
+                    model.clear()
+                    model.update(got)
+                else:
+                    r.receive(apply=store, timeout_s=start_timeout_s)
+                log.append((r.version, ""))
+            except SyncError as e:
+                log.append((None, type(e).__name__))
+        torch.save({"model": {k: v.cpu() for k, v in model.items()}, "version": r.version, "log": log}, out_path)
+
+
+def dying_sender_main(cfg: SyncConfig, tensors_path: str, die_after: int, addr_path: str) -> None:
+    """Send the tensors saved at `tensors_path` once as version 0, then start version 1 and exit
+    abruptly after `die_after` tensors. Writes its address to `addr_path`."""
+    tensors: dict[str, torch.Tensor] = torch.load(tensors_path)
+    s = WeightSender(cfg, num_receivers=1)
+    tmp = addr_path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(s.address)
+    os.rename(tmp, addr_path)
+    s.send(tensors, version=0)
+
+    def lazy() -> Iterator[tuple[str, torch.Tensor]]:
+        for n, (name, t) in enumerate(tensors.items()):
+            if n >= die_after:
+                time.sleep(0.2)  # let the receiver take what was sent
+                os._exit(4)
+            yield name, t
+
+    s.send(lazy(), version=1)
+
+
+def wait_for_file(path: str, timeout_s: float) -> str:
+    """The contents of `path` once it exists (polling), or TimeoutError."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout_s}s")
+        time.sleep(0.02)
+    with open(path) as f:
+        return f.read()
+
+
+def make_tensors(round_: int, dtype_mix: bool = True) -> dict[str, torch.Tensor]:
+    """Different contents every round; tiny, odd-sized, larger-than-a-bucket, several dtypes."""
+    g = torch.Generator().manual_seed(1000 + round_)
+    out: dict[str, torch.Tensor] = {
+        "embed.weight": torch.randn(301, 97, generator=g).to(torch.bfloat16),  # 58 KB, straddles
+        "big.weight": torch.randn(70_001, generator=g),  # 280 KB > 4 buckets
+        "big.int64": torch.randint(-(2**62), 2**62, (20_003,), generator=g, dtype=torch.int64),
+        "odd.fp32": torch.randn(3, 5, 7, generator=g),
+        "odd.half": torch.randn(11, generator=g).half(),
+        "scalar": torch.tensor(float(round_) + 0.25),
+        "empty": torch.empty(0, 4),
+        "transposed": torch.randn(13, 9, generator=g).t(),
+    }
+    if dtype_mix:
+        out["mask.bool"] = torch.rand(37, generator=g) > 0.5
+        out["q.int8"] = torch.randint(-128, 127, (29,), generator=g, dtype=torch.int8)
+        out["f64"] = torch.randn(5, generator=g, dtype=torch.float64)
+    for i in range(300):  # many tiny tensors
+        out[f"tiny.{i}"] = torch.randn(1 + i % 7, generator=g)
+    return out
+
+
+def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    """Same names, dtypes, shapes and bits."""
+    assert set(got) == set(want)
+    for k, w in want.items():
+        g = got[k]
+        assert g.dtype == w.dtype and g.shape == w.shape, k
+        assert torch.equal(g.view(torch.uint8) if g.dtype == torch.bool else g,
+                           w.contiguous().view(torch.uint8) if w.dtype == torch.bool else w), k
