@@ -10,9 +10,23 @@ import asyncio
 import os
 from typing import Any
 
+from arl.rollout.budget import Budget, compute_budget
 from arl_train.config import AppConfig
 
 RPC_TIMEOUT_S = 600.0
+
+
+def run_budget(config: AppConfig) -> Budget:
+    """The reference concurrency/staleness budget for this run's settings."""
+    at = config.async_training
+    return compute_budget(
+        require_batches=at.require_batches,
+        ppo_mini_batch_size=config.actor.ppo_mini_batch_size,
+        staleness_threshold=at.staleness_threshold,
+        trigger_parameter_sync_step=at.trigger_parameter_sync_step,
+        replicas=config.rollout.replicas,
+        per_replica=config.rollout.max_concurrent_per_replica,
+    )
 
 
 def _limit_threads() -> None:
@@ -37,7 +51,7 @@ class RolloutActor:
 
         from arl.proxy.types import SamplingParams
         from arl.queue.ray_actor import QueueClient
-        from arl.rollout import Rollouter, ServerManager, SingleTurnAgentLoop, compute_budget, cycle_tasks, load_tasks
+        from arl.rollout import Rollouter, ServerManager, cycle_tasks, load_tasks, make_agent_loop
 
         _limit_threads()
         cfg = self.config
@@ -46,20 +60,16 @@ class RolloutActor:
         await asyncio.gather(*(e.start() for e in self._engines))
         manager = ServerManager(self._engines, generate_timeout_s=cfg.rollout.generate_timeout_s)
         at = cfg.async_training
-        budget = compute_budget(
-            require_batches=at.require_batches,
-            ppo_mini_batch_size=cfg.actor.ppo_mini_batch_size,
-            staleness_threshold=at.staleness_threshold,
-            trigger_parameter_sync_step=at.trigger_parameter_sync_step,
-            replicas=cfg.rollout.replicas,
-            per_replica=cfg.rollout.max_concurrent_per_replica,
-        )
+        budget = run_budget(cfg)
         tasks = load_tasks(cfg.data.source, seed=cfg.data.seed, size=cfg.data.size)
+        agent_names = sorted({t.agent for t in tasks})
+        if "harbor" in agent_names:
+            import arl.harbor  # noqa: F401  (registers the "harbor" agent loop)
         self.rollouter = Rollouter(
             tasks=cycle_tasks(tasks, seed=cfg.seed),
             manager=manager,
             sink=_BlockingSink(QueueClient(self.queue_handle)),
-            agent_loops={"single_turn": SingleTurnAgentLoop(tokenizer)},
+            agent_loops={name: make_agent_loop(name, tokenizer=tokenizer) for name in agent_names},
             sampling_params=SamplingParams(
                 max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
             ),
@@ -114,6 +124,14 @@ class RolloutActor:
         from safetensors.torch import save
 
         return save(await self._engines[0].worker_weights())
+
+    async def probe(self, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], list[float], int]:
+        """Sample from replica 0 directly: tokens, their log probs, and the engine's weight version."""
+        from arl.proxy.types import SamplingParams
+
+        engine = self._engines[0]
+        out = await engine.generate("arl-probe", prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=1.0))
+        return out.token_ids, out.log_probs, engine.weight_version
 
     async def stop(self) -> None:
         if self._run_task is not None:
@@ -209,6 +227,17 @@ class TrainerActor:
 
         state = {"step": self.trainer.step, "version": self.trainer.version, "samples_seen": self.trainer.samples_seen}
         return str(self.policy.save(Path(directory), state))
+
+    async def log_probs(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
+        """The trainer's log probs of `token_ids` after `prompt_ids` (temperature as configured)."""
+        import torch
+
+        from arl.trainer.algorithms import token_log_probs
+
+        ids = torch.tensor([prompt_ids + token_ids], device=self.policy.device)
+        with torch.no_grad():
+            logits = self.policy.model(input_ids=ids).logits
+        return token_log_probs(logits, ids, self.config.rollout.temperature)[0, len(prompt_ids):].tolist()
 
     async def version(self) -> int:
         return self.trainer.version

@@ -56,7 +56,7 @@ class RolloutConfig(_Section):
 class ActorConfig(_Section):
     # Samples (prompts) per optimizer update.
     ppo_mini_batch_size: int = 8
-    lr: float = 2e-3
+    lr: float = 3e-3
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28
     tis_cap: float = 2.0
@@ -77,7 +77,7 @@ class AsyncTrainingConfig(_Section):
 
 
 class TrainerSection(_Section):
-    total_steps: int = 60
+    total_steps: int = 150
     # Save a checkpoint every N steps (0 = only at the end).
     save_every: int = 0
     batch_timeout_s: float = 600.0

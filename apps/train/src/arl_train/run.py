@@ -19,6 +19,9 @@ from arl_train.config import AppConfig
 from arl_train.metrics import MetricsLog, plot, progress_line
 
 STEP_TIMEOUT_S = 900.0
+PROBE_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
+# float32 on both sides: kernels differ (vLLM's fused CPU ops vs torch), identical weights agree to ~1e-6.
+PROBE_TOLERANCE = 1e-4
 START_TIMEOUT_S = 600.0
 
 
@@ -30,6 +33,9 @@ class RunSummary(msgspec.Struct, kw_only=True):
     reward_last_tenth: float
     weights_equal_after_sync: bool
     weights_max_abs_diff: float
+    # Engine tensors not readable as parameters (vLLM CPU prepacks linear layers); covered by the probe.
+    weights_prepacked: int
+    probe_logprob_max_abs_diff: float
     wall_s: float
     output_dir: str
     checkpoint: str
@@ -48,6 +54,8 @@ def _environment(out_dir: Path) -> dict[str, str]:
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
         "RAY_AUTH_MODE": "disabled",
         "RAY_USAGE_STATS_ENABLED": "0",
+        # Under `uv run`, Ray would otherwise zip the working tree and start every worker through uv.
+        "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
         "TOKENIZERS_PARALLELISM": "false",
     }
     return env
@@ -74,9 +82,8 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
     from safetensors.torch import load
 
     from arl.queue.ray_actor import create_queue_actor
-    from arl.rollout import compute_budget
-    from arl_train.actors import RolloutActor, TrainerActor
-    from arl_train.verify import compare_weights
+    from arl_train.actors import RolloutActor, TrainerActor, run_budget
+    from arl.rollout.engines.weights_check import compare_weights
 
     started = time.perf_counter()
     out_dir = Path(config.output.dir).resolve()
@@ -86,14 +93,7 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
     os.environ.update(env)
     model_path = prepare_model(config, out_dir)
     at = config.async_training
-    budget = compute_budget(
-        require_batches=at.require_batches,
-        ppo_mini_batch_size=config.actor.ppo_mini_batch_size,
-        staleness_threshold=at.staleness_threshold,
-        trigger_parameter_sync_step=at.trigger_parameter_sync_step,
-        replicas=config.rollout.replicas,
-        per_replica=config.rollout.max_concurrent_per_replica,
-    )
+    budget = run_budget(config)
     log(f"arl: model {model_path} | budget {budget} | output {out_dir}")
 
     ray.init(
@@ -126,17 +126,26 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
         trainer_weights = load(ray.get(trainer.weights.remote(), timeout=120))
         engine_weights = load(ray.get(rollout.engine_weights.remote(), timeout=120))
         check = compare_weights(trainer_weights, engine_weights)
+        # Weights the engine prepacks are checked through its outputs: its log probs on a probe
+        # sequence must equal the trainer's for the same tokens.
+        probe_tokens, engine_logp, engine_version = ray.get(rollout.probe.remote(PROBE_PROMPT, 16), timeout=120)
+        trainer_logp = ray.get(trainer.log_probs.remote(PROBE_PROMPT, probe_tokens), timeout=120)
+        probe_diff = max(abs(a - b) for a, b in zip(engine_logp, trainer_logp, strict=True))
+        trainer_version = ray.get(trainer.version.remote(), timeout=60)
+        weights_equal = bool(check["equal"]) and probe_diff < PROBE_TOLERANCE and engine_version == trainer_version
         checkpoint = ray.get(trainer.save_checkpoint.remote(str(out_dir / "checkpoint")), timeout=START_TIMEOUT_S)
         png = plot(rows, out_dir / "reward.png")
         tenth = max(1, len(rows) // 10)
         summary = RunSummary(
             steps=len(rows),
-            syncs=ray.get(trainer.version.remote(), timeout=60),
+            syncs=trainer_version,
             samples_consumed=sum(config.actor.ppo_mini_batch_size * at.require_batches for _ in rows),
             reward_first_tenth=_mean(rows[:tenth], "reward_mean"),
             reward_last_tenth=_mean(rows[-tenth:], "reward_mean"),
-            weights_equal_after_sync=bool(check["equal"]),
+            weights_equal_after_sync=weights_equal,
             weights_max_abs_diff=float(check["max_abs_diff"]),
+            weights_prepacked=len(check["prepacked"]),
+            probe_logprob_max_abs_diff=probe_diff,
             wall_s=time.perf_counter() - started,
             output_dir=str(out_dir),
             checkpoint=checkpoint,

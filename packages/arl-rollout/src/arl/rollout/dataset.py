@@ -66,19 +66,25 @@ def load_tasks(source: str, *, seed: int = 0, size: int = 512) -> list[Task]:
     return [task_from_row(row, i, source) for i, row in enumerate(rows)]
 
 
+_DIGIT_ASKS = (
+    "Reply with digits only.",
+    "Answer using only numbers.",
+    "Write a number and nothing else.",
+    "Give me some digits, no words.",
+)
+
+
 def builtin_tasks(name: str, *, seed: int, size: int) -> list[Task]:
     if name != "digits":
         raise DatasetError(f"unknown built-in dataset {name!r}; available: ['digits']")
     rng = random.Random(seed)
     rows = []
     for i in range(size):
-        n = rng.randint(3, 6)
-        seed_digits = "".join(str(rng.randint(0, 9)) for _ in range(2))
+        example = "".join(str(rng.randint(0, 9)) for _ in range(rng.randint(2, 5)))
         rows.append(
             {
                 "id": f"digits-{i}",
-                "prompt": f"Reply with a number of {n} digits, like {seed_digits}.",
-                "ground_truth": n,
+                "prompt": f"{rng.choice(_DIGIT_ASKS)} For example: {example}",
                 "reward_fn": "digits",
             }
         )

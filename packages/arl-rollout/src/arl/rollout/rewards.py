@@ -31,18 +31,16 @@ def exact_match(response: str, ground_truth: Any) -> float:
     return float(response.strip() == str(ground_truth).strip())
 
 
-def digits(response: str, ground_truth: Any) -> float:
-    """Partial credit for answering with exactly `ground_truth` digits and nothing else.
+def digits(response: str, ground_truth: Any = None) -> float:
+    """The share of the answer's characters that are digits (1.0 for a digits-only answer).
 
-    score = (number of digit characters, capped at the target) / max(target, length of the answer):
-    1.0 only for exactly `target` digits; every non-digit character or extra digit costs.
+    The built-in task a freshly initialised tiny model can learn in minutes: a random policy emits a
+    digit about 1% of the time, so the reward starts near 0.01 and GRPO drives it towards 1.
     """
-    target = int(ground_truth)
     answer = response.strip()
     if not answer:
         return 0.0
-    n_digits = sum(ch.isdigit() for ch in answer)
-    return min(n_digits, target) / max(target, len(answer))
+    return sum(ch.isdigit() for ch in answer) / len(answer)
 
 
 def last_number(response: str, ground_truth: Any) -> float:
