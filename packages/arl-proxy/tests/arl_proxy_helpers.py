@@ -7,7 +7,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from arl.proxy import ChatProxy, ProxyConfig
+from arl.proxy import ChatProxy
 from arl.proxy.testing import ScriptedGenerator
 
 

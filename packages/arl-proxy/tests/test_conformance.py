@@ -254,7 +254,7 @@ async def test_history_rewrite(edit, any_tok, make_agent, tmp_path):
     traj = agent.pop()
     assert traj.rebuilds == 1
     assert_exact(agent, traj, tools)
-    assert f"rebuild_001.json" in os.listdir(tmp_path)
+    assert "rebuild_001.json" in os.listdir(tmp_path)
     last = agent.gen.calls[-1].output.token_ids
     assert sampled_tokens(traj)[-len(last):] == last
     first = agent.gen.calls[0].output.token_ids

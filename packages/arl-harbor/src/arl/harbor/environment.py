@@ -191,7 +191,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             except OSError as e:
                 raise SandboxStartError(f"cannot create mount point {target} on the host: {e}") from e
         for mount in self._host_mounts:  # like Docker's bind create_host_path
-            if mount.get("type") == "bind" and not mount.get("bind", {}).get("create_host_path") is False:
+            if mount.get("type") == "bind" and mount.get("bind", {}).get("create_host_path") is not False:
                 Path(mount["source"]).mkdir(parents=True, exist_ok=True)
         self._isolate_net = self._network_disabled
         argv = ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private"]
