@@ -247,9 +247,16 @@ class WeightSender:
                         self._poll()
                     self._transport.wait_slot(slot, cfg.timeout_s, self._poll)
                     self._transport.pack(slot, bucket.chunks)
-                    self._transport.post(slot, bucket.nbytes)
-                    self._broadcast(Bucket(sync_id=sync.sync_id, index=bucket.index, slot=slot,
-                                           nbytes=bucket.nbytes, tensors=bucket.tensors))
+                    msg = Bucket(sync_id=sync.sync_id, index=bucket.index, slot=slot, nbytes=bucket.nbytes,
+                                 tensors=bucket.tensors)
+                    if getattr(self._transport, "announce_before_post", False):
+                        # NCCL: posting may block this thread until every receiver entered the same
+                        # collective (NCCL connects lazily, at the first one), so announce it first.
+                        self._broadcast(msg)
+                        self._transport.post(slot, bucket.nbytes)
+                    else:
+                        self._transport.post(slot, bucket.nbytes)
+                        self._broadcast(msg)
                 self._broadcast(End(sync_id=sync.sync_id, version=version, buckets=totals.buckets,
                                     tensors=totals.tensors, stream_bytes=totals.stream_bytes))
                 self._transport.finish(cfg.timeout_s, self._poll)

@@ -27,13 +27,55 @@ class _Group(msgspec.Struct):
     uid: list[int]
     rank: int
     world: int
+    #: CuPy >= 14 gives (and takes) the unique id as bytes; older CuPy as a tuple of ints.
+    uid_bytes: bool = False
+
+
+def _unique_id(nccl) -> tuple[list[int], bool]:
+    raw = nccl.get_unique_id()
+    return list(raw), isinstance(raw, bytes | bytearray)
+
+
+def _preload_libnccl() -> None:
+    """Load the libnccl.so.2 of the `nvidia-nccl-*` wheel (the one torch uses) so that CuPy's NCCL
+    module, linked against that soname, finds it where the dynamic loader would not."""
+    import ctypes
+    import glob
+    import os
+
+    try:
+        import nvidia.nccl  # type: ignore[import-not-found]
+    except ImportError:
+        return
+    for root in list(getattr(nvidia.nccl, "__path__", [])):
+        for lib in sorted(glob.glob(os.path.join(root, "lib", "libnccl.so*"))):
+            try:
+                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+                return
+            except OSError:
+                continue
 
 
 def _nccl():
+    hint = "transport 'nccl' needs CuPy with NCCL (pip install arl-sync[cupy])"
     try:
         from cupy.cuda import nccl
-    except Exception as e:  # ImportError, or a CuPy built without NCCL
-        raise TransportError(f"transport 'nccl' needs CuPy with NCCL (pip install arl-sync[cupy]): {e}") from e
+    except ImportError:
+        nccl = None
+    except Exception as e:
+        raise TransportError(f"{hint}: {e}") from e
+    if nccl is None or not hasattr(nccl, "NcclCommunicator"):  # CuPy did not find libnccl.so.2
+        _preload_libnccl()
+        try:
+            import importlib
+
+            import cupy.cuda.nccl as nccl
+
+            nccl = importlib.reload(nccl)
+        except Exception as e:
+            raise TransportError(f"{hint}: {e}") from e
+        if not hasattr(nccl, "NcclCommunicator"):
+            raise TransportError(f"{hint}: CuPy's NCCL module is unavailable (libnccl.so.2 not found)")
     return nccl
 
 
@@ -41,12 +83,13 @@ def _uint8(nccl) -> int:
     return getattr(nccl, "NCCL_UINT8", getattr(nccl, "NCCL_CHAR", 0))
 
 
-def _make_comm(nccl, device: torch.device, world: int, uid: Sequence[int], rank: int):
+def _make_comm(nccl, device: torch.device, world: int, uid: Sequence[int], rank: int, uid_bytes: bool):
     import cupy
 
+    comm_id = bytes(b & 0xFF for b in uid) if uid_bytes else tuple(uid)
     try:
         with cupy.cuda.Device(device.index):
-            return nccl.NcclCommunicator(world, tuple(uid), rank)
+            return nccl.NcclCommunicator(world, comm_id, rank)
     except Exception as e:
         raise TransportError(f"NCCL group init failed (rank {rank} of {world}): {e}") from e
 
@@ -69,6 +112,10 @@ class NcclSender:
     needs_acks = False
     #: Receivers must say they are about to join (Ack index -1) before the group is created.
     needs_ready = True
+    #: The sender announces a bucket before broadcasting it: NCCL (>= 2.22) connects the ranks lazily,
+    #: inside the first collective, and that host call blocks until every rank entered it, so a
+    #: receiver must be able to enter bucket 0's broadcast before the sender's call returns.
+    announce_before_post = True
 
     def __init__(self, cfg: SyncConfig, device: torch.device | None) -> None:
         if not torch.cuda.is_available():
@@ -87,6 +134,8 @@ class NcclSender:
         self._comm = None
         self._members: tuple[bytes, ...] = ()
         self._pending: _Group | None = None
+        #: NCCL groups created so far (one per membership; later syncs reuse it).
+        self.groups_built = 0
 
     def welcome_info(self, hello_device: str) -> bytes:
         return b""
@@ -96,16 +145,17 @@ class NcclSender:
             return {}
         _abort(self._comm)
         self._comm = None
-        uid = list(self._nccl.get_unique_id())
+        uid, uid_bytes = _unique_id(self._nccl)
         world = len(member_ids) + 1
         self._members = tuple(member_ids)
-        self._pending = _Group(uid, 0, world)
-        return {m: msgspec.msgpack.encode(_Group(uid, i + 1, world)) for i, m in enumerate(member_ids)}
+        self._pending = _Group(uid, 0, world, uid_bytes)
+        return {m: msgspec.msgpack.encode(_Group(uid, i + 1, world, uid_bytes)) for i, m in enumerate(member_ids)}
 
     def connect(self, timeout_s: float) -> None:
         if self._pending is not None:
             g, self._pending = self._pending, None
-            self._comm = _make_comm(self._nccl, self._dev, g.world, g.uid, 0)
+            self._comm = _make_comm(self._nccl, self._dev, g.world, g.uid, 0, g.uid_bytes)
+            self.groups_built += 1
 
     def wait_slot(self, slot: int, timeout_s: float, check: Callable[[], None]) -> None:
         if self._in_flight[slot]:
@@ -128,7 +178,8 @@ class NcclSender:
         cs = self._comm_stream
         cs.wait_event(self._packed[slot])
         try:
-            self._comm.bcast(self._slots[slot].data_ptr(), nbytes, _uint8(self._nccl), 0, cs.cuda_stream)
+            with torch.cuda.device(self._dev):  # send() may run in a thread whose current device differs
+                self._comm.bcast(self._slots[slot].data_ptr(), nbytes, _uint8(self._nccl), 0, cs.cuda_stream)
         except Exception as e:
             raise TransportError(f"NCCL broadcast failed: {e}") from e
         self._sent[slot].record(cs)
@@ -166,7 +217,7 @@ class NcclReceiver:
             _abort(self._comm)
             self._comm = None
             g = msgspec.msgpack.decode(info, type=_Group)
-            self._comm = _make_comm(self._nccl, self._dev, g.world, g.uid, g.rank)
+            self._comm = _make_comm(self._nccl, self._dev, g.world, g.uid, g.rank, g.uid_bytes)
         elif self._comm is None:
             raise TransportError("the sender reused an NCCL group this receiver is not part of")
 
@@ -174,7 +225,8 @@ class NcclReceiver:
         assert self._comm is not None
         self._stream.wait_stream(torch.cuda.current_stream(self._dev))  # staging allocated there
         try:
-            self._comm.bcast(dst.data_ptr(), nbytes, _uint8(self._nccl), 0, self._stream.cuda_stream)
+            with torch.cuda.device(self._dev):  # receive() may run in a thread whose current device differs
+                self._comm.bcast(dst.data_ptr(), nbytes, _uint8(self._nccl), 0, self._stream.cuda_stream)
         except Exception as e:
             raise TransportError(f"NCCL broadcast failed: {e}") from e
         ev = torch.cuda.Event()
