@@ -51,7 +51,11 @@ def _environment(out_dir: Path) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "VLLM_CACHE_ROOT": str(cache / "vllm"),
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        # Keep the terminal for progress lines: engine/library chatter only when it is an error.
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
+        "TRANSFORMERS_VERBOSITY": os.environ.get("TRANSFORMERS_VERBOSITY", "error"),
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::DeprecationWarning,ignore::FutureWarning"),
         "RAY_AUTH_MODE": "disabled",
         "RAY_USAGE_STATS_ENABLED": "0",
         # Under `uv run`, Ray would otherwise zip the working tree and start every worker through uv.

@@ -10,7 +10,6 @@ an arl-sync receiver.
 from __future__ import annotations
 
 import asyncio
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +34,8 @@ class TorchEngineConfig(msgspec.Struct, kw_only=True):
 class _Request:
     prompt_ids: list[int]
     params: SamplingParams
-    generator: torch.Generator
+    # Only for a request with its own seed; others share the engine's device generator.
+    generator: torch.Generator | None
     done: asyncio.Future[str]
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
@@ -56,7 +56,7 @@ class TorchEngine:
         self._loop_task: asyncio.Task[None] | None = None
         self._step_lock = asyncio.Lock()  # held while a token step runs, so pause can wait it out
         self._receiver: Any = None
-        self._seeds = itertools.count(config.seed)
+        self._generator = torch.Generator(device=self.device).manual_seed(config.seed)
 
     @property
     def weight_version(self) -> int:
@@ -86,9 +86,9 @@ class TorchEngine:
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
         if self._loop_task is None or self._loop_task.done():
             raise RuntimeError("TorchEngine is not running (call start() first)")
-        gen = torch.Generator(device="cpu").manual_seed(
-            sampling_params.seed if sampling_params.seed is not None else next(self._seeds)
-        )
+        gen = None
+        if sampling_params.seed is not None:
+            gen = torch.Generator(device="cpu").manual_seed(sampling_params.seed)
         req = _Request(list(prompt_ids), sampling_params, gen, asyncio.get_running_loop().create_future())
         self._requests[request_id] = req
         self._idle.clear()
@@ -133,19 +133,30 @@ class TorchEngine:
     def _step(self, batch: list[tuple[str, _Request]]) -> None:
         seqs = [req.prompt_ids + req.tokens for _, req in batch]
         width = max(len(s) for s in seqs)
-        ids = torch.zeros(len(seqs), width, dtype=torch.long)
-        attn = torch.zeros(len(seqs), width, dtype=torch.long)
-        for i, s in enumerate(seqs):  # left padding: the next token is always at position -1
-            ids[i, width - len(s) :] = torch.tensor(s)
-            attn[i, width - len(s) :] = 1
+        # Left padding: the next token is always at position -1.
+        ids = torch.tensor([[0] * (width - len(s)) + s for s in seqs], dtype=torch.long)
+        attn = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], dtype=torch.long)
         position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
         logits = self.model(
             input_ids=ids.to(self.device), attention_mask=attn.to(self.device), position_ids=position_ids.to(self.device)
-        ).logits[:, -1].float().cpu()
-        for row, (_, req) in zip(logits, batch):
-            token, logp = _sample(row, req.params, req.generator)
-            req.tokens.append(token)
-            req.log_probs.append(logp)
+        ).logits[:, -1].float()
+        # Rows that share sampling settings are sampled together on the device, from the engine's
+        # generator; a request with its own seed is sampled alone from its own generator.
+        groups: dict[tuple[float, float, int] | int, list[int]] = {}
+        for i, (_, req) in enumerate(batch):
+            p = req.params
+            key = i if req.generator is not None else (p.temperature, p.top_p, p.top_k)
+            groups.setdefault(key, []).append(i)
+        for rows in groups.values():
+            req = batch[rows[0]][1]
+            p = req.params
+            if req.generator is not None:
+                tokens, logps = sample(logits[rows].cpu(), p.temperature, p.top_p, p.top_k, req.generator)
+            else:
+                tokens, logps = sample(logits[rows], p.temperature, p.top_p, p.top_k, self._generator)
+            for i, token, logp in zip(rows, tokens.tolist(), logps.tolist(), strict=True):
+                batch[i][1].tokens.append(token)
+                batch[i][1].log_probs.append(logp)
 
     def _maybe_finish(self, rid: str, req: _Request) -> None:
         p = req.params
@@ -192,22 +203,23 @@ class TorchEngine:
         return {name: p.detach().cpu().clone() for name, p in self.model.named_parameters()}
 
 
-def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> tuple[int, float]:
-    """Sample one token; returns it with its log prob under the processed distribution (as vLLM's
-    `processed_logprobs`: after temperature, top-k and top-p)."""
-    if params.temperature <= 0:
-        logp = torch.log_softmax(logits, -1)
-        token = int(logits.argmax())
-        return token, float(logp[token])
-    scaled = logits / params.temperature
-    if params.top_k > 0:
-        kth = torch.topk(scaled, min(params.top_k, scaled.numel())).values[-1]
+def sample(
+    logits: torch.Tensor, temperature: float, top_p: float, top_k: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row of `logits` (R, V); returns the tokens and their log probs under the
+    processed distribution (as vLLM's `processed_logprobs`: after temperature, top-k and top-p)."""
+    if temperature <= 0:
+        tokens = logits.argmax(-1)
+        return tokens, torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    scaled = logits / temperature
+    if top_k > 0:
+        kth = torch.topk(scaled, min(top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(scaled, descending=True)
-        cum = torch.softmax(sorted_logits, -1).cumsum(-1)
-        drop = cum - torch.softmax(sorted_logits, -1) > params.top_p
-        scaled[order[drop]] = float("-inf")
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, -1)
+        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
+        scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     logp = torch.log_softmax(scaled, -1)
-    token = int(torch.multinomial(logp.exp(), 1, generator=gen))
-    return token, float(logp[token])
+    tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
