@@ -19,6 +19,7 @@ from arl_train.config import AppConfig
 from arl_train.metrics import MetricsLog, plot, progress_line
 
 STEP_TIMEOUT_S = 900.0
+HEALTH_CHECK_S = 5.0
 PROBE_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 # float32 on both sides: kernels differ (vLLM's fused CPU ops vs torch), identical weights agree to ~1e-6.
 PROBE_TOLERANCE = 1e-4
@@ -77,6 +78,19 @@ def prepare_model(config: AppConfig, out_dir: Path) -> Path:
     return path
 
 
+def _await_step(ray: Any, step_ref: Any, rollout: Any) -> dict[str, Any]:
+    """Wait for a trainer step while checking every few seconds that the rollout side is alive,
+    so a dead engine or feed loop fails the run at once instead of starving the trainer."""
+    deadline = time.monotonic() + STEP_TIMEOUT_S
+    while True:
+        done, _ = ray.wait([step_ref], timeout=HEALTH_CHECK_S)
+        if done:
+            return ray.get(step_ref)
+        ray.get(rollout.stats.remote(), timeout=60)  # re-raises the rollout side's failure
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"a trainer step took longer than {STEP_TIMEOUT_S}s")
+
+
 def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return sum(r[key] for r in rows) / max(1, len(rows))
 
@@ -118,7 +132,7 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
         trainer = ray.remote(num_cpus=0)(TrainerActor).remote(config, str(model_path), queue, rollout)
         total = config.trainer.total_steps
         for _ in range(total):
-            row = ray.get(trainer.train_step.remote(), timeout=STEP_TIMEOUT_S)
+            row = _await_step(ray, trainer.train_step.remote(), rollout)
             row["rollout"] = ray.get(rollout.stats.remote(), timeout=60)
             metrics.write(row)
             log(progress_line(row, total))

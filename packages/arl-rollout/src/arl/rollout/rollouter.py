@@ -85,15 +85,22 @@ class Rollouter:
 
     # ----- the feed loop -------------------------------------------------------------------
     async def run(self) -> None:
-        """Feed tasks until the dataset ends (or the caller cancels); waits for the last samples."""
-        async with asyncio.TaskGroup() as group:
-            for _epoch, task in self._tasks:
-                async with self._cond:
-                    await self._cond.wait_for(self._may_start)
-                    self._active += 1
-                    self._started_since_sync += 1
-                    self.stats.started += 1
-                group.create_task(self._run_prompt(task))
+        """Feed tasks until the dataset ends (or the caller cancels); waits for the last samples.
+
+        A prompt that fails stops the feed and raises its own error (not a bare exception group), so
+        the caller's message names the cause.
+        """
+        try:
+            async with asyncio.TaskGroup() as group:
+                for _epoch, task in self._tasks:
+                    async with self._cond:
+                        await self._cond.wait_for(self._may_start)
+                        self._active += 1
+                        self._started_since_sync += 1
+                        self.stats.started += 1
+                    group.create_task(self._run_prompt(task))
+        except* Exception as failures:
+            raise failures.exceptions[0] from failures
 
     def _may_start(self) -> bool:
         return (
