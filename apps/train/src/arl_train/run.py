@@ -96,19 +96,20 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
 
 
 def run(config: AppConfig, *, log: Any = print) -> RunSummary:
-    import ray
-    from safetensors.torch import load
-
-    from arl.queue.ray_actor import create_queue_actor
-    from arl_train.actors import RolloutActor, TrainerActor, run_budget
-    from arl.rollout.engines.weights_check import compare_weights
-
     started = time.perf_counter()
     out_dir = Path(config.output.dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_bytes(msgspec.json.format(msgspec.json.encode(config)))
     env = _environment(out_dir)
-    os.environ.update(env)
+    os.environ.update(env)  # before importing Ray: it reads some of these at import time
+
+    import ray
+    from safetensors.torch import load
+
+    from arl.queue.ray_actor import create_queue_actor
+    from arl.rollout.engines.weights_check import compare_weights
+    from arl_train.actors import RolloutActor, TrainerActor, run_budget
+
     model_path = prepare_model(config, out_dir)
     at = config.async_training
     budget = run_budget(config)
