@@ -91,6 +91,33 @@ def _await_step(ray: Any, step_ref: Any, rollout: Any) -> dict[str, Any]:
             raise TimeoutError(f"a trainer step took longer than {STEP_TIMEOUT_S}s")
 
 
+def _verify_engine_weights(ray: Any, trainer: Any, rollout: Any) -> dict[str, Any]:
+    """Sync the final weights if the last step did not, then check engine == trainer.
+
+    Readable engine tensors must be bit-identical; those the engine prepacks (vLLM's CPU build) are
+    checked through its outputs: its log probs on a probe sequence must equal the trainer's.
+    """
+    from safetensors.torch import load
+
+    from arl.rollout.engines.weights_check import compare_weights
+
+    ray.get(trainer.final_sync.remote(), timeout=STEP_TIMEOUT_S)
+    trainer_weights = load(ray.get(trainer.weights.remote(), timeout=120))
+    engine_weights = load(ray.get(rollout.engine_weights.remote(), timeout=120))
+    tensors = compare_weights(trainer_weights, engine_weights)
+    tokens, engine_logp, engine_version = ray.get(rollout.probe.remote(PROBE_PROMPT, 16), timeout=120)
+    trainer_logp = ray.get(trainer.log_probs.remote(PROBE_PROMPT, tokens), timeout=120)
+    probe_diff = max(abs(a - b) for a, b in zip(engine_logp, trainer_logp, strict=True))
+    trainer_version = ray.get(trainer.version.remote(), timeout=60)
+    return {
+        "equal": bool(tensors["equal"]) and probe_diff < PROBE_TOLERANCE and engine_version == trainer_version,
+        "max_abs_diff": float(tensors["max_abs_diff"]),
+        "prepacked": len(tensors["prepacked"]),
+        "probe_logprob_max_abs_diff": probe_diff,
+        "version": trainer_version,
+    }
+
+
 def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return sum(r[key] for r in rows) / max(1, len(rows))
 
@@ -104,14 +131,11 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
     os.environ.update(env)  # before importing Ray: it reads some of these at import time
 
     import ray
-    from safetensors.torch import load
 
     from arl.queue.ray_actor import create_queue_actor
-    from arl.rollout.engines.weights_check import compare_weights
     from arl_train.actors import RolloutActor, TrainerActor, run_budget
 
     model_path = prepare_model(config, out_dir)
-    at = config.async_training
     budget = run_budget(config)
     log(f"arl: model {model_path} | budget {budget} | output {out_dir}")
 
@@ -138,33 +162,23 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
             metrics.write(row)
             log(progress_line(row, total))
             if config.trainer.save_every and row["step"] % config.trainer.save_every == 0:
-                ray.get(trainer.save_checkpoint.remote(str(out_dir / "checkpoints" / f"step_{row['step']}")))
-        # Make sure the engine serves the final weights, then check engine == trainer, tensor by tensor.
+                step_dir = out_dir / "checkpoints" / f"step_{row['step']}"
+                ray.get(trainer.save_checkpoint.remote(str(step_dir)), timeout=START_TIMEOUT_S)
         rows = metrics.rows
-        ray.get(trainer.final_sync.remote(), timeout=STEP_TIMEOUT_S)
-        trainer_weights = load(ray.get(trainer.weights.remote(), timeout=120))
-        engine_weights = load(ray.get(rollout.engine_weights.remote(), timeout=120))
-        check = compare_weights(trainer_weights, engine_weights)
-        # Weights the engine prepacks are checked through its outputs: its log probs on a probe
-        # sequence must equal the trainer's for the same tokens.
-        probe_tokens, engine_logp, engine_version = ray.get(rollout.probe.remote(PROBE_PROMPT, 16), timeout=120)
-        trainer_logp = ray.get(trainer.log_probs.remote(PROBE_PROMPT, probe_tokens), timeout=120)
-        probe_diff = max(abs(a - b) for a, b in zip(engine_logp, trainer_logp, strict=True))
-        trainer_version = ray.get(trainer.version.remote(), timeout=60)
-        weights_equal = bool(check["equal"]) and probe_diff < PROBE_TOLERANCE and engine_version == trainer_version
+        check = _verify_engine_weights(ray, trainer, rollout)
         checkpoint = ray.get(trainer.save_checkpoint.remote(str(out_dir / "checkpoint")), timeout=START_TIMEOUT_S)
         png = plot(rows, out_dir / "reward.png")
         tenth = max(1, len(rows) // 10)
         summary = RunSummary(
             steps=len(rows),
-            syncs=trainer_version,
-            samples_consumed=sum(config.actor.ppo_mini_batch_size * at.require_batches for _ in rows),
+            syncs=check["version"],
+            samples_consumed=rows[-1]["samples_seen"],
             reward_first_tenth=_mean(rows[:tenth], "reward_mean"),
             reward_last_tenth=_mean(rows[-tenth:], "reward_mean"),
-            weights_equal_after_sync=weights_equal,
-            weights_max_abs_diff=float(check["max_abs_diff"]),
-            weights_prepacked=len(check["prepacked"]),
-            probe_logprob_max_abs_diff=probe_diff,
+            weights_equal_after_sync=check["equal"],
+            weights_max_abs_diff=check["max_abs_diff"],
+            weights_prepacked=check["prepacked"],
+            probe_logprob_max_abs_diff=check["probe_logprob_max_abs_diff"],
             wall_s=time.perf_counter() - started,
             output_dir=str(out_dir),
             checkpoint=checkpoint,

@@ -92,6 +92,7 @@ class Trainer:
         metrics.update(
             step=self.step,
             version=self.version,
+            samples_seen=self.samples_seen,
             reward_mean=batch.rewards.mean().item(),
             reward_max=batch.rewards.max().item(),
             response_length_mean=batch.response_lengths.float().mean().item(),
