@@ -45,8 +45,11 @@ class RolloutActor:
         self._run_task: asyncio.Task[None] | None = None
         self._engines: list[Any] = []
 
-    async def start(self) -> None:
-        """Start the engines, then the feed loop (in the background of this actor)."""
+    async def start(self, initial_version: int = 0, skip_tasks: int = 0) -> None:
+        """Start the engines (holding weights of `initial_version`), then the feed loop in the
+        background of this actor; `skip_tasks` resumes the dataset where a checkpoint left it."""
+        import itertools
+
         from transformers import AutoTokenizer
 
         from arl.proxy.types import SamplingParams
@@ -56,7 +59,7 @@ class RolloutActor:
         _limit_threads()
         cfg = self.config
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self._engines = [self._make_engine(i) for i in range(cfg.rollout.replicas)]
+        self._engines = [self._make_engine(i, initial_version) for i in range(cfg.rollout.replicas)]
         await asyncio.gather(*(e.start() for e in self._engines))
         manager = ServerManager(self._engines, generate_timeout_s=cfg.rollout.generate_timeout_s)
         at = cfg.async_training
@@ -66,7 +69,7 @@ class RolloutActor:
         if "harbor" in agent_names:
             import arl.harbor  # noqa: F401  (registers the "harbor" agent loop)
         self.rollouter = Rollouter(
-            tasks=cycle_tasks(tasks, seed=cfg.seed),
+            tasks=itertools.islice(cycle_tasks(tasks, seed=cfg.seed), skip_tasks, None),
             manager=manager,
             sink=_BlockingSink(QueueClient(self.queue_handle)),
             agent_loops={name: make_agent_loop(name, tokenizer=tokenizer) for name in agent_names},
@@ -79,7 +82,7 @@ class RolloutActor:
         )
         self._run_task = asyncio.create_task(self.rollouter.run())
 
-    def _make_engine(self, index: int) -> Any:
+    def _make_engine(self, index: int, initial_version: int) -> Any:
         r = self.config.rollout
         if r.engine == "vllm":
             from arl.rollout.engines.vllm_engine import VllmEngine, VllmEngineConfig
@@ -91,11 +94,20 @@ class RolloutActor:
                     max_model_len=r.max_model_len,
                     enforce_eager=r.enforce_eager,
                     seed=self.config.seed + index,
+                    initial_version=initial_version,
                 )
             )
         from arl.rollout.engines.torch_engine import TorchEngine, TorchEngineConfig
 
-        return TorchEngine(TorchEngineConfig(model_path=self.model_path, device=r.device, dtype=r.dtype, seed=self.config.seed + index))
+        return TorchEngine(
+            TorchEngineConfig(
+                model_path=self.model_path,
+                device=r.device,
+                dtype=r.dtype,
+                seed=self.config.seed + index,
+                initial_version=initial_version,
+            )
+        )
 
     def _check_alive(self) -> None:
         if self._run_task is not None and self._run_task.done():
@@ -171,7 +183,14 @@ class _RolloutHandle:
 
 
 class TrainerActor:
-    def __init__(self, config: AppConfig, model_path: str, queue_handle: Any, rollout_handle: Any) -> None:
+    def __init__(
+        self,
+        config: AppConfig,
+        model_path: str,
+        queue_handle: Any,
+        rollout_handle: Any,
+        resume_state: dict[str, int] | None = None,
+    ) -> None:
         from transformers import AutoTokenizer
 
         from arl.queue.ray_actor import QueueClient
@@ -212,6 +231,11 @@ class TrainerActor:
             tcfg,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         )
+        if resume_state is not None:  # model_path is the checkpoint: restore what the weights do not hold
+            from pathlib import Path
+
+            self.policy.load_optimizer(Path(model_path))
+            self.trainer.restore(resume_state)
 
     async def train_step(self) -> dict[str, Any]:
         return await self.trainer.train_step()
@@ -222,11 +246,10 @@ class TrainerActor:
             return {}
         return await self.trainer.sync()
 
-    async def save_checkpoint(self, directory: str) -> str:
+    async def save_checkpoint(self, directory: str, extra_state: dict[str, int]) -> str:
         from pathlib import Path
 
-        state = {"step": self.trainer.step, "version": self.trainer.version, "samples_seen": self.trainer.samples_seen}
-        return str(self.policy.save(Path(directory), state))
+        return str(self.policy.save(Path(directory), self.trainer.state() | extra_state))
 
     async def log_probs(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
         """The trainer's log probs of `token_ids` after `prompt_ids` (temperature as configured)."""

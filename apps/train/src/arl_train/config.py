@@ -77,9 +77,13 @@ class AsyncTrainingConfig(_Section):
 
 
 class TrainerSection(_Section):
+    # The run ends when the trainer reaches this step (counting the steps of a resumed checkpoint).
     total_steps: int = 150
-    # Save a checkpoint every N steps (0 = only at the end).
+    # Save a checkpoint every N steps into output.dir/checkpoints/step_N (0 = only at the end).
     save_every: int = 0
+    # A checkpoint folder to resume from: weights, optimizer, step/version, the samples that were
+    # queued, and the dataset position ("" = start fresh from model.path).
+    resume_from: str = ""
     batch_timeout_s: float = 600.0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from arl.queue.persistence import SNAPSHOT_FILENAME
 from arl_train.config import AppConfig
 from arl_train.metrics import MetricsLog, plot, progress_line
 
@@ -91,6 +93,28 @@ def _await_step(ray: Any, step_ref: Any, rollout: Any) -> dict[str, Any]:
             raise TimeoutError(f"a trainer step took longer than {STEP_TIMEOUT_S}s")
 
 
+def _prepare_resume(config: AppConfig, out_dir: Path) -> dict[str, int]:
+    """The trainer state of `trainer.resume_from` ({} for a fresh run); its queued samples are put
+    where the new queue will restore them from."""
+    queue_dir = out_dir / "queue"
+    (queue_dir / SNAPSHOT_FILENAME).unlink(missing_ok=True)  # never restore an earlier run's samples
+    if not config.trainer.resume_from:
+        return {}
+    checkpoint = Path(config.trainer.resume_from)
+    state_file = checkpoint / "trainer_state.json"
+    if not state_file.is_file():
+        raise FileNotFoundError(f"trainer.resume_from {checkpoint} is not an arl checkpoint (no trainer_state.json)")
+    state = json.loads(state_file.read_text())
+    if state["step"] >= config.trainer.total_steps:
+        raise ValueError(
+            f"the checkpoint is at step {state['step']}: raise trainer.total_steps above it to train further"
+        )
+    queue_dir.mkdir(parents=True, exist_ok=True)
+    if (checkpoint / SNAPSHOT_FILENAME).is_file():
+        shutil.copy2(checkpoint / SNAPSHOT_FILENAME, queue_dir / SNAPSHOT_FILENAME)
+    return state
+
+
 def _verify_engine_weights(ray: Any, trainer: Any, rollout: Any) -> dict[str, Any]:
     """Sync the final weights if the last step did not, then check engine == trainer.
 
@@ -135,9 +159,12 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
     from arl.queue.ray_actor import create_queue_actor
     from arl_train.actors import RolloutActor, TrainerActor, run_budget
 
-    model_path = prepare_model(config, out_dir)
+    resume_state = _prepare_resume(config, out_dir)
+    model_path = Path(config.trainer.resume_from) if resume_state else prepare_model(config, out_dir)
     budget = run_budget(config)
     log(f"arl: model {model_path} | budget {budget} | output {out_dir}")
+    if resume_state:
+        log(f"arl: resuming at step {resume_state['step']}, weight version {resume_state['version']}")
 
     ray.init(
         address=config.ray.address,
@@ -150,23 +177,40 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
     metrics = MetricsLog(out_dir / "metrics.jsonl")
     rollout = trainer = None
     try:
-        queue = create_queue_actor(max_size=budget.max_queue)
+        # The queue restores what a resumed checkpoint had queued (copied into its folder above).
+        queue = create_queue_actor(max_size=budget.max_queue, persist_dir=str(out_dir / "queue"))
         rollout = ray.remote(num_cpus=0)(RolloutActor).remote(config, str(model_path), queue)
         log("arl: starting the rollout engine(s)…")
-        ray.get(rollout.start.remote(), timeout=START_TIMEOUT_S)
-        trainer = ray.remote(num_cpus=0)(TrainerActor).remote(config, str(model_path), queue, rollout)
+        start = rollout.start.remote(
+            initial_version=resume_state.get("version", 0), skip_tasks=resume_state.get("tasks_started", 0)
+        )
+        ray.get(start, timeout=START_TIMEOUT_S)
+        trainer = ray.remote(num_cpus=0)(TrainerActor).remote(
+            config, str(model_path), queue, rollout, resume_state or None
+        )
         total = config.trainer.total_steps
-        for _ in range(total):
+
+        def save_checkpoint(directory: Path) -> str:
+            """Weights + optimizer + trainer state + the queued samples + the dataset position."""
+            tasks_started = ray.get(rollout.stats.remote(), timeout=60)["started"]
+            path = ray.get(
+                trainer.save_checkpoint.remote(str(directory), {"tasks_started": int(tasks_started)}),
+                timeout=START_TIMEOUT_S,
+            )
+            snapshot = ray.get(queue.snapshot.remote(), timeout=120)
+            shutil.copy2(snapshot, Path(path) / SNAPSHOT_FILENAME)
+            return path
+
+        for _ in range(resume_state.get("step", 0), total):
             row = _await_step(ray, trainer.train_step.remote(), rollout)
             row["rollout"] = ray.get(rollout.stats.remote(), timeout=60)
             metrics.write(row)
             log(progress_line(row, total))
             if config.trainer.save_every and row["step"] % config.trainer.save_every == 0:
-                step_dir = out_dir / "checkpoints" / f"step_{row['step']}"
-                ray.get(trainer.save_checkpoint.remote(str(step_dir)), timeout=START_TIMEOUT_S)
+                save_checkpoint(out_dir / "checkpoints" / f"step_{row['step']}")
         rows = metrics.rows
         check = _verify_engine_weights(ray, trainer, rollout)
-        checkpoint = ray.get(trainer.save_checkpoint.remote(str(out_dir / "checkpoint")), timeout=START_TIMEOUT_S)
+        checkpoint = save_checkpoint(out_dir / "checkpoint")
         png = plot(rows, out_dir / "reward.png")
         tenth = max(1, len(rows) // 10)
         summary = RunSummary(

@@ -87,6 +87,11 @@ class HFPolicy:
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:
         return {name: t.detach().to("cpu").clone() for name, t in self.named_parameters_for_sync()}
 
+    def load_optimizer(self, checkpoint: Path) -> None:
+        """Restore the optimizer state saved by `save` (the weights come from the folder itself)."""
+        state = torch.load(checkpoint / "optimizer.pt", map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(state)
+
     def save(self, directory: Path, trainer_state: dict[str, Any]) -> Path:
         """A checkpoint: an ordinary HF model folder (loadable by vLLM) + optimizer + trainer state."""
         directory.mkdir(parents=True, exist_ok=True)

@@ -49,6 +49,15 @@ class Trainer:
         self.dropped_version_lag = 0
         self._last_step_end = time.perf_counter()
 
+    def state(self) -> dict[str, int]:
+        """What a checkpoint needs to resume this loop."""
+        return {"step": self.step, "version": self.version, "samples_seen": self.samples_seen}
+
+    def restore(self, state: dict[str, int]) -> None:
+        self.step = state["step"]
+        self.version = state["version"]
+        self.samples_seen = state["samples_seen"]
+
     @property
     def required(self) -> int:
         return self.config.require_batches * self.config.ppo_mini_batch_size

@@ -26,6 +26,8 @@ class TorchEngineConfig(msgspec.Struct, kw_only=True):
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
+    # Weight version of the weights at `model_path` (non-zero when resuming from a checkpoint).
+    initial_version: int = 0
     # Most requests decoded together in one forward pass.
     max_batch: int = 256
 
@@ -46,7 +48,7 @@ class TorchEngine:
         self.config = config
         self.device = torch.device(config.device)
         self.model: Any = None
-        self._version = 0
+        self._version = config.initial_version
         self._requests: dict[str, _Request] = {}
         self._wakeup = asyncio.Event()
         self._running = asyncio.Event()

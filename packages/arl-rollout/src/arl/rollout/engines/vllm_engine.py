@@ -35,6 +35,8 @@ class VllmEngineConfig(msgspec.Struct, kw_only=True):
     # Seconds to wait for start-up, one RPC (e.g. a weight load), or a pause.
     start_timeout_s: float = 300.0
     rpc_timeout_s: float = 300.0
+    # Weight version of the weights at `model_path` (non-zero when resuming from a checkpoint).
+    initial_version: int = 0
     # Extra keyword arguments for vLLM's AsyncEngineArgs (e.g. tensor_parallel_size).
     engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
 
@@ -53,7 +55,7 @@ class VllmEngine:
     def __init__(self, config: VllmEngineConfig) -> None:
         self.config = config
         self._llm: Any = None
-        self._version = 0
+        self._version = config.initial_version
 
     @property
     def weight_version(self) -> int:
