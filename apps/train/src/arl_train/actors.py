@@ -44,6 +44,7 @@ class RolloutActor:
         self.rollouter: Any = None
         self._run_task: asyncio.Task[None] | None = None
         self._engines: list[Any] = []
+        self._agent_loops: dict[str, Any] = {}
 
     async def start(self, initial_version: int = 0, skip_tasks: int = 0) -> None:
         """Start the engines (holding weights of `initial_version`), then the feed loop in the
@@ -68,11 +69,12 @@ class RolloutActor:
         agent_names = sorted({t.agent for t in tasks})
         if "harbor" in agent_names:
             import arl.harbor  # noqa: F401  (registers the "harbor" agent loop)
+        self._agent_loops = {name: make_agent_loop(name, tokenizer=tokenizer) for name in agent_names}
         self.rollouter = Rollouter(
             tasks=itertools.islice(cycle_tasks(tasks, seed=cfg.seed), skip_tasks, None),
             manager=manager,
             sink=_BlockingSink(QueueClient(self.queue_handle)),
-            agent_loops={name: make_agent_loop(name, tokenizer=tokenizer) for name in agent_names},
+            agent_loops=self._agent_loops,
             sampling_params=SamplingParams(
                 max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
             ),
@@ -152,7 +154,8 @@ class RolloutActor:
                 await self._run_task
             except (asyncio.CancelledError, Exception):
                 pass
-        await asyncio.gather(*(e.stop() for e in self._engines), return_exceptions=True)
+        closing = [loop.close() for loop in self._agent_loops.values() if hasattr(loop, "close")]
+        await asyncio.gather(*closing, *(e.stop() for e in self._engines), return_exceptions=True)
 
 
 class _BlockingSink:

@@ -1,0 +1,52 @@
+"""The tool-calling agent loop: multi-turn through arl-proxy, a real tool, a token-exact trajectory."""
+
+import pytest
+
+from arl.proxy.testing import ScriptedGenerator
+from arl.proxy.types import SamplingParams
+from arl.rollout import Task
+from arl.rollout.agent_loops import ToolAgentLoop
+from arl.rollout.tools import calculate
+from arl_train.tiny_model import build_tokenizer
+
+
+def test_calculator_evaluates_arithmetic_only():
+    assert calculate("(3 + 4) * 12") == "84"
+    assert calculate("7 / 2") == "3.5"
+    for bad in ("__import__('os')", "x + 1", "2 ** 1000", "1" * 300):
+        with pytest.raises(ValueError):
+            calculate(bad)
+
+
+async def test_tool_loop_calls_the_tool_and_records_the_trajectory():
+    tokenizer = build_tokenizer()
+    generator = ScriptedGenerator(tokenizer, [
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "(3 + 4) * 12"}}\n</tool_call>',
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "oops("}}\n</tool_call>',
+        "The answer is 84",
+    ])
+    loop = ToolAgentLoop(tokenizer, max_turns=4)
+    task = Task(id="t", messages=[{"role": "user", "content": "What is (3 + 4) * 12?"}],
+                ground_truth=84, reward_fn="last_number", agent="tool_loop")
+    try:
+        result = await loop.run(task, generator, SamplingParams(max_tokens=64), "req-1")
+    finally:
+        await loop.close()
+
+    assert result.reward == 1.0 and result.num_turns == 3 and not result.failed
+    # The tool's output reached the model: the second and third prompts contain the tool messages.
+    second_prompt = tokenizer.decode(generator.calls[1].prompt_ids)
+    third_prompt = tokenizer.decode(generator.calls[2].prompt_ids)
+    assert "84" in second_prompt.split("<tool_response>")[-1]
+    assert "error: SyntaxError" in third_prompt
+    # Every sampled token is in the trajectory with its log prob at mask 1; nothing else is.
+    sampled = [t for call in generator.calls for t in call.output.token_ids]
+    trained = [t for t, m in zip(result.response_ids, result.response_mask, strict=True) if m == 1]
+    assert trained == sampled
+    sampled_logprobs = [lp for call in generator.calls for lp in call.output.log_probs]
+    assert [lp for lp, m in zip(result.response_logprobs, result.response_mask, strict=True) if m] == sampled_logprobs
+    assert all(lp == 0.0 for lp, m in zip(result.response_logprobs, result.response_mask, strict=True) if not m)
+    # The whole record is the conversation as the chat template renders it (prompt + response).
+    assert result.prompt_ids == generator.calls[0].prompt_ids
+    assert result.prompt_ids + result.response_ids[: len(generator.calls[2].prompt_ids) - len(result.prompt_ids)] \
+        == generator.calls[2].prompt_ids
