@@ -8,27 +8,13 @@ import torch
 
 from arl.proxy.types import SamplingParams
 from arl.rollout.engines.torch_engine import TorchEngine, TorchEngineConfig, sample
+from arl.rollout.testing import hf_logprobs, save_random_qwen3
 from arl.sync import SyncConfig, WeightSender
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
-                      tie_word_embeddings=True)
-    path = tmp_path_factory.mktemp("qwen3")
-    Qwen3ForCausalLM(cfg).save_pretrained(path)
-    return path
-
-
-def reference_logprobs(model, prompt, tokens, temperature=1.0):
-    ids = torch.tensor([prompt + tokens])
-    with torch.no_grad():
-        logp = torch.log_softmax(model(ids).logits[0].float() / temperature, -1)
-    return [logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
+    return save_random_qwen3(tmp_path_factory.mktemp("qwen3"), vocab=128, hidden=32, head_dim=16, max_positions=256)
 
 
 def test_sample_respects_top_k_top_p_and_reports_processed_logprobs():
@@ -60,7 +46,7 @@ async def test_engine_generates_with_exact_logprobs_aborts_and_loads_weights(mod
         ))
         for p, out in zip(prompts, outs, strict=True):  # batched with left padding, still exact
             assert out.stop_reason == "length" and len(out.token_ids) == 6
-            ref = reference_logprobs(hf, p, out.token_ids, temperature=0.7)
+            ref = hf_logprobs(hf, p, out.token_ids, temperature=0.7)
             assert max(abs(a - b) for a, b in zip(out.log_probs, ref, strict=True)) < 1e-4
         a = await engine.generate("s1", [1, 2], SamplingParams(max_tokens=8, seed=7))
         b = await engine.generate("s2", [1, 2], SamplingParams(max_tokens=8, seed=7))
@@ -81,7 +67,7 @@ async def test_engine_generates_with_exact_logprobs_aborts_and_loads_weights(mod
         await engine.resume()
         out = await engine.generate("after", [1, 2, 3], SamplingParams(max_tokens=5))
         assert out.weight_versions == [1] * 5
-        ref = reference_logprobs(hf, [1, 2, 3], out.token_ids)
+        ref = hf_logprobs(hf, [1, 2, 3], out.token_ids)
         assert max(abs(x - y) for x, y in zip(out.log_probs, ref, strict=True)) < 1e-4
     finally:
         sender.close()

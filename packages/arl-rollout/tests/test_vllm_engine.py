@@ -12,6 +12,7 @@ import torch
 
 from arl.proxy.types import SamplingParams
 from arl.rollout.engines.weights_check import compare_weights
+from arl.rollout.testing import hf_logprobs, save_random_qwen3
 from arl.sync import SyncConfig, WeightSender
 
 pytestmark = pytest.mark.slow
@@ -19,28 +20,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
-                      tie_word_embeddings=True)
-    path = tmp_path_factory.mktemp("qwen3")
-    Qwen3ForCausalLM(cfg).save_pretrained(path)
-    return path
-
-
-def hf_logprobs(model, prompt, tokens):
-    ids = torch.tensor([prompt + tokens])
-    with torch.no_grad():
-        logp = torch.log_softmax(model(ids).logits[0].float(), -1)
-    return [logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
+    return save_random_qwen3(tmp_path_factory.mktemp("qwen3"), vocab=256, hidden=64, head_dim=32, max_positions=512)
 
 
 async def test_vllm_engine_end_to_end(model_dir, tmp_path):
-    from transformers import AutoModelForCausalLM
-
     from arl.rollout.engines.vllm_engine import VllmEngine, VllmEngineConfig
+    from transformers import AutoModelForCausalLM
 
     os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
     engine = VllmEngine(VllmEngineConfig(model_path=str(model_dir), dtype="float32", max_model_len=512,

@@ -1,8 +1,10 @@
-"""Test doubles for arl-rollout that ship with the package (no vLLM, no model).
+"""Test doubles for arl-rollout that ship with the package (no vLLM needed).
 
 `SimEngine` implements the `Engine` protocol with deterministic tokens at a configurable pace, so
 pause/abort/resume and partial rollout can be exercised exactly; it receives weights through a real
-arl-sync receiver and keeps them in `weights`.
+arl-sync receiver and keeps them in `weights`. `TokenAgentLoop` needs no tokenizer.
+`save_random_qwen3` and `hf_logprobs` build a small random model and give reference log probs, for
+checking engines exactly.
 """
 
 from __future__ import annotations
@@ -129,3 +131,26 @@ class TokenAgentLoop:
             reward=sum(t % 2 == 0 for t in out.token_ids) / max(1, n),
             finish_reason=out.stop_reason,
         )
+
+
+def save_random_qwen3(path: Any, *, vocab: int, hidden: int, head_dim: int, max_positions: int) -> Any:
+    """A random 2-layer Qwen3 (tied embeddings, seed 0) saved as an HF folder, without a tokenizer."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=head_dim,
+                      max_position_embeddings=max_positions, tie_word_embeddings=True)
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def hf_logprobs(model, prompt: list[int], tokens: list[int], temperature: float = 1.0) -> list[float]:
+    """Log probs of `tokens` after `prompt` under a transformers model (the reference for engines)."""
+    import torch
+
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0].float() / temperature, -1)
+    return [logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
