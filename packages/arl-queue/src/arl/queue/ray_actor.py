@@ -17,6 +17,7 @@ prefer timeouts to cancellation for consumers.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -28,6 +29,11 @@ from arl.queue.queue import MessageQueue
 from arl.queue.types import OverflowPolicy, QueueStats, Sample
 
 T = TypeVar("T")
+
+
+def _ray() -> Any:
+    """Ray, imported on first use: it is an optional dependency of arl-queue."""
+    return importlib.import_module("ray")
 
 
 class MessageQueueActor:
@@ -101,7 +107,7 @@ def create_queue_actor(
     the driver exits. `max_concurrency` bounds how many calls (waiting puts and gets included) it
     serves at once. It asks for `num_cpus` CPUs (0: it is I/O-bound and should not hold a core).
     """
-    import ray  # optional dependency: imported only when an actor is created
+    ray = _ray()
 
     options: dict[str, Any] = {"max_concurrency": max_concurrency, "num_cpus": num_cpus}
     if name is not None:
@@ -132,7 +138,7 @@ class QueueClient:
     @classmethod
     def from_name(cls, name: str, namespace: str | None = None, **kwargs: Any) -> QueueClient:
         """A client of the named queue actor (see `create_queue_actor(name=...)`)."""
-        import ray
+        ray = _ray()
 
         return cls(ray.get_actor(name, namespace=namespace), **kwargs)
 
@@ -199,7 +205,7 @@ class QueueClient:
 
     async def _call(self, ref: Awaitable[T], wait: float) -> T:
         """Await a remote call for `wait` + rpc_timeout seconds, unwrapping the queue's own errors."""
-        import ray
+        ray = _ray()
 
         try:
             async with asyncio.timeout(wait + self._rpc_timeout):
