@@ -60,12 +60,12 @@ class RolloutActor:
         _limit_threads()
         cfg = self.config
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        tasks = load_tasks(cfg.data.source, seed=cfg.data.seed, size=cfg.data.size)  # fail fast on bad data
         self._engines = [self._make_engine(i, initial_version) for i in range(cfg.rollout.replicas)]
         await asyncio.gather(*(e.start() for e in self._engines))
         manager = ServerManager(self._engines, generate_timeout_s=cfg.rollout.generate_timeout_s)
         at = cfg.async_training
         budget = run_budget(cfg)
-        tasks = load_tasks(cfg.data.source, seed=cfg.data.seed, size=cfg.data.size)
         agent_names = sorted({t.agent for t in tasks})
         if "harbor" in agent_names:
             import arl.harbor  # noqa: F401  (registers the "harbor" agent loop)
