@@ -14,6 +14,9 @@ from harbor.models.trial.paths import TrialPaths
 
 from .conftest import needs_sandbox
 
+# A duration no other process on the host uses, so pgrep finds only the sandbox's own sleeper.
+BACKGROUND_SLEEP = "300.4242"
+
 pytestmark = needs_sandbox
 
 
@@ -50,7 +53,7 @@ async def test_exec_runs_in_workdir_with_env_and_isolation(tmp_path, hello_task)
         assert (tmp_path / "trial" / "agent" / "c").read_text() == "hi\n"  # /logs/agent is the trial's dir
         assert not Path("/tmp/b").exists()
         # Processes started by one exec are visible to the next (a tmux server must survive).
-        await env.exec("nohup sleep 300 >/dev/null 2>&1 &")
+        await env.exec(f"nohup sleep {BACKGROUND_SLEEP} >/dev/null 2>&1 &")
         # init + ours (poll: the background child may not have exec'd `sleep` yet)
         count = "for i in $(seq 100); do [ $(pgrep -x sleep | wc -l) = 2 ] && break; sleep 0.05; done; pgrep -x sleep | wc -l"
         assert (await env.exec(count)).stdout.strip() == "2"
@@ -61,7 +64,9 @@ async def test_exec_runs_in_workdir_with_env_and_isolation(tmp_path, hello_task)
     finally:
         await env.stop(delete=True)
     # Stopping killed the namespace, background processes included, and removed the sandbox dirs.
-    out = await asyncio.create_subprocess_exec("pgrep", "-f", "sleep 300", stdout=asyncio.subprocess.PIPE)
+    out = await asyncio.create_subprocess_exec(
+        "pgrep", "-f", f"^sleep {BACKGROUND_SLEEP}$", stdout=asyncio.subprocess.PIPE
+    )
     assert (await out.communicate())[0] == b""
     assert not (tmp_path / "trial" / "sandbox").exists()
 
