@@ -109,6 +109,7 @@ class VllmEngine:
     ) -> TokenOutput:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         llm = self._require_started()
         version = self._version
@@ -123,6 +124,9 @@ class VllmEngine:
             logprobs=sampling_params.top_logprobs,
             # arl works on token ids; text is only needed to match stop strings.
             detokenize=bool(sampling_params.stop),
+            # One output per request, not the whole token list re-sent at every step (O(n²) on long
+            # generations); an aborted request still delivers its partial tokens in that output.
+            output_kind=RequestOutputKind.FINAL_ONLY,
         )
         final = None
         async for output in llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id):
