@@ -6,7 +6,7 @@ import msgspec
 import pytest
 import torch
 
-from arl.trainer.algorithm_config import AlgorithmConfig, compute_token_loss
+from arl.trainer.algorithm_config import AlgorithmConfig, compute_token_loss, merge_loss_metrics
 from arl.trainer.algorithms import policy_loss
 from arl.trainer.errors import AlgorithmError
 from arl.trainer.losses import (
@@ -301,3 +301,118 @@ def test_empty_micro_batch_gives_finite_metrics():
     )
     assert loss.shape == (0,) and all(math.isfinite(v) for v in metrics.values())
     assert metrics["num_tokens"] == 0 and metrics["num_seqs"] == 0
+
+
+def naive_token_loss(cfg, logp, prox, behav, adv, seq_index, entropy, ref):
+    """compute_token_loss written out token by token in Python floats, from the formulas alone."""
+    n, s = len(logp), max(seq_index) + 1
+    members = [[t for t in range(n) if seq_index[t] == i] for i in range(s)]
+    delta = [sum(prox[t] - behav[t] for t in m) for m in members]
+    if cfg.seq_is_agg == "geo_mean":
+        delta = [d / len(m) for d, m in zip(delta, members)]
+    seq_w = [math.exp(d) for d in delta]
+    gspo = [math.exp(sum(logp[t] - prox[t] for t in m) / len(m)) for m in members]
+    out = []
+    for t in range(n):
+        i, a = seq_index[t], adv[t]
+        r = gspo[i] if cfg.policy_loss == "gspo" else math.exp(logp[t] - prox[t])
+        pg = max(-a * r, -a * min(max(r, 1 - cfg.clip_ratio_low), 1 + cfg.clip_ratio_high))
+        if cfg.dual_clip_c is not None and a < 0:
+            pg = min(pg, -a * cfg.dual_clip_c)
+        keep = 1.0
+        if cfg.seq_is == "truncate":
+            w = min(seq_w[i], cfg.seq_is_high)
+        else:
+            w = math.exp(prox[t] - behav[t])
+            w = w if cfg.tis_cap is None else min(w, cfg.tis_cap)
+            if cfg.seq_is == "mask":
+                keep = float(cfg.seq_is_low <= seq_w[i] <= cfg.seq_is_high)
+        kl = math.exp(ref[t] - logp[t]) - (ref[t] - logp[t]) - 1
+        out.append(keep * (w * pg - cfg.entropy_coef * entropy[t] + cfg.kl_coef * kl) if keep else 0.0)
+    return out
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        AlgorithmConfig(dual_clip_c=1.5, tis_cap=1.5, seq_is="mask", seq_is_low=0.6, seq_is_high=1.8,
+                        entropy_coef=0.01, kl_coef=0.05),
+        AlgorithmConfig(policy_loss="gspo", clip_ratio_low=0.05, clip_ratio_high=0.05, seq_is="truncate",
+                        seq_is_agg="product", seq_is_high=1.5, kl_coef=0.02),
+        AlgorithmConfig(clip_ratio_high=0.1, tis_cap=None, entropy_coef=0.1),
+    ],
+    ids=["ppo-dualclip-mask-entropy-kl", "gspo-truncate-product-kl", "ppo-untruncated-entropy"],
+)
+def test_compute_token_loss_equals_a_token_by_token_reference(cfg):
+    g = torch.Generator().manual_seed(11)
+    lengths = [3, 4, 2, 5, 1, 3]
+    seq_index = seqs(lengths, shuffle_seed=5)
+    n = seq_index.numel()
+    behav = torch.randn(n, generator=g, dtype=torch.float64) * 0.3 - 1.0
+    # Per-sequence drifts behaviour→proximal, so some sequences pass the IS bounds and some do not.
+    drift = torch.tensor([0.0, 0.9, -0.1, -0.8, 0.3, 0.05], dtype=torch.float64)[seq_index]
+    prox = behav + drift + torch.randn(n, generator=g, dtype=torch.float64) * 0.05
+    logp = (prox + torch.randn(n, generator=g, dtype=torch.float64) * 0.4).requires_grad_()
+    adv = torch.tensor([1.0, -1.5, 0.4, -0.3, 2.0, -2.0], dtype=torch.float64)[seq_index]
+    entropy = torch.rand(n, generator=g, dtype=torch.float64) * 2
+    ref = prox + torch.randn(n, generator=g, dtype=torch.float64) * 0.2
+
+    per_token, metrics = compute_token_loss(cfg, logp, prox, behav, adv, seq_index, entropy=entropy, ref_logp=ref)
+    expected = naive_token_loss(cfg, logp.tolist(), prox.tolist(), behav.tolist(), adv.tolist(), seq_index.tolist(),
+                                entropy.tolist(), ref.tolist())
+    assert per_token.tolist() == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    # Gradient against central finite differences of the same reference (per token: the loss of a
+    # token depends on other tokens' logp only through GSPO's sequence mean).
+    (grad,) = torch.autograd.grad(per_token.sum(), logp)
+    eps = 1e-6
+    base = logp.detach().tolist()
+    for t in range(n):
+        hi, lo = list(base), list(base)
+        hi[t] += eps
+        lo[t] -= eps
+        args = (prox.tolist(), behav.tolist(), adv.tolist(), seq_index.tolist(), entropy.tolist(), ref.tolist())
+        fd = (sum(naive_token_loss(cfg, hi, *args)) - sum(naive_token_loss(cfg, lo, *args))) / (2 * eps)
+        assert grad[t].item() == pytest.approx(fd, rel=1e-4, abs=1e-7), f"token {t}"
+    assert metrics["num_seqs"] == len(lengths) and metrics["num_tokens"] == n
+    # The data exercise what each config switches on.
+    if cfg.dual_clip_c is not None:
+        assert metrics["dual_clip_frac"] > 0
+    if cfg.seq_is == "mask":
+        assert 0 < metrics["seq_is_masked_count"] < len(lengths)
+    if cfg.seq_is == "truncate":
+        assert 0 < metrics["seq_is_truncated_count"] < len(lengths)
+    if cfg.tis_cap is not None and cfg.seq_is != "truncate":
+        assert metrics["tis_clip_frac"] > 0
+
+
+def test_bf16_inputs_are_computed_in_fp32():
+    logp, prox, behav, adv, seq_index = flat_case(seed=8)
+    ref, _ = compute_token_loss(AlgorithmConfig(), logp, prox, behav, adv, seq_index)
+    lp16 = logp.detach().bfloat16().requires_grad_()
+    out, _ = compute_token_loss(AlgorithmConfig(), lp16, prox.bfloat16(), behav.bfloat16(), adv.bfloat16(), seq_index)
+    assert out.dtype == torch.float32
+    exact, _ = compute_token_loss(
+        AlgorithmConfig(), lp16.detach().float(), prox.bfloat16().float(), behav.bfloat16().float(),
+        adv.bfloat16().float(), seq_index,
+    )
+    assert torch.equal(out.detach(), exact)  # rounding only at the inputs
+    out.sum().backward()
+    assert lp16.grad.dtype == torch.bfloat16
+    assert torch.allclose(out.detach(), ref.detach(), atol=0.05)
+
+
+def test_merged_metrics_of_micro_batches_equal_the_metrics_of_the_whole_batch():
+    logp, prox, behav, adv, seq_index = flat_case(seed=9, lengths=(3, 5, 2, 4, 6))
+    entropy = torch.rand(seq_index.numel())
+    cfg = AlgorithmConfig(seq_is="mask", seq_is_low=0.9, seq_is_high=1.1)
+    _, whole = compute_token_loss(cfg, logp, prox, behav, adv, seq_index, entropy=entropy)
+    parts = []
+    for group in ([0, 1], [2, 3, 4]):  # whole sequences per micro-batch, re-indexed locally
+        sel = torch.isin(seq_index, torch.tensor(group))
+        local = torch.searchsorted(torch.tensor(group), seq_index[sel])
+        parts.append(compute_token_loss(cfg, logp[sel], prox[sel], behav[sel], adv[sel], local, entropy=entropy[sel])[1])
+    merged = merge_loss_metrics(parts)
+    assert merged.keys() == whole.keys()
+    for key in whole:
+        assert merged[key] == pytest.approx(whole[key], rel=1e-6, abs=1e-9), key
+    assert whole["seq_is_masked_count"] > 0

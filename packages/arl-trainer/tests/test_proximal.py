@@ -58,3 +58,11 @@ def test_proximal_is_detached_and_modes_dispatch():
         loglinear_proximal(behav, current, versions[:1], 1, current_version=2)
     with pytest.raises(AlgorithmError, match="unknown proximal mode"):
         proximal_logp_for("guess", behaviour_logp=behav)
+
+
+def test_fractional_versions_place_the_current_weights_between_publications():
+    behav = torch.tensor([-1.0])
+    current = torch.tensor([-2.0])
+    # Sampled at version 2; proximal = version 3 (start of step); current = 1 of 2 updates later (3.5).
+    out = loglinear_proximal(behav, current, torch.tensor([2]), 3, current_version=3.5)
+    assert out.item() == pytest.approx(-1.0 + (1 / 1.5) * (-1.0))

@@ -32,6 +32,10 @@ from arl.trainer.proximal import ProximalMode
 from arl.trainer.segments import check_flat, resolve_num_seqs, seq_count
 
 
+# Metrics of compute_token_loss that are counts (sum them over micro-batches); the others are token means.
+COUNT_METRICS = frozenset({"num_tokens", "num_seqs", "seq_is_truncated_count", "seq_is_masked_count"})
+
+
 class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The policy-optimisation algorithm. Defaults are today's arl: GRPO + decoupled PPO with token TIS."""
 
@@ -158,9 +162,14 @@ def compute_token_loss(
     if cfg.kl_coef > 0 and cfg.kl_in == "loss" and ref_logp is None:
         raise AlgorithmError("kl_coef > 0 with kl_in = 'loss' needs ref_logp (reference policy log probs)")
     s = resolve_num_seqs(seq_index, num_seqs)
-    proximal_logp = proximal_logp.detach()
-    behaviour_logp = behaviour_logp.detach()
-    advantages = advantages.detach()
+    # Ratios and exp() in at least fp32: bf16 log probs would put ~1% noise on every ratio.
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    logp = logp.to(dtype)
+    proximal_logp = proximal_logp.detach().to(dtype)
+    behaviour_logp = behaviour_logp.detach().to(dtype)
+    advantages = advantages.detach().to(dtype)
+    entropy = entropy.to(dtype) if entropy is not None else None
+    ref_logp = ref_logp.detach().to(dtype) if ref_logp is not None else None
 
     if cfg.policy_loss == "ppo":
         ratio = ppo_ratio(logp, proximal_logp)
@@ -206,29 +215,49 @@ def compute_token_loss(
 
     with torch.no_grad():
         n = seq_index.shape[0]
-        denom = float(max(n, 1))
         present = seq_count(seq_index, s) > 0
-        names = ["num_tokens", "num_seqs", "seq_is_truncated_count", "seq_is_masked_count", "pg_loss",
-                 "clip_frac", "dual_clip_frac", "tis_clip_frac", "is_weight_mean", "ratio_mean", "ppo_kl"]
-        values = [
-            torch.tensor(float(n), device=logp.device),
-            present.sum(),
-            (seq_truncated & present).sum(),
-            (seq_masked & present).sum(),
-            pg_weighted.detach().sum() / denom,
-            outside.sum() / denom,
-            dual_active.sum() / denom,
-            tis_truncated.sum() / denom,
-            weight.sum() / denom,
-            ratio.detach().sum() / denom,
-            (proximal_logp - logp.detach()).sum() / denom,
-        ]
+        # Counts first, then sums that become token means; one device→host copy for all of them.
+        counts = {
+            "num_seqs": present.sum(),
+            "seq_is_truncated_count": (seq_truncated & present).sum(),
+            "seq_is_masked_count": (seq_masked & present).sum(),
+        }
+        sums = {
+            "pg_loss": pg_weighted.detach().sum(),
+            "clip_frac": outside.sum(),
+            "dual_clip_frac": dual_active.sum(),
+            "tis_clip_frac": tis_truncated.sum(),
+            "is_weight_mean": weight.sum(),
+            "ratio_mean": ratio.detach().sum(),
+            "ppo_kl": (proximal_logp - logp.detach()).sum(),
+        }
         if entropy is not None:
-            names.append("entropy")
-            values.append(entropy.detach().sum() / denom)
+            sums["entropy"] = entropy.detach().sum()
         if kl is not None:
-            names.append("kl")
-            values.append(kl.detach().sum() / denom)
-        # One device→host transfer for all metrics.
-        flat = torch.stack([v.to(device=logp.device, dtype=torch.float64) for v in values]).tolist()
-    return loss, dict(zip(names, flat, strict=True))
+            sums["kl"] = kl.detach().sum()
+        values = torch.stack([v.to(torch.float64) for v in (*counts.values(), *sums.values())]).tolist()
+    metrics = {"num_tokens": float(n)}
+    metrics.update(zip(counts, values[: len(counts)], strict=True))
+    metrics.update((k, v / max(n, 1)) for k, v in zip(sums, values[len(counts) :], strict=True))
+    return loss, metrics
+
+
+def merge_loss_metrics(per_micro_batch: list[dict[str, float]]) -> dict[str, float]:
+    """Combine compute_token_loss metrics of several micro-batches (or ranks' merged metrics).
+
+    Counts are summed; token means are averaged weighted by each micro-batch's `num_tokens`, over
+    the micro-batches that report the key (entropy/kl appear only where their inputs were given).
+    """
+    out: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for m in per_micro_batch:
+        n = m.get("num_tokens", 0.0)
+        for key, value in m.items():
+            if key in COUNT_METRICS:
+                out[key] = out.get(key, 0.0) + value
+            else:
+                out[key] = out.get(key, 0.0) + value * n
+                weights[key] = weights.get(key, 0.0) + n
+    for key, w in weights.items():
+        out[key] = out[key] / w if w > 0 else 0.0
+    return out

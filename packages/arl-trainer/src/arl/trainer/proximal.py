@@ -26,7 +26,7 @@ def bypass_proximal(behaviour_logp: torch.Tensor) -> torch.Tensor:
     return behaviour_logp.detach()
 
 
-def loglinear_alpha(token_versions: torch.Tensor, proximal_version: int, current_version: int) -> torch.Tensor:
+def loglinear_alpha(token_versions: torch.Tensor, proximal_version: float, current_version: float) -> torch.Tensor:
     """Per-token interpolation weight α = (v_prox − v_behave) / (v_current − v_behave), clamped to [0, 1].
 
     α = 0 (proximal = behaviour) where the token's version is negative (no generation version, e.g.
@@ -48,9 +48,9 @@ def loglinear_proximal(
     behaviour_logp: torch.Tensor,
     current_logp: torch.Tensor,
     token_versions: torch.Tensor,
-    proximal_version: int,
+    proximal_version: float,
     *,
-    current_version: int,
+    current_version: float,
 ) -> torch.Tensor:
     """AReaL's log-linear approximation of the proximal policy's log probs (detached).
 
@@ -66,6 +66,10 @@ def loglinear_proximal(
     [0, 1] and is 0 for tokens with a negative version or v_behave ≥ v_θ (see `loglinear_alpha`), so
     a token sampled at v_proximal gets its behaviour log prob and a token sampled at v_θ gets the
     current one. The result is detached: the proximal policy is a constant of the PPO objective.
+
+    Versions may be fractional, which lets a trainer that makes several updates between weight
+    publications place its current weights between published versions (e.g. v + u/U after u of the
+    U updates since version v); AReaL counts one version per update.
 
     All tensors share one shape (flat (N,) or padded (B, T)).
     """
@@ -85,8 +89,8 @@ def proximal_logp_for(
     behaviour_logp: torch.Tensor,
     computed_logp: torch.Tensor | None = None,
     token_versions: torch.Tensor | None = None,
-    proximal_version: int | None = None,
-    current_version: int | None = None,
+    proximal_version: float | None = None,
+    current_version: float | None = None,
 ) -> torch.Tensor:
     """The proximal log probs for a mode, from what the trainer has at hand (all detached).
 
