@@ -9,6 +9,7 @@ import torch
 from arl.trainer.algorithm_config import AlgorithmConfig, compute_token_loss, merge_loss_metrics
 from arl.trainer.algorithms import policy_loss
 from arl.trainer.errors import AlgorithmError
+from arl.trainer.segments import flatten_masked
 from arl.trainer.losses import (
     clipped_surrogate,
     gspo_ratio,
@@ -183,6 +184,13 @@ def test_default_config_equals_the_padded_policy_loss():
     assert metrics["tis_clip_frac"] == pytest.approx(info["tis_clip_frac"])
     assert metrics["num_tokens"] == 14 and metrics["num_seqs"] == 4
     assert metrics["pg_loss"] == pytest.approx(loss.item(), rel=1e-6)
+    # flatten_masked does the same flattening for padded callers.
+    flat_index, f_logp, f_prox, f_behav, f_adv = flatten_masked(mask, padded[0], *padded[1:])
+    assert torch.equal(flat_index, seq_index) and torch.equal(f_logp, logp.detach())
+    again, _ = compute_token_loss(cfg, f_logp, f_prox, f_behav, f_adv, flat_index, num_seqs=4)
+    assert torch.equal(again, per_token.detach())
+    with pytest.raises(AlgorithmError, match="shape"):
+        flatten_masked(mask, padded[0][:, :-1])
 
 
 def test_policy_loss_is_unchanged_by_its_reimplementation():

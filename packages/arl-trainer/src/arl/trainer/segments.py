@@ -50,3 +50,19 @@ def seq_mean(values: torch.Tensor, seq_index: torch.Tensor, num_seqs: int) -> to
     """Mean of `values` (N,) per sequence -> (S,); a sequence without tokens gets 0."""
     counts = seq_count(seq_index, num_seqs, values.dtype)
     return seq_sum(values, seq_index, num_seqs) / counts.clamp(min=1)
+
+
+def flatten_masked(mask: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Padded (B, T) tensors -> flat loss tokens: returns (seq_index, *flat), seq_index = the row.
+
+    For callers with padded batches: `seq_index, logp, prox = flatten_masked(loss_mask, logp, prox)`,
+    then `compute_token_loss(..., seq_index, num_seqs=B)`. Order is row-major, as `t[mask]`.
+    """
+    if mask.dim() != 2:
+        raise AlgorithmError(f"mask must be (B, T), got shape {tuple(mask.shape)}")
+    for i, t in enumerate(tensors):
+        if t.shape != mask.shape:
+            raise AlgorithmError(f"tensor {i} has shape {tuple(t.shape)}, mask has {tuple(mask.shape)}")
+    keep = mask.bool()
+    rows = torch.arange(mask.shape[0], device=mask.device).unsqueeze(1).expand_as(keep)
+    return (rows[keep], *(t[keep] for t in tensors))
