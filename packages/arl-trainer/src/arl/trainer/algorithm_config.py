@@ -204,12 +204,10 @@ def compute_token_loss(
     pg_weighted = pg * weight
     loss = pg_weighted
     kl = kl_estimate(cfg.kl_estimator, logp, ref_logp) if ref_logp is not None else None
-    if cfg.entropy_coef > 0:
-        assert entropy is not None
+    if cfg.entropy_coef > 0 and entropy is not None:  # checked above: entropy is given
         bonus = entropy_bonus(entropy, cfg.entropy_coef)
         loss = loss + (bonus if keep is None else bonus * keep)
-    if cfg.kl_coef > 0 and cfg.kl_in == "loss":
-        assert kl is not None
+    if cfg.kl_coef > 0 and cfg.kl_in == "loss" and kl is not None:  # checked above: ref_logp is given
         term = cfg.kl_coef * kl
         loss = loss + (term if keep is None else term * keep)
 
