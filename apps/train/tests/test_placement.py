@@ -177,3 +177,12 @@ def test_a_receiver_joins_a_sender_bound_on_the_node_address():
             sender.send(tensors, version=1)
             t.join(30)
     assert got["v"] == 1 and torch.equal(got["w"], tensors["w"])
+
+
+def test_bucket_size_follows_the_transport():
+    assert load_config().sync.bucket_mb == 64
+    assert load_config(overrides=GPU_SPLIT).sync.bucket_mb == 256
+    assert load_config(overrides=GPU_SPLIT + ["resources.colocate=true"]).sync.bucket_mb == 1024
+    assert load_config(overrides=GPU_SPLIT + ["sync.bucket_mb=16"]).sync.bucket_mb == 16
+    with pytest.raises(ConfigError, match="sync.bucket_mb"):
+        load_config(overrides=["sync.bucket_mb=-1"])

@@ -103,7 +103,10 @@ class SyncSection(_Section):
     # "auto": "nccl" when trainer and replicas hold different GPUs, "cuda_ipc" when they share one
     # (colocated), "cpu" (host shared memory) when either side runs on the CPU.
     transport: Literal["auto", "cpu", "nccl", "cuda_ipc"] = "auto"
-    bucket_mb: int = 64
+    # Bucket size in MiB; 0 = by transport: 64 for "cpu" (two buckets of host shared memory), 256 for
+    # "nccl" (two buckets on the trainer's GPU), 1024 for "cuda_ipc" (no sender buffers: fewer, larger
+    # buckets only mean fewer messages).
+    bucket_mb: int = 0
     timeout_s: float = 120.0
 
 

@@ -170,7 +170,10 @@ def resolve(config: AppConfig) -> AppConfig:
         raise ConfigError(
             "sync.transport='cuda_ipc' needs the replicas on the trainer's GPU (resources.colocate=true): "
             "each actor sees only its own GPUs; use 'nccl' or 'auto'")
-    sync = msgspec.structs.replace(config.sync, transport=transport)
+    if config.sync.bucket_mb < 0:
+        raise ConfigError(f"sync.bucket_mb must be >= 0 (0 = by transport), got {config.sync.bucket_mb}")
+    bucket_mb = config.sync.bucket_mb or {"cpu": 64, "nccl": 256, "cuda_ipc": 1024}[transport]
+    sync = msgspec.structs.replace(config.sync, transport=transport, bucket_mb=bucket_mb)
     return msgspec.structs.replace(config, async_training=at, sync=sync)
 
 
