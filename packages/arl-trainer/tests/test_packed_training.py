@@ -5,7 +5,6 @@ import copy
 import pytest
 import torch
 
-from arl.queue.types import Response, Sample
 from arl.trainer import HFPolicy, TrainerConfig, assemble_batch
 from arl.trainer.algorithms import token_log_probs
 from arl.trainer.config import OptimConfig
@@ -14,26 +13,7 @@ from arl.trainer.loss_agg import Denominators, aggregate
 from arl.trainer.model import PackedCausalLM
 from arl.trainer.packed import pack_rows
 
-
-def random_batch(seed=0, prompts=3, n=4, vocab=64):
-    g = torch.Generator().manual_seed(seed)
-    samples = []
-    for p in range(prompts):
-        prompt = torch.randint(1, vocab, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist()
-        responses = []
-        for _ in range(n):
-            length = int(torch.randint(1, 14, (1,), generator=g))
-            ids = torch.randint(1, vocab, (length,), generator=g).tolist()
-            mask = [1] * length
-            if length > 3:
-                mask[1] = 0  # a backfilled/tool token inside the response: not trained
-            responses.append(Response(
-                response_ids=ids, response_mask=mask,
-                response_logprobs=(-torch.rand(length, generator=g) * 4).tolist(),
-                weight_versions=[0] * length, reward=float(torch.rand(1, generator=g)),
-            ))
-        samples.append(Sample(uid=f"s{p}", prompt_ids=prompt, responses=responses, start_version=0, end_version=0))
-    return assemble_batch(samples, pad_token_id=0)
+from trainer_helpers import random_batch
 
 
 def test_packed_log_probs_and_gradients_equal_padded(tiny_model_dir):

@@ -100,6 +100,12 @@ def varlen_attention_forward(
     max_len = kwargs.get("max_length_q")
     max_len = int(max_len) if max_len is not None else int((cu[1:] - cu[:-1]).max())
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D)
+    device_type = q.device.type
+    if torch.is_autocast_enabled(device_type):
+        # RoPE against an fp32 residual stream yields fp32 q/k under autocast; attention runs in the
+        # autocast dtype (as SDPA would), which is also what the fused kernel needs.
+        dtype = torch.get_autocast_dtype(device_type)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     out = varlen_causal(q.contiguous(), k.contiguous(), v.contiguous(), cu, max_len, scaling)
     return out.unsqueeze(0), None
 

@@ -21,14 +21,27 @@ from arl.trainer.model import PackedCausalLM, apply_activation_checkpointing
 
 
 class HFPolicy(PackedPolicy):
-    def __init__(self, model_path: str | Path, config: TrainerConfig, *, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> None:
+    def __init__(
+        self,
+        model_path: str | Path | torch.nn.Module,
+        config: TrainerConfig,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        seed: int = 0,
+    ) -> None:
+        """`model_path`: an HF model folder, or an already built HF causal LM (benchmarks, tests)."""
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
-        self.model_path = Path(model_path)
         self.config = config
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype)).to(self.device)
+        if isinstance(model_path, torch.nn.Module):
+            self.model_path = None
+            self.model = model_path.to(device=self.device, dtype=getattr(torch, dtype))
+        else:
+            self.model_path = Path(model_path)
+            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype)).to(self.device)
         self.model.train()
         apply_activation_checkpointing(self.model, config.activation_checkpointing)
         self.packed = PackedCausalLM(self.model, temperature=config.temperature, chunk_elements=config.logprob_chunk_elements)
@@ -51,7 +64,7 @@ class HFPolicy(PackedPolicy):
         if tmp.exists():
             shutil.rmtree(tmp)
         self.model.save_pretrained(tmp)
-        for f in self.model_path.iterdir():  # tokenizer and generation files travel with the weights
+        for f in self.model_path.iterdir() if self.model_path else ():  # tokenizer files travel with the weights
             if f.is_file() and (f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")):
                 shutil.copy2(f, tmp / f.name)
         torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
