@@ -53,10 +53,8 @@ def pack_routes(rows: Sequence[Any], *, num_experts: int | None = None) -> Route
         return None
     layers, top_k = shape
     flat: list[int] = []
-    unrouted: list[int] = []
     for i, row in enumerate(rows):
         if row is None or not len(row):
-            unrouted.append(i)
             flat.extend([-1] * (layers * top_k))
             continue
         if len(row) != layers or any(len(r) != top_k for r in row):
@@ -66,7 +64,7 @@ def pack_routes(rows: Sequence[Any], *, num_experts: int | None = None) -> Route
         for r in row:
             flat.extend(int(e) for e in r)
     lo = min(flat)
-    if lo < -1 or (lo == -1 and not unrouted):
+    if lo < -1:  # -1 inside a row (a dense layer, an unreported layer) is kept as the marker too
         raise RoutedExpertsError(f"negative expert id {lo} in routing rows")
     hi = max(flat)
     dtype = _dtype_for(max(hi, (num_experts or 1) - 1))
