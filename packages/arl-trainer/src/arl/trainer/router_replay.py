@@ -241,3 +241,37 @@ def routes_for_batch(samples: Sequence[Sample], width: int | None = None) -> tor
             p = 1
         out[row, p - 1 : p - 1 + ids.shape[0]] = ids
     return out
+
+
+@torch.no_grad()
+def replay_gap_metrics(model: torch.nn.Module, batch: Any, routes: torch.Tensor | None, temperature: float = 1.0,
+                       micro_rows: int | None = None) -> dict[str, float]:
+    """The train/rollout log-prob gap of the sampled tokens with replay on and off, and the fraction of
+    sampled tokens whose trainer routing differs from the engine's. `batch` is a `TrainBatch` (its
+    `behaviour_logp` are the engine's log probs); one extra forward per mode, in `micro_rows` chunks."""
+    from arl.trainer.algorithms import token_log_probs
+
+    device = next(model.parameters()).device
+    rows = batch.input_ids.shape[0]
+    step = micro_rows or rows
+    out: dict[str, float] = {}
+    mask = batch.loss_mask.bool()
+    for mode in ("off", "on"):
+        gaps = []
+        stats_all = RoutingStats()
+        for start in range(0, rows, step):
+            sl = slice(start, start + step)
+            ids = batch.input_ids[sl].to(device)
+            r = routes[sl].to(device) if routes is not None else None
+            with replay_routes(model, r, apply=mode == "on") as stats:
+                logits = model(input_ids=ids, attention_mask=batch.attention_mask[sl].to(device)).logits
+            logp = token_log_probs(logits, ids, temperature).float().cpu()
+            gaps.append((logp - batch.behaviour_logp[sl])[mask[sl]].abs())
+            stats_all.passes += stats.passes
+            stats_all._pairs += stats._pairs
+        gap = torch.cat(gaps)
+        out[f"router_replay/logp_gap_{mode}_mean"] = gap.mean().item() if gap.numel() else 0.0
+        out[f"router_replay/logp_gap_{mode}_max"] = gap.max().item() if gap.numel() else 0.0
+        if mode == "off":
+            out.update(stats_all.summary())
+    return out
