@@ -16,9 +16,11 @@ routing (the prompt, tool output, padding) hold -1 and are routed by the trainer
 
 What is replayed is the *selection* only: the router's logits are still computed (with gradients),
 and the mixing weights are the router's own softmax probabilities gathered at the replayed experts
-(renormalised over the top-k when the model says so), so the router keeps learning. The router logits
-returned to the model are untouched, so Hugging Face's `output_router_logits` aux loss still works;
-`load_balancing_loss` computes it with the replayed selection instead.
+(renormalised over the top-k when the model says so), so the router keeps learning. The router's first
+output is returned untouched, so Hugging Face's `output_router_logits` aux loss still works (counting
+its own top-k); `load_balancing_loss` computes it with the replayed selection instead. The logits are
+recomputed from the router's input and weight (one E-wide matmul per layer) because some transformers
+releases put softmaxed probabilities in the router's "logits" output.
 
 Works with Hugging Face MoE blocks whose router is a module returning `(logits, scores, indices)`
 (transformers >= 5: `Qwen3MoeTopKRouter`, and the same pattern in Qwen2-MoE/OLMoE/Mixtral-style
@@ -121,13 +123,17 @@ def replay_routes(
         stats.aux.append([])
 
     def make_hook(layer: int) -> Callable[..., Any]:
-        def hook(module: torch.nn.Module, _args: Any, output: Any) -> Any:
+        def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
             if not (isinstance(output, tuple) and len(output) == 3):
                 raise RouterReplayError(
                     f"router of layer {layer} ({type(module).__name__}) does not return (logits, scores, indices); "
                     "this transformers version's MoE block is not supported"
                 )
-            logits, scores, own = output
+            _, scores, own = output
+            hidden = args[0] if args else kwargs["hidden_states"]
+            # The router logits, recomputed from its input: some transformers releases return the
+            # softmaxed probabilities in the "logits" slot, so that slot is not relied on.
+            logits = torch.nn.functional.linear(hidden.reshape(-1, module.weight.shape[1]), module.weight)
             if logits.shape[0] != flat.shape[0]:
                 raise RouterReplayError(
                     f"routes cover {flat.shape[0]} tokens (B*T), layer {layer}'s router saw {logits.shape[0]}"
@@ -152,13 +158,13 @@ def replay_routes(
                 weights = weights / weights.sum(-1, keepdim=True)
             # Tokens routed by the model itself keep its own scores bit for bit.
             weights = torch.where(use[:, None], weights.to(scores.dtype), scores)
-            return logits, weights, chosen
+            return output[0], weights, chosen
 
         return hook
 
     handles = [model.register_forward_pre_hook(begin_pass)]
     try:
-        handles += [router.register_forward_hook(make_hook(layer)) for layer, router in routers.items()]
+        handles += [router.register_forward_hook(make_hook(layer), with_kwargs=True) for layer, router in routers.items()]
         yield stats
     finally:
         for h in handles:
