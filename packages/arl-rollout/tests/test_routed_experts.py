@@ -42,7 +42,9 @@ async def test_routes_survive_abort_and_resume_in_token_order(moe_dir):
     try:
         prompt = [3, 4, 5]
         task = asyncio.create_task(manager.generate("r", prompt, SamplingParams(max_tokens=24, temperature=1.0)))
-        await asyncio.sleep(0.3)
+        async with asyncio.timeout(60):  # abort mid-generation: once the engine holds a few tokens
+            while not any(3 <= len(r.tokens) < 20 for r in engine._requests.values()):
+                await asyncio.sleep(0.005)
         await manager.pause("abort")
         await asyncio.sleep(0.05)
         await manager.resume()
@@ -77,3 +79,33 @@ def test_extend_routes_keeps_rows_with_their_tokens():
     assert extend_routes(None, None, before=2, added=1) is None
     with pytest.raises(EngineError, match="do not match"):
         extend_routes(a, a, before=3, added=2)
+
+
+async def test_rollouter_packs_routes_into_queued_responses(moe_dir):
+    from arl.queue import MessageQueue
+    from arl.queue.routed_experts import unpack_routes
+    from arl.rollout import Rollouter, Task, compute_budget, cycle_tasks
+    from arl.rollout.testing import TokenAgentLoop
+
+    engine = TorchEngine(TorchEngineConfig(model_path=str(moe_dir), return_routed_experts=True))
+    await engine.start()
+    queue = MessageQueue(max_size=8)
+    tasks = [Task(id=f"t{i}", messages=[], agent="tokens", metadata={"prompt_ids": [i + 1, i + 2]}) for i in range(4)]
+    budget = compute_budget(require_batches=1, ppo_mini_batch_size=2, staleness_threshold=0.0,
+                            trigger_parameter_sync_step=1, replicas=1, per_replica=4)
+    rollouter = Rollouter(tasks=cycle_tasks(tasks, seed=0), manager=ServerManager([engine]), sink=queue,
+                          agent_loops={"tokens": TokenAgentLoop()}, sampling_params=SamplingParams(max_tokens=5),
+                          n=2, budget=budget, partial_rollout=False)
+    run = asyncio.create_task(rollouter.run())
+    try:
+        samples = await queue.get_batch(2, timeout=120)
+    finally:
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        await engine.stop()
+    assert len(samples) == 2
+    for s in samples:
+        for r in s.responses:
+            assert r.routed_experts is not None and r.routed_experts.shape == (len(r.response_ids), 2, 2)
+            assert all(len(row) == 2 for row in unpack_routes(r.routed_experts))

@@ -130,6 +130,7 @@ class TokenAgentLoop:
             weight_versions=out.weight_versions or [-1] * n,
             reward=sum(t % 2 == 0 for t in out.token_ids) / max(1, n),
             finish_reason=out.stop_reason,
+            routed_experts=out.routed_experts,
         )
 
 
