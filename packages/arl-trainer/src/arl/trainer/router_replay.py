@@ -4,7 +4,7 @@ A router that flips on a near-tie sends a token through different experts in tra
 sampling: the largest source of train/rollout log-prob mismatch on mixture-of-experts models. With
 `actor.router_replay = "rollout"` the trainer replays the engine's choice instead of routing again:
 
-    routes = routes_for_batch(samples, width=batch.input_ids.shape[1])      # (B, T, layers, top_k), -1 = own
+    routes = routes_for_batch(samples, width=batch.input_ids.shape[1])      # (B, T, layers, top_k) int16, -1 = own
     with replay_routes(model, routes) as stats:
         logits = model(input_ids=..., attention_mask=...).logits
     stats.summary()  # {"router_replay/route_diff_frac": ..., ...}
@@ -230,7 +230,7 @@ def routes_for_batch(samples: Sequence[Sample], width: int | None = None) -> tor
                 elif (ids.shape[1], ids.shape[2]) != shape:
                     raise RouterReplayError(f"sample {sample.uid}: routes of {tuple(ids.shape[1:])}, others {shape}")
                 mask = torch.tensor(r.response_mask, dtype=torch.bool)
-                ids = ids.masked_fill(~mask[:, None, None], -1)  # only sampled tokens are replayed
+                ids = ids.masked_fill(~mask[:, None, None], -1).to(torch.int16)  # only sampled tokens are replayed
             per_row.append((p, ids, p + n))
     if shape is None:
         return None
@@ -238,7 +238,8 @@ def routes_for_batch(samples: Sequence[Sample], width: int | None = None) -> tor
     width = longest if width is None else width
     if width < longest:
         raise RouterReplayError(f"batch width {width} is shorter than the longest row ({longest} tokens)")
-    out = torch.full((len(per_row), width, *shape), -1, dtype=torch.long)
+    # int16: a (64 rows x 4k tokens x 48 layers x top-8) batch is 200 MB, not 800 MB as int64.
+    out = torch.full((len(per_row), width, *shape), -1, dtype=torch.int16)
     for row, (p, ids, _) in enumerate(per_row):
         if ids is None:
             continue
