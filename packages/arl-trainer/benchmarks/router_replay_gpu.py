@@ -34,6 +34,7 @@ QWEN3_30B_A3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144
                      num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
                      num_experts_per_tok=8, norm_topk_prob=True, rms_norm_eps=1e-6, max_position_embeddings=40960,
                      tie_word_embeddings=False, decoder_sparse_step=1, mlp_only_layers=[])
+DEVICE = "cuda"  # a CPU dry run of build/measure sets "cpu"
 
 
 def build(path: Path, layers: int, moe: bool) -> Path:
@@ -49,11 +50,12 @@ def build(path: Path, layers: int, moe: bool) -> Path:
             "moe_intermediate_size", "num_experts", "num_experts_per_tok", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")}
         cfg = Qwen3Config(num_hidden_layers=layers, **dense)
         cls = Qwen3ForCausalLM
-    with torch.device("cuda"):
+    with torch.device(DEVICE):
         model = cls(cfg).to(torch.bfloat16)
     model.save_pretrained(path)
     del model
-    torch.cuda.empty_cache()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
     return path
 
 
@@ -109,7 +111,7 @@ def measure(model_dir: Path, prompts, outs) -> dict[str, float]:
                      weight_versions=o.weight_versions, reward=0.0,
                      routed_experts=pack_routes(o.routed_experts) if o.routed_experts else None)
         samples.append(decode_sample(encode_sample(Sample(uid=str(i), prompt_ids=p, responses=[r], start_version=0, end_version=0))))
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(DEVICE).eval()
     batch = assemble_batch(samples, pad_token_id=0)
     routes = routes_for_batch(samples, batch.input_ids.shape[1])
     out = replay_gap_metrics(model, batch, routes, micro_rows=8)
@@ -119,7 +121,8 @@ def measure(model_dir: Path, prompts, outs) -> dict[str, float]:
         out["route_shape_per_token"] = list(r0.shape[1:])
     del model
     gc.collect()
-    torch.cuda.empty_cache()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
     return out
 
 
