@@ -358,6 +358,7 @@ class HarborAgentLoop:
             rewards=rewards,
             timings=timings,
             error=outcome.error,
+            failure_kind="" if outcome.kind == "ok" else outcome.kind,
         )
 
     def _failed(self, outcome: _Attempt, history: list[AttemptRecord], retried_wall: float) -> AgentResult:
@@ -375,6 +376,7 @@ class HarborAgentLoop:
             num_turns=int(getattr(traj, "num_turns", 0) or 0),
             timings=timings,
             failed=True,
+            failure_kind=outcome.kind,
             error=f"harbor trial failed after {len(history)} attempt(s): {summary}",
         )
 
