@@ -55,21 +55,26 @@ class RolloutActor:
 
         from arl.proxy.types import SamplingParams
         from arl.queue.ray_actor import QueueClient
-        from arl.rollout import Rollouter, ServerManager, cycle_tasks, load_tasks, make_agent_loop
+        from arl.rollout import Rollouter, ServerManager, cycle_tasks, make_agent_loop
+        from arl_train.harbor_section import harbor_config, load_app_tasks, run_timeouts
 
         _limit_threads()
         cfg = self.config
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        tasks = load_tasks(cfg.data.source, seed=cfg.data.seed, size=cfg.data.size)  # fail fast on bad data
+        tasks = load_app_tasks(cfg)  # fail fast on bad data
         self._engines = [self._make_engine(i, initial_version) for i in range(cfg.rollout.replicas)]
         await asyncio.gather(*(e.start() for e in self._engines))
         manager = ServerManager(self._engines, generate_timeout_s=cfg.rollout.generate_timeout_s)
         at = cfg.async_training
         budget = run_budget(cfg)
         agent_names = sorted({t.agent for t in tasks})
+        options: dict[str, dict[str, Any]] = {name: {} for name in agent_names}
         if "harbor" in agent_names:
-            import arl.harbor  # noqa: F401  (registers the "harbor" agent loop)
-        self._agent_loops = {name: make_agent_loop(name, tokenizer=tokenizer) for name in agent_names}
+            from arl.harbor.trial_loop import check_harbor_config  # registers the "harbor" agent loop
+
+            options["harbor"] = {"config": harbor_config(cfg)}
+            check_harbor_config(options["harbor"]["config"])  # a bad agent/environment fails here, by name
+        self._agent_loops = {name: make_agent_loop(name, tokenizer=tokenizer, **options[name]) for name in agent_names}
         self.rollouter = Rollouter(
             tasks=itertools.islice(cycle_tasks(tasks, seed=cfg.seed), skip_tasks, None),
             manager=manager,
@@ -81,6 +86,7 @@ class RolloutActor:
             n=cfg.rollout.n,
             budget=budget,
             partial_rollout=at.partial_rollout,
+            drain_timeout_s=run_timeouts(cfg).drain_s,
         )
         self._run_task = asyncio.create_task(self.rollouter.run())
 
@@ -172,11 +178,12 @@ class _BlockingSink:
 class _RolloutHandle:
     """`RolloutControl` over the rollout actor's handle, with a timeout on every call."""
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: Any, pause_timeout_s: float = RPC_TIMEOUT_S) -> None:
         self.handle = handle
+        self.pause_timeout_s = pause_timeout_s  # a non-partial pause drains active prompts
 
     async def pause(self) -> None:
-        await asyncio.wait_for(self.handle.pause.remote(), RPC_TIMEOUT_S)
+        await asyncio.wait_for(self.handle.pause.remote(), self.pause_timeout_s)
 
     async def update_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
         await asyncio.wait_for(self.handle.update_weights.remote(sync_address, sync_config_json, version), RPC_TIMEOUT_S)
@@ -199,9 +206,11 @@ class TrainerActor:
         from arl.queue.ray_actor import QueueClient
         from arl.sync import SyncConfig
         from arl.trainer import HFPolicy, OptimConfig, Trainer, TrainerConfig, WeightPublisher
+        from arl_train.harbor_section import run_timeouts
 
         _limit_threads()
         cfg = self.config = config
+        timeouts = run_timeouts(cfg)
         at, actor = cfg.async_training, cfg.actor
         tcfg = TrainerConfig(
             ppo_mini_batch_size=actor.ppo_mini_batch_size,
@@ -214,7 +223,7 @@ class TrainerActor:
             temperature=cfg.rollout.temperature,
             max_version_lag=None if at.max_version_lag < 0 else at.max_version_lag,
             on_version_lag=at.on_version_lag,
-            batch_timeout_s=cfg.trainer.batch_timeout_s,
+            batch_timeout_s=timeouts.batch_s,
             optim=OptimConfig(lr=actor.lr, grad_clip=actor.grad_clip),
         )
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -229,7 +238,7 @@ class TrainerActor:
         self.trainer = Trainer(
             self.policy,
             QueueClient(queue_handle),
-            _RolloutHandle(rollout_handle),
+            _RolloutHandle(rollout_handle, timeouts.pause_rpc_s),
             self.publisher,
             tcfg,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
