@@ -98,3 +98,13 @@ def test_harbor_tasks_command(tmp_path, capsys):
     assert main(["harbor-tasks", f"harbor:{tmp_path / 'set'}"]) == 1  # validate is the default
     captured = capsys.readouterr()
     assert "INVALID: no instruction.md" in captured.out and "1/2 tasks valid" in captured.err
+
+
+def test_default_local_sandbox_config_passes_the_start_check(tmp_path):
+    write_hello_task(tmp_path / "set", "a")
+    cfg = check_harbor(load_config(overrides=[f"data.source=harbor:{tmp_path / 'set'}"]))
+    assert cfg is not None and cfg.environment_import_path == "arl.harbor.environment:LocalSandboxEnvironment"
+    bad = load_config(overrides=[f"data.source=harbor:{tmp_path / 'set'}", 'harbor.environment_kwargs={network = "wifi"}'])
+    with pytest.raises(HarborConfigError, match="cannot run here: network must be 'none' or 'host'"):
+        check_harbor(bad)
+    assert check_harbor(load_config()) is None  # not a Harbor run

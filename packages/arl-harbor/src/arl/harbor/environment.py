@@ -141,9 +141,12 @@ class LocalSandboxEnvironment(BaseEnvironment):
         self._net: SandboxNetwork | None = None
         self._uid_base = _UID_RANGE * random.randrange(*_UID_BASE_SLOTS)
         super().__init__(*args, auto_mounting=auto_mounting, **kwargs)
-        self._sandbox_root = (
-            Path(sandbox_root) if sandbox_root else self.trial_paths.trial_dir / "sandbox"
-        ).absolute()
+        # A separate verifier's environment (session "<trial>__verifier__<key>") gets dirs of its own.
+        _, verifier, key = self.session_id.partition("__verifier__")
+        default_root = self.trial_paths.trial_dir / (
+            "sandbox" if not verifier else "sandbox-verifier-" + re.sub(r"[^A-Za-z0-9._-]", "_", key)[:40]
+        )
+        self._sandbox_root = (Path(sandbox_root) if sandbox_root else default_root).absolute()
         self._workdir = str(
             PurePosixPath(self.task_env_config.workdir or _dockerfile_workdir(self.environment_dir) or "/app")
         )

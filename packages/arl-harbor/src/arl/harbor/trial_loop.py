@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 from arl.harbor.errors import HarborConfigError
-from arl.harbor.policy import classify, decide, reward_for
+from arl.harbor.policy import classify, decide, network_attempts, reward_for
 from arl.harbor.types import AttemptRecord, FailureKind, HarborConfig
 from arl.proxy.generator import Generator
 from arl.proxy.types import SamplingParams, TokenOutput
@@ -202,8 +202,8 @@ class HarborAgentLoop:
         if self._shared_proxy is not None:
             yield self._shared_proxy
             return
-        if self.config.agent_import_path is None and self.config.agent in _NO_MODEL_AGENTS:
-            yield None  # oracle / nop call no model: no endpoint, empty trajectory
+        if not self._calls_model():
+            yield None  # oracle / nop / scripted agents call no model: no endpoint, empty trajectory
             return
         from arl.proxy import ChatProxy, ProxyConfig
 
@@ -252,6 +252,14 @@ class HarborAgentLoop:
                         if result.exception_info is not None:
                             info = result.exception_info
                             outcome.error = f"{info.exception_type}: {info.exception_message}"
+                        blocked = network_attempts(trial_dir, result)
+                        if blocked:  # its reward is about the missing network, not the solution
+                            outcome.kind = "verifier_network"
+                            outcome.error = (
+                                "the verifier tried to reach the network, which the sandbox does not have "
+                                f"(DNS lookups: {', '.join(blocked[:5])}); its reward is not used. "
+                                f"{outcome.error}"
+                            ).strip()
             except TimeoutError:
                 outcome = _Attempt(
                     kind="trial_timeout",
@@ -265,6 +273,20 @@ class HarborAgentLoop:
         outcome.trial_dir = trial_dir
         outcome.wall = time.monotonic() - started
         return outcome
+
+    def _calls_model(self) -> bool:
+        """False for Harbor's oracle and nop, and for import-path agents whose class sets CALLS_MODEL = False."""
+        cfg = self.config
+        if cfg.agent_import_path is None:
+            return cfg.agent not in _NO_MODEL_AGENTS
+        import importlib
+
+        module, _, name = cfg.agent_import_path.partition(":")
+        try:
+            agent_cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            return True  # Harbor reports the bad import path in the trial
+        return bool(getattr(agent_cls, "CALLS_MODEL", True))
 
     def trial_timeout_sec(self, task_path: Path) -> float:
         """The ceiling on one attempt: `trial_timeout_sec`, else derived from the task's own timeouts."""
@@ -287,7 +309,7 @@ class HarborAgentLoop:
         model_name: str | None = None
         base_url_field: str | None = None
         agent_name = cfg.agent if cfg.agent_import_path is None else None
-        if agent_name not in _NO_MODEL_AGENTS:
+        if self._calls_model():
             model_name = litellm_model_name(cfg.model_name)
             if agent_name in _HOST_LITELLM_AGENTS:
                 agent_kwargs = {

@@ -33,6 +33,7 @@ FailureKind = Literal[
     "output_length",
     "verifier_timeout",
     "verifier_error",
+    "verifier_network",
     "no_reward",
     "harbor_error",
     "invalid_task",
@@ -73,6 +74,11 @@ class FailurePolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     verifier_timeout: Action = "retry"
     # The verifier failed: no/empty/unparsable reward file.
     verifier_error: Action = "retry"
+    # The verifier tried to reach the network (the sandbox recorded its DNS lookups) and the sandbox has
+    # none: its reward says nothing about the solution (e.g. a pytest verifier that installs uv/pytest
+    # at run time). Deterministic, so dropped rather than retried; give the verifier its tools offline
+    # (environment/local_setup.sh, a tools dir) or route its network.
+    verifier_network: Action = "drop"
     # The trial ended without an exception but without the configured reward key.
     no_reward: Action = "retry"
     # Harbor refused an operation for good (e.g. unsupported by the environment).
