@@ -28,4 +28,5 @@ async def test_group_with_failed_and_overflowing_members_trains_on_the_rest():
     stats = r.stats.as_dict()
     assert stats["failed_by_kind"] == {"sandbox": 2} and stats["kept_by_kind"] == {"context_length": 2}
     assert stats["own_prompt_responses"] == 2 and stats["failed_trajectories"] == 2
+    assert stats["trained_responses"] == 6 and stats["turns"] == 6
     assert stats["phase_mean_s"] == {"environment_setup": 0.5, "agent_execution": 1.0}

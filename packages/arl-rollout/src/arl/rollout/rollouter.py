@@ -54,14 +54,20 @@ class RolloutStats:
         # Sum and count of each agent-loop phase timing (e.g. Harbor's "agent_execution"), in seconds.
         self.phase_seconds: Counter[str] = Counter()
         self.phase_count: Counter[str] = Counter()
+        # Turns of the trajectories trained on (mean = turns / (produced responses)).
+        self.turns = 0
+        self.trained_responses = 0
         self.started_at = time.monotonic()
 
     def record(self, result: AgentResult) -> None:
         """Count one trajectory's failure kind and phase timings."""
         if result.failed:
             self.failed_by_kind[result.failure_kind or "unknown"] += 1
-        elif result.failure_kind:
-            self.kept_by_kind[result.failure_kind] += 1
+        else:
+            self.turns += result.num_turns
+            self.trained_responses += 1
+            if result.failure_kind:
+                self.kept_by_kind[result.failure_kind] += 1
         for phase, seconds in result.timings.items():
             self.phase_seconds[phase] += seconds
             self.phase_count[phase] += 1
