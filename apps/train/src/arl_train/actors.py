@@ -45,6 +45,7 @@ class RolloutActor:
         self._run_task: asyncio.Task[None] | None = None
         self._engines: list[Any] = []
         self._agent_loops: dict[str, Any] = {}
+        self._pool: Any = None
 
     async def start(self, initial_version: int = 0, skip_tasks: int = 0) -> None:
         """Start the engines (holding weights of `initial_version`), then the feed loop in the
@@ -74,7 +75,21 @@ class RolloutActor:
 
             options["harbor"] = {"config": harbor_config(cfg)}
             check_harbor_config(options["harbor"]["config"])  # a bad agent/environment fails here, by name
-        self._agent_loops = {name: make_agent_loop(name, tokenizer=tokenizer, **options[name]) for name in agent_names}
+        if cfg.harbor.agent_workers > 0:  # agent loops in worker processes, generating through self.generate
+            import ray
+
+            from arl.rollout.worker_pool import WorkerPool
+
+            self._pool = WorkerPool.create(
+                cfg.harbor.agent_workers,
+                ray.get_runtime_context().current_actor,
+                {name: {"tokenizer": self.model_path, **options[name]} for name in agent_names},
+                imports=("arl.harbor.trial_loop",) if "harbor" in agent_names else (),
+                generate_timeout_s=cfg.rollout.generate_timeout_s,
+            )
+            self._agent_loops = self._pool.agent_loops(agent_names)
+        else:
+            self._agent_loops = {name: make_agent_loop(name, tokenizer=tokenizer, **options[name]) for name in agent_names}
         self.rollouter = Rollouter(
             tasks=itertools.islice(cycle_tasks(tasks, seed=cfg.seed), skip_tasks, None),
             manager=manager,
@@ -137,7 +152,11 @@ class RolloutActor:
             "active": self.rollouter.active,
             "resumed_requests": self.rollouter.manager.resumed_requests,
             "engine_versions": self.rollouter.manager.weight_versions,
-        }
+        } | ({"agent_workers": self._pool.stats()} if self._pool is not None else {})
+
+    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: Any) -> Any:
+        """The load-balanced engines, for agent-loop workers (`harbor.agent_workers` > 0)."""
+        return await self.rollouter.manager.generate(request_id, prompt_ids, sampling_params)
 
     async def engine_weights(self) -> bytes:
         """Replica 0's parameters (safetensors bytes, the engine's naming), to verify a sync."""
@@ -161,6 +180,8 @@ class RolloutActor:
             except (asyncio.CancelledError, Exception):
                 pass
         closing = [loop.close() for loop in self._agent_loops.values() if hasattr(loop, "close")]
+        if self._pool is not None:
+            closing.append(self._pool.close())
         await asyncio.gather(*closing, *(e.stop() for e in self._engines), return_exceptions=True)
 
 

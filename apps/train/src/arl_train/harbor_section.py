@@ -39,6 +39,10 @@ class HarborSection(HarborConfig, kw_only=True, forbid_unknown_fields=True):
     step_timeout_s: float | None = None
     # How long a sync may wait for active prompts to finish without partial rollout (None: derived).
     drain_timeout_s: float | None = None
+    # Agent-loop worker processes (arl.rollout.worker_pool): 0 runs every agent loop (trials, proxies,
+    # tokenization) on the rollout actor's event loop; N > 0 spreads them over N Ray actors, each with
+    # its own event loop, generating through the rollout actor's load balancer.
+    agent_workers: int = 0
 
 
 class RunTimeouts(msgspec.Struct, kw_only=True):
@@ -65,7 +69,7 @@ def uses_harbor(config: AppConfig) -> bool:
 def harbor_config(config: AppConfig) -> HarborConfig:
     """The package's `HarborConfig` of this run (trials_dir under output.dir when relative)."""
     fields = msgspec.structs.asdict(config.harbor)
-    for name in ("task_cache_dir", "step_timeout_s", "drain_timeout_s"):
+    for name in ("task_cache_dir", "step_timeout_s", "drain_timeout_s", "agent_workers"):
         fields.pop(name)
     trials = Path(fields["trials_dir"])
     fields["trials_dir"] = str(trials if trials.is_absolute() else Path(config.output.dir).resolve() / trials)

@@ -48,7 +48,7 @@ class AgentLoopWorker:
     """One worker process: builds agent loops by name and runs trajectories on its own event loop.
 
     `loop_options` maps an agent-loop name to its factory's options (e.g. {"harbor": {"config": ...,
-    "tokenizer": "/path/to/model"}}); `imports` are modules to import first (they register loops,
+    "tokenizer": "/path/to/model"}}; a str tokenizer is loaded here, once); `imports` are modules to import first (they register loops,
     e.g. "arl.harbor.trial_loop"); `factories` registers more by import path ({"name": "pkg.mod:Factory"}).
     Wrap it with `ray.remote` (the pool does).
     """
@@ -74,6 +74,7 @@ class AgentLoopWorker:
         self._generator = RemoteGenerator(generator_handle, generate_timeout_s)
         self._options = {name: dict(options) for name, options in loop_options.items()}
         self._loops: dict[str, AgentLoop] = {}
+        self._tokenizers: dict[str, Any] = {}
         self.in_flight = 0
         self.completed = 0
 
@@ -81,8 +82,18 @@ class AgentLoopWorker:
         if name not in self._loops:
             if name not in self._options:
                 raise RolloutError(f"worker has no agent loop {name!r}; configured: {sorted(self._options)}")
-            self._loops[name] = make_agent_loop(name, **self._options[name])
+            options = dict(self._options[name])
+            if isinstance(options.get("tokenizer"), str):  # a path: loaded once in this process
+                options["tokenizer"] = self._tokenizer(options["tokenizer"])
+            self._loops[name] = make_agent_loop(name, **options)
         return self._loops[name]
+
+    def _tokenizer(self, path: str) -> Any:
+        if path not in self._tokenizers:
+            from transformers import AutoTokenizer
+
+            self._tokenizers[path] = AutoTokenizer.from_pretrained(path)
+        return self._tokenizers[path]
 
     async def run(self, name: str, task: Task, sampling_params: SamplingParams, request_id: str) -> AgentResult:
         self.in_flight += 1
