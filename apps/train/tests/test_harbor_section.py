@@ -108,3 +108,10 @@ def test_default_local_sandbox_config_passes_the_start_check(tmp_path):
     with pytest.raises(HarborConfigError, match="cannot run here: network must be 'none' or 'host'"):
         check_harbor(bad)
     assert check_harbor(load_config()) is None  # not a Harbor run
+
+
+def test_builtin_small_task_set():
+    tasks = load_app_tasks(load_config(overrides=["data.source=harbor:builtin:small"]))
+    assert [t.id for t in tasks] == ["arl", "digits", "goodbye", "hello"]
+    with pytest.raises(HarborConfigError, match="unknown built-in Harbor task set 'big'"):
+        load_app_tasks(load_config(overrides=["data.source=harbor:builtin:big"]))

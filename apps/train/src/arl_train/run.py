@@ -63,6 +63,8 @@ def _environment(out_dir: Path) -> dict[str, str]:
         # Under `uv run`, Ray would otherwise zip the working tree and start every worker through uv.
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
         "TOKENIZERS_PARALLELISM": "false",
+        # Harbor's terminus-2 imports LiteLLM, which would fetch its model cost map from the network.
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     }
     return env
 

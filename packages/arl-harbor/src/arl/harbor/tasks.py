@@ -1,6 +1,6 @@
 """Harbor task sets as data: `harbor:<folder of task dirs | task dir | dataset file>` → arl `Task` rows.
 
-A source names either a folder (one task dir holding `task.toml`, or a folder of such dirs, sorted by
+A source names a built-in set (`harbor:builtin:small`: four one-line file tasks), a folder (one task dir holding `task.toml`, or a folder of such dirs, sorted by
 name) or a dataset file (`.jsonl`, one object per line, or `.json`, a list of objects). Each row is a
 task reference in Harbor's own terms:
   {"path": "tasks/fix-bug"}                          a local task dir (relative to the file's folder)
@@ -156,6 +156,8 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 def resolve_source(source: str, *, cache_dir: str | Path | None = None) -> list[tuple[str, Path, dict[str, Any]]]:
     """(id, task dir, metadata) per task of `harbor:<...>` (the prefix is optional)."""
     spec = source.removeprefix(SOURCE_PREFIX)
+    if spec.startswith("builtin:"):
+        spec = str(builtin_task_set(spec.removeprefix("builtin:")))
     root = Path(spec).expanduser()
     cache = Path(cache_dir) if cache_dir else None
     if root.is_dir():
@@ -186,6 +188,44 @@ def resolve_source(source: str, *, cache_dir: str | Path | None = None) -> list[
     if not out:
         raise HarborConfigError(f"{source}: the task set is empty")
     return out
+
+
+# Built-in sets of tiny tasks that run in the local sandbox in about a second (for smoke runs and CI).
+_BUILTIN_SETS = {
+    "small": [
+        ("hello", "Hello, world!"),
+        ("goodbye", "Goodbye, world!"),
+        ("digits", "0123456789"),
+        ("arl", "fully asynchronous RL"),
+    ]
+}
+
+
+def builtin_task_set(name: str) -> Path:
+    """Writes built-in set `name` (`harbor:builtin:small`) under the temp dir once; returns its folder."""
+    import tempfile
+
+    from arl.harbor.testing import write_hello_task
+
+    if name not in _BUILTIN_SETS:
+        raise HarborConfigError(f"unknown built-in Harbor task set {name!r}; available: {sorted(_BUILTIN_SETS)}")
+    root = Path(tempfile.gettempdir()) / f"arl-harbor-builtin-{name}-v1"
+    if not (root / ".complete").is_file():
+        for task, line in _BUILTIN_SETS[name]:
+            write_hello_task(
+                root,
+                task,
+                instruction=f"Create a file /app/hello.txt whose only content is the line: {line}\n",
+                test_script=(
+                    "#!/bin/bash\n"
+                    f'if [ "$(cat /app/hello.txt 2>/dev/null)" = "{line}" ]; then echo 1; else echo 0; fi'
+                    " > /logs/verifier/reward.txt\n"
+                ),
+                solution_script=f"#!/bin/bash\necho '{line}' > /app/hello.txt\n",
+                agent_timeout_sec=120.0,
+            )
+        (root / ".complete").write_text("")
+    return root
 
 
 def load_harbor_tasks(
