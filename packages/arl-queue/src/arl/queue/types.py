@@ -6,7 +6,9 @@ msgspec struct, encoded to msgpack on the way through the queue; `SCHEMA_VERSION
 schema change and checked on decode. Versions in `READABLE_SCHEMA_VERSIONS` still decode (their missing
 fields take their defaults) and come out upgraded to `SCHEMA_VERSION`.
 
-History: 1 = the first schema; 2 = `Response.prompt_ids` (a trajectory may render its own prompt).
+History: 1 = the first schema; 2 = packed routed experts (main's `RoutedExperts`, merged separately);
+3 = `Response.prompt_ids` (a trajectory may render its own prompt). Every change since 1 added an
+optional field (or retyped one that is None unless MoE routing was recorded), so 1 and 2 still read.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from typing import Any, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Older versions whose bytes still decode (every field added since has a default).
-READABLE_SCHEMA_VERSIONS = frozenset({1, 2})
+READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3})
 
 
 class Response(msgspec.Struct, kw_only=True):
@@ -40,7 +42,7 @@ class Response(msgspec.Struct, kw_only=True):
     # This trajectory's own prompt when it differs from `Sample.prompt_ids` (an agent that renders its
     # first turn itself: a first-turn context overflow, a prompt showing the sandbox's hostname); None =
     # the sample's. Readers use `response.prompt_ids if response.prompt_ids is not None else
-    # sample.prompt_ids` (`Sample.prompt_of`). Added in schema 2.
+    # sample.prompt_ids` (`Sample.prompt_of`). Added in schema 3.
     prompt_ids: list[int] | None = None
 
 
