@@ -175,3 +175,26 @@ async def test_verifier_that_needs_the_network_fails_loudly(harbor_config, tmp_p
     result, _ = await run_trial(harbor_config, task, HELLO_SOLUTION)
     assert result.failed and result.failure_kind == "verifier_network"
     assert "astral.sh" in result.error and "network" in result.error
+
+
+async def test_opt_in_route_reaches_exactly_the_routed_host_port(tmp_path, hello_task):
+    async def hello(reader, writer):
+        writer.write(b"from-host")
+        await writer.drain()
+        writer.close()
+
+    routed = await asyncio.start_server(hello, "127.0.0.1", 0)
+    other = await asyncio.start_server(hello, "127.0.0.1", 0)
+    port = routed.sockets[0].getsockname()[1]
+    other_port = other.sockets[0].getsockname()[1]
+    env = make_env(tmp_path, hello_task, routes=[f"8123=127.0.0.1:{port}"])
+    await env.start(force_build=False)
+    try:
+        read = "python3 -c 'import socket,sys; s=socket.create_connection((\"127.0.0.1\", {}), 5); print(s.recv(100).decode())'"
+        r = await env.exec(read.format(8123))
+        assert (r.return_code, r.stdout) == (0, "from-host\n"), r.stderr
+        assert (await env.exec(read.format(other_port))).return_code != 0  # only the route, nothing else
+    finally:
+        await env.stop(delete=True)
+        routed.close()
+        other.close()
