@@ -299,7 +299,7 @@ class TrainerActor:
     async def placement(self) -> dict[str, Any]:
         """Where this rank runs: its device, CUDA_VISIBLE_DEVICES and the sender's address."""
         return {
-            "device": str(self.policy.device),
+            "device": str(getattr(self.policy, "device", "")),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             "sync_address": self.publisher.address,
             "rank": self.rank.rank,
