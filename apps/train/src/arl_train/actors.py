@@ -293,7 +293,10 @@ class TrainerActor:
     async def train_step(self) -> dict[str, Any]:
         metrics = await self.trainer.train_step()
         if self.colocated is not None:
-            metrics.update(self.colocated.pop_timings())
+            timings = self.colocated.pop_timings()
+            metrics.update(timings)
+            # The replicas were put to sleep inside the batch wait: report it as its own phase.
+            metrics["wait_s"] = max(0.0, metrics["wait_s"] - timings.get("colocated_sleep_s", 0.0))
         return metrics
 
     async def placement(self) -> dict[str, Any]:
