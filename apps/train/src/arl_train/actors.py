@@ -154,9 +154,9 @@ class RolloutActor:
     async def stats(self) -> dict[str, Any]:
         self._check_alive()
         phases: dict[str, float] = {}
-        for e in self._engines:  # the slowest replica sets each phase
+        for e in self._engines:  # the slowest replica sets each phase ("inplace": the least in place)
             for k, v in e.last_sync.items():
-                phases[k] = max(phases.get(k, 0.0), v)
+                phases[k] = (min if k == "inplace" else max)(phases.get(k, v), v)
         return self.rollouter.stats.as_dict() | {
             "active": self.rollouter.active,
             "resumed_requests": self.rollouter.manager.resumed_requests,
