@@ -13,6 +13,9 @@ the same run (convention in the package README). Prints one JSON block; writes $
 from __future__ import annotations
 
 import gc
+import os
+
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import time
 
 import _common  # noqa: F401  (sys.path for arl.*)

@@ -216,6 +216,12 @@ class TrainerActor:
             on_version_lag=at.on_version_lag,
             batch_timeout_s=cfg.trainer.batch_timeout_s,
             optim=OptimConfig(lr=actor.lr, grad_clip=actor.grad_clip),
+            max_tokens_per_microbatch=actor.max_tokens_per_microbatch,
+            loss_agg_mode=actor.loss_agg_mode,
+            proximal_mode=actor.proximal_mode,
+            mixed_precision=actor.mixed_precision,
+            activation_checkpointing=actor.activation_checkpointing,
+            entropy_coeff=actor.entropy_coeff,
         )
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.policy = HFPolicy(model_path, tcfg, device=actor.device, dtype=cfg.model.dtype, seed=cfg.seed)

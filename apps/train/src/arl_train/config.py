@@ -63,6 +63,17 @@ class ActorConfig(_Section):
     grad_clip: float = 1.0
     norm_adv_by_std: bool = True
     device: str = "cpu"
+    # Token budget of one packed micro-batch (gradient accumulation over the micro-batches of an update).
+    max_tokens_per_microbatch: int = 16384
+    # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    # Proximal log probs: recompute | bypass (the rollout's) | reuse (the update's own, no extra pass) | loglinear
+    proximal_mode: Literal["recompute", "bypass", "reuse", "loglinear"] = "recompute"
+    # bf16 compute with fp32 master weights: auto = on CUDA only.
+    mixed_precision: Literal["auto", "bf16", "none"] = "auto"
+    # none | selective (every second decoder layer recomputed in backward) | full
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    entropy_coeff: float = 0.0
 
 
 class AsyncTrainingConfig(_Section):
