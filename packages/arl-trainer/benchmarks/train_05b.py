@@ -111,7 +111,7 @@ def bench_arl(cfg, batch, device, max_tokens, checkpointing):
 
     try:
         out = run_steps(step, device, policy.model)
-        out.update(microbatches=last.get("microbatches"), pack_fill=last.get("padding_efficiency"))
+        out.update(microbatches=last.get("microbatches"), pack_fill=last.get("pack_fill"))
         return out
     finally:
         del policy, model

@@ -30,7 +30,7 @@ def test_fsdp2_two_ranks_match_one_device_and_resume_on_one_rank(tiny_model_dir,
         assert rel(two["grads"][name], p.grad) <= 1e-5, name
         assert rel(two["params"][name], p.detach()) <= 1e-5, name
 
-    # weights out: full tensors, HF names, cast to the rollout dtype before the gather
+    # weights out through arl-sync: full tensors, HF names, cast to the rollout dtype before the gather
     assert set(two["synced"]) == {n for n, _ in single.model.named_parameters()}
     for name, t in two["synced"].items():
         assert t.dtype == torch.bfloat16 and torch.equal(t, two["params"][name].to(torch.bfloat16)), name

@@ -222,6 +222,7 @@ class TrainerActor:
             mixed_precision=actor.mixed_precision,
             activation_checkpointing=actor.activation_checkpointing,
             entropy_coeff=actor.entropy_coeff,
+            peak_tflops=actor.peak_tflops,
         )
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.policy = HFPolicy(model_path, tcfg, device=actor.device, dtype=cfg.model.dtype, seed=cfg.seed)

@@ -74,6 +74,8 @@ class ActorConfig(_Section):
     # none | selective (every second decoder layer recomputed in backward) | full
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     entropy_coeff: float = 0.0
+    # Dense bf16 TFLOP/s of one trainer GPU, for the per-step `mfu` metric (0 = not reported).
+    peak_tflops: float = 0.0
 
 
 class AsyncTrainingConfig(_Section):

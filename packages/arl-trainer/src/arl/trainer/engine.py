@@ -149,6 +149,7 @@ class PackedPolicy:
         t_update = 0.0
         flops = 0.0
         tokens = 0
+        processed = 0  # tokens the model ran, dummy micro-batches included
         for start in range(0, n_rows, mini_batch_rows):
             t1 = time.perf_counter()
             rows = list(range(start, min(n_rows, start + mini_batch_rows)))
@@ -184,6 +185,7 @@ class PackedPolicy:
                     stats["tis_clip_frac"] += float(flags["tis_clip_frac"].sum())
                     stats["entropy"] += float(entropy.detach().sum())
                     stats["loss_tokens"] += float(mb.num_loss_tokens)
+                processed += mb.num_tokens
                 if mb.rows:
                     flops += train_flops(self._n_matmul, [lengths[r] for r in mb.rows], *self._attn)
                     tokens += sum(lengths[r] for r in mb.rows)
@@ -219,7 +221,8 @@ class PackedPolicy:
         out["train_tflops_per_gpu"] = flops / t_update / 1e12 if t_update > 0 else 0.0
         if cfg.peak_tflops > 0:
             out["mfu"] = out["train_tflops_per_gpu"] / cfg.peak_tflops
-        out["padding_efficiency"] = out.pop("pack_fill")
+        # Real tokens over tokens computed: 1 when packed, except for dummy micro-batches (a rank with nothing to do).
+        out["padding_efficiency"] = tokens / processed if processed else 1.0
         if on_cuda:
             out["peak_mem_proximal_gib"] = peak_prox / 2**30
             out["peak_mem_update_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30

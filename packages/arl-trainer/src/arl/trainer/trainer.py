@@ -13,7 +13,7 @@ import time
 from typing import Any, Protocol
 
 from arl.queue.types import Sample
-from arl.trainer.backend import HFPolicy
+from arl.trainer.engine import PackedPolicy
 from arl.trainer.batch import assemble_batch
 from arl.trainer.config import TrainerConfig
 from arl.trainer.errors import StarvedError
@@ -29,7 +29,7 @@ class SampleSource(Protocol):
 class Trainer:
     def __init__(
         self,
-        policy: HFPolicy,
+        policy: PackedPolicy,
         source: SampleSource,
         rollout: RolloutControl,
         publisher: WeightPublisher,
