@@ -31,7 +31,7 @@ def random_batch(seed=0, prompts=3, n=4, vocab=64):
 
 def config():
     return TrainerConfig(optim=OptimConfig(lr=1e-2, grad_clip=1e9), mixed_precision="none",
-                         max_tokens_per_microbatch=40, proximal_mode="recompute")
+                         max_tokens_per_microbatch=40)
 
 
 def two_rank_run(spec, model_dir, out_dir):

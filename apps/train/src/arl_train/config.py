@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from arl.trainer.algorithm_config import AlgorithmConfig
+
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.toml"
 
 
@@ -69,23 +71,20 @@ class ActorConfig(_Section):
     # Samples (prompts) per optimizer update.
     ppo_mini_batch_size: int = 8
     lr: float = 3e-3
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.28
-    tis_cap: float = 2.0
     grad_clip: float = 1.0
-    norm_adv_by_std: bool = True
     device: str = "cpu"
+    # The RL algorithm (policy loss, clip ratios, tis_cap, KL, entropy bonus, advantage estimator,
+    # dynamic sampling, LR schedule, proximal_mode), e.g. `actor.algorithm.clip_ratio_high=0.28`;
+    # every field is documented in arl.trainer.algorithm_config.AlgorithmConfig.
+    algorithm: AlgorithmConfig = msgspec.field(default_factory=AlgorithmConfig)
     # Token budget of one packed micro-batch (gradient accumulation over the micro-batches of an update).
     max_tokens_per_microbatch: int = 16384
     # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    # Proximal log probs: recompute | bypass (the rollout's) | reuse (the update's own, no extra pass) | loglinear
-    proximal_mode: Literal["recompute", "bypass", "reuse", "loglinear"] = "recompute"
     # bf16 compute with fp32 master weights: auto = on CUDA only.
     mixed_precision: Literal["auto", "bf16", "none"] = "auto"
     # none | selective (every second decoder layer recomputed in backward) | full
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
-    entropy_coeff: float = 0.0
     # Dense bf16 TFLOP/s of one trainer GPU, for the per-step `mfu` metric (0 = not reported).
     peak_tflops: float = 0.0
 
