@@ -97,11 +97,12 @@ def bench_arl(cfg, batch, device, max_tokens, checkpointing):
     from transformers import Qwen2ForCausalLM
 
     from arl.trainer import HFPolicy, TrainerConfig
+    from arl.trainer.algorithm_config import AlgorithmConfig
     from arl.trainer.config import OptimConfig
 
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg)
-    tcfg = TrainerConfig(optim=OptimConfig(lr=1e-6), max_tokens_per_microbatch=max_tokens, proximal_mode="bypass",
+    tcfg = TrainerConfig(optim=OptimConfig(lr=1e-6), max_tokens_per_microbatch=max_tokens, algorithm=AlgorithmConfig(proximal_mode="bypass"),
                          mixed_precision="bf16", activation_checkpointing=checkpointing)
     policy = HFPolicy(model, tcfg, device=str(device))
     last = {}

@@ -49,6 +49,7 @@ def make_batch(vocab: int):
 
 def rank_main(spec, max_tokens: int, checkpointing: str, out_dir: str) -> None:
     from arl.trainer import TrainerConfig
+    from arl.trainer.algorithm_config import AlgorithmConfig
     from arl.trainer.config import OptimConfig
     from arl.trainer.fsdp import FSDPPolicy
 
@@ -57,7 +58,7 @@ def rank_main(spec, max_tokens: int, checkpointing: str, out_dir: str) -> None:
     try:
         policy = FSDPPolicy(
             qwen25_config("7b"),
-            TrainerConfig(optim=OptimConfig(lr=1e-6), max_tokens_per_microbatch=max_tokens, proximal_mode="bypass",
+            TrainerConfig(optim=OptimConfig(lr=1e-6), max_tokens_per_microbatch=max_tokens, algorithm=AlgorithmConfig(proximal_mode="bypass"),
                           mixed_precision="bf16" if policy_device_is_cuda() else "none",
                           activation_checkpointing=checkpointing),
             spec, sync_dtype=torch.bfloat16,
