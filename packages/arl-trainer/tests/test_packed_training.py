@@ -135,13 +135,10 @@ def test_bf16_mixed_precision_keeps_fp32_master_weights(tiny_model_dir):
 
 
 def test_a_response_with_its_own_prompt_is_assembled_on_that_prompt():
-    """Multi-segment trajectories carry a per-response prompt (Response.prompt_ids, where the schema has it)."""
+    """A trajectory that rendered its own prompt carries it (Response.prompt_ids, queue schema 3)."""
     from arl.queue.types import Response, Sample
 
-    class ResponseWithPrompt(Response, kw_only=True):  # the schema's optional field, before or after it lands
-        prompt_ids: list[int] | None = None
-
-    own = ResponseWithPrompt(response_ids=[7, 8], response_mask=[1, 1], response_logprobs=[-1.0, -1.0],
+    own = Response(response_ids=[7, 8], response_mask=[1, 1], response_logprobs=[-1.0, -1.0],
                              weight_versions=[0, 0], reward=1.0, prompt_ids=[4, 5, 6])
     plain = Response(response_ids=[9], response_mask=[1], response_logprobs=[-1.0], weight_versions=[0], reward=0.0)
     batch = assemble_batch([Sample(uid="u", prompt_ids=[1, 2], responses=[own, plain], start_version=0, end_version=0)], 0)
