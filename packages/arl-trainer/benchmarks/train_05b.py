@@ -13,6 +13,9 @@ the same run (convention in the package README). Prints one JSON block; writes $
 from __future__ import annotations
 
 import gc
+import os
+
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import time
 
 import _common  # noqa: F401  (sys.path for arl.*)
@@ -94,11 +97,12 @@ def bench_arl(cfg, batch, device, max_tokens, checkpointing):
     from transformers import Qwen2ForCausalLM
 
     from arl.trainer import HFPolicy, TrainerConfig
+    from arl.trainer.algorithm_config import AlgorithmConfig
     from arl.trainer.config import OptimConfig
 
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg)
-    tcfg = TrainerConfig(optim=OptimConfig(lr=1e-6), max_tokens_per_microbatch=max_tokens, proximal_mode="bypass",
+    tcfg = TrainerConfig(optim=OptimConfig(lr=1e-6), max_tokens_per_microbatch=max_tokens, algorithm=AlgorithmConfig(proximal_mode="bypass"),
                          mixed_precision="bf16", activation_checkpointing=checkpointing)
     policy = HFPolicy(model, tcfg, device=str(device))
     last = {}
@@ -108,7 +112,7 @@ def bench_arl(cfg, batch, device, max_tokens, checkpointing):
 
     try:
         out = run_steps(step, device, policy.model)
-        out.update(microbatches=last.get("microbatches"), pack_fill=last.get("padding_efficiency"))
+        out.update(microbatches=last.get("microbatches"), pack_fill=last.get("pack_fill"))
         return out
     finally:
         del policy, model

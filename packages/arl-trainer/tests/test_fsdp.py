@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from arl.trainer import HFPolicy
-from arl.trainer.distributed import spawn_local
+from arl.trainer.distributed import DistributedSpec, free_port, spawn_local
 
 from trainer_helpers import config, one_rank_resume, random_batch, two_rank_run
 
@@ -30,7 +30,7 @@ def test_fsdp2_two_ranks_match_one_device_and_resume_on_one_rank(tiny_model_dir,
         assert rel(two["grads"][name], p.grad) <= 1e-5, name
         assert rel(two["params"][name], p.detach()) <= 1e-5, name
 
-    # weights out: full tensors, HF names, cast to the rollout dtype before the gather
+    # weights out through arl-sync: full tensors, HF names, cast to the rollout dtype before the gather
     assert set(two["synced"]) == {n for n, _ in single.model.named_parameters()}
     for name, t in two["synced"].items():
         assert t.dtype == torch.bfloat16 and torch.equal(t, two["params"][name].to(torch.bfloat16)), name
@@ -43,7 +43,14 @@ def test_fsdp2_two_ranks_match_one_device_and_resume_on_one_rank(tiny_model_dir,
         assert torch.equal(p.detach(), two["params"][name]), name
 
     # sharded checkpoint of 2 ranks, resumed on 1: the same next loss and the same next update
-    spawn_local(one_rank_resume, 1, tiny_model_dir, tmp_path, backend="gloo")
+    # (one rank: in this process, its own single-member gloo group)
+    import torch.distributed as dist
+
+    try:
+        one_rank_resume(DistributedSpec("127.0.0.1", free_port(), 0, 1, backend="gloo"), tiny_model_dir, tmp_path)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
     one = torch.load(tmp_path / "one_rank.pt", weights_only=False)
     assert one["state"] == {"step": 1, "version": 3}
     assert one["m2"]["loss"] == pytest.approx(two["m2"]["loss"], rel=1e-5)

@@ -7,8 +7,8 @@ import torch
 
 from arl.trainer import HFPolicy, TrainerConfig, assemble_batch
 from arl.trainer.algorithms import token_log_probs
+from arl.trainer.algorithm_config import AlgorithmConfig
 from arl.trainer.config import OptimConfig
-from arl.trainer.engine import decoupled_ppo_tokens
 from arl.trainer.loss_agg import Denominators, aggregate
 from arl.trainer.model import PackedCausalLM
 from arl.trainer.packed import pack_rows
@@ -42,9 +42,10 @@ def test_packed_log_probs_and_gradients_equal_padded(tiny_model_dir):
         assert torch.allclose(g, p.grad, atol=1e-5, rtol=1e-4), name
 
 
-def step_grads(model_dir, batch, **cfg):
-    config = TrainerConfig(optim=OptimConfig(lr=1e-2, grad_clip=1e9), **cfg)
+def step_grads(model_dir, batch, version=0, proximal_mode="recompute", **cfg):
+    config = TrainerConfig(optim=OptimConfig(lr=1e-2, grad_clip=1e9), algorithm=AlgorithmConfig(proximal_mode=proximal_mode), **cfg)
     policy = HFPolicy(model_dir, config)
+    policy.version = version
     metrics = policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0])
     return {n: p.grad.clone() for n, p in policy.model.named_parameters()}, dict(policy.model.named_parameters()), metrics
 
@@ -79,14 +80,16 @@ def test_loss_aggregation_modes_match_their_definitions():
 
 
 def test_per_token_loss_matches_token_mean_policy_loss():
+    """The engine's per-token loss (algos' compute_token_loss) aggregated by token-mean = the padded policy_loss."""
+    from arl.trainer.algorithm_config import AlgorithmConfig, compute_token_loss
     from arl.trainer.algorithms import policy_loss
 
     torch.manual_seed(0)
     logp, prox, behav, adv = (torch.randn(1, 6) for _ in range(4))
-    mask = torch.ones(1, 6)
-    ref, _ = policy_loss(logp, prox, behav, adv, mask)
-    tok, _ = decoupled_ppo_tokens(logp[0], prox[0], behav[0], adv[0], clip_ratio_low=0.2, clip_ratio_high=0.28, tis_cap=2.0)
-    assert tok.mean().item() == pytest.approx(ref.item(), rel=1e-6)
+    ref, _ = policy_loss(logp, prox, behav, adv, torch.ones(1, 6))
+    seq = torch.zeros(6, dtype=torch.long)
+    tok, _ = compute_token_loss(AlgorithmConfig(), logp[0], prox[0], behav[0], adv[0], seq)
+    assert aggregate(tok, seq, "token-mean", Denominators(6, 1, 6)).item() == pytest.approx(ref.item(), rel=1e-6)
 
 
 def test_reuse_equals_recompute_and_bypass_uses_rollout_logprobs(tiny_model_dir):
@@ -96,8 +99,17 @@ def test_reuse_equals_recompute_and_bypass_uses_rollout_logprobs(tiny_model_dir)
     for name in p_rec:
         assert rel(p_reuse[name].detach(), p_rec[name].detach()) <= 1e-6, name
     assert m_reuse["behaviour_proximal_abs_diff"] == pytest.approx(m_rec["behaviour_proximal_abs_diff"], rel=1e-6)
-    _, _, m_bypass = step_grads(tiny_model_dir, batch, proximal_mode="bypass")
+    _, p_bypass, m_bypass = step_grads(tiny_model_dir, batch, proximal_mode="bypass")
     assert m_bypass["behaviour_proximal_abs_diff"] == 0.0
+    # loglinear (AReaL): tokens sampled at the current version or the one before keep their behaviour
+    # log probs (= bypass); tokens two versions back sit halfway between behaviour and current.
+    for version in (0, 1):
+        _, p_ll, m_ll = step_grads(tiny_model_dir, batch, version=version, proximal_mode="loglinear")
+        assert m_ll["behaviour_proximal_abs_diff"] == 0.0
+        for name in p_bypass:
+            assert torch.equal(p_ll[name], p_bypass[name]), name
+    _, _, m_half = step_grads(tiny_model_dir, batch, version=2, proximal_mode="loglinear")
+    assert m_half["behaviour_proximal_abs_diff"] == pytest.approx(0.5 * m_rec["behaviour_proximal_abs_diff"], rel=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["selective", "full"])
@@ -120,3 +132,15 @@ def test_bf16_mixed_precision_keeps_fp32_master_weights(tiny_model_dir):
     ref = torch.cat([g.flatten() for g in g_fp32.values()])
     assert 0 < rel(total, ref) < 0.1
     assert torch.isfinite(torch.tensor(metrics["loss"]))
+
+
+def test_a_response_with_its_own_prompt_is_assembled_on_that_prompt():
+    """A trajectory that rendered its own prompt carries it (Response.prompt_ids, queue schema 3)."""
+    from arl.queue.types import Response, Sample
+
+    own = Response(response_ids=[7, 8], response_mask=[1, 1], response_logprobs=[-1.0, -1.0],
+                             weight_versions=[0, 0], reward=1.0, prompt_ids=[4, 5, 6])
+    plain = Response(response_ids=[9], response_mask=[1], response_logprobs=[-1.0], weight_versions=[0], reward=0.0)
+    batch = assemble_batch([Sample(uid="u", prompt_ids=[1, 2], responses=[own, plain], start_version=0, end_version=0)], 0)
+    assert batch.input_ids.tolist() == [[4, 5, 6, 7, 8], [1, 2, 9, 0, 0]]
+    assert batch.loss_mask.tolist() == [[0, 0, 0, 1, 1], [0, 0, 1, 0, 0]]

@@ -31,7 +31,7 @@ def random_batch(seed=0, prompts=3, n=4, vocab=64):
 
 def config():
     return TrainerConfig(optim=OptimConfig(lr=1e-2, grad_clip=1e9), mixed_precision="none",
-                         max_tokens_per_microbatch=40, proximal_mode="recompute")
+                         max_tokens_per_microbatch=40)
 
 
 def two_rank_run(spec, model_dir, out_dir):
@@ -45,7 +45,7 @@ def two_rank_run(spec, model_dir, out_dir):
     grads = {n: p.grad.full_tensor() for n, p in policy.model.named_parameters()}
     params = {n: p.detach().full_tensor() for n, p in policy.model.named_parameters()}
     save_sharded(policy, out_dir / "ckpt", {"step": 1, "version": 3})
-    synced = dict(policy.named_parameters_for_sync())  # every rank gathers; rank 0 would send
+    synced = stream_weights(policy)  # rank 0 sends through arl-sync while the other ranks drain
     export_hf(policy, out_dir / "hf")
     m2 = policy.train_step(b2, mini_batch_rows=b2.input_ids.shape[0])
     after = {n: p.detach().full_tensor() for n, p in policy.model.named_parameters()}
@@ -65,3 +65,36 @@ def one_rank_resume(spec, model_dir, out_dir):
     m2 = policy.train_step(b2, mini_batch_rows=b2.input_ids.shape[0])
     after = {n: p.detach().full_tensor() for n, p in policy.model.named_parameters()}
     torch.save({"m2": m2, "after": after, "state": state}, out_dir / "one_rank.pt")
+
+
+def stream_weights(policy):
+    """Rank 0 publishes the gathered weights through a real arl-sync sender/receiver pair; the other
+    ranks take part in the gathers. Returns what the receiver got (rank 0) or {}."""
+    import asyncio
+
+    import msgspec
+
+    from arl.sync import SyncConfig, WeightReceiver
+    from arl.trainer import WeightPublisher
+
+    if policy.rank != 0:
+        policy.drain_sync_parameters()
+        return {}
+    got = {}
+
+    class Receiving:
+        receiver = None
+
+        async def update_weights(self, address, config_json, version):
+            self.receiver = WeightReceiver(address, msgspec.json.decode(config_json, type=SyncConfig))
+            return await asyncio.to_thread(self.receiver.receive, apply=lambda named: got.update((n, t.clone()) for n, t in named))
+
+    publisher = WeightPublisher(SyncConfig(transport="cpu", timeout_s=60), num_receivers=1)
+    rollout = Receiving()
+    try:
+        asyncio.run(publisher.publish(policy.named_parameters_for_sync(), 1, rollout))
+    finally:
+        publisher.close()
+        if rollout.receiver is not None:
+            rollout.receiver.close()
+    return got

@@ -271,15 +271,17 @@ class TrainerActor:
             ppo_mini_batch_size=actor.ppo_mini_batch_size,
             require_batches=at.require_batches,
             trigger_parameter_sync_step=at.trigger_parameter_sync_step,
-            clip_ratio_low=actor.clip_ratio_low,
-            clip_ratio_high=actor.clip_ratio_high,
-            tis_cap=actor.tis_cap,
-            norm_adv_by_std=actor.norm_adv_by_std,
             temperature=cfg.rollout.temperature,
             max_version_lag=None if at.max_version_lag < 0 else at.max_version_lag,
             on_version_lag=at.on_version_lag,
             batch_timeout_s=timeouts.batch_s,
             optim=OptimConfig(lr=actor.lr, grad_clip=actor.grad_clip),
+            max_tokens_per_microbatch=actor.max_tokens_per_microbatch,
+            loss_agg_mode=actor.loss_agg_mode,
+            mixed_precision=actor.mixed_precision,
+            activation_checkpointing=actor.activation_checkpointing,
+            algorithm=actor.algorithm,
+            peak_tflops=actor.peak_tflops,
         )
         from arl_train.colocated import ColocatedControl, ColocatedSource
         from arl_train.placement import TrainerRank, layout_of, sender_host

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from arl.trainer.algorithm_config import AlgorithmConfig
 from arl_train.harbor_section import HarborSection
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.toml"
@@ -71,12 +72,22 @@ class ActorConfig(_Section):
     # Samples (prompts) per optimizer update.
     ppo_mini_batch_size: int = 8
     lr: float = 3e-3
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.28
-    tis_cap: float = 2.0
     grad_clip: float = 1.0
-    norm_adv_by_std: bool = True
     device: str = "cpu"
+    # The RL algorithm (policy loss, clip ratios, tis_cap, KL, entropy bonus, advantage estimator,
+    # dynamic sampling, LR schedule, proximal_mode), e.g. `actor.algorithm.clip_ratio_high=0.28`;
+    # every field is documented in arl.trainer.algorithm_config.AlgorithmConfig.
+    algorithm: AlgorithmConfig = msgspec.field(default_factory=AlgorithmConfig)
+    # Token budget of one packed micro-batch (gradient accumulation over the micro-batches of an update).
+    max_tokens_per_microbatch: int = 16384
+    # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    # bf16 compute with fp32 master weights: auto = on CUDA only.
+    mixed_precision: Literal["auto", "bf16", "none"] = "auto"
+    # none | selective (every second decoder layer recomputed in backward) | full
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    # Dense bf16 TFLOP/s of one trainer GPU, for the per-step `mfu` metric (0 = not reported).
+    peak_tflops: float = 0.0
 
 
 class AsyncTrainingConfig(_Section):

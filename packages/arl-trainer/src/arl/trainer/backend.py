@@ -53,9 +53,13 @@ class HFPolicy(PackedPolicy):
         return {name: t.detach().to("cpu").clone() for name, t in self.named_parameters_for_sync()}
 
     def load_optimizer(self, checkpoint: Path) -> None:
-        """Restore the optimizer state saved by `save` (the weights come from the folder itself)."""
+        """Restore the optimizer and LR-schedule state saved by `save` (the weights come from the folder itself)."""
         state = torch.load(checkpoint / "optimizer.pt", map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(state)
+        if (checkpoint / "scheduler.pt").exists():
+            from arl.trainer.schedule import load_lr_scheduler_state
+
+            load_lr_scheduler_state(self.scheduler, torch.load(checkpoint / "scheduler.pt", weights_only=False))
 
     def save(self, directory: Path, trainer_state: dict[str, Any]) -> Path:
         """A checkpoint: an ordinary HF model folder (loadable by vLLM) + optimizer + trainer state."""
@@ -68,6 +72,7 @@ class HFPolicy(PackedPolicy):
             if f.is_file() and (f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")):
                 shutil.copy2(f, tmp / f.name)
         torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
         (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
         if directory.exists():
             shutil.rmtree(directory)

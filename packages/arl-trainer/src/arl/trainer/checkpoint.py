@@ -1,7 +1,7 @@
 """Sharded checkpoints with torch.distributed.checkpoint, and an HF safetensors export vLLM loads.
 
 `save_sharded` writes model and optimizer state as DCP shards (each rank writes its own), every
-rank's RNG state, and rank 0's trainer state (step, version, scheduler, ...) as JSON. `load_sharded`
+rank's RNG state, the LR schedule, and rank 0's trainer state (step, version, scheduler, ...) as JSON. `load_sharded`
 reads them back into a policy on any number of ranks (DCP reshards N → M); a rank without a saved RNG
 state of its own keeps its seed. `export_hf` gathers full parameters to rank 0 and writes an ordinary
 HF folder (config.json + model.safetensors). Works with either backend (`PackedPolicy`).
@@ -58,6 +58,7 @@ def save_sharded(policy: PackedPolicy, directory: str | Path, trainer_state: dic
     dcp.save(state, checkpoint_id=str(directory / "dcp"))
     torch.save(_rng_state(), directory / f"rng_rank{_rank()}.pt")
     if _rank() == 0:
+        torch.save(policy.scheduler.state_dict(), directory / "scheduler.pt")  # the same on every rank
         (directory / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
     _barrier()
     return directory
@@ -75,6 +76,10 @@ def load_sharded(policy: PackedPolicy, directory: str | Path) -> dict[str, Any]:
     dcp.load(state, checkpoint_id=str(directory / "dcp"))
     set_model_state_dict(policy.packed, state["model"])
     set_optimizer_state_dict(policy.packed, policy.optimizer, state["optim"])
+    if (directory / "scheduler.pt").exists():
+        from arl.trainer.schedule import load_lr_scheduler_state
+
+        load_lr_scheduler_state(policy.scheduler, torch.load(directory / "scheduler.pt", weights_only=False))
     rng = directory / f"rng_rank{_rank()}.pt"
     if rng.exists():
         saved = torch.load(rng, weights_only=True)

@@ -6,6 +6,8 @@ from typing import Literal
 
 import msgspec
 
+from arl.trainer.algorithm_config import AlgorithmConfig
+
 
 class OptimConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     lr: float = 1e-3
@@ -23,12 +25,6 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     require_batches: int = 1
     # Updates between weight syncs to the rollout side.
     trigger_parameter_sync_step: int = 1
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.28
-    # Cap of the behaviour→proximal importance weight (truncated IS).
-    tis_cap: float = 2.0
-    # GRPO: divide centered rewards by the group's std.
-    norm_adv_by_std: bool = True
     # Sampling temperature of the rollout (logits are divided by it before log probs).
     temperature: float = 1.0
     # Hard bound on (current version − oldest token version) per sample; None = no bound.
@@ -41,24 +37,21 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # (arl.trainer.router_replay); "off" routes again (the mismatch is still measured when routes exist).
     router_replay: Literal["off", "rollout"] = "off"
     optim: OptimConfig = msgspec.field(default_factory=OptimConfig)
+    # The RL algorithm: policy loss, clipping, IS corrections, KL, entropy bonus, advantages, dynamic
+    # sampling, LR schedule, proximal mode (every field documented in arl.trainer.algorithm_config).
+    algorithm: AlgorithmConfig = msgspec.field(default_factory=AlgorithmConfig)
     # Token budget of one packed micro-batch (sequences are never split; a longer one is an error).
     max_tokens_per_microbatch: int = 16384
     # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm (see arl.trainer.loss_agg).
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
     # The constant length of seq-mean-token-sum-norm; None = the longest response in the mini-batch.
     loss_agg_norm_len: int | None = None
-    # Proximal (old) log probs: recompute (a no-grad pass), bypass (the rollout's), reuse (each update's
-    # own detached log probs: exact with one update per step, no extra forward), loglinear (AReaL's
-    # interpolation between behaviour and current log probs by each token's weight version).
-    proximal_mode: Literal["recompute", "bypass", "reuse", "loglinear"] = "recompute"
     # bf16 compute with fp32 master weights and optimizer state; "auto" = bf16 on CUDA, none elsewhere.
     mixed_precision: Literal["auto", "bf16", "none"] = "auto"
     # Recompute decoder layers in backward: none | selective (every second layer) | full (every layer).
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     # Logit elements (tokens × vocabulary) the chunked log-prob head holds at once.
     logprob_chunk_elements: int = 1 << 27
-    # Entropy bonus coefficient (0 = entropy is only reported).
-    entropy_coeff: float = 0.0
     # The accelerator's dense bf16 peak in TFLOP/s for the `mfu` metric (0 = do not report MFU).
     peak_tflops: float = 0.0
 

@@ -73,8 +73,8 @@ def init_distributed(spec: DistributedSpec) -> torch.device:
     return device
 
 
-def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, backend: str | None, args: tuple) -> None:
-    spec = DistributedSpec("127.0.0.1", port, rank, world_size, backend=backend)
+def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, backend: str | None, timeout_s: float, args: tuple) -> None:
+    spec = DistributedSpec("127.0.0.1", port, rank, world_size, backend=backend, timeout_s=timeout_s)
     try:
         fn(spec, *args)
     finally:
@@ -82,11 +82,11 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, backen
             dist.destroy_process_group()
 
 
-def spawn_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str | None = None) -> None:
+def spawn_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str | None = None, timeout_s: float = 600.0) -> None:
     """Run `fn(spec, *args)` in `world_size` fresh processes on this host; raises if any rank fails.
 
     `fn` must be importable by module name (spawned processes re-import it).
     """
     import torch.multiprocessing as mp
 
-    mp.spawn(_entry, args=(fn, world_size, free_port(), backend, args), nprocs=world_size, join=True)
+    mp.spawn(_entry, args=(fn, world_size, free_port(), backend, timeout_s, args), nprocs=world_size, join=True)

@@ -20,37 +20,16 @@ from typing import Any
 
 import torch
 
-from arl.trainer.algorithms import grpo_advantages, masked_mean
+from arl.trainer.advantages import compute_advantages
+from arl.trainer.algorithm_config import COUNT_METRICS, compute_token_loss, merge_loss_metrics
+from arl.trainer.algorithms import masked_mean
 from arl.trainer.batch import TrainBatch
 from arl.trainer.config import TrainerConfig
 from arl.trainer.flops import attention_width_and_layers, matmul_params, train_flops
 from arl.trainer.loss_agg import Denominators, aggregate
 from arl.trainer.packed import PackedMicroBatch, pack_rows, row_lengths
 from arl.trainer.packing import CostModel, plan_packing
-
-
-def decoupled_ppo_tokens(
-    logp: torch.Tensor,
-    proximal_logp: torch.Tensor,
-    behaviour_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    clip_ratio_low: float,
-    clip_ratio_high: float,
-    tis_cap: float,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token decoupled-PPO loss with the truncated behaviour weight (flat (N,) tensors).
-
-    The same objective as `algorithms.policy_loss`, before its mean: the aggregation is the caller's.
-    """
-    ratio = torch.exp(logp - proximal_logp)
-    clipped = ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
-    pg = torch.maximum(-advantages * ratio, -advantages * clipped)
-    raw_weight = torch.exp(proximal_logp - behaviour_logp)
-    loss = pg * raw_weight.clamp(max=tis_cap).detach()
-    with torch.no_grad():
-        flags = {"clip_frac": ((ratio - clipped).abs() > 0).float(), "tis_clip_frac": (raw_weight > tis_cap).float()}
-    return loss, flags
+from arl.trainer.proximal import loglinear_proximal
 
 
 class PackedPolicy:
@@ -63,6 +42,8 @@ class PackedPolicy:
     config: TrainerConfig
     rank: int = 0
     world_size: int = 1
+    # The weight version of the current parameters (the trainer loop sets it); `loglinear` needs it.
+    version: float = 0.0
 
     # ---- hooks a distributed backend overrides ----
     def _grad_sync(self, enabled: bool) -> None:
@@ -78,6 +59,11 @@ class PackedPolicy:
     # ---- shared machinery ----
     def _init_shared(self) -> None:
         cfg = self.config
+        if cfg.algorithm.needs_ref_logp:
+            raise NotImplementedError("algorithm.kl_coef > 0 needs a reference policy, which this backend does not hold yet")
+        from arl.trainer.schedule import make_lr_scheduler
+
+        self.scheduler = make_lr_scheduler(self.optimizer, cfg.algorithm)
         mp = cfg.mixed_precision
         if mp == "auto":
             mp = "bf16" if self.device.type == "cuda" else "none"
@@ -115,23 +101,27 @@ class PackedPolicy:
         return self._all_reduce_(out.to(self.device)).cpu() if self.world_size > 1 else out
 
     def _proximal(self, batch: TrainBatch) -> torch.Tensor | None:
-        mode = self.config.proximal_mode
+        """(B, T) proximal log probs known before the updates, or None where each micro-batch makes its own."""
+        mode = self.config.algorithm.proximal_mode
         if mode == "recompute":
             return self.log_probs(batch)
         if mode == "bypass":
             return batch.behaviour_logp
-        if mode == "reuse":
+        if mode in ("reuse", "loglinear"):
             return None
-        if mode == "loglinear":
-            return self._loglinear_proximal(batch)
         raise ValueError(f"unknown proximal_mode {mode!r}")
 
-    def _loglinear_proximal(self, batch: TrainBatch) -> torch.Tensor:
-        raise NotImplementedError("proximal_mode='loglinear' needs arl.trainer.proximal (not present in this build)")
+    def _micro_proximal(self, mb: PackedMicroBatch, logp: torch.Tensor, behav: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
+        """Proximal log probs of one micro-batch from its own forward (reuse, loglinear)."""
+        if self.config.algorithm.proximal_mode == "reuse":
+            return logp.detach()
+        versions = mb.gather(batch.token_versions).to(logp.device)
+        return loglinear_proximal(behav, logp.detach(), versions, self.version - 1, current_version=self.version)
 
     def train_step(self, batch: TrainBatch, mini_batch_rows: int) -> dict[str, float]:
-        """One trainer step: proximal log probs, GRPO advantages, one optimizer update per mini-batch."""
+        """One trainer step: proximal log probs, advantages, one optimizer update per mini-batch."""
         cfg = self.config
+        alg = cfg.algorithm
         on_cuda = self.device.type == "cuda"
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -139,75 +129,65 @@ class PackedPolicy:
         proximal = self._proximal(batch)
         t_prox = time.perf_counter() - t0
         peak_prox = torch.cuda.max_memory_allocated(self.device) if on_cuda else 0
-        adv_rows = grpo_advantages(batch.rewards, batch.group_index, norm_by_std=cfg.norm_adv_by_std)
+        adv_rows = compute_advantages(alg.advantage_estimator, batch.rewards, batch.group_index)
         advantages = adv_rows[:, None].expand_as(batch.loss_mask)
-        reuse_logp = torch.zeros(batch.loss_mask.shape, dtype=torch.float32) if proximal is None else None
-        sums: dict[str, float] = {}
+        # Proximal log probs made micro-batch by micro-batch (reuse / loglinear), for the step's metric.
+        made = torch.zeros(batch.loss_mask.shape, dtype=torch.float32) if proximal is None else None
         steps: list[dict[str, float]] = []
         n_rows = batch.input_ids.shape[0]
         lengths = row_lengths(batch)
         t_update = 0.0
         flops = 0.0
         tokens = 0
+        processed = 0  # tokens the model ran, dummy micro-batches included
         for start in range(0, n_rows, mini_batch_rows):
             t1 = time.perf_counter()
             rows = list(range(start, min(n_rows, start + mini_batch_rows)))
             denom = Denominators.from_loss_mask(batch.loss_mask[rows], cfg.loss_agg_norm_len)
             mbs, pack_stats = self._microbatches(batch, rows)
             self.optimizer.zero_grad(set_to_none=True)
-            stats = {"loss": 0.0, "clip_frac": 0.0, "tis_clip_frac": 0.0, "entropy": 0.0, "loss_tokens": 0.0}
+            loss_total = 0.0
+            mb_metrics: list[dict[str, float]] = []
             for i, mb in enumerate(mbs):
                 self._grad_sync(i == len(mbs) - 1)
                 logp, entropy = self._forward(mb)
-                dev = logp.device
-                behav = mb.gather(batch.behaviour_logp).to(dev)
-                adv = mb.gather(advantages).to(dev)
-                if proximal is None:
-                    prox = logp.detach()
-                    reuse_logp[mb.loss_rows, mb.loss_cols] = prox.float().cpu()
+                if mb.num_loss_tokens == 0:  # a dummy (or prompt-only) micro-batch: keep the graph, add nothing
+                    loss = logp.sum() * 0.0 + entropy.sum() * 0.0
                 else:
-                    prox = mb.gather(proximal).to(dev)
-                tok_loss, flags = decoupled_ppo_tokens(
-                    logp, prox, behav, adv,
-                    clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, tis_cap=cfg.tis_cap,
-                )
-                seq_index = mb.seq_index.to(dev)
-                loss = aggregate(tok_loss, seq_index, cfg.loss_agg_mode, denom)
-                if cfg.entropy_coeff:
-                    loss = loss - cfg.entropy_coeff * aggregate(entropy, seq_index, cfg.loss_agg_mode, denom)
+                    dev = logp.device
+                    behav = mb.gather(batch.behaviour_logp).to(dev)
+                    adv = mb.gather(advantages).to(dev)
+                    if proximal is None:
+                        prox = self._micro_proximal(mb, logp, behav, batch)
+                        made[mb.loss_rows, mb.loss_cols] = prox.float().cpu()
+                    else:
+                        prox = mb.gather(proximal).to(dev)
+                    seq_index = mb.seq_index.to(dev)
+                    tok_loss, info = compute_token_loss(alg, logp, prox, behav, adv, seq_index, entropy=entropy,
+                                                        num_seqs=len(mb.rows))
+                    loss = aggregate(tok_loss, seq_index, cfg.loss_agg_mode, denom)
+                    mb_metrics.append(info)
                 # Ranks' gradients are averaged by the data-parallel reduction; the denominators are global,
                 # so scale by the world size to make that average a sum.
                 (loss * self.world_size).backward()
-                with torch.no_grad():
-                    stats["loss"] += float(loss)
-                    stats["clip_frac"] += float(flags["clip_frac"].sum())
-                    stats["tis_clip_frac"] += float(flags["tis_clip_frac"].sum())
-                    stats["entropy"] += float(entropy.detach().sum())
-                    stats["loss_tokens"] += float(mb.num_loss_tokens)
+                loss_total += float(loss.detach())
+                processed += mb.num_tokens
                 if mb.rows:
                     flops += train_flops(self._n_matmul, [lengths[r] for r in mb.rows], *self._attn)
                     tokens += sum(lengths[r] for r in mb.rows)
             grad_norm = self._clip_grad_norm(cfg.optim.grad_clip)
+            lr = self.optimizer.param_groups[0]["lr"]
             self.optimizer.step()
+            self.scheduler.step()
             t_update += time.perf_counter() - t1
-            reduced = self._all_reduce_(torch.tensor(list(stats.values()), dtype=torch.float64, device=self.device)).tolist()
-            stats = dict(zip(stats, reduced))
-            n_tok = max(1.0, stats.pop("loss_tokens"))
-            steps.append({
-                "loss": stats["loss"],
-                "grad_norm": float(grad_norm),
-                "clip_frac": stats["clip_frac"] / n_tok,
-                "tis_clip_frac": stats["tis_clip_frac"] / n_tok,
-                "entropy": stats["entropy"] / n_tok,
-                "pack_fill": pack_stats["pack_fill"],
-                "rank_imbalance": pack_stats["rank_imbalance"],
-                "microbatches": pack_stats["microbatches"],
-            })
-        out = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
+            merged = self._merge_ranks(merge_loss_metrics(mb_metrics), loss_total)
+            merged.update(grad_norm=float(grad_norm), lr=lr, pack_fill=pack_stats["pack_fill"],
+                          rank_imbalance=pack_stats["rank_imbalance"], microbatches=pack_stats["microbatches"])
+            steps.append(merged)
+        keys = set().union(*steps)
+        out = {k: sum(s.get(k, 0.0) for s in steps) / len(steps) for k in keys}
         if proximal is None:
-            proximal = reuse_logp
-            if self.world_size > 1:
-                proximal = self._all_reduce_(proximal.to(self.device)).cpu()
+            proximal = made if self.world_size == 1 else self._all_reduce_(made.to(self.device)).cpu()
         # How far the rollout engine's log probs are from the trainer's for the same weights/tokens:
         # near 0 on-policy; grows with staleness; a large value on fresh samples means a broken sync.
         out["behaviour_proximal_abs_diff"] = masked_mean((proximal - batch.behaviour_logp).abs(), batch.loss_mask).item()
@@ -219,10 +199,31 @@ class PackedPolicy:
         out["train_tflops_per_gpu"] = flops / t_update / 1e12 if t_update > 0 else 0.0
         if cfg.peak_tflops > 0:
             out["mfu"] = out["train_tflops_per_gpu"] / cfg.peak_tflops
-        out["padding_efficiency"] = out.pop("pack_fill")
+        # Real tokens over tokens computed: 1 when packed, except for dummy micro-batches (a rank with nothing to do).
+        out["padding_efficiency"] = tokens / processed if processed else 1.0
         if on_cuda:
             out["peak_mem_proximal_gib"] = peak_prox / 2**30
             out["peak_mem_update_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        return out
+
+    def _merge_ranks(self, local: dict[str, float], loss: float) -> dict[str, float]:
+        """One update's loss metrics over all ranks: counts summed, token means token-weighted; loss summed."""
+        if self.world_size == 1:
+            return local | {"loss": loss}
+        import torch.distributed as dist
+
+        # A rank with only dummy micro-batches has no metrics: agree on the key set first.
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, sorted(local))
+        keys = sorted(set().union(*gathered) - {"num_tokens"})
+        local = {k: local.get(k, 0.0) for k in keys} | {"num_tokens": local.get("num_tokens", 0.0)}
+        n = local.get("num_tokens", 0.0)
+        values = [n, loss] + [local[k] if k in COUNT_METRICS else local[k] * n for k in keys]
+        reduced = self._all_reduce_(torch.tensor(values, dtype=torch.float64, device=self.device)).tolist()
+        total = reduced[0]
+        out = {"num_tokens": total, "loss": reduced[1]}
+        for k, v in zip(keys, reduced[2:]):
+            out[k] = v if k in COUNT_METRICS else (v / total if total > 0 else 0.0)
         return out
 
     def named_parameters_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -171,3 +171,14 @@ class FSDPPolicy(PackedPolicy):
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:
         """Full parameters on CPU on every rank (tests, small models)."""
         return {name: t.to("cpu").clone() for name, t in self.iter_sync_parameters()}
+
+    def save(self, directory: Path, trainer_state: dict[str, Any]) -> Path:
+        """A resumable sharded checkpoint (`dcp/`, any world size on resume) plus `hf/`, a folder vLLM loads.
+
+        Every rank calls it.
+        """
+        from arl.trainer.checkpoint import export_hf, save_sharded
+
+        save_sharded(self, directory, trainer_state)
+        export_hf(self, Path(directory) / "hf")
+        return Path(directory)

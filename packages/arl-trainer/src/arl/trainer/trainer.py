@@ -13,9 +13,10 @@ import time
 from typing import Any, Protocol
 
 from arl.queue.types import Sample
-from arl.trainer.backend import HFPolicy
+from arl.trainer.engine import PackedPolicy
 from arl.trainer.batch import assemble_batch
 from arl.trainer.config import TrainerConfig
+from arl.trainer.dynamic_sampling import filter_zero_variance_groups
 from arl.trainer.errors import StarvedError
 from arl.trainer.publisher import RolloutControl, WeightPublisher
 
@@ -29,7 +30,7 @@ class SampleSource(Protocol):
 class Trainer:
     def __init__(
         self,
-        policy: HFPolicy,
+        policy: PackedPolicy,
         source: SampleSource,
         rollout: RolloutControl,
         publisher: WeightPublisher,
@@ -47,6 +48,7 @@ class Trainer:
         self.version = 0  # weight version the rollout side holds (bumped by every sync)
         self.samples_seen = 0
         self.dropped_version_lag = 0
+        self.dynamic_sampling_dropped = 0  # groups dropped by DAPO dynamic sampling (counted, never silent)
         self._last_step_end = time.perf_counter()
 
     def state(self) -> dict[str, int]:
@@ -73,7 +75,12 @@ class Trainer:
                 raise StarvedError(
                     f"waited {self.config.batch_timeout_s}s for {self.required} samples, got {len(kept)}"
                 )
-            for sample in await self.source.get_batch(self.required - len(kept), timeout=remaining):
+            got = await self.source.get_batch(self.required - len(kept), timeout=remaining)
+            if self.config.algorithm.dynamic_sampling:  # DAPO: groups with one reward teach nothing
+                result = filter_zero_variance_groups(got)
+                self.dynamic_sampling_dropped += len(got) - len(result.kept)
+                got = result.kept
+            for sample in got:
                 lag = self.version - sample.min_token_version()
                 if self.config.max_version_lag is not None and lag > self.config.max_version_lag:
                     over += 1
@@ -90,6 +97,7 @@ class Trainer:
         if self.config.on_version_lag == "drop":
             self.dropped_version_lag += over_lag
         batch = assemble_batch(samples, self.pad_token_id)
+        self.policy.version = self.version  # the weights' version, for version-aware proximal modes
         n_per_prompt = batch.input_ids.shape[0] / len(samples)
         train_start = time.perf_counter()
         metrics = self.policy.train_step(batch, mini_batch_rows=max(1, int(self.config.ppo_mini_batch_size * n_per_prompt)))
@@ -112,6 +120,7 @@ class Trainer:
             ),
             over_version_lag=over_lag,
             dropped_version_lag_total=self.dropped_version_lag,
+            dynamic_sampling_dropped_total=self.dynamic_sampling_dropped,
             wait_s=wait_s,
             train_s=train_s,
             sync_s=0.0,

@@ -1,0 +1,57 @@
+"""GPU paths (skipped without CUDA): torch's fused varlen attention and the bf16 chunked head."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+
+def test_fused_varlen_attention_matches_per_sequence_sdpa():
+    from arl.trainer.attention import _per_sequence_sdpa, fused_available, varlen_causal
+
+    dev = torch.device("cuda")
+    assert fused_available(dev, torch.bfloat16), "torch.nn.attention.varlen is missing in this torch"
+    torch.manual_seed(0)
+    lengths = [1, 37, 300, 1024, 5]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    t = sum(lengths)
+    q = torch.randn(t, 14, 64, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(t, 2, 64, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(t, 2, 64, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    out = varlen_causal(q, k, v, cu, max(lengths), None)
+    ref = _per_sequence_sdpa(q.float(), k.float(), v.float(), cu, None)
+    assert (out.float() - ref).abs().max() < 3e-2
+    g = torch.randn_like(ref)
+    got = torch.autograd.grad((out.float() * g).sum(), [q, k, v])
+    want = torch.autograd.grad((ref * g).sum(), [q, k, v])
+    for a, b in zip(got, want):
+        assert ((a.float() - b).norm() / b.norm()) < 2e-2
+
+
+def test_chunked_head_bf16_matches_fp32_reference_on_gpu():
+    from arl.trainer.head import chunked_log_probs
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    h = torch.randn(3000, 896, device=dev).mul(0.5).to(torch.bfloat16).requires_grad_()
+    w = torch.randn(151936, 896, device=dev).mul(0.02).to(torch.bfloat16).requires_grad_()
+    tgt = torch.randint(0, 151936, (3000,), device=dev)
+    logp, ent = chunked_log_probs(h, w, tgt)
+    ref = torch.log_softmax(h.float() @ w.float().t(), -1).gather(1, tgt[:, None])[:, 0]
+    assert (logp - ref).abs().max() < 5e-2
+    assert torch.isfinite(ent).all()
+    logp.sum().backward()
+    assert h.grad.dtype == torch.bfloat16 and torch.isfinite(w.grad.float()).all()
+
+
+def test_bf16_packed_train_step_on_gpu(tiny_model_dir):
+    from arl.trainer import HFPolicy, TrainerConfig
+
+    from trainer_helpers import random_batch
+
+    policy = HFPolicy(tiny_model_dir, TrainerConfig(max_tokens_per_microbatch=40), device="cuda")
+    assert policy.compute_dtype == torch.bfloat16  # auto → bf16 on CUDA
+    batch = random_batch(seed=5)
+    m = policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0])
+    assert m["grad_norm"] > 0 and m["peak_mem_update_gib"] > 0
+    assert next(policy.model.parameters()).dtype == torch.float32
