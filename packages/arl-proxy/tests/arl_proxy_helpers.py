@@ -146,6 +146,7 @@ def check_segments(traj, agent: Agent) -> None:
                 trained.append((t, lp))
     sampled = [(t, lp) for c in calls for t, lp in zip(c.output.token_ids, c.output.log_probs)]
     assert trained == sampled
+    assert traj.generated_tokens == len(sampled) == traj.num_sampled and traj.trained_share == 1.0
     # Token-exact: walk the turns through the segments in order.
     assert len(agent.requests) == len(calls)
     s, first_of_segment = 0, True

@@ -139,6 +139,8 @@ async def test_segments_off_loses_middle_turns(qwen3_tok, make_agent):
     traj = agent.pop()
     assert len(traj.segments) == 1
     assert sampled_tokens(traj) == agent.gen.calls[-1].output.token_ids
+    assert traj.generated_tokens == sum(len(c.output.token_ids) for c in agent.gen.calls)
+    assert traj.trained_share == len(agent.gen.calls[-1].output.token_ids) / traj.generated_tokens < 0.3
 
 
 async def test_trajectory_json_round_trip(qwen3_tok, make_agent):

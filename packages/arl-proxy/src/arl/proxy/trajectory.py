@@ -108,6 +108,7 @@ class TrajectoryBuilder:
     last_sampled: int = -1  # index of the sampled piece of the snapshot's last (assistant) message
     rebuilds: int = 0
     num_turns: int = 0
+    generated_tokens: int = 0  # sampled tokens committed over all turns
     finish_reason: str | None = None
     saw_versions: bool = False
     saw_experts: bool = False
@@ -310,6 +311,7 @@ class TrajectoryBuilder:
         self.tools = plan.tools
         self.template_kwargs = plan.template_kwargs
         self.num_turns += 1
+        self.generated_tokens += n
         self.finish_reason = finish_reason
 
     def _breaks_segment(self, plan: PromptPlan) -> bool:
@@ -367,7 +369,7 @@ class TrajectoryBuilder:
                           rebuilds=self.rebuilds, tools=self.tools,
                           weight_versions=list(last.weight_versions) if last.weight_versions is not None else None,
                           routed_experts=list(last.routed_experts) if last.routed_experts is not None else None,
-                          segments=segments)
+                          segments=segments, generated_tokens=self.generated_tokens)
 
 
 def _write_json(path: str, payload: Any) -> None:

@@ -107,11 +107,19 @@ class Trajectory(msgspec.Struct, kw_only=True):
     routed_experts: list[list[list[int]]] | None = None
     # The token-exact segments, in order (the last one is the flat fields above); [] before any turn.
     segments: list[Segment] = msgspec.field(default_factory=list)
+    # Tokens the engine sampled into this session, all turns (tokens a stop string cut off are not in it).
+    generated_tokens: int = 0
 
     @property
     def num_sampled(self) -> int:
         """Tokens with mask 1 over all segments (each sampled token counts once)."""
         return sum(s.num_sampled for s in self.segments)
+
+    @property
+    def trained_share(self) -> float:
+        """Share of the generated tokens that have mask 1 somewhere: 1.0 with segments (or no rewrite),
+        less when `ProxyConfig(segments=False)` loses tokens sampled before a rewrite."""
+        return self.num_sampled / self.generated_tokens if self.generated_tokens else 1.0
 
 
 class SessionInfo(msgspec.Struct, kw_only=True):
