@@ -6,6 +6,8 @@ from typing import Any
 
 import msgspec
 
+from arl.proxy.types import Segment
+
 
 class Task(msgspec.Struct, kw_only=True):
     """One row of a dataset: what to ask, and what a verifier needs to score the answer.
@@ -45,3 +47,8 @@ class AgentResult(msgspec.Struct, kw_only=True):
     # True when the agent could not produce a trainable trajectory (e.g. sandbox failed); not trained on.
     failed: bool = False
     error: str = ""
+    # Every token-exact segment of the trajectory, in order, when the loop recorded them through arl-proxy
+    # (the fields above are then the first one); [] = one segment, the fields above.
+    segments: list[Segment] = msgspec.field(default_factory=list)
+    # Tokens the engine sampled into the trajectory (None = the mask-1 tokens of the fields above).
+    sampled_tokens: int | None = None
