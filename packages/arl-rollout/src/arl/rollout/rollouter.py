@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 from arl.proxy.types import SamplingParams
+from arl.queue.segments import pack_segments
 from arl.queue.types import Response, Sample
 from arl.rollout.agent_loop import AgentLoop
 from arl.rollout.budget import Budget
@@ -44,11 +45,27 @@ class RolloutStats:
         self.failed_trajectories = 0
         self.aborted_syncs = 0
         self.generated_tokens = 0
+        # Trajectories put into samples, their token-exact segments (more than one where the history was
+        # rewritten), and tokens the engine sampled into them (each should have mask 1 in one segment).
+        self.trajectories = 0
+        self.segments = 0
+        self.sampled_tokens = 0
         self.started_at = time.monotonic()
+
+    def record_segments(self, response: Response, sampled_tokens: int | None) -> None:
+        """Count one trajectory's segments and its trained (mask 1) and sampled tokens."""
+        trained = response.num_trained
+        self.trajectories += 1
+        self.segments += response.num_segments
+        self.generated_tokens += trained
+        self.sampled_tokens += trained if sampled_tokens is None else sampled_tokens
 
     def as_dict(self) -> dict[str, float]:
         return {k: v for k, v in vars(self).items() if k != "started_at"} | {
-            "elapsed_s": time.monotonic() - self.started_at
+            "elapsed_s": time.monotonic() - self.started_at,
+            "segments_per_trajectory": self.segments / self.trajectories if self.trajectories else 0.0,
+            # 1.0 when every sampled token is trained (segments on); lower when a rewrite lost some.
+            "trained_token_share": self.generated_tokens / self.sampled_tokens if self.sampled_tokens else 1.0,
         }
 
 
@@ -146,23 +163,31 @@ class Rollouter:
         prompt_ids = ok[0].prompt_ids
         if any(r.prompt_ids != prompt_ids for r in ok):
             raise RolloutError(f"task {task.id}: trajectories of one group rendered different prompts")
-        self.stats.generated_tokens += sum(sum(r.response_mask) for r in ok)
+        for r in ok:
+            if r.segments and (r.segments[0].prompt_ids != r.prompt_ids
+                               or r.segments[0].response_ids != r.response_ids):
+                raise RolloutError(f"task {task.id}: an agent result's fields are not its first segment")
+        responses = [
+            Response(
+                response_ids=r.response_ids,
+                response_mask=r.response_mask,
+                response_logprobs=r.response_logprobs,
+                weight_versions=r.weight_versions,
+                reward=r.reward,
+                finish_reason=r.finish_reason,
+                num_turns=r.num_turns,
+                rewards=r.rewards,
+                # The trajectory's later segments (the fields above are its first).
+                next_segments=pack_segments(r.segments)[1] if r.segments else [],
+            )
+            for r in ok
+        ]
+        for r, response in zip(ok, responses, strict=True):
+            self.stats.record_segments(response, r.sampled_tokens)
         return Sample(
             uid=uid,
             prompt_ids=prompt_ids,
-            responses=[
-                Response(
-                    response_ids=r.response_ids,
-                    response_mask=r.response_mask,
-                    response_logprobs=r.response_logprobs,
-                    weight_versions=r.weight_versions,
-                    reward=r.reward,
-                    finish_reason=r.finish_reason,
-                    num_turns=r.num_turns,
-                    rewards=r.rewards,
-                )
-                for r in ok
-            ],
+            responses=responses,
             start_version=start_version,
             end_version=min(self.manager.weight_versions),
             task_id=task.id,
