@@ -5,6 +5,10 @@ class TrainerError(Exception):
     """Base of every error arl-trainer raises."""
 
 
+class AlgorithmError(TrainerError, ValueError):
+    """An algorithm function got inputs it cannot use (mismatched shapes, bad config, missing tensor)."""
+
+
 class BatchError(TrainerError, ValueError):
     """Samples could not be assembled into a batch (e.g. mismatched lengths in a response)."""
 
