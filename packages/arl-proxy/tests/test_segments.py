@@ -151,3 +151,19 @@ async def test_trajectory_json_round_trip(qwen3_tok, make_agent):
 
     again = msgspec.json.decode(msgspec.json.encode(traj), type=Trajectory)
     assert again == traj and len(again.segments) == TURNS
+
+
+async def test_versions_reported_only_after_a_rewrite(qwen3_tok, make_agent):
+    """A generator that starts reporting weight versions after the first segment closed: the earlier
+    segment gets -1 per token (no version known), the later ones their versions."""
+    agent = await make_agent(qwen3_tok, tool_parser="hermes")
+    agent.messages = [{"role": "user", "content": "Say hi."}]
+    await agent.turn("Hi!", extra_body=OFF)
+    agent.messages.append({"role": "user", "content": "Again."})
+    await agent.turn(Scripted("Hi again!", weight_version=2), extra_body=OFF)
+    mid = agent.proxy.get_trajectory(agent.session.id)
+    traj = agent.pop()
+    assert mid.segments == traj.segments and len(traj.segments) == 2
+    first, second = traj.segments
+    assert first.weight_versions == [-1] * len(first.response_ids)
+    assert [v for v, m in zip(second.weight_versions, second.response_mask) if m] == [2] * second.num_sampled

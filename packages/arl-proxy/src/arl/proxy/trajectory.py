@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import msgspec
+
 from arl.proxy.chat import ChatCodec
 from arl.proxy.types import Segment, Trajectory
 
@@ -354,14 +356,14 @@ class TrajectoryBuilder:
         segments = [*self.closed, self._segment()] if self.pieces else []
         last = segments[-1] if segments else Segment(prompt_ids=[], response_ids=[], response_mask=[],
                                                       response_logprobs=[])
-        # Versions/experts appear on every segment once any turn reported them.
-        if self.saw_versions or self.saw_experts:
-            for seg in segments:
-                n = len(seg.response_ids)
-                if self.saw_versions and seg.weight_versions is None:
-                    seg.weight_versions = [-1] * n
-                if self.saw_experts and seg.routed_experts is None:
-                    seg.routed_experts = [[] for _ in range(n)]
+        # Versions/experts appear on every segment once any turn reported them (a segment closed before the
+        # first report has none: fill in copies, the builder's own segments stay as they are).
+        for i, seg in enumerate(segments):
+            n = len(seg.response_ids)
+            if self.saw_versions and seg.weight_versions is None:
+                segments[i] = seg = msgspec.structs.replace(seg, weight_versions=[-1] * n)
+            if self.saw_experts and seg.routed_experts is None:
+                segments[i] = msgspec.structs.replace(seg, routed_experts=[[] for _ in range(n)])
         return Trajectory(session_id=session_id, prompt_ids=list(last.prompt_ids),
                           response_ids=list(last.response_ids), response_mask=list(last.response_mask),
                           response_logprobs=list(last.response_logprobs), num_turns=self.num_turns,
