@@ -1,25 +1,26 @@
-"""The loss over a segmented trajectory, read through the queue, equals the loss over the same tokens laid
-out by hand.
+"""The trainer's loss over a segmented trajectory equals the loss over the same tokens laid out by hand.
 
 A group of two trajectories for one prompt: A was rewritten twice (3 segments: each later segment's
-prompt drops a "think" token of the turn before), B never (1 segment). The queue path encodes and decodes
-the sample, lays it out with `arl.queue.iter_segment_rows` (one padded row per segment), computes GRPO
-advantages per trajectory (segments of one trajectory count once in the group statistics) and takes the
-token mean over mask-1 tokens (each sampled token counts once). The hand path runs every segment through
-the model on its own, with the advantages and the normaliser written out.
+prompt drops a "think" token of the turn before), B never (1 segment). The trainer path encodes and
+decodes the sample, assembles it (one row per segment), and runs one `HFPolicy.train_step` (packed
+micro-batches, GRPO per trajectory, token-mean loss). The hand path runs every segment through the model
+on its own, with the advantages (segments of one trajectory count once in the group statistics) and the
+normaliser (each sampled token once) written out. Loss and gradient must agree.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from arl.queue import Sample, SegmentRow, decode_sample, encode_sample, iter_segment_rows, response_from_segments
-from arl.trainer.advantages import grpo_advantages
-from arl.trainer.algorithm_config import AlgorithmConfig, compute_token_loss
+from arl.queue import Sample, SegmentRow, decode_sample, encode_sample, response_from_segments
+from arl.trainer import HFPolicy, TrainerConfig, assemble_batch
 from arl.trainer.algorithms import token_log_probs
+from arl.trainer.batch import TrainBatch
+from arl.trainer.config import OptimConfig
 
 torch.set_num_threads(1)
 
@@ -67,36 +68,14 @@ def make_sample(model) -> Sample:
     return Sample(uid="g", prompt_ids=A[0][0], responses=responses, start_version=0, end_version=0)
 
 
-def queue_loss(model, sample: Sample, cfg: AlgorithmConfig, *, segments_as_trajectories: bool = False) -> torch.Tensor:
-    rows = list(iter_segment_rows([decode_sample(encode_sample(sample))]))
-    unit = [i for i in range(len(rows))] if segments_as_trajectories else [r.trajectory for r in rows]
-    n_units = max(unit) + 1
-    rewards = torch.zeros(n_units)
-    groups = torch.zeros(n_units, dtype=torch.long)
-    for u, r in zip(unit, rows):
-        rewards[u], groups[u] = r.reward, r.group
-    advantages = grpo_advantages(rewards, groups)
-    width = max(len(r.row.prompt_ids) + len(r.row.response_ids) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    mask = torch.zeros(len(rows), width)
-    behaviour = torch.zeros(len(rows), width)
-    for i, r in enumerate(rows):
-        p, resp = r.row.prompt_ids, r.row.response_ids
-        ids[i, : len(p) + len(resp)] = torch.tensor(p + resp)
-        attn[i, : len(p) + len(resp)] = 1
-        mask[i, len(p): len(p) + len(resp)] = torch.tensor(r.row.response_mask, dtype=torch.float32)
-        behaviour[i, len(p): len(p) + len(resp)] = torch.tensor(r.row.response_logprobs)
-    logp = token_log_probs(model(input_ids=ids, attention_mask=attn).logits, ids)
-    sel = mask.bool()
-    seq_index = torch.tensor(unit)[:, None].expand_as(ids)[sel]
-    flat = logp[sel]
-    per_token, _ = compute_token_loss(cfg, flat, flat.detach(), behaviour[sel], advantages[seq_index], seq_index,
-                                      num_seqs=n_units)
-    return per_token.sum() / sel.sum()  # token mean: every sampled token once
+def trainer_step(model_dir, batch: TrainBatch, cfg: TrainerConfig) -> tuple[float, torch.Tensor]:
+    """The trainer's loss and gradient for `batch` in one update (one mini-batch)."""
+    policy = HFPolicy(model_dir, cfg)
+    metrics = policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0])
+    return metrics["loss"], torch.cat([p.grad.flatten() for p in policy.model.parameters()])
 
 
-def hand_loss(model, cfg: AlgorithmConfig) -> torch.Tensor:
+def hand_loss(model, cfg: TrainerConfig) -> torch.Tensor:
     # GRPO over the two trajectories: mean 0.5, unbiased std sqrt(0.5); A gets +1/sqrt(2), B -1/sqrt(2).
     adv = {"A": 0.5 / math.sqrt(0.5), "B": -0.5 / math.sqrt(0.5)}
     terms = []
@@ -120,18 +99,23 @@ def hand_loss(model, cfg: AlgorithmConfig) -> torch.Tensor:
 def _grads(model, loss: torch.Tensor) -> torch.Tensor:
     model.zero_grad(set_to_none=True)
     loss.backward()
-    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
-def test_segmented_loss_equals_hand_layout(model):
-    cfg = AlgorithmConfig()
-    sample = make_sample(model)
+def test_segmented_loss_equals_hand_layout(model, tiny_model_dir):
+    cfg = TrainerConfig(optim=OptimConfig(lr=1e-3, grad_clip=1e9), mixed_precision="none", proximal_mode="recompute")
+    sample = decode_sample(encode_sample(make_sample(model)))  # through the queue's codec
     assert [r.num_segments for r in sample.responses] == [3, 1]
-    got = queue_loss(model, sample, cfg)
+    batch = assemble_batch([sample], pad_token_id=0)
+    assert batch.trajectory_index.tolist() == [0, 0, 0, 1] and batch.group_index.tolist() == [0, 0, 0, 0]
+    assert batch.rewards.tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert int(batch.loss_mask.sum()) == 11  # every sampled token once
     want = hand_loss(model, cfg)
-    assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
-    g_got, g_want = _grads(model, queue_loss(model, sample, cfg)), _grads(model, hand_loss(model, cfg))
-    assert torch.allclose(g_got, g_want, atol=1e-6, rtol=1e-4)
+    want_grad = _grads(model, hand_loss(model, cfg))
+    got, got_grad = trainer_step(tiny_model_dir, batch, cfg)
+    assert got == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
+    assert torch.allclose(got_grad, want_grad, atol=1e-6, rtol=1e-4), (got_grad - want_grad).abs().max()
     # Counting each segment as a trajectory in the group statistics would give another loss.
-    wrong = queue_loss(model, sample, cfg, segments_as_trajectories=True)
-    assert not torch.allclose(wrong, want, atol=1e-4)
+    wrong_batch = dataclasses.replace(batch, trajectory_index=torch.arange(4))
+    wrong, _ = trainer_step(tiny_model_dir, wrong_batch, cfg)
+    assert abs(wrong - want.item()) > 1e-3

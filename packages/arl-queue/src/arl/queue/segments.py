@@ -99,7 +99,12 @@ def iter_segment_rows(samples: Sequence[Sample]) -> Iterator[TrainingRow]:
     trajectory = 0
     for g, sample in enumerate(samples):
         for response in sample.responses:
-            for k, row in enumerate(sample.segments_of(response)):
-                _check(row, k)
+            try:
+                rows = sample.segments_of(response)
+                for k, row in enumerate(rows):
+                    _check(row, k)
+            except SegmentError as exc:
+                raise SegmentError(f"sample {sample.uid}, response {trajectory}: {exc}") from exc
+            for k, row in enumerate(rows):
                 yield TrainingRow(group=g, trajectory=trajectory, segment=k, reward=response.reward, row=row)
             trajectory += 1

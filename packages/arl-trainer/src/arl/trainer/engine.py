@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from arl.trainer.algorithms import grpo_advantages, masked_mean
-from arl.trainer.batch import TrainBatch
+from arl.trainer.algorithms import masked_mean
+from arl.trainer.batch import TrainBatch, trajectory_advantages
 from arl.trainer.config import TrainerConfig
 from arl.trainer.flops import attention_width_and_layers, matmul_params, train_flops
 from arl.trainer.loss_agg import Denominators, aggregate
@@ -139,7 +139,8 @@ class PackedPolicy:
         proximal = self._proximal(batch)
         t_prox = time.perf_counter() - t0
         peak_prox = torch.cuda.max_memory_allocated(self.device) if on_cuda else 0
-        adv_rows = grpo_advantages(batch.rewards, batch.group_index, norm_by_std=cfg.norm_adv_by_std)
+        # Per trajectory (its segments count once in the group statistics), broadcast to its rows.
+        adv_rows = trajectory_advantages(batch, norm_by_std=cfg.norm_adv_by_std)
         advantages = adv_rows[:, None].expand_as(batch.loss_mask)
         reuse_logp = torch.zeros(batch.loss_mask.shape, dtype=torch.float32) if proximal is None else None
         sums: dict[str, float] = {}
