@@ -132,3 +132,47 @@ def test_single_segment_response_encodes_as_before(sample):
                                                         response_mask=[1] * 4, response_logprobs=[-0.5] * 4,
                                                         weight_versions=[1] * 4)]
     assert isinstance(s.responses[0], Response)
+
+
+def _older(sample: Sample, version: int) -> bytes:
+    """`sample` encoded as schema `version` wrote it: no next_segments; in v1 routing as nested lists."""
+    raw = msgspec.to_builtins(sample)
+    raw["schema_version"] = version
+    for r in raw["responses"]:
+        r.pop("next_segments")
+        if version == 1:
+            r["routed_experts"] = [[[1, 2], [3, 4]]] * len(r["response_ids"])
+    return msgspec.msgpack.encode(raw)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_older_schemas_still_load(tmp_path, sample, version):
+    from arl.queue import SCHEMA_VERSION, persistence
+    from arl.queue.routed_experts import unpack_routes
+
+    s = sample(3)
+    back = decode_sample(_older(s, version))
+    assert back.schema_version == SCHEMA_VERSION == 3
+    assert back.responses[0].next_segments == [] and back.responses[0].num_segments == 1
+    assert back.responses[0].response_ids == s.responses[0].response_ids
+    if version == 1:
+        assert unpack_routes(back.responses[0].routed_experts) == [[[1, 2], [3, 4]]] * 4
+    # A snapshot written by the older code (its samples as that version's bytes) restores.
+    payload = msgspec.msgpack.encode(persistence._Snapshot(created_at=0.0, samples=[_older(s, version)]))
+    persistence.write_snapshot_bytes(tmp_path, payload)
+    (restored,) = read_snapshot(tmp_path)
+    assert restored.segments_of(restored.responses[0]) == back.segments_of(back.responses[0])
+
+
+def test_segment_routing_is_packed():
+    from arl.queue.routed_experts import unpack_routes
+
+    traj = rewritten_trajectory(2)
+    routed = [SegmentRow(**{**msgspec.structs.asdict(seg), "routed_experts": [[[k, k + 1]] if m else []
+                                                                               for k, m in enumerate(seg.response_mask)]})
+              for seg in traj]
+    r = response_from_segments(routed, reward=0.0)
+    s = decode_sample(encode_sample(Sample(uid="r", prompt_ids=traj[0].prompt_ids, responses=[r], start_version=0,
+                                           end_version=0)))
+    rows = s.segments_of(s.responses[0])
+    assert unpack_routes(rows[1].routed_experts)[:2] == [[[0, 1]], [[1, 2]]]

@@ -12,6 +12,7 @@ from arl.queue.errors import (
     QueueClosedError,
     QueueError,
     QueueFullError,
+    RoutedExpertsError,
     SchemaVersionError,
     SegmentError,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "QueueClosedError",
     "QueueError",
     "QueueFullError",
+    "RoutedExpertsError",
     "QueueStats",
     "Response",
     "Sample",

@@ -15,18 +15,27 @@ from typing import Any, Protocol
 
 import msgspec
 from arl.queue.errors import SegmentError
-from arl.queue.types import PackedSegment, Response, Sample, SegmentRow
+from arl.queue.routed_experts import pack_routes
+from arl.queue.types import PackedSegment, Response, RoutedExperts, Sample, SegmentRow
 
 
 class SegmentLike(Protocol):
-    """Anything with a segment's fields (`arl.proxy.Segment`, `SegmentRow`); versions may be None."""
+    """Anything with a segment's fields (`arl.proxy.Segment`, `SegmentRow`); versions may be None, routing
+    may be per-token lists (as arl-proxy records it) or packed."""
 
     prompt_ids: list[int]
     response_ids: list[int]
     response_mask: list[int]
     response_logprobs: list[float]
     weight_versions: list[int] | None
-    routed_experts: list[list[list[int]]] | None
+    routed_experts: Any
+
+
+def _routes(seg: SegmentLike) -> RoutedExperts | None:
+    routes = seg.routed_experts
+    if routes is None or isinstance(routes, RoutedExperts):
+        return routes
+    return pack_routes(routes)
 
 
 class TrainingRow(msgspec.Struct, kw_only=True, frozen=True):
@@ -65,7 +74,7 @@ def pack_segments(segments: Sequence[SegmentLike]) -> tuple[SegmentRow, list[Pac
     first = segments[0]
     head = SegmentRow(prompt_ids=list(first.prompt_ids), response_ids=list(first.response_ids),
                       response_mask=list(first.response_mask), response_logprobs=list(first.response_logprobs),
-                      weight_versions=_versions(first), routed_experts=first.routed_experts)
+                      weight_versions=_versions(first), routed_experts=_routes(first))
     packed = []
     for prev, seg in zip(segments, segments[1:]):
         full = [*prev.prompt_ids, *prev.response_ids]
@@ -76,7 +85,7 @@ def pack_segments(segments: Sequence[SegmentLike]) -> tuple[SegmentRow, list[Pac
         packed.append(PackedSegment(shared_prefix=shared, prompt_tail=list(seg.prompt_ids[shared:]),
                                     response_ids=list(seg.response_ids), response_mask=list(seg.response_mask),
                                     response_logprobs=list(seg.response_logprobs), weight_versions=_versions(seg),
-                                    routed_experts=seg.routed_experts))
+                                    routed_experts=_routes(seg)))
     return head, packed
 
 

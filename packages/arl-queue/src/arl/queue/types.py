@@ -3,7 +3,11 @@
 A `Sample` is one prompt with its group of `n` responses (GRPO needs the whole group to compute
 advantages), matching the reference design where one queue item is one prompt's rollouts. It is a
 msgspec struct, encoded to msgpack on the way through the queue; `SCHEMA_VERSION` is bumped on any
-incompatible change and checked on decode.
+schema change and checked on decode. Versions in `READABLE_SCHEMA_VERSIONS` still decode (fields added
+since take their defaults; older encodings are converted, see `codec`) and come out as `SCHEMA_VERSION`.
+
+History: 1 = the first schema; 2 = `Response.routed_experts` packed as `RoutedExperts`;
+3 = `Response.next_segments` (a trajectory's token-exact segments after its first).
 """
 
 from __future__ import annotations
@@ -13,7 +17,22 @@ from typing import Any, Literal
 import msgspec
 from arl.queue.errors import SegmentError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
+# Versions whose bytes still decode (see `arl.queue.codec.decode_sample`).
+READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3})
+
+
+class RoutedExperts(msgspec.Struct, kw_only=True, frozen=True):
+    """Per-token MoE routing, packed: C-order `data` of shape (tokens, layers, top_k) in `dtype`.
+
+    Row i is the expert ids the engine chose in the forward step that sampled response token i.
+    A row of all `dtype`'s maximum value (255 / 65535) means "no engine routing; the trainer routes".
+    Build and read it with `arl.queue.routed_experts` (pack_routes / unpack_routes).
+    """
+
+    data: bytes
+    shape: tuple[int, int, int]
+    dtype: Literal["uint8", "uint16"] = "uint8"
 
 
 class PackedSegment(msgspec.Struct, kw_only=True, array_like=True):
@@ -34,7 +53,7 @@ class PackedSegment(msgspec.Struct, kw_only=True, array_like=True):
     response_mask: list[int]
     response_logprobs: list[float]
     weight_versions: list[int]
-    routed_experts: list[list[list[int]]] | None = None
+    routed_experts: RoutedExperts | None = None
 
 
 class SegmentRow(msgspec.Struct, kw_only=True):
@@ -45,7 +64,7 @@ class SegmentRow(msgspec.Struct, kw_only=True):
     response_mask: list[int]
     response_logprobs: list[float]
     weight_versions: list[int]
-    routed_experts: list[list[list[int]]] | None = None
+    routed_experts: RoutedExperts | None = None
 
 
 class Response(msgspec.Struct, kw_only=True):
@@ -68,7 +87,8 @@ class Response(msgspec.Struct, kw_only=True):
     num_turns: int = 1
     # Named reward components (e.g. {"correct": 1.0, "format": 0.5}) when the task reports them.
     rewards: dict[str, float] = msgspec.field(default_factory=dict)
-    routed_experts: list[list[list[int]]] | None = None
+    # MoE routing per response token (packed; see RoutedExperts), None for dense models / unrecorded.
+    routed_experts: RoutedExperts | None = None
     # The trajectory's segments after the first, in order (see `PackedSegment`); [] = one segment.
     next_segments: list[PackedSegment] = msgspec.field(default_factory=list)
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 from arl.proxy.types import SamplingParams
+from arl.queue.routed_experts import pack_routes
 from arl.queue.segments import pack_segments
 from arl.queue.types import Response, Sample
 from arl.rollout.agent_loop import AgentLoop
@@ -177,6 +178,7 @@ class Rollouter:
                 finish_reason=r.finish_reason,
                 num_turns=r.num_turns,
                 rewards=r.rewards,
+                routed_experts=pack_routes(r.routed_experts) if r.routed_experts else None,
                 # The trajectory's later segments (the fields above are its first).
                 next_segments=pack_segments(r.segments)[1] if r.segments else [],
             )

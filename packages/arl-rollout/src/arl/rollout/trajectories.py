@@ -32,6 +32,7 @@ def result_from_trajectory(trajectory: Trajectory, *, reward: float, **fields: A
         response_logprobs=list(first.response_logprobs) if first else [],
         weight_versions=list(versions) if versions is not None else [-1] * n,
         reward=reward,
+        routed_experts=list(first.routed_experts) if first is not None and first.routed_experts is not None else None,
         segments=list(segments) if len(segments) > 1 else [],
         sampled_tokens=trajectory.generated_tokens,
         **fields,

@@ -37,6 +37,9 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     on_version_lag: Literal["drop", "keep"] = "drop"
     # Seconds to wait for a batch before declaring the rollout side stuck.
     batch_timeout_s: float = 600.0
+    # MoE models: "rollout" replays the experts the engine chose for each sampled token
+    # (arl.trainer.router_replay); "off" routes again (the mismatch is still measured when routes exist).
+    router_replay: Literal["off", "rollout"] = "off"
     optim: OptimConfig = msgspec.field(default_factory=OptimConfig)
     # Token budget of one packed micro-batch (sequences are never split; a longer one is an error).
     max_tokens_per_microbatch: int = 16384

