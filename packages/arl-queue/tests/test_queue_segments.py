@@ -92,6 +92,18 @@ def test_missing_versions_become_minus_one():
     assert [row.prompt_ids for row in s.segments_of(r)] == [seg.prompt_ids for seg in traj]
 
 
+def test_own_first_prompt():
+    """A trajectory whose first prompt differs from its group's carries it (Response.prompt_ids)."""
+    traj = rewritten_trajectory(2)
+    r = response_from_segments(traj, group_prompt=[1, 2], reward=1.0)
+    assert r.prompt_ids == traj[0].prompt_ids
+    s = decode_sample(encode_sample(Sample(uid="x", prompt_ids=[1, 2], responses=[r], start_version=0,
+                                           end_version=0)))
+    assert s.segments_of(s.responses[0]) == traj
+    same = response_from_segments(traj, group_prompt=traj[0].prompt_ids, reward=1.0)
+    assert same.prompt_ids is None
+
+
 def test_min_token_version_sees_every_segment():
     s = sample_with([rewritten_trajectory()])
     s.responses[0].weight_versions = [-1] * len(s.responses[0].weight_versions)
@@ -140,19 +152,21 @@ def _older(sample: Sample, version: int) -> bytes:
     raw["schema_version"] = version
     for r in raw["responses"]:
         r.pop("next_segments")
+        if version < 3:
+            r.pop("prompt_ids")
         if version == 1:
             r["routed_experts"] = [[[1, 2], [3, 4]]] * len(r["response_ids"])
     return msgspec.msgpack.encode(raw)
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_older_schemas_still_load(tmp_path, sample, version):
     from arl.queue import SCHEMA_VERSION, persistence
     from arl.queue.routed_experts import unpack_routes
 
     s = sample(3)
     back = decode_sample(_older(s, version))
-    assert back.schema_version == SCHEMA_VERSION == 3
+    assert back.schema_version == SCHEMA_VERSION == 4
     assert back.responses[0].next_segments == [] and back.responses[0].num_segments == 1
     assert back.responses[0].response_ids == s.responses[0].response_ids
     if version == 1:

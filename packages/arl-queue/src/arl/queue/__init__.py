@@ -21,6 +21,7 @@ from arl.queue.queue import MessageQueue
 from arl.queue.ray_actor import MessageQueueActor, QueueClient, create_queue_actor
 from arl.queue.segments import TrainingRow, iter_segment_rows, pack_segments, response_from_segments
 from arl.queue.types import (
+    READABLE_SCHEMA_VERSIONS,
     SCHEMA_VERSION,
     OverflowPolicy,
     PackedSegment,
@@ -31,6 +32,7 @@ from arl.queue.types import (
 )
 
 __all__ = [
+    "READABLE_SCHEMA_VERSIONS",
     "SCHEMA_VERSION",
     "SNAPSHOT_FILENAME",
     "CorruptSnapshotError",

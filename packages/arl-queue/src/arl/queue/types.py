@@ -7,7 +7,8 @@ schema change and checked on decode. Versions in `READABLE_SCHEMA_VERSIONS` stil
 since take their defaults; older encodings are converted, see `codec`) and come out as `SCHEMA_VERSION`.
 
 History: 1 = the first schema; 2 = `Response.routed_experts` packed as `RoutedExperts`;
-3 = `Response.next_segments` (a trajectory's token-exact segments after its first).
+3 = `Response.prompt_ids` (a trajectory may render its own prompt); 4 = `Response.next_segments` (a
+trajectory's token-exact segments after its first).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Any, Literal
 import msgspec
 from arl.queue.errors import SegmentError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Versions whose bytes still decode (see `arl.queue.codec.decode_sample`).
-READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3})
+READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4})
 
 
 class RoutedExperts(msgspec.Struct, kw_only=True, frozen=True):
@@ -89,6 +90,11 @@ class Response(msgspec.Struct, kw_only=True):
     rewards: dict[str, float] = msgspec.field(default_factory=dict)
     # MoE routing per response token (packed; see RoutedExperts), None for dense models / unrecorded.
     routed_experts: RoutedExperts | None = None
+    # This trajectory's own prompt when it differs from `Sample.prompt_ids` (an agent that renders its
+    # first turn itself: a first-turn context overflow, a prompt showing the sandbox's hostname); None =
+    # the sample's. Readers use `response.prompt_ids if response.prompt_ids is not None else
+    # sample.prompt_ids` (`Sample.prompt_of`). Added in schema 3.
+    prompt_ids: list[int] | None = None
     # The trajectory's segments after the first, in order (see `PackedSegment`); [] = one segment.
     next_segments: list[PackedSegment] = msgspec.field(default_factory=list)
 
@@ -119,8 +125,7 @@ class Sample(msgspec.Struct, kw_only=True):
 
     def segments_of(self, response: Response) -> list[SegmentRow]:
         """Every segment of `response`, each laid out whole (prompt tokens expanded), in order."""
-        prompt = getattr(response, "prompt_ids", None)  # a response's own prompt, where the schema has one
-        first = SegmentRow(prompt_ids=list(prompt if prompt is not None else self.prompt_ids),
+        first = SegmentRow(prompt_ids=list(self.prompt_of(response)),
                            response_ids=response.response_ids, response_mask=response.response_mask,
                            response_logprobs=response.response_logprobs, weight_versions=response.weight_versions,
                            routed_experts=response.routed_experts)
@@ -136,6 +141,10 @@ class Sample(msgspec.Struct, kw_only=True):
                                    response_mask=seg.response_mask, response_logprobs=seg.response_logprobs,
                                    weight_versions=seg.weight_versions, routed_experts=seg.routed_experts))
         return rows
+
+    def prompt_of(self, response: Response) -> list[int]:
+        """The prompt token ids `response` continues: its own when set, else the sample's."""
+        return response.prompt_ids if response.prompt_ids is not None else self.prompt_ids
 
     def min_token_version(self) -> int:
         """Oldest weight version that sampled any trained token of this sample (its staleness anchor)."""
