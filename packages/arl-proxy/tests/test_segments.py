@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-
 from arl.proxy.testing import Scripted
-
 from arl_proxy_helpers import TOOLS, Agent, check_segments, divergences, sampled_tokens
 from test_conformance import PARSER, answer_text, call_text, tool_msg
 

@@ -58,7 +58,7 @@ def test_pack_round_trip_through_the_codec():
     assert (s.prompt_ids + r.response_ids) == traj[0].prompt_ids + traj[0].response_ids
     # Packed: each later segment stores only the prompt past the previous segment's kept tokens.
     assert [p.shared_prefix for p in r.next_segments] == [6, 15, 24]
-    assert [p.prompt_tail for p in r.next_segments][0] == [100, 101, 102, 103, 104, 7, 50, 51, 52, 901, 902]
+    assert r.next_segments[0].prompt_tail == [100, 101, 102, 103, 104, 7, 50, 51, 52, 901, 902]
 
 
 def test_packing_is_compact():

@@ -15,7 +15,6 @@ import math
 
 import pytest
 import torch
-
 from arl.queue import Sample, SegmentRow, decode_sample, encode_sample, response_from_segments
 from arl.trainer import HFPolicy, TrainerConfig, assemble_batch
 from arl.trainer.algorithms import token_log_probs

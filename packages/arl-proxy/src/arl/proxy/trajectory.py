@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
-
 from arl.proxy.chat import ChatCodec
 from arl.proxy.types import Segment, Trajectory
 

@@ -11,6 +11,7 @@ each trajectory once.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import pairwise
 from typing import Any, Protocol
 
 import msgspec
@@ -76,7 +77,7 @@ def pack_segments(segments: Sequence[SegmentLike]) -> tuple[SegmentRow, list[Pac
                       response_mask=list(first.response_mask), response_logprobs=list(first.response_logprobs),
                       weight_versions=_versions(first), routed_experts=_routes(first))
     packed = []
-    for prev, seg in zip(segments, segments[1:]):
+    for prev, seg in pairwise(segments):
         full = [*prev.prompt_ids, *prev.response_ids]
         limit = min(len(full), len(seg.prompt_ids))
         shared = 0

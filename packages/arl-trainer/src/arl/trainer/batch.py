@@ -11,11 +11,9 @@ is in exactly one row. Rows of one trajectory share `trajectory_index`: they tak
 from __future__ import annotations
 
 from collections.abc import Sequence
-
 from dataclasses import dataclass, fields
 
 import torch
-
 from arl.queue.errors import SegmentError
 from arl.queue.segments import iter_segment_rows
 from arl.queue.types import Response, Sample
