@@ -175,9 +175,9 @@ class RolloutActor:
     async def stats(self) -> dict[str, Any]:
         self._check_alive()
         phases: dict[str, float] = {}
-        for e in self._engines:  # the slowest replica sets each phase
+        for e in self._engines:  # the slowest replica sets each phase ("inplace": the least in place)
             for k, v in e.last_sync.items():
-                phases[k] = max(phases.get(k, 0.0), v)
+                phases[k] = (min if k == "inplace" else max)(phases.get(k, v), v)
         return self.rollouter.stats.as_dict() | {
             "active": self.rollouter.active,
             "resumed_requests": self.rollouter.manager.resumed_requests,
@@ -323,13 +323,16 @@ class TrainerActor:
     async def train_step(self) -> dict[str, Any]:
         metrics = await self.trainer.train_step()
         if self.colocated is not None:
-            metrics.update(self.colocated.pop_timings())
+            timings = self.colocated.pop_timings()
+            metrics.update(timings)
+            # The replicas were put to sleep inside the batch wait: report it as its own phase.
+            metrics["wait_s"] = max(0.0, metrics["wait_s"] - timings.get("colocated_sleep_s", 0.0))
         return metrics
 
     async def placement(self) -> dict[str, Any]:
         """Where this rank runs: its device, CUDA_VISIBLE_DEVICES and the sender's address."""
         return {
-            "device": str(self.policy.device),
+            "device": str(getattr(self.policy, "device", "")),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             "sync_address": self.publisher.address,
             "rank": self.rank.rank,

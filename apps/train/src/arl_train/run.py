@@ -183,6 +183,8 @@ def _add_engine_phases(row: dict[str, Any]) -> None:
         row["sync_receive_s"] = last.get("receive_s", 0.0)
         row["sync_load_s"] = last.get("apply_s", 0.0)
         row["sync_reset_cache_s"] = last.get("reset_cache_s", 0.0)
+        if "inplace" in last:  # 1.0: loaded through the model's loaders in place; 0.0: reload_weights
+            row["sync_inplace"] = last["inplace"]
 
 
 def _phases_line(row: dict[str, Any]) -> str:
