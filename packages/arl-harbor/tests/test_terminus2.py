@@ -117,3 +117,23 @@ async def test_terminus2_context_overflow_is_kept_with_zero_reward(hello_task, h
     assert not result.failed, result.error
     assert (result.reward, result.finish_reason) == (0.0, "length")
     assert "ContextLengthExceededError" in result.error and generator.calls == []
+
+
+async def test_terminus2_rewritten_history_keeps_every_turn(hello_task, harbor_config, tokenizer):
+    """Qwen3 with thinking off drops turn 1's empty think block from turn 2's prompt: two segments, and
+    the result carries both, so both turns' sampled tokens are trained (once each)."""
+    generator = Recording(ScriptedGenerator(tokenizer, [SOLVE, CONFIRM]))
+    config = harbor_config(agent="terminus-2", model_name="Qwen/Qwen3-0.6B", max_turns=5,
+                           proxy_options={"chat_template_kwargs": {"enable_thinking": False}})
+    result = await HarborAgentLoop(config, tokenizer=tokenizer).run(
+        task_for(hello_task), generator, SamplingParams(max_tokens=1024), "req-t2-off")
+    assert not result.failed, result.error
+    assert result.reward == 1.0 and len(generator.calls) == 2
+    assert len(result.segments) == 2
+    first = result.segments[0]
+    assert (result.prompt_ids, result.response_ids) == (first.prompt_ids, first.response_ids)
+    for seg, (_, prompt, _, out) in zip(result.segments, generator.calls, strict=True):
+        assert seg.prompt_ids == prompt
+        assert [t for t, m in zip(seg.response_ids, seg.response_mask) if m] == out.token_ids
+        assert [lp for lp, m in zip(seg.response_logprobs, seg.response_mask) if m] == out.log_probs
+    assert result.sampled_tokens == sum(len(out.token_ids) for *_, out in generator.calls)

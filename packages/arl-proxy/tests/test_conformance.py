@@ -13,7 +13,7 @@ import pytest
 
 from arl.proxy.testing import Scripted
 
-from arl_proxy_helpers import TOOLS, check_trajectory, one_shot, sampled_tokens
+from arl_proxy_helpers import TOOLS, check_segments, check_trajectory, one_shot, sampled_tokens
 
 PARSER = {"qwen3": "hermes", "qwen25": "hermes", "llama": "llama3_json"}
 
@@ -176,23 +176,36 @@ async def test_stop_strings(any_tok, make_agent):
     assert "<END>" not in tok.decode(traj.response_ids)
 
 
-async def test_qwen3_thinking_off(qwen3_tok, make_agent):
+@pytest.mark.parametrize("segments", [True, False])
+async def test_qwen3_thinking_off(segments, qwen3_tok, make_agent):
     kwargs = {"enable_thinking": False}
-    agent = await make_agent(qwen3_tok, tool_parser="hermes")
+    agent = await make_agent(qwen3_tok, tool_parser="hermes", segments=segments)
     agent.messages = [{"role": "user", "content": "Say hi."}]
     await agent.turn("Hi!", extra_body={"chat_template_kwargs": kwargs})
     assert qwen3_tok.decode(agent.gen.calls[0].prompt_ids).endswith("<think>\n\n</think>\n\n")
     traj = agent.proxy.get_trajectory(agent.session.id)
     assert_exact(agent, traj, **kwargs)
     assert_no_rebuild_turns(agent, traj)
-    # A second turn: the template drops the empty think block of the earlier turn -> rebuilt, still exact,
-    # and only tokens sampled in the final context keep mask 1.
+    assert len(traj.segments) == 1
+    # A second turn: the template drops the empty think block of the earlier turn -> rebuilt, still exact.
     agent.messages.append({"role": "user", "content": "And bye."})
     await agent.turn("Bye!", extra_body={"chat_template_kwargs": kwargs})
     traj = agent.pop()
     assert traj.rebuilds == 1
     assert_exact(agent, traj, **kwargs)
+    # The last segment (the flat fields) holds only the tokens sampled in the final context.
     assert sampled_tokens(traj) == agent.gen.calls[1].output.token_ids
+    if segments:
+        # Turn 1 is trained in its own segment, exactly as the model saw it (with the empty think block).
+        assert len(traj.segments) == 2
+        first = traj.segments[0]
+        assert first.prompt_ids + first.response_ids == agent.gen.calls[0].prompt_ids + agent.gen.calls[
+            0].output.token_ids + agent.proxy.codec.eos_tail_ids
+        check_segments(traj, agent)
+    else:
+        # One sequence: turn 1's tokens are lost to training (mask 0 in the rebuilt text).
+        assert len(traj.segments) == 1
+        assert sum(s.num_sampled for s in traj.segments) == len(agent.gen.calls[1].output.token_ids)
 
 
 async def test_qwen3_thinking_on_tool_loop_then_new_user_turn(qwen3_tok, make_agent, tmp_path):
@@ -220,12 +233,16 @@ async def test_qwen3_thinking_on_tool_loop_then_new_user_turn(qwen3_tok, make_ag
     debug = json.loads((tmp_path / "rebuild_001.json").read_text())
     assert debug["reason"] == "template rewrote earlier turns"
     assert len(debug["new_messages"]) == len(agent.messages) - 1
+    # The tool loop (turns 1-2) is one segment, the new query another: all three turns trained once.
+    assert len(traj.segments) == 2
+    check_segments(traj, agent)
 
 
+@pytest.mark.parametrize("segments", [True, False])
 @pytest.mark.parametrize("edit", ["edit_tool_result", "drop_message", "reorder", "change_tools", "edit_system"])
-async def test_history_rewrite(edit, any_tok, make_agent, tmp_path):
+async def test_history_rewrite(edit, segments, any_tok, make_agent, tmp_path):
     kind, tok = any_tok
-    agent = await make_agent(tok, tool_parser=PARSER[kind], trajectory_dir=str(tmp_path))
+    agent = await make_agent(tok, tool_parser=PARSER[kind], trajectory_dir=str(tmp_path), segments=segments)
     agent.messages = [{"role": "system", "content": "You are a coding agent."},
                       {"role": "user", "content": "Inspect the repo."}]
     await agent.turn(call_text(kind, [("bash", {"cmd": "ls"})], "Listing."), tools=TOOLS)
@@ -257,6 +274,12 @@ async def test_history_rewrite(edit, any_tok, make_agent, tmp_path):
     assert "rebuild_001.json" in os.listdir(tmp_path)
     last = agent.gen.calls[-1].output.token_ids
     assert sampled_tokens(traj)[-len(last):] == last
+    if segments:
+        # Turns 1-3 in one segment, the rewritten last turn in another; every sampled token trained once.
+        assert len(traj.segments) == 2
+        check_segments(traj, agent)
+        assert sampled_tokens(traj) == last
+        return
     first = agent.gen.calls[0].output.token_ids
     if edit in ("edit_tool_result", "reorder"):
         # Edits after turn 1: turn 1's tokens keep mask 1 and their sampled log probs.
@@ -268,9 +291,10 @@ async def test_history_rewrite(edit, any_tok, make_agent, tmp_path):
         assert sampled_tokens(traj) == last
 
 
-async def test_retry_resends_earlier_request(qwen3_tok, make_agent):
+@pytest.mark.parametrize("segments", [True, False])
+async def test_retry_resends_earlier_request(segments, qwen3_tok, make_agent):
     """An agent that retries a turn (drops the last reply and its tool result) keeps the shared prefix."""
-    agent = await make_agent(qwen3_tok, tool_parser="hermes")
+    agent = await make_agent(qwen3_tok, tool_parser="hermes", segments=segments)
     agent.messages = [{"role": "user", "content": "Go."}]
     await agent.turn(call_text("qwen3", [("bash", {"cmd": "ls"})]), tools=TOOLS)
     agent.messages.append(tool_msg(agent, "a"))
@@ -281,7 +305,14 @@ async def test_retry_resends_earlier_request(qwen3_tok, make_agent):
     traj = agent.pop()
     assert traj.rebuilds == 1
     assert_exact(agent, traj, TOOLS)
-    assert sampled_tokens(traj) == agent.gen.calls[0].output.token_ids + agent.gen.calls[2].output.token_ids
+    calls = agent.gen.calls
+    if segments:
+        # The abandoned turn 2 stays trained in the first segment; the retry starts the second one.
+        assert len(traj.segments) == 2
+        check_segments(traj, agent)
+        assert sampled_tokens(traj) == calls[2].output.token_ids
+    else:
+        assert sampled_tokens(traj) == calls[0].output.token_ids + calls[2].output.token_ids
 
 
 async def test_llama_single_bos(llama_tok, make_agent):

@@ -103,3 +103,27 @@ async def test_without_partial_rollout_pause_waits_for_active_prompts():
     task.cancel()
     samples = await queue.get_batch(produced, timeout=1)
     assert all(len(resp.response_ids) == 10 for s in samples for resp in s.responses)
+
+
+async def test_segments_travel_into_the_sample_and_are_counted():
+    from arl.rollout.testing import SegmentedAgentLoop
+
+    queue = MessageQueue(max_size=100)
+    budget = compute_budget(require_batches=1, ppo_mini_batch_size=2, staleness_threshold=0.0,
+                            trigger_parameter_sync_step=1, replicas=1, per_replica=8)
+    r = Rollouter(tasks=cycle_tasks(make_tasks(4), seed=0), manager=ServerManager([SimEngine()]), sink=queue,
+                  agent_loops={"tokens": SegmentedAgentLoop(turns=3)}, sampling_params=SamplingParams(max_tokens=4),
+                  n=2, budget=budget, partial_rollout=False)
+    task = asyncio.create_task(r.run())
+    samples = await queue.get_batch(2, timeout=10)
+    task.cancel()
+    for s in samples:
+        for resp in s.responses:
+            assert resp.num_segments == 3
+            rows = s.segments_of(resp)
+            assert rows[0].prompt_ids == s.prompt_ids
+            trained = [t for row in rows for t, m in zip(row.response_ids, row.response_mask) if m]
+            assert len(trained) == 3 * 4  # three turns of max_tokens each, every one trained once
+    stats = r.stats.as_dict()
+    assert stats["segments_per_trajectory"] == 3.0 and stats["trained_token_share"] == 1.0
+    assert stats["generated_tokens"] == stats["sampled_tokens"] == 12 * stats["trajectories"]

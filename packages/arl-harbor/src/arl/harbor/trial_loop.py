@@ -380,17 +380,22 @@ class HarborAgentLoop:
         timings = trial_timings(result) if result is not None else {}
         if retried_wall:
             timings["retried"] = retried_wall
+        # The flat fields are the first segment; every segment travels (a rewritten history starts a new one).
+        segments = list(getattr(traj, "segments", None) or [])
+        first = segments[0] if segments else traj
         return AgentResult(
-            prompt_ids=list(traj.prompt_ids),
-            response_ids=list(traj.response_ids),
-            response_mask=list(traj.response_mask),
-            response_logprobs=list(traj.response_logprobs),
-            weight_versions=list(getattr(traj, "weight_versions", None) or []),
+            prompt_ids=list(first.prompt_ids),
+            response_ids=list(first.response_ids),
+            response_mask=list(first.response_mask),
+            response_logprobs=list(first.response_logprobs),
+            weight_versions=list(getattr(first, "weight_versions", None) or [-1] * len(first.response_ids)),
+            segments=segments if len(segments) > 1 else [],
+            sampled_tokens=getattr(traj, "generated_tokens", None),
             reward=reward_for(action, result, self.config.reward_key),  # type: ignore[arg-type]
             finish_reason=finish_reason,
             num_turns=int(traj.num_turns),
             rewards=rewards,
-            routed_experts=getattr(traj, "routed_experts", None),
+            routed_experts=getattr(first, "routed_experts", None),
             timings=timings,
             error=outcome.error,
             failure_kind="" if outcome.kind == "ok" else outcome.kind,

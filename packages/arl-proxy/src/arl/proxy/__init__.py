@@ -3,7 +3,7 @@
     proxy = ChatProxy(tokenizer, generator, ProxyConfig(tool_parser="hermes"))
     await proxy.start()
     session = proxy.open_session()          # session.base_url -> any OpenAI client
-    traj = proxy.pop_session(session.id)    # prompt_ids, response_ids, response_mask, response_logprobs, ...
+    traj = proxy.pop_session(session.id)    # traj.segments: token-exact (prompt_ids, response_ids, mask, ...)
     await proxy.stop()
 """
 
@@ -12,7 +12,7 @@ from arl.proxy.config import ProxyConfig
 from arl.proxy.errors import ProxyError
 from arl.proxy.generator import Generator
 from arl.proxy.server import ChatProxy
-from arl.proxy.types import SamplingParams, SessionInfo, StopReason, TokenOutput, Trajectory
+from arl.proxy.types import SamplingParams, Segment, SessionInfo, StopReason, TokenOutput, Trajectory
 from arl.proxy.upstream import UpstreamGenerator
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "ProxyConfig",
     "ProxyError",
     "SamplingParams",
+    "Segment",
     "SessionInfo",
     "StopReason",
     "TokenOutput",

@@ -47,6 +47,11 @@ class ProxyConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # "full" renders the whole conversation every turn (catches templates that rewrite old turns from
     # far away, costs O(history) per turn).
     incremental_check: Literal["window", "full"] = "window"
+    # Record a trajectory as token-exact segments: when a turn's rendered prompt no longer extends the tokens
+    # so far (Qwen3 dropping earlier reasoning or empty think blocks, an agent condensing its history), the
+    # sequence so far is kept as a finished segment and a new one starts, so every sampled token is trained
+    # once. False keeps one sequence, where tokens sampled before a rewrite end up with mask 0.
+    segments: bool = True
     # Serve session management routes (POST /sessions, GET/DELETE /sessions/{id}...); the standalone
     # server turns them on.
     admin_routes: bool = False

@@ -149,7 +149,8 @@ class ChatProxy:
     def open_session(self, trajectory_dir: str | None = None) -> SessionInfo:
         """Open a session; its `base_url` is the OpenAI base URL the agent uses."""
         sid = new_session_id()
-        builder = TrajectoryBuilder(self.codec, check=self.config.incremental_check)
+        builder = TrajectoryBuilder(self.codec, check=self.config.incremental_check,
+                                    segmented=self.config.segments)
         self._sessions[sid] = Session(sid, builder, trajectory_dir)
         return SessionInfo(id=sid, base_url=f"{self.base_url}/sessions/{sid}/v1", trajectory_dir=trajectory_dir)
 

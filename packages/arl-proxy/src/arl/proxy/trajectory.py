@@ -1,17 +1,24 @@
-"""The token-exact trajectory of one session: incremental tokenization, EOS-tail backfill, rebuilds.
+"""The token-exact trajectory of one session: incremental tokenization, EOS-tail backfill, rebuilds, segments.
 
-A trajectory is a list of segments, each a piece of the rendered conversation text with its token ids:
-template segments (prompt, tool/user messages, generation prompts, backfilled tails; mask 0) and sampled
-segments (exactly the tokens the engine sampled; mask 1 with their log probs). Segment texts joined give
-the text the template renders for the conversation, and every cut between segments lies right after an
-added (special) token or at a turn boundary, so tokenizing the pieces equals tokenizing the whole.
+The builder keeps the current token sequence as a list of pieces, each a piece of the rendered
+conversation text with its token ids: template pieces (prompt, tool/user messages, generation prompts,
+backfilled tails; mask 0) and sampled pieces (exactly the tokens the engine sampled; mask 1 with their log
+probs). Piece texts joined give the text the template renders for the conversation, and every cut between
+pieces lies right after an added (special) token or at a turn boundary, so tokenizing the pieces equals
+tokenizing the whole.
 
 Per request, `plan()` either extends the sequence (the agent only appended messages: render, check the
 already-recorded text is a prefix of the rendering, tokenize only the new text) or rebuilds it (history
-was rewritten: render the whole conversation, keep old segments whose text still matches and, at the
+was rewritten: render the whole conversation, keep old pieces whose text still matches and, at the
 first difference, the tokens shared with the old sequence, with their mask and log probs; everything after
 that is template text with mask 0). `commit()` then appends the sampled tokens and, when the engine stopped
 on the end-of-turn token, the template's tail after it (mask 0).
+
+Segments (`segments=True`): when a committed prompt does not extend the current sequence token for token
+(or a rebuild would take mask 1 away from a token of the current segment), the sequence so far is frozen as
+a finished `arl.proxy.types.Segment` and a new segment starts whose prompt is that turn's whole prompt, so
+each sampled token keeps mask 1 in exactly one segment. With `segments=False` there is one segment, as the
+sequence has always been recorded: tokens sampled before a rewrite end up with mask 0.
 """
 
 from __future__ import annotations
@@ -22,12 +29,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import msgspec
 from arl.proxy.chat import ChatCodec
-from arl.proxy.types import Trajectory
+from arl.proxy.types import Segment, Trajectory
 
 
 @dataclass(slots=True)
-class Segment:
+class Piece:
     """A piece of the conversation text and its tokens; `mask[i] == 1` only for sampled tokens."""
 
     text: str
@@ -42,7 +50,7 @@ class Segment:
         return any(self.mask)
 
     @classmethod
-    def template(cls, text: str, ids: list[int]) -> Segment:
+    def template(cls, text: str, ids: list[int]) -> Piece:
         n = len(ids)
         return cls(text, ids, [0] * n, [0.0] * n)
 
@@ -51,8 +59,8 @@ class Segment:
 class PromptPlan:
     """What one request adds to the trajectory before generation; applied by `commit` once it succeeds."""
 
-    keep: int  # how many existing segments stay
-    new: list[Segment]  # segments appended after them (the prompt's new part)
+    keep: int  # how many existing pieces stay
+    new: list[Piece]  # pieces appended after them (the prompt's new part)
     prompt_ids: list[int]
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
@@ -91,27 +99,31 @@ class TrajectoryBuilder:
 
     codec: ChatCodec
     check: Literal["window", "full"] = "window"
-    segments: list[Segment] = field(default_factory=list)
+    pieces: list[Piece] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     snapshot: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
-    head: list[dict[str, Any]] = field(default_factory=list)  # messages rendered as segments[0]
+    head: list[dict[str, Any]] = field(default_factory=list)  # messages rendered as pieces[0]
     window_ok: bool = False
-    last_sampled: int = -1  # index of the sampled segment of the snapshot's last (assistant) message
+    last_sampled: int = -1  # index of the sampled piece of the snapshot's last (assistant) message
     rebuilds: int = 0
     num_turns: int = 0
+    generated_tokens: int = 0  # sampled tokens committed over all turns
     finish_reason: str | None = None
     saw_versions: bool = False
     saw_experts: bool = False
+    segmented: bool = True  # start a new segment where a prompt does not extend the sequence (else one)
+    closed: list[Segment] = field(default_factory=list)  # finished segments, in order
+    seg_start: int = 0  # where the current segment's response starts in `ids` (= its prompt length)
 
     # -- planning ----------------------------------------------------------------------------------
     def plan(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
              template_kwargs: dict[str, Any]) -> PromptPlan:
         """Work out the prompt for `messages` without changing the builder."""
-        if not self.segments:
+        if not self.pieces:
             text = self.codec.render(messages, tools, True, template_kwargs)
-            seg = Segment.template(text, self.codec.encode(text))
+            seg = Piece.template(text, self.codec.encode(text))
             return PromptPlan(0, [seg], list(seg.ids), messages, tools, template_kwargs, False,
                               head=(messages, True))
         n = len(self.snapshot)
@@ -133,19 +145,19 @@ class TrajectoryBuilder:
         if self.check == "window" and self.window_ok and self.last_sampled > 0:
             window = [*self.head, self.snapshot[-1], *delta]
             rendered = self.codec.render(window, tools, True, template_kwargs)
-            recorded = self.segments[0].text + "".join(s.text for s in self.segments[self.last_sampled:])
+            recorded = self.pieces[0].text + "".join(s.text for s in self.pieces[self.last_sampled:])
         else:
             rendered = self.codec.render(messages, tools, True, template_kwargs)
-            recorded = "".join(s.text for s in self.segments)
+            recorded = "".join(s.text for s in self.pieces)
         if not rendered.startswith(recorded):
             return None
         new_text = rendered[len(recorded):]
-        keep = len(self.segments)
-        if not self.segments[-1].sampled:  # a backfilled tail: tokenize it together with what follows
+        keep = len(self.pieces)
+        if not self.pieces[-1].sampled:  # a backfilled tail: tokenize it together with what follows
             keep -= 1
-            new_text = self.segments[-1].text + new_text
-        seg = Segment.template(new_text, self.codec.encode(new_text))
-        dropped = sum(len(s.ids) for s in self.segments[keep:])
+            new_text = self.pieces[-1].text + new_text
+        seg = Piece.template(new_text, self.codec.encode(new_text))
+        dropped = sum(len(s.ids) for s in self.pieces[keep:])
         prompt_ids = self.ids[: len(self.ids) - dropped] + seg.ids
         return PromptPlan(keep, [seg], prompt_ids, messages, tools, template_kwargs, False)
 
@@ -153,19 +165,19 @@ class TrajectoryBuilder:
                  template_kwargs: dict[str, Any], appended: bool) -> PromptPlan:
         codec = self.codec
         text = codec.render(messages, tools, True, template_kwargs)
-        # 1. Old segments whose text is still there, in order; a template segment is kept only as the
-        #    prompt or before a kept sampled segment (so the re-tokenized rest starts after a cut that
+        # 1. Old pieces whose text is still there, in order; a template piece is kept only as the
+        #    prompt or before a kept sampled piece (so the re-tokenized rest starts after a cut that
         #    the one-shot tokenization also has).
         pos, kept = 0, 0
-        for seg in self.segments:
+        for seg in self.pieces:
             if not text.startswith(seg.text, pos):
                 break
             pos += len(seg.text)
             kept += 1
-        while kept > 1 and not self.segments[kept - 1].sampled:
+        while kept > 1 and not self.pieces[kept - 1].sampled:
             kept -= 1
-            pos -= len(self.segments[kept].text)
-        new: list[Segment] = []
+            pos -= len(self.pieces[kept].text)
+        new: list[Piece] = []
         head: tuple[list[dict[str, Any]], bool] | None = None
         if kept == 0:
             # 2. The prompt itself changed: the new prompt is the messages before the first assistant turn.
@@ -184,7 +196,7 @@ class TrajectoryBuilder:
                 else:
                     cut = codec.last_added_token_end(text, _common_prefix_len(text, head_text))
                 prompt_text, window_ok = (text[:cut] if cut else text), False
-            new.append(Segment.template(prompt_text, codec.encode(prompt_text)))
+            new.append(Piece.template(prompt_text, codec.encode(prompt_text)))
             pos = len(prompt_text)
             head = (head_msgs, window_ok)
         # 3. The rest as one batch (the tokenizer splits at special tokens, so this equals tokenizing
@@ -192,20 +204,20 @@ class TrajectoryBuilder:
         #    the old sequence right where they diverge keep their mask and log probs.
         rest = text[pos:]
         rest_ids = codec.encode(rest)
-        offset = sum(len(s.ids) for s in self.segments[:kept])
+        offset = sum(len(s.ids) for s in self.pieces[:kept])
         shared = self._shared_sampled_prefix(rest, rest_ids, kept, offset) if kept else None
         if shared is not None:
             new.append(shared)
             rest = rest[len(shared.text):]
             rest_ids = rest_ids[len(shared.ids):]
         if rest or not new:
-            new.append(Segment.template(rest, rest_ids))
+            new.append(Piece.template(rest, rest_ids))
         kept_ids = self.ids[:offset]
         prompt_ids = kept_ids + [t for s in new for t in s.ids]
         debug = self._debug(messages, tools, template_kwargs, text, appended, kept)
         return PromptPlan(kept, new, prompt_ids, messages, tools, template_kwargs, True, head=head, debug=debug)
 
-    def _shared_sampled_prefix(self, rest: str, rest_ids: list[int], kept: int, offset: int) -> Segment | None:
+    def _shared_sampled_prefix(self, rest: str, rest_ids: list[int], kept: int, offset: int) -> Piece | None:
         """Tokens at the divergence point that equal the old ones (same ids, same context) and were sampled."""
         old_ids = self.ids[offset:]
         c = 0
@@ -224,7 +236,7 @@ class TrajectoryBuilder:
             c -= 1
         if c == 0 or not any(mask[:c]):
             return None
-        return Segment(piece, rest_ids[:c], mask[:c], lps[:c], vers[:c] if vers is not None else None,
+        return Piece(piece, rest_ids[:c], mask[:c], lps[:c], vers[:c] if vers is not None else None,
                        exps[:c] if exps is not None else None)
 
     def _flat_from(self, first: int, count: int) -> tuple[list[int], list[float], list[int] | None, Any]:
@@ -232,7 +244,7 @@ class TrajectoryBuilder:
         lps: list[float] = []
         vers: list[int] = []
         exps: list[list[list[int]]] = []
-        for seg in self.segments[first:]:
+        for seg in self.pieces[first:]:
             if len(mask) >= count:
                 break
             mask += seg.mask
@@ -244,7 +256,7 @@ class TrajectoryBuilder:
 
     def _debug(self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], text: str,
                appended: bool, kept: int) -> dict[str, Any]:
-        old_text = "".join(s.text for s in self.segments)
+        old_text = "".join(s.text for s in self.pieces)
         at = _common_prefix_len(old_text, text)
         first_diff = next((i for i, (a, b) in enumerate(zip(self.snapshot, messages)) if a != b),
                           min(len(self.snapshot), len(messages)))
@@ -273,51 +285,92 @@ class TrajectoryBuilder:
                 _write_json(os.path.join(trajectory_dir, f"rebuild_{self.rebuilds:03d}.json"), plan.debug)
         if plan.head is not None:
             self.head, self.window_ok = plan.head
-        del self.segments[plan.keep:]
-        self.segments.extend(plan.new)
+        new_segment = self.segmented and plan.rebuilt and self._breaks_segment(plan)
+        if new_segment:
+            self.closed.append(self._segment())
+        del self.pieces[plan.keep:]
+        self.pieces.extend(plan.new)
         self.ids = plan.prompt_ids
+        if new_segment or not self.num_turns:
+            self.seg_start = len(self.ids)
         n = len(turn.ids)
         if turn.versions is not None:
             self.saw_versions = True
         if turn.experts is not None:
             self.saw_experts = True
-        sampled = Segment(self.codec.decode(turn.ids), list(turn.ids), [1] * n, list(turn.logprobs),
+        sampled = Piece(self.codec.decode(turn.ids), list(turn.ids), [1] * n, list(turn.logprobs),
                           list(turn.versions) if turn.versions is not None else None,
                           list(turn.experts) if turn.experts is not None else None)
-        self.segments.append(sampled)
-        self.last_sampled = len(self.segments) - 1
+        self.pieces.append(sampled)
+        self.last_sampled = len(self.pieces) - 1
         self.ids = self.ids + sampled.ids
         if turn.ended_on_eot and self.codec.eos_tail:
-            tail = Segment.template(self.codec.eos_tail, list(self.codec.eos_tail_ids))
-            self.segments.append(tail)
+            tail = Piece.template(self.codec.eos_tail, list(self.codec.eos_tail_ids))
+            self.pieces.append(tail)
             self.ids += tail.ids
         self.snapshot = [*plan.messages, assistant]
         self.tools = plan.tools
         self.template_kwargs = plan.template_kwargs
         self.num_turns += 1
+        self.generated_tokens += n
         self.finish_reason = finish_reason
 
-    # -- output ------------------------------------------------------------------------------------
-    def trajectory(self, session_id: str) -> Trajectory:
-        """The trajectory so far: segment 0 is the prompt, the rest the response."""
-        prompt = self.segments[0].ids if self.segments else []
-        rest = self.segments[1:]
-        response_ids = [t for s in rest for t in s.ids]
-        mask = [m for s in rest for m in s.mask]
-        logprobs = [lp if m else 0.0 for s in rest for lp, m in zip(s.logprobs, s.mask)]
+    def _breaks_segment(self, plan: PromptPlan) -> bool:
+        """Whether committing the rebuilt `plan` must start a new segment: its prompt does not extend the
+        current tokens, or the rebuild would take mask 1 away from a token of the current segment."""
+        n = len(self.ids)
+        if plan.prompt_ids[:n] != self.ids:
+            return True
+        old_mask = self._flat(self.pieces)[1]
+        new_mask = self._flat([*self.pieces[:plan.keep], *plan.new])[1]
+        return any(o and not m for o, m in zip(old_mask[self.seg_start:], new_mask[self.seg_start:n]))
+
+    def _flat(self, pieces: list[Piece]) -> tuple[list[int], list[int], list[float], list[int] | None, Any]:
+        """ids, mask, log probs (0.0 where mask 0), versions and experts of `pieces`, token by token."""
+        ids = [t for p in pieces for t in p.ids]
+        mask = [m for p in pieces for m in p.mask]
+        lps = [lp if m else 0.0 for p in pieces for lp, m in zip(p.logprobs, p.mask)]
         versions = None
         if self.saw_versions:
-            versions = [v for s in rest for v in (s.versions if s.versions is not None else [-1] * len(s.ids))]
+            versions = [v for p in pieces for v in (p.versions if p.versions is not None else [-1] * len(p.ids))]
             versions = [v if m else -1 for v, m in zip(versions, mask)]
         experts = None
         if self.saw_experts:
-            experts = [e for s in rest for e in (s.experts if s.experts is not None else [[] for _ in s.ids])]
+            experts = [e for p in pieces for e in (p.experts if p.experts is not None else [[] for _ in p.ids])]
             experts = [e if m else [] for e, m in zip(experts, mask)]
-        return Trajectory(session_id=session_id, prompt_ids=list(prompt), response_ids=response_ids,
-                          response_mask=mask, response_logprobs=logprobs, num_turns=self.num_turns,
+        return ids, mask, lps, versions, experts
+
+    def _segment(self) -> Segment:
+        """The current segment: the sequence so far, its response starting at `seg_start`."""
+        ids, mask, lps, versions, experts = self._flat(self.pieces)
+        # One sequence (segments off): the prompt is the first piece, as rebuilt when the prompt changed.
+        k = self.seg_start if self.segmented else len(self.pieces[0].ids)
+        return Segment(prompt_ids=ids[:k], response_ids=ids[k:], response_mask=mask[k:], response_logprobs=lps[k:],
+                       weight_versions=versions[k:] if versions is not None else None,
+                       routed_experts=experts[k:] if experts is not None else None)
+
+    # -- output ------------------------------------------------------------------------------------
+    def trajectory(self, session_id: str) -> Trajectory:
+        """The trajectory so far: its finished segments and the current one (whose fields are also flat)."""
+        segments = [*self.closed, self._segment()] if self.pieces else []
+        last = segments[-1] if segments else Segment(prompt_ids=[], response_ids=[], response_mask=[],
+                                                      response_logprobs=[])
+        # Versions/experts appear on every segment once any turn reported them (a segment closed before the
+        # first report has none: fill in copies, the builder's own segments stay as they are).
+        for i, seg in enumerate(segments):
+            n = len(seg.response_ids)
+            if self.saw_versions and seg.weight_versions is None:
+                segments[i] = seg = msgspec.structs.replace(seg, weight_versions=[-1] * n)
+            if self.saw_experts and seg.routed_experts is None:
+                segments[i] = msgspec.structs.replace(seg, routed_experts=[[] for _ in range(n)])
+        return Trajectory(session_id=session_id, prompt_ids=list(last.prompt_ids),
+                          response_ids=list(last.response_ids), response_mask=list(last.response_mask),
+                          response_logprobs=list(last.response_logprobs), num_turns=self.num_turns,
                           messages=list(self.snapshot), finish_reason=self.finish_reason,
-                          rebuilds=self.rebuilds, tools=self.tools, weight_versions=versions,
-                          routed_experts=experts)
+                          rebuilds=self.rebuilds, tools=self.tools,
+                          weight_versions=list(last.weight_versions) if last.weight_versions is not None else None,
+                          routed_experts=list(last.routed_experts) if last.routed_experts is not None else None,
+                          segments=segments, generated_tokens=self.generated_tokens)
 
 
 def _write_json(path: str, payload: Any) -> None:

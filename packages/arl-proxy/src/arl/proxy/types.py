@@ -44,13 +44,44 @@ class TokenOutput(msgspec.Struct, kw_only=True):
     top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
+class Segment(msgspec.Struct, kw_only=True):
+    """One token-exact piece of a trajectory: a sequence the model saw, with what it sampled in it marked.
+
+    `prompt_ids + response_ids` is exactly a token sequence the engine was given (plus the tokens it sampled
+    and the template's end-of-turn tail). A segment ends where a later turn's rendered prompt no longer
+    extends its tokens (the template or the agent rewrote earlier turns); the next segment starts with that
+    turn's whole prompt. Every token the engine sampled has mask 1 in exactly one segment.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    # 1 = token sampled by the model in this very context, 0 = template, tool output, user text, backfilled tail.
+    response_mask: list[int]
+    # Sampled log prob where the mask is 1, 0.0 where it is 0.
+    response_logprobs: list[float]
+    # Per response token: the policy version that sampled it, -1 where the mask is 0 (None if the generator
+    # reported none).
+    weight_versions: list[int] | None = None
+    # Per response token: MoE routing (layers x top-k), [] where the mask is 0 (None if never reported).
+    routed_experts: list[list[list[int]]] | None = None
+
+    @property
+    def num_sampled(self) -> int:
+        """Tokens with mask 1 (sampled in this segment's context)."""
+        return sum(self.response_mask)
+
+
 class Trajectory(msgspec.Struct, kw_only=True):
     """The token-exact record of one agent session, ready for training.
 
-    `prompt_ids + response_ids` is the token sequence the model saw at its last turn (plus that turn's
-    sampled tokens and backfilled end-of-turn tail). `response_mask` is 1 exactly on tokens the model
-    sampled in this very context, and `response_logprobs` holds their sampled log probs (0.0 where the
-    mask is 0).
+    `segments` is the whole record: one segment while the conversation only grows, a new one each time a
+    turn's rendered prompt does not extend the previous segment's tokens (with `ProxyConfig(segments=False)`,
+    always one, where tokens sampled before a rewrite keep mask 0). Train on every segment.
+
+    The flat fields `prompt_ids`, `response_ids`, `response_mask`, `response_logprobs`, `weight_versions` and
+    `routed_experts` are the LAST segment, for callers that want one sequence: `prompt_ids + response_ids` is
+    the token sequence the model saw at its last turn (plus that turn's sampled tokens and backfilled
+    end-of-turn tail). When the history was rewritten they hold only part of what was sampled; see `segments`.
     """
 
     session_id: str
@@ -74,6 +105,21 @@ class Trajectory(msgspec.Struct, kw_only=True):
     weight_versions: list[int] | None = None
     # Per response token: MoE routing (layers x top-k), [] where the mask is 0 (None if never reported).
     routed_experts: list[list[list[int]]] | None = None
+    # The token-exact segments, in order (the last one is the flat fields above); [] before any turn.
+    segments: list[Segment] = msgspec.field(default_factory=list)
+    # Tokens the engine sampled into this session, all turns (tokens a stop string cut off are not in it).
+    generated_tokens: int = 0
+
+    @property
+    def num_sampled(self) -> int:
+        """Tokens with mask 1 over all segments (each sampled token counts once)."""
+        return sum(s.num_sampled for s in self.segments)
+
+    @property
+    def trained_share(self) -> float:
+        """Share of the generated tokens that have mask 1 somewhere: 1.0 with segments (or no rewrite),
+        less when `ProxyConfig(segments=False)` loses tokens sampled before a rewrite."""
+        return self.num_sampled / self.generated_tokens if self.generated_tokens else 1.0
 
 
 class SessionInfo(msgspec.Struct, kw_only=True):

@@ -14,11 +14,22 @@ from arl.queue.errors import (
     QueueFullError,
     RoutedExpertsError,
     SchemaVersionError,
+    SegmentError,
 )
 from arl.queue.persistence import SNAPSHOT_FILENAME, read_snapshot, write_snapshot
 from arl.queue.queue import MessageQueue
 from arl.queue.ray_actor import MessageQueueActor, QueueClient, create_queue_actor
-from arl.queue.types import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, OverflowPolicy, QueueStats, Response, Sample
+from arl.queue.segments import TrainingRow, iter_segment_rows, pack_segments, response_from_segments
+from arl.queue.types import (
+    READABLE_SCHEMA_VERSIONS,
+    SCHEMA_VERSION,
+    OverflowPolicy,
+    PackedSegment,
+    QueueStats,
+    Response,
+    Sample,
+    SegmentRow,
+)
 
 __all__ = [
     "READABLE_SCHEMA_VERSIONS",
@@ -29,6 +40,7 @@ __all__ = [
     "MessageQueue",
     "MessageQueueActor",
     "OverflowPolicy",
+    "PackedSegment",
     "QueueActorError",
     "QueueClient",
     "QueueClosedError",
@@ -39,9 +51,15 @@ __all__ = [
     "Response",
     "Sample",
     "SchemaVersionError",
+    "SegmentError",
+    "SegmentRow",
+    "TrainingRow",
     "create_queue_actor",
     "decode_sample",
     "encode_sample",
+    "iter_segment_rows",
+    "pack_segments",
     "read_snapshot",
+    "response_from_segments",
     "write_snapshot",
 ]

@@ -27,22 +27,40 @@ def decode_sample(data: bytes | bytearray | memoryview, *, where: str = "") -> S
     """Decode msgpack bytes made by `encode_sample`.
 
     Bytes of an older readable schema (`READABLE_SCHEMA_VERSIONS`) decode to a current `Sample`.
-    Raises `SchemaVersionError` when the bytes carry an unreadable schema version (checked before the shape,
-    so a future incompatible schema is reported as such), and `DecodeError` when they are not a sample. `where` names the source in error messages.
+    Raises `SchemaVersionError` when the bytes carry an unreadable schema version (checked before the
+    shape, so a future incompatible schema is reported as such), and `DecodeError` when they are not a
+    sample. `where` names the source in error messages.
     """
+    suffix = f" in {where}" if where else ""
     try:
         sample = _decoder.decode(data)
     except msgspec.DecodeError as exc:
         found = _read_version(data)
         if found is not None and found not in READABLE_SCHEMA_VERSIONS:
             raise SchemaVersionError(found, SCHEMA_VERSION, where) from exc
-        suffix = f" in {where}" if where else ""
+        if found is not None and found < SCHEMA_VERSION:
+            return _upgrade(data, found, suffix)
         raise DecodeError(f"bytes{suffix} are not a valid Sample: {exc}") from exc
     if sample.schema_version not in READABLE_SCHEMA_VERSIONS:
         raise SchemaVersionError(sample.schema_version, SCHEMA_VERSION, where)
-    if sample.schema_version != SCHEMA_VERSION:  # an older schema: its new fields took their defaults
-        sample.schema_version = SCHEMA_VERSION
+    sample.schema_version = SCHEMA_VERSION  # an older schema whose new fields took their defaults
     return sample
+
+
+def _upgrade(data: bytes | bytearray | memoryview, found: int, suffix: str) -> Sample:
+    """An older encoding that the current types cannot read as is: convert it field by field."""
+    from arl.queue.routed_experts import pack_routes
+
+    try:
+        raw = msgspec.msgpack.decode(data)
+        if found < 2:  # routing was nested lists per token
+            for r in raw.get("responses", []):
+                if isinstance(r.get("routed_experts"), list):
+                    r["routed_experts"] = msgspec.to_builtins(pack_routes(r["routed_experts"]))
+        raw["schema_version"] = SCHEMA_VERSION
+        return msgspec.convert(raw, Sample)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
+        raise DecodeError(f"bytes{suffix} are not a valid schema-{found} Sample: {exc}") from exc
 
 
 def _read_version(data: bytes | bytearray | memoryview) -> int | None:

@@ -17,6 +17,11 @@ class DecodeError(QueueError, ValueError):
     """Bytes could not be decoded as a `Sample` of the current schema (malformed or wrong shape)."""
 
 
+class SegmentError(QueueError, ValueError):
+    """A trajectory's segments are inconsistent (fields of different lengths, a prefix longer than the
+    segment it refers to)."""
+
+
 class SchemaVersionError(DecodeError):
     """An encoded sample carries a `schema_version` other than the one this code reads."""
 

@@ -3,12 +3,12 @@
 A `Sample` is one prompt with its group of `n` responses (GRPO needs the whole group to compute
 advantages), matching the reference design where one queue item is one prompt's rollouts. It is a
 msgspec struct, encoded to msgpack on the way through the queue; `SCHEMA_VERSION` is bumped on any
-schema change and checked on decode. Versions in `READABLE_SCHEMA_VERSIONS` still decode (their missing
-fields take their defaults) and come out upgraded to `SCHEMA_VERSION`.
+schema change and checked on decode. Versions in `READABLE_SCHEMA_VERSIONS` still decode (fields added
+since take their defaults; older encodings are converted, see `codec`) and come out as `SCHEMA_VERSION`.
 
-History: 1 = the first schema; 2 = packed routed experts (main's `RoutedExperts`, merged separately);
-3 = `Response.prompt_ids` (a trajectory may render its own prompt). Every change since 1 added an
-optional field (or retyped one that is None unless MoE routing was recorded), so 1 and 2 still read.
+History: 1 = the first schema; 2 = `Response.routed_experts` packed as `RoutedExperts`;
+3 = `Response.prompt_ids` (a trajectory may render its own prompt); 4 = `Response.next_segments` (a
+trajectory's token-exact segments after its first).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
+from arl.queue.errors import SegmentError
 
-SCHEMA_VERSION = 3
-# Older versions whose bytes still decode (every field added since has a default).
-READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3})
+SCHEMA_VERSION = 4
+# Versions whose bytes still decode (see `arl.queue.codec.decode_sample`).
+READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4})
 
 
 class RoutedExperts(msgspec.Struct, kw_only=True, frozen=True):
@@ -35,8 +36,44 @@ class RoutedExperts(msgspec.Struct, kw_only=True, frozen=True):
     dtype: Literal["uint8", "uint16"] = "uint8"
 
 
+class PackedSegment(msgspec.Struct, kw_only=True, array_like=True):
+    """A trajectory's segment after its first, stored compactly against the segment before it.
+
+    A trajectory is a list of token-exact segments (see `arl.proxy.Segment`): a new one starts where the
+    chat template or the agent rewrote earlier turns, so its prompt repeats most of the previous
+    segment's tokens. Only the prompt tokens past that shared prefix travel.
+    """
+
+    # Leading prompt tokens equal to the previous segment's prompt + response.
+    shared_prefix: int
+    # The prompt tokens after the shared prefix.
+    prompt_tail: list[int]
+    response_ids: list[int]
+    # Same meanings as on `Response`: 1 = sampled here (trained on), log prob where 1 (0.0 elsewhere),
+    # weight version where 1 (-1 elsewhere), routing where 1 ([] elsewhere).
+    response_mask: list[int]
+    response_logprobs: list[float]
+    weight_versions: list[int]
+    routed_experts: RoutedExperts | None = None
+
+
+class SegmentRow(msgspec.Struct, kw_only=True):
+    """One segment of a trajectory laid out whole, ready to become one training row."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    weight_versions: list[int]
+    routed_experts: RoutedExperts | None = None
+
+
 class Response(msgspec.Struct, kw_only=True):
-    """One trajectory: the token-exact record of what the policy produced for a prompt."""
+    """One trajectory: the token-exact record of what the policy produced for a prompt.
+
+    The fields below hold the trajectory's first segment (after `Sample.prompt_ids`); `next_segments`
+    holds the others, when the history was rewritten. `Sample.segments_of(response)` lays them all out.
+    """
 
     # Everything after the prompt: sampled tokens and (for multi-turn) tool/user tokens in between.
     response_ids: list[int]
@@ -58,6 +95,17 @@ class Response(msgspec.Struct, kw_only=True):
     # the sample's. Readers use `response.prompt_ids if response.prompt_ids is not None else
     # sample.prompt_ids` (`Sample.prompt_of`). Added in schema 3.
     prompt_ids: list[int] | None = None
+    # The trajectory's segments after the first, in order (see `PackedSegment`); [] = one segment.
+    next_segments: list[PackedSegment] = msgspec.field(default_factory=list)
+
+    @property
+    def num_segments(self) -> int:
+        return 1 + len(self.next_segments)
+
+    @property
+    def num_trained(self) -> int:
+        """Tokens with mask 1 over all segments (each sampled token once)."""
+        return sum(self.response_mask) + sum(sum(s.response_mask) for s in self.next_segments)
 
 
 class Sample(msgspec.Struct, kw_only=True):
@@ -75,6 +123,25 @@ class Sample(msgspec.Struct, kw_only=True):
     timings: dict[str, float] = msgspec.field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
+    def segments_of(self, response: Response) -> list[SegmentRow]:
+        """Every segment of `response`, each laid out whole (prompt tokens expanded), in order."""
+        first = SegmentRow(prompt_ids=list(self.prompt_of(response)),
+                           response_ids=response.response_ids, response_mask=response.response_mask,
+                           response_logprobs=response.response_logprobs, weight_versions=response.weight_versions,
+                           routed_experts=response.routed_experts)
+        rows = [first]
+        for k, seg in enumerate(response.next_segments, start=1):
+            prev = rows[-1]
+            full = len(prev.prompt_ids) + len(prev.response_ids)
+            if not 0 <= seg.shared_prefix <= full:
+                raise SegmentError(f"sample {self.uid}: segment {k} shares {seg.shared_prefix} tokens with a "
+                                 f"previous segment of {full}")
+            head = (prev.prompt_ids + prev.response_ids)[: seg.shared_prefix]
+            rows.append(SegmentRow(prompt_ids=head + seg.prompt_tail, response_ids=seg.response_ids,
+                                   response_mask=seg.response_mask, response_logprobs=seg.response_logprobs,
+                                   weight_versions=seg.weight_versions, routed_experts=seg.routed_experts))
+        return rows
+
     def prompt_of(self, response: Response) -> list[int]:
         """The prompt token ids `response` continues: its own when set, else the sample's."""
         return response.prompt_ids if response.prompt_ids is not None else self.prompt_ids
@@ -82,6 +149,7 @@ class Sample(msgspec.Struct, kw_only=True):
     def min_token_version(self) -> int:
         """Oldest weight version that sampled any trained token of this sample (its staleness anchor)."""
         versions = [v for r in self.responses for v in r.weight_versions if v >= 0]
+        versions += [v for r in self.responses for s in r.next_segments for v in s.weight_versions if v >= 0]
         return min(versions) if versions else self.start_version
 
 

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from arl.proxy.types import SamplingParams
 from arl.queue.routed_experts import pack_routes
+from arl.queue.segments import pack_segments
 from arl.queue.types import Response, Sample
 from arl.rollout.agent_loop import AgentLoop
 from arl.rollout.budget import Budget
@@ -58,6 +59,11 @@ class RolloutStats:
         # Turns of the trajectories trained on (mean = turns / (produced responses)).
         self.turns = 0
         self.trained_responses = 0
+        # Trajectories put into samples, their token-exact segments (more than one where the history was
+        # rewritten), and tokens the engine sampled into them (each should have mask 1 in one segment).
+        self.trajectories = 0
+        self.segments = 0
+        self.sampled_tokens = 0
         self.started_at = time.monotonic()
 
     def record(self, result: AgentResult) -> None:
@@ -73,6 +79,14 @@ class RolloutStats:
             self.phase_seconds[phase] += seconds
             self.phase_count[phase] += 1
 
+    def record_segments(self, response: Response, sampled_tokens: int | None) -> None:
+        """Count one trajectory's segments and its trained (mask 1) and sampled tokens."""
+        trained = response.num_trained
+        self.trajectories += 1
+        self.segments += response.num_segments
+        self.generated_tokens += trained
+        self.sampled_tokens += trained if sampled_tokens is None else sampled_tokens
+
     def as_dict(self) -> dict[str, object]:
         skip = {"started_at", "failed_by_kind", "kept_by_kind", "phase_seconds", "phase_count"}
         return {k: v for k, v in vars(self).items() if k not in skip} | {
@@ -80,6 +94,9 @@ class RolloutStats:
             "failed_by_kind": dict(self.failed_by_kind),
             "kept_by_kind": dict(self.kept_by_kind),
             "phase_mean_s": {k: self.phase_seconds[k] / self.phase_count[k] for k in self.phase_count},
+            "segments_per_trajectory": self.segments / self.trajectories if self.trajectories else 0.0,
+            # 1.0 when every sampled token is trained (segments on); lower when a rewrite lost some.
+            "trained_token_share": self.generated_tokens / self.sampled_tokens if self.sampled_tokens else 1.0,
         }
 
 
@@ -179,30 +196,38 @@ class Rollouter:
         if len(ok) < len(results):
             log.info("task %s: %d of %d trajectories failed; training on the rest", task.id,
                      len(results) - len(ok), len(results))
+        for r in ok:
+            if r.segments and (r.segments[0].prompt_ids != r.prompt_ids
+                               or r.segments[0].response_ids != r.response_ids):
+                raise RolloutError(f"task {task.id}: an agent result's fields are not its first segment")
         # The group's prompt is the most common one; a trajectory that rendered another (a first-turn
         # overflow, a prompt showing the sandbox's hostname) carries its own.
         prompt_ids = list(Counter(tuple(r.prompt_ids) for r in ok).most_common(1)[0][0])
         own = [None if r.prompt_ids == prompt_ids else r.prompt_ids for r in ok]
         self.stats.own_prompt_responses += sum(p is not None for p in own)
-        self.stats.generated_tokens += sum(sum(r.response_mask) for r in ok)
+        responses = [
+            Response(
+                response_ids=r.response_ids,
+                response_mask=r.response_mask,
+                response_logprobs=r.response_logprobs,
+                weight_versions=r.weight_versions,
+                reward=r.reward,
+                finish_reason=r.finish_reason,
+                num_turns=r.num_turns,
+                rewards=r.rewards,
+                routed_experts=pack_routes(r.routed_experts) if r.routed_experts else None,
+                prompt_ids=own_prompt,
+                # The trajectory's later segments (the fields above are its first).
+                next_segments=pack_segments(r.segments)[1] if r.segments else [],
+            )
+            for r, own_prompt in zip(ok, own, strict=True)
+        ]
+        for r, response in zip(ok, responses, strict=True):
+            self.stats.record_segments(response, r.sampled_tokens)
         return Sample(
             uid=uid,
             prompt_ids=prompt_ids,
-            responses=[
-                Response(
-                    response_ids=r.response_ids,
-                    response_mask=r.response_mask,
-                    response_logprobs=r.response_logprobs,
-                    weight_versions=r.weight_versions,
-                    reward=r.reward,
-                    finish_reason=r.finish_reason,
-                    num_turns=r.num_turns,
-                    rewards=r.rewards,
-                    routed_experts=pack_routes(r.routed_experts) if r.routed_experts else None,
-                    prompt_ids=own_prompt,
-                )
-                for r, own_prompt in zip(ok, own, strict=True)
-            ],
+            responses=responses,
             start_version=start_version,
             end_version=min(self.manager.weight_versions),
             task_id=task.id,

@@ -134,6 +134,41 @@ class TokenAgentLoop:
         )
 
 
+class SegmentedAgentLoop:
+    """A `TokenAgentLoop` over several turns whose history is rewritten every turn (each next prompt
+    replaces the last token sampled before it by a template token, as a chat template dropping part of
+    an earlier turn would): one segment per turn, as arl-proxy records them. Reward as `TokenAgentLoop`."""
+
+    def __init__(self, turns: int = 3) -> None:
+        self.turns = turns
+
+    async def run(self, task: Any, generator: Any, sampling_params: SamplingParams, request_id: str) -> Any:
+        from arl.proxy.types import Segment
+        from arl.rollout.types import AgentResult
+
+        prompt = list(task.metadata["prompt_ids"])
+        segments: list[Segment] = []
+        for _ in range(self.turns):
+            out = await generator.generate(request_id, prompt, sampling_params)
+            n = len(out.token_ids)
+            segments.append(Segment(prompt_ids=prompt, response_ids=list(out.token_ids), response_mask=[1] * n,
+                                    response_logprobs=list(out.log_probs),
+                                    weight_versions=list(out.weight_versions or [-1] * n)))
+            prompt = [*prompt, *out.token_ids[:-1], 7]
+        first = segments[0]
+        sampled = [t for s in segments for t in s.response_ids]
+        return AgentResult(
+            prompt_ids=first.prompt_ids,
+            response_ids=first.response_ids,
+            response_mask=first.response_mask,
+            response_logprobs=first.response_logprobs,
+            weight_versions=list(first.weight_versions or []),
+            reward=sum(t % 2 == 0 for t in sampled) / max(1, len(sampled)),
+            segments=segments,
+            sampled_tokens=len(sampled),
+        )
+
+
 def save_random_qwen3(path: Any, *, vocab: int, hidden: int, head_dim: int, max_positions: int) -> Any:
     """A random 2-layer Qwen3 (tied embeddings, seed 0) saved as an HF folder, without a tokenizer."""
     import torch

@@ -6,6 +6,8 @@ from typing import Any
 
 import msgspec
 
+from arl.proxy.types import Segment
+
 
 class Task(msgspec.Struct, kw_only=True):
     """One row of a dataset: what to ask, and what a verifier needs to score the answer.
@@ -50,3 +52,8 @@ class AgentResult(msgspec.Struct, kw_only=True):
     # How the run ended when it did not end cleanly (e.g. "sandbox", "context_length"; "" = ok), so the
     # rollouter counts failed and zeroed trajectories by kind.
     failure_kind: str = ""
+    # Every token-exact segment of the trajectory, in order, when the loop recorded them through arl-proxy
+    # (the fields above are then the first one); [] = one segment, the fields above.
+    segments: list[Segment] = msgspec.field(default_factory=list)
+    # Tokens the engine sampled into the trajectory (None = the mask-1 tokens of the fields above).
+    sampled_tokens: int | None = None

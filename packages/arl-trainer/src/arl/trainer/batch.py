@@ -1,18 +1,24 @@
 """Batch assembly: Samples (one prompt, n responses) into right-padded training tensors.
 
-Every response becomes one row `prompt + response` (the response's own prompt where it carries one); `loss_mask` is 1 exactly on the response tokens
-the policy sampled (response_mask 1), so template backfill and tool output are never trained on.
+Every segment of every response becomes one row `prompt + response` (a response whose history was
+never rewritten has one segment: its prompt, or its own prompt where it carries one, and its fields;
+see `arl.queue.iter_segment_rows`). `loss_mask` is 1 exactly on the response tokens the policy sampled
+(response_mask 1), so template backfill and tool output are never trained on, and each sampled token
+is in exactly one row. Rows of one trajectory share `trajectory_index`: they take its advantage, and
+`trajectory_advantages` counts each trajectory once in its group's statistics.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
 from dataclasses import dataclass, fields
 
 import torch
 
+from arl.queue.errors import SegmentError
+from arl.queue.segments import iter_segment_rows
 from arl.queue.types import Response, Sample
+from arl.trainer.advantages import AdvantageEstimator, compute_advantages
 from arl.trainer.errors import BatchError
 
 
@@ -25,9 +31,11 @@ class TrainBatch:
     loss_mask: torch.Tensor  # (B, T) float: 1 on sampled response tokens
     behaviour_logp: torch.Tensor  # (B, T) float: the rollout engine's log probs where loss_mask is 1
     token_versions: torch.Tensor  # (B, T) long: weight version per sampled token, -1 elsewhere
-    rewards: torch.Tensor  # (B,) float
+    rewards: torch.Tensor  # (B,) float: the row's trajectory's reward
     group_index: torch.Tensor  # (B,) long: rows of one prompt share an index
     response_lengths: torch.Tensor  # (B,) long
+    # (B,) long: the rows (segments) of one trajectory share an index; one row per trajectory without rewrites.
+    trajectory_index: torch.Tensor
 
     def rows(self, index: torch.Tensor) -> TrainBatch:
         """A sub-batch of the given rows (for mini-batches)."""
@@ -45,24 +53,24 @@ def assemble_batch(samples: Sequence[Sample], pad_token_id: int) -> TrainBatch:
     rewards: list[float] = []
     groups: list[int] = []
     resp_lens: list[int] = []
-    for g, sample in enumerate(samples):
-        for r in sample.responses:
-            prompt = response_prompt(sample, r)
-            p = len(prompt)
-            n = len(r.response_ids)
-            if not (len(r.response_mask) == len(r.response_logprobs) == len(r.weight_versions) == n):
-                raise BatchError(
-                    f"sample {sample.uid}: response fields differ in length (ids {n}, mask {len(r.response_mask)}, "
-                    f"logprobs {len(r.response_logprobs)}, versions {len(r.weight_versions)})"
-                )
-            ids = list(prompt) + list(r.response_ids)
-            mask = [0.0] * p + [float(m) for m in r.response_mask]
-            behaviour = [0.0] * p + [lp if m else 0.0 for lp, m in zip(r.response_logprobs, r.response_mask)]
-            versions = [-1] * p + [v if m else -1 for v, m in zip(r.weight_versions, r.response_mask)]
-            rows.append((ids, [1] * len(ids), mask, behaviour, versions))
-            rewards.append(r.reward)
-            groups.append(g)
-            resp_lens.append(n)
+    trajectories: list[int] = []
+    try:
+        segment_rows = list(iter_segment_rows(samples))
+    except SegmentError as exc:
+        raise BatchError(str(exc)) from exc
+    for item in segment_rows:
+        seg = item.row
+        p = len(seg.prompt_ids)
+        n = len(seg.response_ids)
+        ids = list(seg.prompt_ids) + list(seg.response_ids)
+        mask = [0.0] * p + [float(m) for m in seg.response_mask]
+        behaviour = [0.0] * p + [lp if m else 0.0 for lp, m in zip(seg.response_logprobs, seg.response_mask)]
+        versions = [-1] * p + [v if m else -1 for v, m in zip(seg.weight_versions, seg.response_mask)]
+        rows.append((ids, [1] * len(ids), mask, behaviour, versions))
+        rewards.append(item.reward)
+        groups.append(item.group)
+        resp_lens.append(n)
+        trajectories.append(item.trajectory)
     if not rows:
         raise BatchError("no responses to assemble")
     width = max(len(r[0]) for r in rows)
@@ -79,4 +87,25 @@ def assemble_batch(samples: Sequence[Sample], pad_token_id: int) -> TrainBatch:
         rewards=torch.tensor(rewards, dtype=torch.float32),
         group_index=torch.tensor(groups, dtype=torch.long),
         response_lengths=torch.tensor(resp_lens, dtype=torch.long),
+        trajectory_index=torch.tensor(trajectories, dtype=torch.long),
     )
+
+
+def _per_trajectory(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rewards, group index) per trajectory, and each row's trajectory (0..n-1)."""
+    uniq, row_traj = torch.unique(batch.trajectory_index, return_inverse=True)
+    rewards = torch.zeros(uniq.shape[0], dtype=batch.rewards.dtype).scatter_(0, row_traj, batch.rewards)
+    groups = torch.zeros(uniq.shape[0], dtype=torch.long).scatter_(0, row_traj, batch.group_index)
+    return rewards, groups, row_traj
+
+
+def trajectory_rewards(batch: TrainBatch) -> torch.Tensor:
+    """One reward per trajectory (however many segments it has), for metrics."""
+    return _per_trajectory(batch)[0]
+
+
+def trajectory_advantages(batch: TrainBatch, *, estimator: AdvantageEstimator = "grpo") -> torch.Tensor:
+    """Advantages (B,) per row by `estimator`: computed over trajectories, so the segments of one
+    trajectory count once in their group's statistics, then each row takes its trajectory's advantage."""
+    rewards, groups, row_traj = _per_trajectory(batch)
+    return compute_advantages(estimator, rewards, groups)[row_traj]

@@ -20,10 +20,9 @@ from typing import Any
 
 import torch
 
-from arl.trainer.advantages import compute_advantages
 from arl.trainer.algorithm_config import COUNT_METRICS, compute_token_loss, merge_loss_metrics
 from arl.trainer.algorithms import masked_mean
-from arl.trainer.batch import TrainBatch
+from arl.trainer.batch import TrainBatch, trajectory_advantages
 from arl.trainer.config import TrainerConfig
 from arl.trainer.flops import attention_width_and_layers, matmul_params, train_flops
 from arl.trainer.loss_agg import Denominators, aggregate
@@ -129,7 +128,8 @@ class PackedPolicy:
         proximal = self._proximal(batch)
         t_prox = time.perf_counter() - t0
         peak_prox = torch.cuda.max_memory_allocated(self.device) if on_cuda else 0
-        adv_rows = compute_advantages(alg.advantage_estimator, batch.rewards, batch.group_index)
+        # Per trajectory (its segments count once in the group statistics), broadcast to its rows.
+        adv_rows = trajectory_advantages(batch, estimator=alg.advantage_estimator)
         advantages = adv_rows[:, None].expand_as(batch.loss_mask)
         # Proximal log probs made micro-batch by micro-batch (reuse / loglinear), for the step's metric.
         made = torch.zeros(batch.loss_mask.shape, dtype=torch.float32) if proximal is None else None

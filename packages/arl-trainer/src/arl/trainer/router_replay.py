@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from arl.queue.routed_experts import SENTINEL, route_ids
+from arl.queue.segments import iter_segment_rows
 from arl.queue.types import Sample
 from arl.trainer.errors import RouterReplayError
 
@@ -214,24 +215,23 @@ def routes_for_batch(samples: Sequence[Sample], width: int | None = None) -> tor
     sampled it). None when no response carries routes (dense model, or routes not recorded)."""
     per_row: list[tuple[int, torch.Tensor | None, int]] = []
     shape: tuple[int, int] | None = None
-    for sample in samples:
-        p = len(sample.prompt_ids)
-        for r in sample.responses:
-            n = len(r.response_ids)
-            ids = None
-            if r.routed_experts is not None:
-                ids = response_routes(r.routed_experts)
-                if ids.shape[0] != n:
-                    raise RouterReplayError(
-                        f"sample {sample.uid}: {ids.shape[0]} routed-expert rows for {n} response tokens"
-                    )
-                if shape is None:
-                    shape = (ids.shape[1], ids.shape[2])
-                elif (ids.shape[1], ids.shape[2]) != shape:
-                    raise RouterReplayError(f"sample {sample.uid}: routes of {tuple(ids.shape[1:])}, others {shape}")
-                mask = torch.tensor(r.response_mask, dtype=torch.bool)
-                ids = ids.masked_fill(~mask[:, None, None], -1).to(torch.int16)  # only sampled tokens are replayed
-            per_row.append((p, ids, p + n))
+    for item in iter_segment_rows(samples):  # one row per trajectory segment, as assemble_batch
+        r = item.row
+        uid = samples[item.group].uid
+        p = len(r.prompt_ids)
+        n = len(r.response_ids)
+        ids = None
+        if r.routed_experts is not None:
+            ids = response_routes(r.routed_experts)
+            if ids.shape[0] != n:
+                raise RouterReplayError(f"sample {uid}: {ids.shape[0]} routed-expert rows for {n} response tokens")
+            if shape is None:
+                shape = (ids.shape[1], ids.shape[2])
+            elif (ids.shape[1], ids.shape[2]) != shape:
+                raise RouterReplayError(f"sample {uid}: routes of {tuple(ids.shape[1:])}, others {shape}")
+            mask = torch.tensor(r.response_mask, dtype=torch.bool)
+            ids = ids.masked_fill(~mask[:, None, None], -1).to(torch.int16)  # only sampled tokens are replayed
+        per_row.append((p, ids, p + n))
     if shape is None:
         return None
     longest = max(end for _, _, end in per_row)

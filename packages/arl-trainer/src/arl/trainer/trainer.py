@@ -13,8 +13,8 @@ import time
 from typing import Any, Protocol
 
 from arl.queue.types import Sample
+from arl.trainer.batch import assemble_batch, trajectory_rewards
 from arl.trainer.engine import PackedPolicy
-from arl.trainer.batch import assemble_batch
 from arl.trainer.config import TrainerConfig
 from arl.trainer.dynamic_sampling import filter_zero_variance_groups
 from arl.trainer.errors import StarvedError
@@ -110,8 +110,10 @@ class Trainer:
             step=self.step,
             version=self.version,
             samples_seen=self.samples_seen,
-            reward_mean=batch.rewards.mean().item(),
-            reward_max=batch.rewards.max().item(),
+            # Over trajectories (a rewritten one has several rows, one per segment).
+            reward_mean=trajectory_rewards(batch).mean().item(),
+            reward_max=trajectory_rewards(batch).max().item(),
+            segments_per_trajectory=batch.input_ids.shape[0] / trajectory_rewards(batch).shape[0],
             response_length_mean=batch.response_lengths.float().mean().item(),
             staleness_mean=sum(staleness) / len(staleness),
             staleness_max=max(staleness),

@@ -27,6 +27,7 @@ from arl.rollout.agent_loop import register_agent_loop
 from arl.rollout.errors import RolloutError
 from arl.rollout.rewards import get_reward
 from arl.rollout.tools import BUILTIN_TOOLS, Tool
+from arl.rollout.trajectories import result_from_trajectory
 from arl.rollout.types import AgentResult, Task
 
 
@@ -105,19 +106,10 @@ class ToolAgentLoop:
             if forget is not None:
                 forget(session.id)  # the proxy's request id for this trajectory is its session id
         reward = get_reward(task.reward_fn)(answer, task.ground_truth)
-        n = len(trajectory.response_ids)
-        return AgentResult(
-            prompt_ids=trajectory.prompt_ids,
-            response_ids=trajectory.response_ids,
-            response_mask=trajectory.response_mask,
-            response_logprobs=trajectory.response_logprobs,
-            weight_versions=trajectory.weight_versions or [-1] * n,
-            reward=reward,
-            finish_reason=finish_reason,
-            num_turns=trajectory.num_turns,
-            routed_experts=trajectory.routed_experts,
-            timings={"episode": time.perf_counter() - started},
-        )
+        # Every segment travels (a template that rewrites earlier turns starts a new one), so every
+        # sampled token is trained once.
+        return result_from_trajectory(trajectory, reward=reward, finish_reason=finish_reason,
+                                      timings={"episode": time.perf_counter() - started})
 
     async def _complete(
         self, base_url: str, messages: list[dict[str, Any]], tools: list[Tool], params: SamplingParams

@@ -1,0 +1,103 @@
+"""Built-in Harbor tasks for agent training without a download: small file and shell tasks whose
+verifiers need no network, runnable in the local sandbox (`environment/local_setup.sh` seeds the files).
+
+`write_builtin_tasks(root)` writes every task directory under `root` (Harbor's layout: task.toml,
+instruction.md, environment/, tests/test.sh writing /logs/verifier/reward.txt, solution/solve.sh for the
+oracle) and returns their paths. Each task has one checkable answer, so the reward is 1 or 0.
+`demonstration(task)` is what a model should answer, turn by turn, as the arl shell agent expects it
+(hermes tool calls to `bash`), for a supervised warm-start.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class BuiltinTask:
+    """One task: what the agent is told, how the sandbox is seeded, how it is checked and solved."""
+
+    name: str
+    instruction: str
+    setup: str  # bash run in the sandbox before the agent (seeds /app)
+    check: str  # a bash condition that holds exactly when the task is solved
+    solution: str  # bash that solves it (the oracle)
+
+
+TASKS: tuple[BuiltinTask, ...] = (
+    BuiltinTask(
+        "hello-file",
+        "Create a file /app/hello.txt whose only content is the line: Hello, world!",
+        "mkdir -p /app",
+        '[ "$(cat /app/hello.txt 2>/dev/null)" = "Hello, world!" ]',
+        "echo 'Hello, world!' > /app/hello.txt",
+    ),
+    BuiltinTask(
+        "count-lines",
+        "Count the lines of /app/data.txt and write the number (digits only) to /app/answer.txt.",
+        "mkdir -p /app && seq 1 17 > /app/data.txt",
+        '[ "$(tr -d " \\n" < /app/answer.txt 2>/dev/null)" = "17" ]',
+        "wc -l < /app/data.txt | tr -d ' ' > /app/answer.txt",
+    ),
+    BuiltinTask(
+        "sum-numbers",
+        "/app/numbers.txt holds one integer per line. Write their sum (digits only) to /app/answer.txt.",
+        "mkdir -p /app && printf '3\\n14\\n25\\n8\\n' > /app/numbers.txt",
+        '[ "$(tr -d " \\n" < /app/answer.txt 2>/dev/null)" = "50" ]',
+        "awk '{s+=$1} END {print s}' /app/numbers.txt > /app/answer.txt",
+    ),
+    BuiltinTask(
+        "copy-file",
+        "Copy /app/src.txt to /app/dst.txt.",
+        "mkdir -p /app && echo 'arl copy check 42' > /app/src.txt",
+        "cmp -s /app/src.txt /app/dst.txt",
+        "cp /app/src.txt /app/dst.txt",
+    ),
+    BuiltinTask(
+        "make-dir",
+        "Create the directory /app/out and an empty file /app/out/done inside it.",
+        "mkdir -p /app",
+        "[ -d /app/out ] && [ -f /app/out/done ]",
+        "mkdir -p /app/out && touch /app/out/done",
+    ),
+)
+
+
+def write_task(root: Path, task: BuiltinTask, *, agent_timeout_sec: float = 120.0) -> Path:
+    """Write one task directory under `root`; returns its path."""
+    path = root / task.name
+    for sub in ("environment", "tests", "solution"):
+        (path / sub).mkdir(parents=True, exist_ok=True)
+    (path / "task.toml").write_text(
+        'schema_version = "1.4"\n\n[metadata]\n\n[verifier]\ntimeout_sec = 30.0\n\n'
+        f"[agent]\ntimeout_sec = {float(agent_timeout_sec)}\n\n"
+        '[environment]\nbuild_timeout_sec = 60.0\nworkdir = "/app"\n'
+    )
+    (path / "instruction.md").write_text(task.instruction + "\n")
+    (path / "environment" / "Dockerfile").write_text("FROM debian:bookworm-slim\nWORKDIR /app\n")
+    scripts = {
+        path / "environment" / "local_setup.sh": task.setup,
+        path / "tests" / "test.sh": f"if {task.check}; then\n  echo 1 > /logs/verifier/reward.txt\n"
+                                   "else\n  echo 0 > /logs/verifier/reward.txt\nfi",
+        path / "solution" / "solve.sh": task.solution,
+    }
+    for script, body in scripts.items():
+        script.write_text("#!/bin/bash\n" + body + "\n")
+        script.chmod(0o755)
+    return path
+
+
+def write_builtin_tasks(root: str | Path, *, agent_timeout_sec: float = 120.0) -> list[Path]:
+    """Write every built-in task under `root` (created if missing); returns the task directories."""
+    folder = Path(root)
+    folder.mkdir(parents=True, exist_ok=True)
+    return [write_task(folder, t, agent_timeout_sec=agent_timeout_sec) for t in TASKS]
+
+
+def demonstration(task: BuiltinTask) -> list[str]:
+    """The assistant turns that solve `task` with the arl shell agent: a hermes `bash` call running the
+    oracle's command, then a short final answer."""
+    call = {"name": "bash", "arguments": {"command": task.solution}}
+    return [f"<tool_call>\n{json.dumps(call)}\n</tool_call>", "Done."]
