@@ -172,6 +172,9 @@ def load_config(path: Path | None = None, overrides: list[str] = (), mode: str |
             raise ConfigError(f"override {item!r} must look like section.key=value")
         _set(tree, key.strip(), _parse_value(value.strip()))
     try:
-        return msgspec.convert(tree, AppConfig)
+        config = msgspec.convert(tree, AppConfig)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid config: {exc}") from None
+    from arl_train.validation import validate  # ranges and cross-field rules, before anything starts
+
+    return validate(config)

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from arl.queue.persistence import SNAPSHOT_FILENAME
+from arl_train import watchdog
 from arl_train.config import AppConfig
 from arl_train.metrics import MetricsLog, plot, progress_line
 
@@ -166,6 +167,7 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
     if resume_state:
         log(f"arl: resuming at step {resume_state['step']}, weight version {resume_state['version']}")
 
+    guard = watchdog.start()  # every process of the run ends with the driver, even on SIGKILL
     ray.init(
         address=config.ray.address,
         num_cpus=config.ray.num_cpus if config.ray.address is None else None,
@@ -244,6 +246,7 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
             except Exception as exc:
                 print(f"arl: trainer close failed: {exc}", file=sys.stderr)
         ray.shutdown()
+        guard.stop()
 
 
 def format_summary(summary: RunSummary) -> str:
