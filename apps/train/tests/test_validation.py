@@ -50,6 +50,11 @@ def test_each_bad_value_is_refused_by_name(override, key):
 
 def test_resume_needs_steps_beyond_the_checkpoint(tmp_path):
     (tmp_path / "trainer_state.json").write_text(json.dumps({"step": 40, "version": 40, "samples_seen": 320}))
+    with pytest.raises(ConfigError, match=r"trainer\.resume_from.*incomplete: no queue\.snapshot"):
+        load_config(overrides=[f"trainer.resume_from={tmp_path}", "trainer.total_steps=41"])
+    from arl.queue.persistence import write_snapshot
+
+    write_snapshot(tmp_path, [])
     with pytest.raises(ConfigError, match=r"trainer\.total_steps.*step \(40\)"):
         load_config(overrides=[f"trainer.resume_from={tmp_path}", "trainer.total_steps=40"])
     assert load_config(overrides=[f"trainer.resume_from={tmp_path}", "trainer.total_steps=41"]).trainer.total_steps == 41

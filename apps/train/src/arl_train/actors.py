@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from arl.rollout.budget import Budget, compute_budget
+from arl_train import ledger
 from arl_train.config import AppConfig
 
 RPC_TIMEOUT_S = 600.0
@@ -73,7 +74,7 @@ class RolloutActor:
         self.rollouter = Rollouter(
             tasks=itertools.islice(cycle_tasks(tasks, seed=cfg.seed), skip_tasks, None),
             manager=manager,
-            sink=_BlockingSink(QueueClient(self.queue_handle)),
+            sink=ledger.RecordingSink(_BlockingSink(QueueClient(self.queue_handle))),
             agent_loops=self._agent_loops,
             sampling_params=SamplingParams(
                 max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
@@ -234,6 +235,7 @@ class TrainerActor:
             tcfg,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         )
+        self.trainer.source = ledger.RecordingSource(self.trainer.source, lambda: self.trainer.step + 1)
         if resume_state is not None:  # model_path is the checkpoint: restore what the weights do not hold
             from pathlib import Path
 

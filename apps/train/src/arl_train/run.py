@@ -65,6 +65,7 @@ def _environment(out_dir: Path) -> dict[str, str]:
         # Under `uv run`, Ray would otherwise zip the working tree and start every worker through uv.
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
         "TOKENIZERS_PARALLELISM": "false",
+        "ARL_LEDGER_DIR": str(out_dir / "ledger"),  # sample uids produced / consumed (arl_train.ledger)
     }
     return env
 

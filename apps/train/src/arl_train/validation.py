@@ -131,8 +131,12 @@ def validate(config: AppConfig) -> AppConfig:
 def _check_snapshot(checkpoint: str) -> None:
     """The checkpoint's queued samples must load whole (checksum, schema); never half-restore them."""
     from arl.queue.errors import QueueError
-    from arl.queue.persistence import read_snapshot
+    from arl.queue.persistence import read_snapshot, snapshot_path
 
+    # run.py copies the snapshot in after the weights: without it the checkpoint was cut short, and
+    # resuming would silently lose the samples it had queued.
+    _require(snapshot_path(checkpoint).is_file(), "trainer.resume_from", checkpoint,
+             f"is incomplete: no {snapshot_path(checkpoint).name} (the run ended while saving it); use an earlier checkpoint")
     try:
         read_snapshot(checkpoint)
     except QueueError as exc:
