@@ -236,14 +236,16 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
         return summary
     finally:
         metrics.close()
+        # After a failure, a dead peer can block a graceful stop: give it seconds, ray.shutdown ends the rest.
+        grace = 60 if sys.exc_info()[0] is None else 5
         if rollout is not None:
             try:
-                ray.get(rollout.stop.remote(), timeout=60)
+                ray.get(rollout.stop.remote(), timeout=grace)
             except Exception as exc:  # teardown must not hide the run's own error
                 print(f"arl: rollout stop failed: {exc}", file=sys.stderr)
         if trainer is not None:
             try:
-                ray.get(trainer.close.remote(), timeout=30)
+                ray.get(trainer.close.remote(), timeout=min(grace, 30))
             except Exception as exc:
                 print(f"arl: trainer close failed: {exc}", file=sys.stderr)
         ray.shutdown()
