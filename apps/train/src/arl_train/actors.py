@@ -47,16 +47,14 @@ class RolloutActor:
         self._engines: list[Any] = []
         self._agent_loops: dict[str, Any] = {}
 
-    async def start(self, initial_version: int = 0, skip_tasks: int = 0) -> None:
+    async def start(self, initial_version: int = 0, skip_tasks: int = 0, replay_tasks: list[int] = ()) -> None:
         """Start the engines (holding weights of `initial_version`), then the feed loop in the
         background of this actor; `skip_tasks` resumes the dataset where a checkpoint left it."""
-        import itertools
-
         from transformers import AutoTokenizer
 
         from arl.proxy.types import SamplingParams
         from arl.queue.ray_actor import QueueClient
-        from arl.rollout import Rollouter, ServerManager, cycle_tasks, load_tasks, make_agent_loop
+        from arl.rollout import Rollouter, ServerManager, load_tasks, make_agent_loop
 
         _limit_threads()
         cfg = self.config
@@ -71,10 +69,12 @@ class RolloutActor:
         if "harbor" in agent_names:
             import arl.harbor  # noqa: F401  (registers the "harbor" agent loop)
         self._agent_loops = {name: make_agent_loop(name, tokenizer=tokenizer) for name in agent_names}
+        # Dataset positions in flight are checkpointed and replayed first on resume (see ledger.TaskTracker).
+        self._tracker = ledger.TaskTracker(tasks, seed=cfg.seed, skip=skip_tasks, replay=list(replay_tasks))
         self.rollouter = Rollouter(
-            tasks=itertools.islice(cycle_tasks(tasks, seed=cfg.seed), skip_tasks, None),
+            tasks=iter(self._tracker),
             manager=manager,
-            sink=ledger.RecordingSink(_BlockingSink(QueueClient(self.queue_handle))),
+            sink=ledger.RecordingSink(_BlockingSink(QueueClient(self.queue_handle)), self._tracker),
             agent_loops=self._agent_loops,
             sampling_params=SamplingParams(
                 max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
@@ -132,6 +132,8 @@ class RolloutActor:
             "active": self.rollouter.active,
             "resumed_requests": self.rollouter.manager.resumed_requests,
             "engine_versions": self.rollouter.manager.weight_versions,
+            "next_task": self._tracker.next_position,
+            "tasks_in_flight": self._tracker.in_flight(),
         }
 
     async def engine_weights(self) -> bytes:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from itertools import islice
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,12 +35,15 @@ def _open(name: str) -> TextIO | None:
 class RecordingSink:
     """A sample sink that records each sample once the wrapped sink has accepted it."""
 
-    def __init__(self, sink: Any) -> None:
+    def __init__(self, sink: Any, tracker: TaskTracker | None = None) -> None:
         self.sink = sink
+        self.tracker = tracker
         self._file = _open(PRODUCED)
 
     async def put(self, sample: Any) -> None:
         await self.sink.put(sample)
+        if self.tracker is not None:
+            self.tracker.queued(sample.task_id)
         if self._file is not None:
             self._file.write(json.dumps({"uid": sample.uid, "task_id": sample.task_id, "version": sample.end_version}) + "\n")
 
@@ -79,3 +83,48 @@ def read(directory: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[
         return out
 
     return lines(PRODUCED), lines(CONSUMED)
+
+
+class TaskTracker:
+    """The dataset positions in flight (started, sample not yet queued), so a checkpoint can re-run them.
+
+    A checkpoint records `next_position` (where fresh tasks resume) and `in_flight()` (positions
+    started before it whose samples were not queued yet: generating, or waiting for queue space);
+    without the latter, a resumed run would skip those tasks and their samples would be lost. The
+    resumed run replays them first. A prompt dropped with a counted reason stays "in flight" and is
+    re-run after a resume: extra work, never a loss.
+    """
+
+    def __init__(self, tasks: list[Any], *, seed: int, skip: int = 0, replay: list[int] = ()) -> None:
+        from arl.rollout import cycle_tasks
+
+        self._tasks, self._seed = tasks, seed
+        self._cycle = cycle_tasks(tasks, seed=seed)
+        self._replay = sorted(set(replay))
+        self.next_position = skip
+        self._in_flight: dict[int, str] = {}
+
+    def _at(self, position: int) -> tuple[int, Any]:
+        from arl.rollout import cycle_tasks
+
+        return next(islice(cycle_tasks(self._tasks, seed=self._seed), position, None))
+
+    def __iter__(self) -> Any:
+        for position in self._replay:
+            epoch, task = self._at(position)
+            self._in_flight[position] = task.id
+            yield epoch, task
+        for epoch, task in islice(self._cycle, self.next_position, None):
+            self._in_flight[self.next_position] = task.id
+            self.next_position += 1
+            yield epoch, task
+
+    def queued(self, task_id: str) -> None:
+        """A sample of `task_id` reached the queue: its oldest in-flight position is done."""
+        for position, tid in sorted(self._in_flight.items()):
+            if tid == task_id:
+                del self._in_flight[position]
+                return
+
+    def in_flight(self) -> list[int]:
+        return sorted(self._in_flight)

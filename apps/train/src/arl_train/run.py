@@ -185,7 +185,8 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
         rollout = ray.remote(num_cpus=0)(RolloutActor).remote(config, str(model_path), queue)
         log("arl: starting the rollout engine(s)…")
         start = rollout.start.remote(
-            initial_version=resume_state.get("version", 0), skip_tasks=resume_state.get("tasks_started", 0)
+            initial_version=resume_state.get("version", 0), skip_tasks=resume_state.get("tasks_started", 0),
+            replay_tasks=resume_state.get("tasks_in_flight", []),
         )
         ray.get(start, timeout=START_TIMEOUT_S)
         trainer = ray.remote(num_cpus=0)(TrainerActor).remote(
@@ -195,9 +196,11 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
 
         def save_checkpoint(directory: Path) -> str:
             """Weights + optimizer + trainer state + the queued samples + the dataset position."""
-            tasks_started = ray.get(rollout.stats.remote(), timeout=60)["started"]
+            # Read before the queue snapshot: a task still in flight here is either in the snapshot or replayed.
+            stats = ray.get(rollout.stats.remote(), timeout=60)
+            position = {"tasks_started": int(stats["next_task"]), "tasks_in_flight": stats["tasks_in_flight"]}
             path = ray.get(
-                trainer.save_checkpoint.remote(str(directory), {"tasks_started": int(tasks_started)}),
+                trainer.save_checkpoint.remote(str(directory), position),
                 timeout=START_TIMEOUT_S,
             )
             snapshot = ray.get(queue.snapshot.remote(), timeout=120)

@@ -3,7 +3,7 @@
 `start()` tags the driver's environment with `ARL_RUN_ID=<id>` (`<parent id>.<id>` when the driver
 already carries one, e.g. from a test that wants to find the run's processes); every process the run starts inherits
 it (Ray's GCS, raylet, dashboard and agents, the actors' workers, engine subprocesses). It then spawns
-`python -m arl_train.watchdog` in its own session (so Ctrl-C in a terminal does not reach it) with a
+this file as a script in its own session (so Ctrl-C in a terminal does not reach it) with a
 pipe from the driver. When the pipe reaches EOF (the driver exited, crashed or was SIGKILLed) or the
 driver's pid disappears, the watchdog SIGTERMs every process carrying the tag, SIGKILLs what is left
 after a grace period, and exits. `Watchdog.stop()` (end of a run) does the same sweep and waits for it.
@@ -95,7 +95,8 @@ def start(run_id: str | None = None) -> Watchdog:
     os.environ[MARKER] = run_id
     env = {k: v for k, v in os.environ.items() if k != MARKER}  # the watchdog must not match itself
     process = subprocess.Popen(
-        [sys.executable, "-m", "arl_train.watchdog", "--run-id", run_id, "--driver", str(os.getpid())],
+        # Run as a plain script (stdlib only): it works wherever the driver's Python does, installed or not.
+        [sys.executable, str(Path(__file__).resolve()), "--run-id", run_id, "--driver", str(os.getpid())],
         stdin=subprocess.PIPE,
         env=env,
         start_new_session=True,
