@@ -7,6 +7,7 @@ malformed proxy requests. Each test checks one fault's outcome; the last checks 
 """
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ _spec = importlib.util.spec_from_file_location(
     "arl_faults", Path(__file__).resolve().parents[1] / "apps" / "train" / "benchmarks" / "faults.py"
 )
 faults = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = faults  # dataclasses look their module up there
 _spec.loader.exec_module(faults)
 
 

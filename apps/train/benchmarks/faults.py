@@ -3,8 +3,9 @@
 One chain of app runs (CPU, tiny model, in-tree torch engine by default), each resumed from the latest
 checkpoint of the one before:
 
-  run A: a generation stalls past `rollout.generate_timeout_s` (the rollout actor is SIGSTOPped, then
-         SIGCONTed): the run goes on, the stalled prompts are dropped and counted; later the trainer
+  run A: a generation stalls past `rollout.generate_timeout_s` (the rollout actor is SIGSTOPped for
+         twice that, then SIGCONTed): the run goes on, the stalled prompts are dropped and counted
+         (repeated up to 3 times if a stall caught no generation in flight); later the trainer
          actor is SIGKILLed: the driver must fail within seconds.
   run B: resumed from A's latest checkpoint; the rollout engine is SIGKILLed (the rollout actor, or
          vLLM's EngineCore process with --engine vllm): the driver must fail within seconds.
@@ -308,20 +309,26 @@ def run_chain(root: Path, engine: str, total_steps: int, timeout_s: float) -> tu
     segments: list[tuple[AppRun, int | None]] = []
     try:
         # run A: a stalled generation, then the trainer actor killed
-        a = AppRun("A", root, [*base, "rollout.generate_timeout_s=3"], timeout_s)
+        # Longer answers here keep generations in flight (not parked on a full queue) when the stall hits;
+        # a stall that catches none (the actor was idle or paused for a sync) is repeated.
+        a = AppRun("A", root, [*base, "rollout.generate_timeout_s=4", "rollout.max_tokens=32"], timeout_s)
         runs.append(a)
-        a.wait_step(2)
-        stopped = a.kill_one(b"ray::RolloutActor", signal.SIGSTOP)
-        time.sleep(6.0)  # twice the generate timeout
-        os.kill(stopped, signal.SIGCONT)
-        resumed_at = time.monotonic()
-        step_at = a.last_step()
-        next_step_t = a.wait_step(step_at + 1)
-        a.wait_step(step_at + 2)
-        drops = a.rows()[-1]["rollout"].get("dropped_timeout", 0)
+        a.wait_step(1)
+        drops, attempts = 0, 0
+        while drops == 0 and attempts < 3:
+            attempts += 1
+            a.wait_step(a.last_step() + 1)
+            stopped = a.kill_one(b"ray::RolloutActor", signal.SIGSTOP)
+            time.sleep(8.0)  # twice the generate timeout
+            os.kill(stopped, signal.SIGCONT)
+            resumed_at = time.monotonic()
+            step_at = a.last_step()
+            next_step_t = a.wait_step(step_at + 1)
+            a.wait_step(step_at + 2)
+            drops = a.rows()[-1]["rollout"].get("dropped_timeout", 0)
         outcomes.append(Outcome("generation stalls past its timeout",
                                 f"run continued; {drops} prompt(s) dropped as generate_timeout", drops >= 1 and a.proc.poll() is None,
-                                None, round(next_step_t - resumed_at, 1), {"dropped_timeout": drops}))
+                                None, round(next_step_t - resumed_at, 1), {"dropped_timeout": drops, "stalls": attempts}))
         b = _kill_and_resume(a, b"ray::TrainerActor", "trainer actor killed, resumed", base, root, "B", outcomes, segments, timeout_s)
         runs.append(b)
         c = _kill_and_resume(b, engine_title, "rollout engine killed, resumed", base, root, "C", outcomes, segments, timeout_s)
