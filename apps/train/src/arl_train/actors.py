@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from arl.rollout.budget import Budget, compute_budget
+from arl_train import ledger
 from arl_train.config import AppConfig
 
 RPC_TIMEOUT_S = 600.0
@@ -85,16 +86,14 @@ class RolloutActor:
         self._agent_loops: dict[str, Any] = {}
         self._pool: Any = None
 
-    async def start(self, initial_version: int = 0, skip_tasks: int = 0) -> None:
+    async def start(self, initial_version: int = 0, skip_tasks: int = 0, replay_tasks: list[int] = ()) -> None:
         """Start the engines (holding weights of `initial_version`), then the feed loop in the
         background of this actor; `skip_tasks` resumes the dataset where a checkpoint left it."""
-        import itertools
-
         from transformers import AutoTokenizer
 
         from arl.proxy.types import SamplingParams
         from arl.queue.ray_actor import QueueClient
-        from arl.rollout import Rollouter, ServerManager, cycle_tasks, make_agent_loop
+        from arl.rollout import Rollouter, ServerManager, make_agent_loop
         from arl_train.engine_actor import RemoteEngine
         from arl_train.harbor_section import harbor_config, load_app_tasks, run_timeouts
 
@@ -132,10 +131,12 @@ class RolloutActor:
             self._agent_loops = self._pool.agent_loops(agent_names)
         else:
             self._agent_loops = {name: make_agent_loop(name, tokenizer=tokenizer, **options[name]) for name in agent_names}
+        # Dataset positions in flight are checkpointed and replayed first on resume (see ledger.TaskTracker).
+        self._tracker = ledger.TaskTracker(tasks, seed=cfg.seed, skip=skip_tasks, replay=list(replay_tasks))
         self.rollouter = Rollouter(
-            tasks=itertools.islice(cycle_tasks(tasks, seed=cfg.seed), skip_tasks, None),
+            tasks=iter(self._tracker),
             manager=manager,
-            sink=_BlockingSink(QueueClient(self.queue_handle)),
+            sink=ledger.RecordingSink(_BlockingSink(QueueClient(self.queue_handle)), self._tracker),
             agent_loops=self._agent_loops,
             sampling_params=SamplingParams(
                 max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
@@ -183,6 +184,8 @@ class RolloutActor:
             "resumed_requests": self.rollouter.manager.resumed_requests,
             "engine_versions": self.rollouter.manager.weight_versions,
             "last_sync": phases,
+            "next_task": self._tracker.next_position,
+            "tasks_in_flight": self._tracker.in_flight(),
         } | ({"agent_workers": self._pool.stats()} if self._pool is not None else {})
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: Any) -> Any:
@@ -316,6 +319,7 @@ class TrainerActor:
             tcfg,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         )
+        self.trainer.source = ledger.RecordingSource(self.trainer.source, lambda: self.trainer.step + 1)
         if resume_state is not None:  # model_path is the checkpoint: restore what the weights do not hold
             from pathlib import Path
 

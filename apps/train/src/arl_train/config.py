@@ -230,5 +230,6 @@ def load_config(path: Path | None = None, overrides: list[str] = (), mode: str |
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid config: {exc}") from None
     from arl_train.placement import resolve
+    from arl_train.validation import validate  # ranges and cross-field rules, before anything starts
 
-    return resolve(config)
+    return validate(resolve(config))

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from arl.queue.persistence import SNAPSHOT_FILENAME
+from arl_train import watchdog
 from arl_train.config import AppConfig
 from arl_train.metrics import MetricsLog, plot, progress_line
 
@@ -70,6 +71,7 @@ def _environment(out_dir: Path) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         # Harbor's terminus-2 imports LiteLLM, which would fetch its model cost map from the network.
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "ARL_LEDGER_DIR": str(out_dir / "ledger"),  # sample uids produced / consumed (arl_train.ledger)
     }
     return env
 
@@ -240,6 +242,7 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
     if resume_state:
         log(f"arl: resuming at step {resume_state['step']}, weight version {resume_state['version']}")
 
+    guard = watchdog.start()  # every process of the run ends with the driver, even on SIGKILL
     ray.init(
         address=config.ray.address,
         num_cpus=config.ray.num_cpus if config.ray.address is None else None,
@@ -265,7 +268,10 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
             )
         rollout = ray.remote(num_cpus=0)(RolloutActor).remote(config, str(model_path), queue, engines)
         log("arl: starting the rollout engine(s)…")
-        start = rollout.start.remote(initial_version=initial_version, skip_tasks=resume_state.get("tasks_started", 0))
+        start = rollout.start.remote(
+            initial_version=initial_version, skip_tasks=resume_state.get("tasks_started", 0),
+            replay_tasks=resume_state.get("tasks_in_flight", []),
+        )
         ray.get(start, timeout=START_TIMEOUT_S)
         rank = trainer_ranks(layout)[0]  # ranks 1.. join here once the data-parallel backend exists
         trainer = (
@@ -280,9 +286,11 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
 
         def save_checkpoint(directory: Path) -> str:
             """Weights + optimizer + trainer state + the queued samples + the dataset position."""
-            tasks_started = ray.get(rollout.stats.remote(), timeout=60)["started"]
+            # Read before the queue snapshot: a task still in flight here is either in the snapshot or replayed.
+            stats = ray.get(rollout.stats.remote(), timeout=60)
+            position = {"tasks_started": int(stats["next_task"]), "tasks_in_flight": stats["tasks_in_flight"]}
             path = ray.get(
-                trainer.save_checkpoint.remote(str(directory), {"tasks_started": int(tasks_started)}),
+                trainer.save_checkpoint.remote(str(directory), position),
                 timeout=START_TIMEOUT_S,
             )
             snapshot = ray.get(queue.snapshot.remote(), timeout=120)
@@ -325,19 +333,22 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
         return summary
     finally:
         metrics.close()
+        # After a failure, a dead peer can block a graceful stop: give it seconds, ray.shutdown ends the rest.
+        grace = 60 if sys.exc_info()[0] is None else 5
         if rollout is not None:
             try:
-                ray.get(rollout.stop.remote(), timeout=60)
+                ray.get(rollout.stop.remote(), timeout=grace)
             except Exception as exc:  # teardown must not hide the run's own error
                 print(f"arl: rollout stop failed: {exc}", file=sys.stderr)
         if trainer is not None:
             try:
-                ray.get(trainer.close.remote(), timeout=30)
+                ray.get(trainer.close.remote(), timeout=min(grace, 30))
             except Exception as exc:
                 print(f"arl: trainer close failed: {exc}", file=sys.stderr)
         if reservation is not None:
             reservation.release()
         ray.shutdown()
+        guard.stop()
 
 
 def format_summary(summary: RunSummary) -> str:

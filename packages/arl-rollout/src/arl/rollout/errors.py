@@ -21,5 +21,9 @@ class EngineError(RolloutError):
     """An inference engine failed or did not answer in time."""
 
 
+class GenerateTimeoutError(EngineError):
+    """An engine did not finish a request within the generate timeout (the rollouter drops that sample, counted)."""
+
+
 class WeightSyncError(RolloutError):
     """Weights could not be loaded into an engine; the engine keeps its previous weights."""

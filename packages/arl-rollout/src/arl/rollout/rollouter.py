@@ -24,7 +24,7 @@ from arl.queue.segments import pack_segments
 from arl.queue.types import Response, Sample
 from arl.rollout.agent_loop import AgentLoop
 from arl.rollout.budget import Budget
-from arl.rollout.errors import RolloutError, UnknownAgentLoopError
+from arl.rollout.errors import GenerateTimeoutError, RolloutError, UnknownAgentLoopError
 from arl.rollout.server_manager import ServerManager
 from arl.rollout.types import AgentResult, Task
 
@@ -44,6 +44,7 @@ class RolloutStats:
         self.started = 0
         self.produced = 0
         self.dropped_failed = 0
+        self.dropped_timeout = 0  # prompts whose generation stalled past the generate timeout
         self.failed_trajectories = 0
         self.aborted_syncs = 0
         self.generated_tokens = 0
@@ -167,12 +168,12 @@ class Rollouter:
             uid = uuid.uuid4().hex
             request_ids = [f"{uid}-{i}" for i in range(self._n)]
             try:
-                results = await asyncio.gather(
-                    *(loop.run(task, self.manager, self._sampling, rid) for rid in request_ids)
-                )
+                results = await self._run_group(loop, task, request_ids)
             finally:
                 for rid in request_ids:
                     self.manager.forget(rid)
+            if results is None:
+                return
             sample = self._to_sample(uid, task, results, start_version, time.perf_counter() - started)
             if sample is not None:
                 await self._sink.put(sample)
@@ -181,6 +182,24 @@ class Rollouter:
             async with self._cond:
                 self._active -= 1
                 self._cond.notify_all()
+
+    async def _run_group(self, loop: AgentLoop, task: Task, request_ids: list[str]) -> list[AgentResult] | None:
+        """The group's n trajectories; None (prompt dropped, counted) when a generation stalled past its
+        timeout. A failing trajectory cancels its siblings, so none is left running."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                runs = [group.create_task(loop.run(task, self.manager, self._sampling, rid)) for rid in request_ids]
+        except ExceptionGroup as failures:
+            timeouts, others = failures.split(GenerateTimeoutError)
+            if others is not None:
+                first = others.exceptions[0]
+                while isinstance(first, ExceptionGroup):
+                    first = first.exceptions[0]
+                raise first from failures
+            self.stats.dropped_timeout += 1
+            log.warning("task %s: dropped, %s", task.id, timeouts.exceptions[0])
+            return None
+        return [r.result() for r in runs]
 
     def _to_sample(
         self, uid: str, task: Task, results: list[AgentResult], start_version: int, seconds: float

@@ -17,7 +17,7 @@ import msgspec
 
 from arl.proxy.types import SamplingParams, TokenOutput
 from arl.rollout.engine import Engine, PauseMode
-from arl.rollout.errors import EngineError
+from arl.rollout.errors import GenerateTimeoutError
 from arl.rollout.load_balancer import LoadBalancer
 from arl.rollout.routed_experts import extend_routes
 
@@ -57,7 +57,7 @@ class ServerManager:
                         engine.generate(call_id, prompt_ids + tokens, params), self._generate_timeout_s
                     )
                 except TimeoutError:
-                    raise EngineError(
+                    raise GenerateTimeoutError(
                         f"replica {replica} did not finish request {request_id} in {self._generate_timeout_s}s"
                     ) from None
                 experts = extend_routes(experts, out.routed_experts, before=len(tokens), added=len(out.token_ids))

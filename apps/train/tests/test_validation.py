@@ -1,0 +1,109 @@
+"""Bad config values are refused when loaded: exit 2, the key named, nothing started (no Ray, no output)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from arl_train.config import ConfigError, load_config
+
+APP = Path(__file__).resolve().parents[1] / "__main__.py"
+
+CASES = [
+    ("rollout.n=0", "rollout.n"),
+    ("async_training.staleness_threshold=-1", "async_training.staleness_threshold"),
+    ("async_training.trigger_parameter_sync_step=0", "async_training.trigger_parameter_sync_step"),
+    ("async_training.require_batches=0", "async_training.require_batches"),
+    ("async_training.max_version_lag=-2", "async_training.max_version_lag"),
+    ("actor.ppo_mini_batch_size=0", "actor.ppo_mini_batch_size"),
+    ("actor.lr=0", "actor.lr"),
+    ("actor.clip_ratio_low=1.5", "actor.clip_ratio_low"),
+    ("actor.device=tpu", "actor.device"),
+    ("rollout.replicas=0", "rollout.replicas"),
+    ("rollout.max_tokens=600", "rollout.max_tokens"),
+    ("rollout.temperature=0", "rollout.temperature"),
+    ("rollout.top_p=1.5", "rollout.top_p"),
+    ("rollout.dtype=int8", "rollout.dtype"),
+    ("rollout.generate_timeout_s=0", "rollout.generate_timeout_s"),
+    ("model.dtype=float8", "model.dtype"),
+    ("model.path=/nonexistent/model", "model.path"),
+    ("data.source=/nonexistent/tasks.jsonl", "data.source"),
+    ("data.size=0", "data.size"),
+    ("trainer.total_steps=0", "trainer.total_steps"),
+    ("trainer.save_every=-1", "trainer.save_every"),
+    ("trainer.resume_from=/nonexistent/ckpt", "trainer.resume_from"),
+    ("sync.transport=nccl", "sync.transport"),
+    ("sync.bucket_mb=0", "sync.bucket_mb"),
+    ("ray.num_cpus=0", "ray.num_cpus"),
+    ("seed=-1", "seed"),
+]
+
+
+@pytest.mark.parametrize(("override", "key"), CASES, ids=[c[0] for c in CASES])
+def test_each_bad_value_is_refused_by_name(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(overrides=[override])
+
+
+def test_resume_needs_steps_beyond_the_checkpoint(tmp_path):
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"step": 40, "version": 40, "samples_seen": 320}))
+    with pytest.raises(ConfigError, match=r"trainer\.resume_from.*incomplete: no queue\.snapshot"):
+        load_config(overrides=[f"trainer.resume_from={tmp_path}", "trainer.total_steps=41"])
+    from arl.queue.persistence import write_snapshot
+
+    write_snapshot(tmp_path, [])
+    with pytest.raises(ConfigError, match=r"trainer\.total_steps.*step \(40\)"):
+        load_config(overrides=[f"trainer.resume_from={tmp_path}", "trainer.total_steps=40"])
+    assert load_config(overrides=[f"trainer.resume_from={tmp_path}", "trainer.total_steps=41"]).trainer.total_steps == 41
+
+
+def test_gpu_requests_are_checked_against_this_machine():
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ConfigError, match=r"actor\.device.*CUDA device"):
+        load_config(overrides=[f"actor.device=cuda:{count}"])
+
+
+def test_defaults_and_modes_pass():
+    for mode in (None, "a", "b", "c", "d"):
+        load_config(mode=mode)
+
+
+@pytest.mark.parametrize("override", ["rollout.n=0", "async_training.staleness_threshold=-1", "sync.transport=cuda_ipc"])
+def test_cli_exits_2_naming_the_key_before_anything_starts(tmp_path, override):
+    ray_tmp, out = tmp_path / "ray", tmp_path / "out"
+    env = os.environ | {"ARL_RAY_TMP": str(ray_tmp)}
+    proc = subprocess.run(
+        [sys.executable, str(APP), override, f"output.dir={out}"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert override.partition("=")[0] in proc.stderr
+    # Nothing was started: no Ray session folder, no run folder, no actor.
+    assert not ray_tmp.exists() and not out.exists()
+    assert "Started a local Ray instance" not in proc.stderr
+
+
+def test_a_corrupt_queue_snapshot_in_the_checkpoint_is_refused_by_name(tmp_path):
+    from arl.queue.persistence import SNAPSHOT_FILENAME, write_snapshot
+    from arl.queue.types import Response, Sample
+
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"step": 2, "version": 2, "samples_seen": 4}))
+    response = Response(response_ids=[1, 2], response_mask=[1, 1], response_logprobs=[-0.1, -0.2],
+                        weight_versions=[1, 1], reward=1.0)
+    write_snapshot(tmp_path, [Sample(uid=f"u{i}", prompt_ids=[5], responses=[response], start_version=1,
+                                     end_version=1) for i in range(3)])
+    overrides = [f"trainer.resume_from={tmp_path}", "trainer.total_steps=5"]
+    assert load_config(overrides=overrides).trainer.resume_from == str(tmp_path)
+    snapshot = tmp_path / SNAPSHOT_FILENAME
+    data = bytearray(snapshot.read_bytes())
+    data[-5] ^= 0xFF  # one flipped byte in the last sample
+    snapshot.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=rf"trainer\.resume_from.*{SNAPSHOT_FILENAME}.*checksum"):
+        load_config(overrides=overrides)
+    snapshot.write_bytes(bytes(data[: len(data) // 2]))  # truncated
+    with pytest.raises(ConfigError, match=rf"trainer\.resume_from.*{SNAPSHOT_FILENAME}"):
+        load_config(overrides=overrides)
