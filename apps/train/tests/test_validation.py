@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from arl_train.validation import check_machine
 from arl_train.config import ConfigError, load_config
 
 APP = Path(__file__).resolve().parents[1] / "__main__.py"
@@ -20,7 +21,7 @@ CASES = [
     ("async_training.max_version_lag=-2", "async_training.max_version_lag"),
     ("actor.ppo_mini_batch_size=0", "actor.ppo_mini_batch_size"),
     ("actor.lr=0", "actor.lr"),
-    ("actor.clip_ratio_low=1.5", "actor.clip_ratio_low"),
+    ("actor.algorithm.clip_ratio_low=1.5", "clip_ratio_low"),
     ("actor.device=tpu", "actor.device"),
     ("rollout.replicas=0", "rollout.replicas"),
     ("rollout.max_tokens=600", "rollout.max_tokens"),
@@ -36,7 +37,7 @@ CASES = [
     ("trainer.save_every=-1", "trainer.save_every"),
     ("trainer.resume_from=/nonexistent/ckpt", "trainer.resume_from"),
     ("sync.transport=nccl", "sync.transport"),
-    ("sync.bucket_mb=0", "sync.bucket_mb"),
+    ("sync.bucket_mb=-1", "sync.bucket_mb"),
     ("ray.num_cpus=0", "ray.num_cpus"),
     ("seed=-1", "seed"),
 ]
@@ -64,8 +65,10 @@ def test_gpu_requests_are_checked_against_this_machine():
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    with pytest.raises(ConfigError, match=r"actor\.device.*CUDA device"):
-        load_config(overrides=[f"actor.device=cuda:{count}"])
+    with pytest.raises(ConfigError, match=r"actor\.device"):
+        load_config(overrides=[f"actor.device=cuda:{count}"])  # the trainer's GPUs come from resources
+    with pytest.raises(ConfigError, match=r"resources.*more GPUs than this machine has"):
+        check_machine(load_config(overrides=[f"resources.trainer_gpus={count + 1}"]))
 
 
 def test_defaults_and_modes_pass():

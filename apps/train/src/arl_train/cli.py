@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from arl_train.config import ConfigError, load_config
+from arl_train.validation import check_machine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, args.overrides, args.mode)
+        check_machine(config)
     except ConfigError as exc:
         print(f"arl-train: {exc}", file=sys.stderr)
         return 2

@@ -78,10 +78,10 @@ def validate(config: AppConfig) -> AppConfig:
     # actor
     a = config.actor
     _at_least(config, "actor", "ppo_mini_batch_size", 1)
-    for key in ("lr", "tis_cap", "grad_clip"):
+    for key in ("lr", "grad_clip"):
         _positive(config, "actor", key)
-    _require(0 <= a.clip_ratio_low < 1, "actor.clip_ratio_low", a.clip_ratio_low, "must be in [0, 1)")
-    _require(a.clip_ratio_high >= 0, "actor.clip_ratio_high", a.clip_ratio_high, "must be >= 0")
+    _at_least(config, "actor", "max_tokens_per_microbatch", 1)
+    # actor.algorithm validates its own ranges when it is built (AlgorithmConfig.__post_init__).
     _device("actor.device", a.device)
     # async_training: the budget formulas need these ranges (arl.rollout.budget)
     at = config.async_training
@@ -114,7 +114,9 @@ def validate(config: AppConfig) -> AppConfig:
     _at_least(config, "sync", "bucket_mb", 1)
     _positive(config, "sync", "timeout_s")
     if s.transport in GPU_TRANSPORTS:
-        _require(a.device.startswith("cuda"), "sync.transport", s.transport, f"needs actor.device on CUDA (is {a.device!r}); use 'cpu'")
+        trainer_on_gpu = config.resources.trainer_gpus > 0 or a.device.startswith("cuda")
+        _require(trainer_on_gpu, "sync.transport", s.transport,
+                 f"needs the trainer on CUDA (resources.trainer_gpus > 0 or actor.device 'cuda'); use 'cpu' or 'auto'")
         if r.engine == "torch":
             _require(r.device.startswith("cuda"), "sync.transport", s.transport,
                      f"needs rollout.device on CUDA (is {r.device!r}); use 'cpu'")
@@ -124,8 +126,14 @@ def validate(config: AppConfig) -> AppConfig:
     # output
     _require(bool(config.output.dir), "output.dir", config.output.dir, "must not be empty")
     _require(not Path(config.output.dir).is_file(), "output.dir", config.output.dir, "is a file, not a folder")
-    _check_devices(config)
     return config
+
+
+def check_machine(config: AppConfig) -> None:
+    """The devices the config names or its layout needs must exist on this machine (in-process Ray
+    only). Separate from `validate` so a layout can be loaded and inspected on any machine; the CLI
+    calls both before anything starts."""
+    _check_devices(config)
 
 
 def _check_snapshot(checkpoint: str) -> None:
@@ -162,15 +170,8 @@ def _check_devices(config: AppConfig) -> None:
 
 
 def _requested_gpus(config: AppConfig) -> list[tuple[str, float]]:
-    """GPU counts of an optional resources/placement section (any numeric field with 'gpu' in its name)."""
-    found = []
-    for section in ("resources", "placement"):
-        block = getattr(config, section, None)
-        if not isinstance(block, msgspec.Struct):
-            continue
-        for field in msgspec.structs.fields(block):
-            value = getattr(block, field.name)
-            if "gpu" in field.name and isinstance(value, int | float) and not isinstance(value, bool):
-                _require(value >= 0, f"{section}.{field.name}", value, "must be >= 0")
-                found.append((f"{section}.{field.name}", value))
-    return found
+    """The GPUs the run's layout needs (trainer + rollout replicas × TP, shared when colocated)."""
+    from arl_train.placement import layout_of
+
+    total = layout_of(config).total_gpus
+    return [("resources", total)] if total else []
