@@ -177,7 +177,10 @@ class VllmEngine:
 
     async def pause(self, mode: PauseMode) -> None:
         llm = self._require_started()
-        await asyncio.wait_for(llm.pause_generation(mode=mode, clear_cache=mode != "keep"), self.config.rpc_timeout_s)
+        # No cache clear here: vLLM's prefix-cache reset walks every KV block in Python (~240 ms per
+        # call measured on an H200 with 2.6M blocks), and a pause without new weights has nothing stale.
+        # load_weights resets the prefix cache once, after the new weights are in.
+        await asyncio.wait_for(llm.pause_generation(mode=mode, clear_cache=False), self.config.rpc_timeout_s)
 
     async def resume(self) -> None:
         await asyncio.wait_for(self._require_started().resume_generation(), self.config.rpc_timeout_s)
