@@ -14,8 +14,10 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+import msgspec
 
 from arl.proxy.types import SamplingParams
 from arl.queue.types import Response, Sample
@@ -37,7 +39,8 @@ class SampleSink(Protocol):
 class RolloutStats:
     """Counters the app reports; plain attributes so they cross Ray as a dict."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: Callable[[], Mapping[str, float]] | None = None) -> None:
+        self._extra = extra  # more counters merged into as_dict (the server manager's utilization)
         self.started = 0
         self.produced = 0
         self.dropped_failed = 0
@@ -47,9 +50,26 @@ class RolloutStats:
         self.started_at = time.monotonic()
 
     def as_dict(self) -> dict[str, float]:
-        return {k: v for k, v in vars(self).items() if k != "started_at"} | {
-            "elapsed_s": time.monotonic() - self.started_at
-        }
+        own = {k: v for k, v in vars(self).items() if k not in ("started_at", "_extra")}
+        extra = dict(self._extra()) if self._extra is not None else {}
+        return own | {"elapsed_s": time.monotonic() - self.started_at} | extra
+
+
+def task_sampling_params(base: SamplingParams, task: Task) -> SamplingParams:
+    """`base` with the task's own overrides, `task.metadata["sampling"]` (e.g. a per-task max_tokens
+    and ignore_eos for exact-length benchmark workloads); a bad override names the task and key."""
+    overrides: Any = task.metadata.get("sampling")
+    if not overrides:
+        return base
+    if not isinstance(overrides, dict):
+        raise RolloutError(f"task {task.id}: metadata['sampling'] must be an object, got {type(overrides).__name__}")
+    unknown = sorted(set(overrides) - set(SamplingParams.__struct_fields__))
+    if unknown:
+        raise RolloutError(f"task {task.id}: metadata['sampling'] has unknown keys {unknown}")
+    try:
+        return msgspec.convert(msgspec.to_builtins(base) | overrides, SamplingParams)
+    except msgspec.ValidationError as exc:
+        raise RolloutError(f"task {task.id}: invalid metadata['sampling'] override: {exc}") from None
 
 
 class Rollouter:
@@ -81,7 +101,7 @@ class Rollouter:
         self._paused = False
         self._active = 0
         self._started_since_sync = 0
-        self.stats = RolloutStats()
+        self.stats = RolloutStats(extra=getattr(manager, "utilization", None))
 
     # ----- the feed loop -------------------------------------------------------------------
     async def run(self) -> None:
@@ -119,9 +139,8 @@ class Rollouter:
             uid = uuid.uuid4().hex
             request_ids = [f"{uid}-{i}" for i in range(self._n)]
             try:
-                results = await asyncio.gather(
-                    *(loop.run(task, self.manager, self._sampling, rid) for rid in request_ids)
-                )
+                params = task_sampling_params(self._sampling, task)
+                results = await asyncio.gather(*(loop.run(task, self.manager, params, rid) for rid in request_ids))
             finally:
                 for rid in request_ids:
                     self.manager.forget(rid)
@@ -166,7 +185,8 @@ class Rollouter:
             start_version=start_version,
             end_version=min(self.manager.weight_versions),
             task_id=task.id,
-            metadata={"ground_truth": task.ground_truth},
+            metadata={"ground_truth": task.ground_truth}
+            | ({"synthetic": True} if task.metadata.get("synthetic") else {}),
             timings={"rollout": seconds},
         )
 
