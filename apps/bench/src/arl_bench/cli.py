@@ -50,12 +50,13 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.train_tokens_per_s:
         calib.train.tokens_per_s_per_gpu = args.train_tokens_per_s
     gpus = [int(g) for g in args.gpus.split(",")]
-    rows = project(calib, workload, gpus, rollout_fraction=args.rollout_fraction)
+    rows = project(calib, workload, gpus, rollout_fraction=args.rollout_fraction, staleness=args.staleness)
     result = {
         "calibration": str(args.calibration),
         "calibration_meta": calib.meta,
         "train_tokens_per_s_per_gpu": calib.train.tokens_per_s_per_gpu,
         "workload": msgspec.to_builtins(workload),
+        "staleness_threshold": args.staleness if args.staleness is not None else 0.5,
         "projection": rows,
         "reference_speedup_128_gpus": list(REFERENCE_SPEEDUP_128),
     }
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--warmup-steps", type=int, default=2)
     s.add_argument("--token-unit", type=int, default=16, help="simulate in units of this many tokens")
     s.add_argument("--rollout-fraction", type=float, default=0.5, help="split layouts: share of GPUs for rollout")
+    s.add_argument("--staleness", type=float, default=None, help="staleness_threshold of mode d (default 0.5)")
     s.add_argument("--train-tokens-per-s", type=float, default=0.0, help="override the calibration's train rate")
     s.add_argument("--out", default="runs/bench-sim")
     args = parser.parse_args(argv)

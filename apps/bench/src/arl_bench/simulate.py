@@ -132,7 +132,9 @@ def _scaled(cost: DecodeCost, unit: int) -> DecodeCost:
     )
 
 
-async def _simulate(mode: str, gpus: int, calib: Calibration, workload: SimWorkload, rollout_fraction: float) -> SimResult:
+async def _simulate(
+    mode: str, gpus: int, calib: Calibration, workload: SimWorkload, rollout_fraction: float, staleness: float | None
+) -> SimResult:
     import arl.rollout.rollouter as rollouter_module
     import arl.trainer.trainer as trainer_module
     from arl.queue import MessageQueue
@@ -143,7 +145,9 @@ async def _simulate(mode: str, gpus: int, calib: Calibration, workload: SimWorkl
     from arl.trainer.testing import SimPolicy, SimPublisher, SimRolloutControl, SimSource, TrainerTimeline
 
     loop = asyncio.get_running_loop()
-    knobs = MODES[mode]
+    knobs = dict(MODES[mode])
+    if staleness is not None and knobs["staleness_threshold"] > 0:  # modes c and d only
+        knobs["staleness_threshold"] = staleness
     colocated = mode == "colocated"
     if colocated:
         replicas, trainer_gpus = gpus, gpus
@@ -244,9 +248,15 @@ async def _simulate(mode: str, gpus: int, calib: Calibration, workload: SimWorkl
 
 
 def simulate(
-    mode: str, gpus: int, calib: Calibration, workload: SimWorkload, *, rollout_fraction: float = 0.5
+    mode: str,
+    gpus: int,
+    calib: Calibration,
+    workload: SimWorkload,
+    *,
+    rollout_fraction: float = 0.5,
+    staleness: float | None = None,
 ) -> SimResult:
-    """Run one layout on a fresh virtual-clock event loop."""
+    """Run one layout on a fresh virtual-clock event loop (`staleness` overrides modes c/d's 0.5)."""
     from arl.rollout.testing import VirtualClockLoop
 
     if mode not in MODES:
@@ -255,19 +265,21 @@ def simulate(
         raise ValueError("workload.steps must exceed workload.warmup_steps")
     loop = VirtualClockLoop()
     try:
-        return loop.run_until_complete(_simulate(mode, gpus, calib, workload, rollout_fraction))
+        return loop.run_until_complete(_simulate(mode, gpus, calib, workload, rollout_fraction, staleness))
     finally:
         loop.close()
 
 
 def project(
     calib: Calibration, workload: SimWorkload, gpu_counts: list[int], *, modes: tuple[str, ...] = ("colocated", "d"),
-    rollout_fraction: float = 0.5, log: Any = print,
+    rollout_fraction: float = 0.5, staleness: float | None = None, log: Any = print,
 ) -> list[dict[str, Any]]:
     """Per GPU count: every mode's result and its speedup over colocated."""
     table = []
     for gpus in gpu_counts:
-        results = {m: simulate(m, gpus, calib, workload, rollout_fraction=rollout_fraction) for m in modes}
+        results = {
+            m: simulate(m, gpus, calib, workload, rollout_fraction=rollout_fraction, staleness=staleness) for m in modes
+        }
         base = results["colocated"].samples_per_s if "colocated" in results else float("nan")
         row = {
             "gpus": gpus,
