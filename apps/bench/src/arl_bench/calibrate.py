@@ -18,10 +18,12 @@ from arl_bench.simulate import Calibration, SyncCost, TrainCost
 
 
 async def measure_decode_curve(
-    engine: Any, batch_sizes: list[int], *, tokens: int = 16, prompt_len: int = 32, repeats: int = 1
+    engine: Any, batch_sizes: list[int], *, tokens: int = 16, prompt_len: int = 32, repeats: int = 2
 ) -> DecodeCost:
     """Aggregate decode tokens/s of `engine` with b concurrent requests of exactly `tokens` tokens."""
     rates = []
+    warm = SamplingParams(max_tokens=tokens, ignore_eos=True)
+    await asyncio.gather(*(engine.generate(f"cal-warm-{i}", [1] * prompt_len, warm) for i in range(max(batch_sizes))))
     for b in batch_sizes:
         best = 0.0
         for r in range(repeats):

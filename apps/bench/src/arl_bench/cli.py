@@ -27,7 +27,9 @@ def _compare(args: argparse.Namespace) -> int:
         return 2
     config = args.config or HERE / "configs" / f"{args.preset}.toml"
     out = Path(args.out)
-    result = run_modes(config, args.overrides, modes, out, warmup_steps=args.warmup_steps)
+    result = run_modes(config, args.overrides, modes, out, warmup_steps=args.warmup_steps,
+                       colocated_overrides=args.colocated_overrides.split() if args.colocated_overrides else [],
+                       colocated_scale=args.colocated_scale)
     json_path, png = write(result, out)
     print(table(result["modes"]))
     print(f"arl-bench: {json_path}, {png}")
@@ -81,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--modes", default="colocated,a,b,c,d")
     c.add_argument("--warmup-steps", type=int, default=2)
     c.add_argument("--out", default="runs/bench")
+    c.add_argument("--colocated-overrides", default="", help="space-separated overrides for the colocated run only")
+    c.add_argument("--colocated-scale", type=float, default=1.0,
+                   help="multiply colocated throughput (k copies of a 1/k-batch run on 1/k of the GPUs)")
     c.add_argument("overrides", nargs="*", help="section.key=value for every mode, e.g. trainer.total_steps=8")
     s = sub.add_parser("simulate", help="project mode d vs colocated at scale on a virtual clock")
     s.add_argument("--calibration", default=str(HERE / "calibration" / "h200.toml"))
