@@ -6,6 +6,7 @@ measured in the same run, with the naive per-tensor copy as the baseline; bucket
 
 Paths (sender tensors are on cuda:0 in every case; the receiver is another process):
   ipc       transport "cuda_ipc", receiver staging on cuda:0    limit: one device-to-device copy
+            (one copy: the sender writes into the receiver's exported staging buffer)
   host_gpu  transport "cpu" (pinned shm), receiver on cuda:0    limit: min(pinned D2H, pinned H2D)
   host_cpu  transport "cpu" (pinned shm), receiver on the CPU   limit: pinned D2H
 Baselines: per-tensor `.cpu()` (what a naive sync does), per-tensor `.clone()` on the device.
@@ -57,7 +58,9 @@ def main() -> None:
     ap.add_argument("--buckets", default="4,16,64,256")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--paths", default="ipc,host_gpu,host_cpu")
+    ap.add_argument("--json", default="", help="write the results here (default: $OUT/bench_gpu_<model>.json)")
     args = ap.parse_args()
+    results: dict = {"model": args.model, "rows": []}
     dev = torch.device("cuda:0")
     torch.cuda.set_device(dev)
     sd = make_state_dict(torch.bfloat16, device="cuda", model=args.model)
@@ -74,6 +77,8 @@ def main() -> None:
     del a, b, h
     naive_cpu = n / timed(lambda: [v.cpu() for v in sd.values()], reps=2) / 1e9
     naive_clone = n / timed(lambda: [v.clone() for v in sd.values()]) / 1e9
+    results.update(limits_gbps=lim, bytes=n, naive_cpu_gbps=naive_cpu, naive_clone_gbps=naive_clone,
+                   gpu=torch.cuda.get_device_name(0))
     print(f"limits (same run): device-to-device copy {lim['d2d']:.1f} GB/s, pinned D2H {lim['d2h']:.1f} GB/s, "
           f"pinned H2D {lim['h2d']:.1f} GB/s")
     print(f"baselines: per-tensor .cpu() {naive_cpu:.2f} GB/s; per-tensor .clone() on device {naive_clone:.1f} GB/s")
@@ -98,8 +103,23 @@ def main() -> None:
             best, med = max(rates), statistics.median(rates)
             print(f"{name:>9} {mb:>10} {best:>10.1f} {med:>8.1f} {100 * best / limit:>10.0f}% "
                   f"{lname:>13} {first.gbps:>7.1f}", flush=True)
+            results["rows"].append(dict(path=name, bucket_mb=mb, best_gbps=best, median_gbps=med,
+                                        fraction_of_limit=best / limit, limit=lname, first_gbps=first.gbps))
     q.put(None)
     worker.join(60)
+    import json
+
+    ipc = [row for row in results["rows"] if row["path"] == "ipc"]
+    if ipc:
+        top = max(ipc, key=lambda row: row["best_gbps"])
+        results["ipc_best_fraction_of_d2d"] = top["fraction_of_limit"]
+        print(f"cuda_ipc best: {top['best_gbps']:.1f} GB/s = {100 * top['fraction_of_limit']:.0f}% of the same-run "
+              f"device-to-device copy ({lim['d2d']:.1f} GB/s), bucket {top['bucket_mb']} MiB")
+    out = args.json or (os.path.join(os.environ["OUT"], f"bench_gpu_{args.model}.json") if os.environ.get("OUT") else "")
+    if out:
+        with open(out, "w") as f:
+            json.dump(results, f, indent=1)
+    print("RESULT " + json.dumps({k: v for k, v in results.items() if k != "rows"}))
 
 
 if __name__ == "__main__":

@@ -27,15 +27,17 @@ def gpu_tensors(round_: int) -> dict[str, torch.Tensor]:
 
 
 def run_rounds(tmp_path, cfg: SyncConfig, n_receivers: int, rounds: int, sender_device: str,
-               receiver_devices: list[str], cast=None) -> None:
+               receiver_devices: list[str], cast=None, lazy: bool = False, stream: bool = False) -> WeightSender:
     with WeightSender(cfg, num_receivers=n_receivers, device=sender_device if cfg.transport != "cpu" else None) as s:
         ps = [CTX.Process(target=receiver_main, args=(s.address, cfg, rounds, str(tmp_path / f"r{i}.pt")),
-                          kwargs={"device": receiver_devices[i], "start_timeout_s": 120}, daemon=True)
+                          kwargs={"device": receiver_devices[i], "start_timeout_s": 120, "stream": stream},
+                          daemon=True)
               for i in range(n_receivers)]
         for p in ps:
             p.start()
         for v in range(rounds):
-            stats = s.send(on_gpu(gpu_tensors(v), sender_device), version=v)
+            tensors = on_gpu(gpu_tensors(v), sender_device)
+            stats = s.send(iter(tensors.items()) if lazy else tensors, version=v)
             assert stats.receivers == n_receivers and stats.buckets >= 4
         for p in ps:
             p.join(60)
@@ -47,11 +49,20 @@ def run_rounds(tmp_path, cfg: SyncConfig, n_receivers: int, rounds: int, sender_
         res = torch.load(str(tmp_path / f"r{i}.pt"), weights_only=False)
         assert res["log"] == [(v, "") for v in range(rounds)]
         assert_same(res["model"], want)
+    return s
 
 
 def test_cuda_ipc_same_gpu_three_rounds(tmp_path):
+    """One copy into each receiver's exported staging; each buffer is opened once for all rounds."""
     cfg = SyncConfig(transport="cuda_ipc", bucket_bytes=BUCKET, timeout_s=60)
-    run_rounds(tmp_path, cfg, 2, 3, "cuda:0", ["cuda:0", "cuda:0"])
+    s = run_rounds(tmp_path, cfg, 2, 3, "cuda:0", ["cuda:0", "cuda:0"])
+    assert s._transport.handles_opened == 2
+
+
+def test_cuda_ipc_lazy_iterator_and_streaming_receiver(tmp_path):
+    """A generator on the sender (sized by drawing it once) and `iter_tensors` on the receiver."""
+    cfg = SyncConfig(transport="cuda_ipc", bucket_bytes=BUCKET, timeout_s=60)
+    run_rounds(tmp_path, cfg, 1, 3, "cuda:0", ["cuda:0"], lazy=True, stream=True)
 
 
 def test_cuda_ipc_cast_bf16(tmp_path):

@@ -1,5 +1,10 @@
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # trainer_helpers (also for spawned ranks)
 
 
 @pytest.fixture(scope="session")

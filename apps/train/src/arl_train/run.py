@@ -29,6 +29,7 @@ START_TIMEOUT_S = 600.0
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
+    layout: dict[str, Any]
     steps: int
     syncs: int
     samples_consumed: int
@@ -39,6 +40,10 @@ class RunSummary(msgspec.Struct, kw_only=True):
     # Engine tensors not readable as parameters (vLLM CPU prepacks linear layers); covered by the probe.
     weights_prepacked: int
     probe_logprob_max_abs_diff: float
+    # Median milliseconds of each phase of the syncs after the first (see `SYNC_PHASES`).
+    sync_phases_ms: dict[str, float]
+    # Engine tensor names the check could not match or found different (empty when equal).
+    weights_problems: list[str]
     wall_s: float
     output_dir: str
     checkpoint: str
@@ -115,31 +120,88 @@ def _prepare_resume(config: AppConfig, out_dir: Path) -> dict[str, int]:
     return state
 
 
-def _verify_engine_weights(ray: Any, trainer: Any, rollout: Any) -> dict[str, Any]:
-    """Sync the final weights if the last step did not, then check engine == trainer.
+def _verify_engine_weights(ray: Any, trainer: Any, rollout: Any, replicas: int) -> dict[str, Any]:
+    """Sync the final weights if the last step did not, then check engine == trainer on every replica.
 
-    Readable engine tensors must be bit-identical; those the engine prepacks (vLLM's CPU build) are
-    checked through its outputs: its log probs on a probe sequence must equal the trainer's.
+    Engine tensors (every TP rank's shard, fused as vLLM fuses them, in the engine's dtype) must be
+    bit-identical to the trainer's; those the engine prepacks (vLLM's CPU build) are checked through
+    its outputs: its log probs on a probe sequence must equal the trainer's. Where nothing is
+    prepacked (GPU builds) the probe is reported, not required: a bf16 engine's kernels differ from
+    the fp32 trainer's.
     """
     from safetensors.torch import load
 
-    from arl.rollout.engines.weights_check import compare_weights
+    from arl.rollout.engines.weights_check import compare_weights_tp
 
     ray.get(trainer.final_sync.remote(), timeout=STEP_TIMEOUT_S)
-    trainer_weights = load(ray.get(trainer.weights.remote(), timeout=120))
-    engine_weights = load(ray.get(rollout.engine_weights.remote(), timeout=120))
-    tensors = compare_weights(trainer_weights, engine_weights)
+    trainer_weights = load(ray.get(trainer.weights.remote(), timeout=300))
+    results = []
+    for i in range(replicas):
+        ranks = [load(b) for b in ray.get(rollout.engine_weights.remote(i), timeout=300)]
+        results.append(compare_weights_tp(trainer_weights, ranks))
+    tensors_equal = all(r["equal"] for r in results)
+    prepacked = sum(len(r["prepacked"]) for r in results)
+    problems = [f"replica{i}:{k}:{n}" for i, r in enumerate(results) for k in ("unmatched", "mismatched")
+                for n in r[k]][:20]
     tokens, engine_logp, engine_version = ray.get(rollout.probe.remote(PROBE_PROMPT, 16), timeout=120)
     trainer_logp = ray.get(trainer.log_probs.remote(PROBE_PROMPT, tokens), timeout=120)
     probe_diff = max(abs(a - b) for a, b in zip(engine_logp, trainer_logp, strict=True))
     trainer_version = ray.get(trainer.version.remote(), timeout=60)
+    engine_versions = ray.get(rollout.stats.remote(), timeout=60)["engine_versions"]
+    probe_ok = probe_diff < PROBE_TOLERANCE or prepacked == 0
     return {
-        "equal": bool(tensors["equal"]) and probe_diff < PROBE_TOLERANCE and engine_version == trainer_version,
-        "max_abs_diff": float(tensors["max_abs_diff"]),
-        "prepacked": len(tensors["prepacked"]),
+        "equal": tensors_equal and probe_ok and set(engine_versions) == {trainer_version},
+        "max_abs_diff": max(float(r["max_abs_diff"]) for r in results),
+        "prepacked": prepacked,
+        "problems": problems,
         "probe_logprob_max_abs_diff": probe_diff,
         "version": trainer_version,
     }
+
+
+#: Sync phases in a step's metrics (seconds): the trainer's pause / transfer / resume around the
+#: engine side's receive / in-place load (the slowest worker), and in colocated mode sleep and wake.
+SYNC_PHASES = {
+    "pause": "sync_pause_s",
+    "transfer": "sync_transfer_s",
+    "receive": "sync_receive_s",
+    "load": "sync_load_s",
+    "reset_cache": "sync_reset_cache_s",
+    "resume": "sync_resume_s",
+    "total": "sync_s",
+    "sleep": "colocated_sleep_s",
+    "wake_weights": "colocated_wake_weights_s",
+    "wake_kv": "colocated_wake_kv_s",
+}
+
+
+def _add_engine_phases(row: dict[str, Any]) -> None:
+    """Copy the engine side's timings of this step's sync (if it synced) into the metrics row."""
+    last = row["rollout"].get("last_sync") or {}
+    if row.get("sync_s"):
+        row["sync_receive_s"] = last.get("receive_s", 0.0)
+        row["sync_load_s"] = last.get("apply_s", 0.0)
+        row["sync_reset_cache_s"] = last.get("reset_cache_s", 0.0)
+
+
+def _phases_line(row: dict[str, Any]) -> str:
+    if not row.get("sync_s"):
+        return ""
+    parts = [f"{name} {row[key] * 1e3:.1f}" for name, key in SYNC_PHASES.items() if name != "total" and key in row]
+    return " | sync ms: " + ", ".join(parts)
+
+
+def _phase_medians(rows: list[dict[str, Any]]) -> dict[str, float]:
+    import statistics
+
+    synced = [r for r in rows if r.get("sync_s")]
+    later = synced[1:] or synced  # the first sync also builds groups and maps buffers
+    out = {}
+    for name, key in SYNC_PHASES.items():
+        values = [r[key] for r in later if key in r]
+        if values:
+            out[name] = round(statistics.median(values) * 1e3, 3)
+    return out
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float:
@@ -157,12 +219,17 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
     import ray
 
     from arl.queue.ray_actor import create_queue_actor
-    from arl_train.actors import RolloutActor, TrainerActor, run_budget
+    from arl_train.actors import RolloutActor, TrainerActor, engine_config, run_budget
+    from arl_train.engine_actor import MAX_CONCURRENCY, EngineActor
+    from arl_train.placement import check_model, layout_of, reserve, trainer_ranks
 
     resume_state = _prepare_resume(config, out_dir)
     model_path = Path(config.trainer.resume_from) if resume_state else prepare_model(config, out_dir)
+    layout = layout_of(config)
+    check_model(layout, model_path)
     budget = run_budget(config)
     log(f"arl: model {model_path} | budget {budget} | output {out_dir}")
+    log(f"arl: layout {msgspec.to_builtins(layout)}")
     if resume_state:
         log(f"arl: resuming at step {resume_state['step']}, weight version {resume_state['version']}")
 
@@ -175,19 +242,33 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
         _temp_dir=str(Path(os.environ.get("ARL_RAY_TMP", "/tmp/arl-ray"))) if config.ray.address is None else None,
     )
     metrics = MetricsLog(out_dir / "metrics.jsonl")
-    rollout = trainer = None
+    rollout = trainer = reservation = None
     try:
+        reservation = reserve(layout, config.resources.placement_timeout_s)
         # The queue restores what a resumed checkpoint had queued (copied into its folder above).
         queue = create_queue_actor(max_size=budget.max_queue, persist_dir=str(out_dir / "queue"))
-        rollout = ray.remote(num_cpus=0)(RolloutActor).remote(config, str(model_path), queue)
+        initial_version = resume_state.get("version", 0)
+        engines = []
+        for i in range(layout.replicas):
+            kind, engine_cfg = engine_config(config, str(model_path), i, initial_version)
+            engines.append(
+                ray.remote(EngineActor)
+                .options(max_concurrency=MAX_CONCURRENCY, **reservation.replica_options(i))
+                .remote(kind, engine_cfg)
+            )
+        rollout = ray.remote(num_cpus=0)(RolloutActor).remote(config, str(model_path), queue, engines)
         log("arl: starting the rollout engine(s)…")
-        start = rollout.start.remote(
-            initial_version=resume_state.get("version", 0), skip_tasks=resume_state.get("tasks_started", 0)
-        )
+        start = rollout.start.remote(initial_version=initial_version, skip_tasks=resume_state.get("tasks_started", 0))
         ray.get(start, timeout=START_TIMEOUT_S)
-        trainer = ray.remote(num_cpus=0)(TrainerActor).remote(
-            config, str(model_path), queue, rollout, resume_state or None
+        rank = trainer_ranks(layout)[0]  # ranks 1.. join here once the data-parallel backend exists
+        trainer = (
+            ray.remote(TrainerActor)
+            .options(**reservation.trainer_options(0))
+            .remote(config, str(model_path), queue, rollout, resume_state or None, rank)
         )
+        where = ray.get(trainer.placement.remote(), timeout=START_TIMEOUT_S)
+        replicas = ray.get(rollout.replica_info.remote(), timeout=60)
+        log(f"arl: trainer {where} | replicas {replicas}")
         total = config.trainer.total_steps
 
         def save_checkpoint(directory: Path) -> str:
@@ -204,16 +285,18 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
         for _ in range(resume_state.get("step", 0), total):
             row = _await_step(ray, trainer.train_step.remote(), rollout)
             row["rollout"] = ray.get(rollout.stats.remote(), timeout=60)
+            _add_engine_phases(row)
             metrics.write(row)
-            log(progress_line(row, total))
+            log(progress_line(row, total) + _phases_line(row))
             if config.trainer.save_every and row["step"] % config.trainer.save_every == 0:
                 save_checkpoint(out_dir / "checkpoints" / f"step_{row['step']}")
         rows = metrics.rows
-        check = _verify_engine_weights(ray, trainer, rollout)
+        check = _verify_engine_weights(ray, trainer, rollout, layout.replicas)
         checkpoint = save_checkpoint(out_dir / "checkpoint")
         png = plot(rows, out_dir / "reward.png")
         tenth = max(1, len(rows) // 10)
         summary = RunSummary(
+            layout=msgspec.to_builtins(layout),
             steps=len(rows),
             syncs=check["version"],
             samples_consumed=rows[-1]["samples_seen"],
@@ -223,6 +306,8 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
             weights_max_abs_diff=check["max_abs_diff"],
             weights_prepacked=check["prepacked"],
             probe_logprob_max_abs_diff=check["probe_logprob_max_abs_diff"],
+            sync_phases_ms=_phase_medians(rows),
+            weights_problems=check["problems"],
             wall_s=time.perf_counter() - started,
             output_dir=str(out_dir),
             checkpoint=checkpoint,
@@ -243,6 +328,8 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
                 ray.get(trainer.close.remote(), timeout=30)
             except Exception as exc:
                 print(f"arl: trainer close failed: {exc}", file=sys.stderr)
+        if reservation is not None:
+            reservation.release()
         ray.shutdown()
 
 

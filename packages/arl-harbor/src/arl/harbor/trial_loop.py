@@ -356,6 +356,7 @@ class HarborAgentLoop:
             finish_reason=finish_reason,
             num_turns=int(traj.num_turns),
             rewards=rewards,
+            routed_experts=getattr(traj, "routed_experts", None),
             timings=timings,
             error=outcome.error,
         )

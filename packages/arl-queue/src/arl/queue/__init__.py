@@ -12,6 +12,7 @@ from arl.queue.errors import (
     QueueClosedError,
     QueueError,
     QueueFullError,
+    RoutedExpertsError,
     SchemaVersionError,
 )
 from arl.queue.persistence import SNAPSHOT_FILENAME, read_snapshot, write_snapshot
@@ -32,6 +33,7 @@ __all__ = [
     "QueueClosedError",
     "QueueError",
     "QueueFullError",
+    "RoutedExpertsError",
     "QueueStats",
     "Response",
     "Sample",

@@ -50,3 +50,7 @@ class CorruptSnapshotError(QueueError):
 
 class QueueActorError(QueueError):
     """The queue's Ray actor did not answer in time or could not be reached."""
+
+
+class RoutedExpertsError(QueueError, ValueError):
+    """MoE routing rows could not be packed or unpacked (ragged rows, ids out of range, size mismatch)."""

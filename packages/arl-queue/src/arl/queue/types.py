@@ -12,7 +12,20 @@ from typing import Any, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+
+class RoutedExperts(msgspec.Struct, kw_only=True, frozen=True):
+    """Per-token MoE routing, packed: C-order `data` of shape (tokens, layers, top_k) in `dtype`.
+
+    Row i is the expert ids the engine chose in the forward step that sampled response token i.
+    A row of all `dtype`'s maximum value (255 / 65535) means "no engine routing; the trainer routes".
+    Build and read it with `arl.queue.routed_experts` (pack_routes / unpack_routes).
+    """
+
+    data: bytes
+    shape: tuple[int, int, int]
+    dtype: Literal["uint8", "uint16"] = "uint8"
 
 
 class Response(msgspec.Struct, kw_only=True):
@@ -31,7 +44,8 @@ class Response(msgspec.Struct, kw_only=True):
     num_turns: int = 1
     # Named reward components (e.g. {"correct": 1.0, "format": 0.5}) when the task reports them.
     rewards: dict[str, float] = msgspec.field(default_factory=dict)
-    routed_experts: list[list[list[int]]] | None = None
+    # MoE routing per response token (packed; see RoutedExperts), None for dense models / unrecorded.
+    routed_experts: RoutedExperts | None = None
 
 
 class Sample(msgspec.Struct, kw_only=True):

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import msgspec
 
 from arl.proxy.types import SamplingParams
+from arl.queue.routed_experts import pack_routes
 from arl.queue.types import Response, Sample
 from arl.rollout.agent_loop import AgentLoop
 from arl.rollout.budget import Budget
@@ -179,6 +180,7 @@ class Rollouter:
                     finish_reason=r.finish_reason,
                     num_turns=r.num_turns,
                     rewards=r.rewards,
+                    routed_experts=pack_routes(r.routed_experts) if r.routed_experts else None,
                 )
                 for r in ok
             ],

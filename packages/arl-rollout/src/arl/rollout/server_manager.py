@@ -20,6 +20,7 @@ from arl.proxy.types import SamplingParams, TokenOutput
 from arl.rollout.engine import Engine, PauseMode
 from arl.rollout.errors import EngineError
 from arl.rollout.load_balancer import LoadBalancer
+from arl.rollout.routed_experts import extend_routes
 
 
 class ServerManager:
@@ -55,6 +56,7 @@ class ServerManager:
         tokens: list[int] = []
         log_probs: list[float] = []
         versions: list[int] = []
+        experts: list[list[list[int]]] | None = None  # MoE routing per token, kept in step with the tokens
         replica = self.balancer.acquire(request_id)
         try:
             while True:
@@ -77,6 +79,7 @@ class ServerManager:
                 finally:
                     self._call_ended(replica)
                 self.generated_tokens += len(out.token_ids)
+                experts = extend_routes(experts, out.routed_experts, before=len(tokens), added=len(out.token_ids))
                 tokens += out.token_ids
                 log_probs += out.log_probs
                 versions += out.weight_versions or [engine.weight_version] * len(out.token_ids)
@@ -89,7 +92,7 @@ class ServerManager:
                     reason = "length"
                 return TokenOutput(
                     token_ids=tokens, log_probs=log_probs, stop_reason=reason, weight_versions=versions,
-                    routed_experts=out.routed_experts,
+                    routed_experts=experts,
                 )
         finally:
             self.balancer.release(replica)

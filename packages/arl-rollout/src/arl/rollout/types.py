@@ -40,6 +40,8 @@ class AgentResult(msgspec.Struct, kw_only=True):
     finish_reason: str = "stop"
     num_turns: int = 1
     rewards: dict[str, float] = msgspec.field(default_factory=dict)
+    # MoE routing per response token (layers x top-k ids; [] where the trainer routes), None if not recorded.
+    routed_experts: list[list[list[int]]] | None = None
     # Seconds per phase (e.g. "generate", "environment_setup", "verifier"), for metrics.
     timings: dict[str, float] = msgspec.field(default_factory=dict)
     # True when the agent could not produce a trainable trajectory (e.g. sandbox failed); not trained on.

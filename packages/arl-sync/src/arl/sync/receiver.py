@@ -137,6 +137,10 @@ class WeightReceiver:
                 self._channel.send(Ack(sid, -1))  # about to join the transport's group
             tr.begin(begin.info, tmo)
             staging.reserve(begin.size_hint)
+            export = getattr(tr, "export", None)
+            if export is not None:  # the sender writes straight into our staging buffer
+                self._channel.send(Ack(sid, -1, info=export(staging.buf)))
+            deferred = bool(getattr(tr, "lands_at_end", False))
             while True:
                 msg = self._recv(tmo, f"sync {sid}: waiting for bucket {expected}")
                 if isinstance(msg, Bucket):
@@ -144,6 +148,10 @@ class WeightReceiver:
                         raise ProtocolError(f"expected bucket {expected} of sync {sid}, got {msg.index} of {msg.sync_id}")
                     lo = msg.index * B
                     if lo + msg.nbytes > staging.capacity:
+                        if export is not None:
+                            raise ProtocolError(
+                                f"sync {sid}: bucket {msg.index} ends at byte {lo + msg.nbytes}, beyond the "
+                                f"{staging.capacity}-byte staging buffer the sender writes into")
                         tr.wait(tmo, self._check_sender)  # in-flight writes must land before a move
                         staging.ensure(lo + msg.nbytes, filled)
                     tr.fetch(msg.slot, msg.nbytes, staging.slice(lo, lo + msg.nbytes))
@@ -152,7 +160,7 @@ class WeightReceiver:
                     metas.extend(msg.tensors)
                     filled = lo + msg.nbytes
                     expected += 1
-                    if stream:
+                    if stream and not deferred:  # (deferred: bytes are known to have landed only at End)
                         tr.wait(tmo, self._check_sender)
                         while yielded < len(metas) and metas[yielded].offset + metas[yielded].nbytes <= filled:
                             yield from stream_views(staging.buf, metas[yielded : yielded + 1])

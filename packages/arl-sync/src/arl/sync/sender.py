@@ -42,6 +42,7 @@ class _SyncState:
     participants: list[bytes]
     acks: dict[int, set[bytes]] = field(default_factory=dict)
     done: set[bytes] = field(default_factory=set)
+    staging: dict[bytes, bytes] = field(default_factory=dict)
 
 
 def estimate_stream_bytes(
@@ -119,6 +120,8 @@ class WeightSender:
         elif isinstance(msg, Ack):
             if sync is not None and msg.sync_id == sync.sync_id:
                 sync.acks.setdefault(msg.index, set()).add(ident)
+                if msg.index == -1 and msg.info:
+                    sync.staging[ident] = msg.info
         elif isinstance(msg, Done):
             if sync is not None and msg.sync_id == sync.sync_id:
                 if not msg.ok:
@@ -223,6 +226,13 @@ class WeightSender:
             self._sync_id += 1
             sync = self._sync = _SyncState(self._sync_id, list(self._members))
             hint = estimate_stream_bytes(named_tensors, cfg.align_bytes, self._cast) or self._last_stream_bytes
+            wants_staging = getattr(self._transport, "wants_staging", False)
+            if wants_staging and not hint:
+                # Receivers must size the buffer the sender writes into before the first bucket: draw
+                # a lazy iterator once (references to the tensors, not copies) to measure the stream.
+                named_tensors = list(named_tensors)
+                hint = estimate_stream_bytes(named_tensors, cfg.align_bytes, self._cast)
+            lands_at_end = getattr(self._transport, "lands_at_end", False)
             t0 = time.monotonic()
             totals = PlanTotals()
             try:
@@ -231,9 +241,15 @@ class WeightSender:
                     self._channel.send(ident, Begin(sync_id=sync.sync_id, version=version, size_hint=hint,
                                                     info=infos.get(ident, b"")))
                 n = len(sync.participants)
-                if infos:  # a group is being (re)built: create it only once every receiver is about to join
+                if infos or wants_staging:  # a group is being (re)built: create it only once every
+                    # receiver is about to join / every receiver's staging buffer is known
                     self._pump(lambda: len(sync.acks.get(-1, ())) >= n, cfg.timeout_s,
                                f"sync {sync.sync_id}: waiting for receivers to start group setup")
+                if wants_staging:
+                    missing = [i for i in sync.participants if i not in sync.staging]
+                    if missing:
+                        raise SyncError(f"sync {sync.sync_id}: {len(missing)} receiver(s) sent no staging buffer")
+                    self._transport.attach({i: sync.staging[i] for i in sync.participants})
                 self._transport.connect(cfg.timeout_s)
                 for bucket in plan_buckets(named_tensors, cfg.bucket_bytes, cfg.align_bytes, self._cast, totals):
                     slot = bucket.index % 2
@@ -246,7 +262,7 @@ class WeightSender:
                     else:
                         self._poll()
                     self._transport.wait_slot(slot, cfg.timeout_s, self._poll)
-                    self._transport.pack(slot, bucket.chunks)
+                    self._transport.pack(slot, bucket.chunks, bucket.index * cfg.bucket_bytes)
                     msg = Bucket(sync_id=sync.sync_id, index=bucket.index, slot=slot, nbytes=bucket.nbytes,
                                  tensors=bucket.tensors)
                     if getattr(self._transport, "announce_before_post", False):
@@ -257,9 +273,14 @@ class WeightSender:
                     else:
                         self._transport.post(slot, bucket.nbytes)
                         self._broadcast(msg)
-                self._broadcast(End(sync_id=sync.sync_id, version=version, buckets=totals.buckets,
-                                    tensors=totals.tensors, stream_bytes=totals.stream_bytes))
-                self._transport.finish(cfg.timeout_s, self._poll)
+                end = End(sync_id=sync.sync_id, version=version, buckets=totals.buckets,
+                          tensors=totals.tensors, stream_bytes=totals.stream_bytes)
+                if lands_at_end:  # the sender writes the receivers' memory: done before they hear End
+                    self._transport.finish(cfg.timeout_s, self._poll)
+                    self._broadcast(end)
+                else:
+                    self._broadcast(end)
+                    self._transport.finish(cfg.timeout_s, self._poll)
                 self._pump(lambda: len(sync.done) >= n, cfg.timeout_s,
                            f"sync {sync.sync_id}: waiting for receivers to confirm")
                 self._broadcast(Commit(sync.sync_id))

@@ -84,10 +84,14 @@ class Hello(msgspec.Struct, tag="hello", kw_only=True):
 
 
 class Ack(msgspec.Struct, tag="ack"):
-    """The receiver has copied bucket `index` of sync `sync_id` out of the shared send buffer."""
+    """The receiver has copied bucket `index` of sync `sync_id` out of the shared send buffer.
+
+    Index -1 answers `Begin`: the receiver is about to join the transport's group, or (`info` set)
+    here is its staging buffer for the sender to write into ("cuda_ipc")."""
 
     sync_id: int
     index: int
+    info: bytes = b""
 
 
 class Done(msgspec.Struct, tag="done", kw_only=True):

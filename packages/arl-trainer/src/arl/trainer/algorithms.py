@@ -5,29 +5,19 @@ policy is the trainer's weights at the start of the step; tokens were sampled by
 behaviour policy (the rollout engine, possibly several versions back and, with partial rollout,
 mixed versions within one response). The PPO ratio is taken against the proximal policy and the
 off-policy gap behaviour→proximal is corrected by min(exp(prox − behav), tis_cap).
+
+This is the padded (B, T) + mask form kept for existing callers; the configurable variants (GSPO,
+dual-clip, sequence IS, KL, entropy) over flat tokens are `arl.trainer.algorithm_config.compute_token_loss`.
 """
 
 from __future__ import annotations
 
 import torch
 
+from arl.trainer.advantages import grpo_advantages
+from arl.trainer.losses import clipped_surrogate, ppo_ratio, token_is_weight
 
-def grpo_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *, norm_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
-    """Group-relative advantages: each response's reward minus its group's mean (over std if asked).
-
-    rewards: (B,) float; group_index: (B,) long, responses of one prompt share an index.
-    """
-    num_groups = int(group_index.max().item()) + 1
-    counts = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group_index, torch.ones_like(rewards))
-    sums = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group_index, rewards)
-    mean = sums / counts
-    centered = rewards - mean[group_index]
-    if not norm_by_std:
-        return centered
-    sq = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group_index, centered**2)
-    # Unbiased std like the reference GRPO; a group of one has no spread.
-    std = torch.sqrt(sq / (counts - 1).clamp(min=1))
-    return centered / (std[group_index] + eps)
+__all__ = ["grpo_advantages", "masked_mean", "policy_loss", "token_log_probs"]
 
 
 def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -59,12 +49,11 @@ def policy_loss(
     All tensors are (B, T); `advantages` is per token (a response's advantage broadcast); `mask` is 1
     on tokens the policy sampled. Returns the loss and detached diagnostics.
     """
-    ratio = torch.exp(logp - proximal_logp)
-    clipped = ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
-    pg = torch.maximum(-advantages * ratio, -advantages * clipped)
-    behaviour_weight = torch.exp(proximal_logp - behaviour_logp).clamp(max=tis_cap).detach()
+    ratio = ppo_ratio(logp, proximal_logp)
+    pg, outside, _ = clipped_surrogate(ratio, advantages, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
+    behaviour_weight, truncated = token_is_weight(proximal_logp, behaviour_logp, tis_cap)
     loss = masked_mean(pg * behaviour_weight, mask)
     with torch.no_grad():
-        clip_frac = masked_mean(((ratio - clipped).abs() > 0).float(), mask)
-        tis_frac = masked_mean((torch.exp(proximal_logp - behaviour_logp) > tis_cap).float(), mask)
+        clip_frac = masked_mean(outside.float(), mask)
+        tis_frac = masked_mean(truncated.float(), mask)
     return loss, {"clip_frac": clip_frac.item(), "tis_clip_frac": tis_frac.item()}

@@ -1,6 +1,6 @@
 """Batch assembly: Samples (one prompt, n responses) into right-padded training tensors.
 
-Every response becomes one row `prompt + response`; `loss_mask` is 1 exactly on the response tokens
+Every response becomes one row `prompt + response` (the response's own prompt where it carries one); `loss_mask` is 1 exactly on the response tokens
 the policy sampled (response_mask 1), so template backfill and tool output are never trained on.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from arl.queue.types import Sample
+from arl.queue.types import Response, Sample
 from arl.trainer.errors import BatchError
 
 
@@ -34,21 +34,28 @@ class TrainBatch:
         return TrainBatch(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
 
+def response_prompt(sample: Sample, response: Response) -> list[int]:
+    """The prompt a response continues: its own (`Response.prompt_ids`, where the schema has it) else the sample's."""
+    own = getattr(response, "prompt_ids", None)
+    return own if own is not None else sample.prompt_ids
+
+
 def assemble_batch(samples: Sequence[Sample], pad_token_id: int) -> TrainBatch:
     rows: list[tuple[list[int], list[int], list[float], list[float], list[int]]] = []
     rewards: list[float] = []
     groups: list[int] = []
     resp_lens: list[int] = []
     for g, sample in enumerate(samples):
-        p = len(sample.prompt_ids)
         for r in sample.responses:
+            prompt = response_prompt(sample, r)
+            p = len(prompt)
             n = len(r.response_ids)
             if not (len(r.response_mask) == len(r.response_logprobs) == len(r.weight_versions) == n):
                 raise BatchError(
                     f"sample {sample.uid}: response fields differ in length (ids {n}, mask {len(r.response_mask)}, "
                     f"logprobs {len(r.response_logprobs)}, versions {len(r.weight_versions)})"
                 )
-            ids = sample.prompt_ids + r.response_ids
+            ids = list(prompt) + list(r.response_ids)
             mask = [0.0] * p + [float(m) for m in r.response_mask]
             behaviour = [0.0] * p + [lp if m else 0.0 for lp, m in zip(r.response_logprobs, r.response_mask)]
             versions = [-1] * p + [v if m else -1 for v, m in zip(r.weight_versions, r.response_mask)]

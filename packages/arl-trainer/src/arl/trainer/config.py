@@ -37,4 +37,33 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     on_version_lag: Literal["drop", "keep"] = "drop"
     # Seconds to wait for a batch before declaring the rollout side stuck.
     batch_timeout_s: float = 600.0
+    # MoE models: "rollout" replays the experts the engine chose for each sampled token
+    # (arl.trainer.router_replay); "off" routes again (the mismatch is still measured when routes exist).
+    router_replay: Literal["off", "rollout"] = "off"
     optim: OptimConfig = msgspec.field(default_factory=OptimConfig)
+    # Token budget of one packed micro-batch (sequences are never split; a longer one is an error).
+    max_tokens_per_microbatch: int = 16384
+    # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm (see arl.trainer.loss_agg).
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    # The constant length of seq-mean-token-sum-norm; None = the longest response in the mini-batch.
+    loss_agg_norm_len: int | None = None
+    # Proximal (old) log probs: recompute (a no-grad pass), bypass (the rollout's), reuse (each update's
+    # own detached log probs: exact with one update per step, no extra forward), loglinear (AReaL's
+    # interpolation between behaviour and current log probs by each token's weight version).
+    proximal_mode: Literal["recompute", "bypass", "reuse", "loglinear"] = "recompute"
+    # bf16 compute with fp32 master weights and optimizer state; "auto" = bf16 on CUDA, none elsewhere.
+    mixed_precision: Literal["auto", "bf16", "none"] = "auto"
+    # Recompute decoder layers in backward: none | selective (every second layer) | full (every layer).
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    # Logit elements (tokens × vocabulary) the chunked log-prob head holds at once.
+    logprob_chunk_elements: int = 1 << 27
+    # Entropy bonus coefficient (0 = entropy is only reported).
+    entropy_coeff: float = 0.0
+    # The accelerator's dense bf16 peak in TFLOP/s for the `mfu` metric (0 = do not report MFU).
+    peak_tflops: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_tokens_per_microbatch < 1:
+            raise ValueError(f"max_tokens_per_microbatch must be >= 1, got {self.max_tokens_per_microbatch}")
+        if self.logprob_chunk_elements < 1:
+            raise ValueError(f"logprob_chunk_elements must be >= 1, got {self.logprob_chunk_elements}")

@@ -5,6 +5,10 @@ class TrainerError(Exception):
     """Base of every error arl-trainer raises."""
 
 
+class AlgorithmError(TrainerError, ValueError):
+    """An algorithm function got inputs it cannot use (mismatched shapes, bad config, missing tensor)."""
+
+
 class BatchError(TrainerError, ValueError):
     """Samples could not be assembled into a batch (e.g. mismatched lengths in a response)."""
 
@@ -15,3 +19,7 @@ class StarvedError(TrainerError, TimeoutError):
 
 class SyncFailedError(TrainerError):
     """Publishing weights to the rollout side failed; the engines keep their previous weights."""
+
+
+class RouterReplayError(TrainerError, ValueError):
+    """MoE routing replay cannot run: no MoE router in the model, or routes of the wrong shape or range."""

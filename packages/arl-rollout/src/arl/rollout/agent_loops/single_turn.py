@@ -48,6 +48,7 @@ class SingleTurnAgentLoop:
             weight_versions=list(out.weight_versions) if out.weight_versions else [-1] * n,
             reward=reward,
             finish_reason=out.stop_reason,
+            routed_experts=out.routed_experts,
             timings={"generate": elapsed},
         )
 

@@ -115,6 +115,7 @@ class ToolAgentLoop:
             reward=reward,
             finish_reason=finish_reason,
             num_turns=trajectory.num_turns,
+            routed_experts=trajectory.routed_experts,
             timings={"episode": time.perf_counter() - started},
         )
 

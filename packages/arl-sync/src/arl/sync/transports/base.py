@@ -34,8 +34,9 @@ class SenderTransport(Protocol):
         """Block until `slot` may be packed again (transport-side; acks are handled by the sender)."""
         ...
 
-    def pack(self, slot: int, chunks: list[Chunk]) -> None:
-        """Copy (and cast) the chunks into `slot`."""
+    def pack(self, slot: int, chunks: list[Chunk], base: int = 0) -> None:
+        """Copy (and cast) the chunks into `slot` (`base`: the bucket's first stream byte; chunk byte
+        ranges are relative to it)."""
         ...
 
     def post(self, slot: int, nbytes: int) -> None:

@@ -1,21 +1,30 @@
-"""The "cuda_ipc" transport: the two bucket slots live in the sender's GPU memory and every receiver
-on the same host maps them once through a CUDA IPC handle (sent in `Welcome`).
+"""The "cuda_ipc" transport: one copy. Each receiver exports its staging buffer (GPU memory) through a
+CUDA IPC handle; the sender opens it and writes every tensor straight to its place in the stream.
 
-Packing is a device copy on the sender; fetching is a device-to-device copy on the receiver
-(on the same GPU or a peer GPU). Both sides synchronise their stream before announcing/acknowledging,
-so the slot protocol (pack k+1 while receivers copy k) is the same as the "cpu" transport's.
+Per sync: the receiver reserves its staging buffer (sized from the sender's hint, which is exact from
+the second sync on: the first sync of a lazy iterator is drawn into a list to size it), waits until
+its previous `apply` finished reading it, and answers `Begin` with `Ack(-1, info=handle)`. The handle
+carries a generation number, so the sender opens a receiver's buffer once and reuses the mapping
+across syncs until the receiver reallocates. The sender then copies (and casts) each bucket's chunks
+into every receiver's buffer on one copy stream, with no per-bucket synchronisation or acknowledgement,
+and waits for the stream once before `End`: the bytes have landed when a receiver sees `End`.
+
+Sender and receivers must be on one host; the receiver's GPU must be visible to the sender (the same
+GPU, or a peer GPU the sender's process can see).
 """
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from ..errors import TransportError
 from ..plan import Chunk, pack_chunks
 from ..types import SyncConfig
+from .base import wait_event
 
 
 def _device_uuid(index: int) -> str:
@@ -33,10 +42,20 @@ def _local_index(uuid: str, fallback: int) -> int:
     return fallback
 
 
-class IpcSender:
-    """Sender side: two slots in one device allocation, shared by IPC handle."""
+@dataclass(slots=True)
+class _Mapped:
+    generation: int
+    buf: torch.Tensor
 
-    needs_acks = True
+
+class IpcSender:
+    """Sender side: opens each receiver's exported staging buffer and packs straight into it."""
+
+    needs_acks = False
+    #: Receivers answer `Begin` with their staging handle (`Ack(-1, info=...)`), which `attach` takes.
+    wants_staging = True
+    #: Data is complete only after `finish`: the sender calls it before announcing `End`.
+    lands_at_end = True
 
     def __init__(self, cfg: SyncConfig, device: torch.device | None) -> None:
         if not torch.cuda.is_available():
@@ -44,19 +63,48 @@ class IpcSender:
         self._dev = device if device is not None else torch.device("cuda", torch.cuda.current_device())
         if self._dev.index is None:
             self._dev = torch.device("cuda", torch.cuda.current_device())
-        B = cfg.bucket_bytes
-        self._buf = torch.empty(2 * B, dtype=torch.uint8, device=self._dev)
-        self._slots = [self._buf[:B], self._buf[B:]]
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        fn, args = reduce_tensor(self._buf)
-        self._info = pickle.dumps((fn, args, _device_uuid(self._dev.index), self._dev.index))
+        self._stream = torch.cuda.Stream(self._dev)
+        self._done = torch.cuda.Event()
+        self._mapped: dict[bytes, _Mapped] = {}
+        self._targets: list[torch.Tensor] = []
+        #: Receiver buffers opened so far (a mapping is reused while the receiver's generation holds).
+        self.handles_opened = 0
 
     def welcome_info(self, hello_device: str) -> bytes:
-        return self._info
+        return b""
 
     def begin(self, member_ids: Sequence[bytes]) -> dict[bytes, bytes]:
+        for gone in set(self._mapped) - set(member_ids):
+            del self._mapped[gone]
+        self._targets = []
         return {}
+
+    def attach(self, infos: dict[bytes, bytes]) -> None:
+        """Map every participant's staging buffer (`infos`: ident -> the receiver's `Ack(-1).info`)."""
+        targets = []
+        for ident, info in infos.items():
+            try:
+                generation, capacity, fn, args, uuid, index = pickle.loads(info)
+            except Exception as e:
+                raise TransportError(f"bad CUDA IPC staging handle from a receiver: {type(e).__name__}: {e}") from e
+            m = self._mapped.get(ident)
+            if m is None or m.generation != generation:
+                self._mapped.pop(ident, None)  # drop the old mapping before opening the new one
+                try:
+                    args = list(args)
+                    if getattr(fn, "__name__", "") == "rebuild_cuda_tensor":
+                        args[6] = _local_index(uuid, index)  # storage_device: that GPU under our numbering
+                    with torch.cuda.device(self._dev):
+                        buf = fn(*args)
+                except Exception as e:
+                    raise TransportError(
+                        f"cannot open a receiver's CUDA IPC staging buffer: {type(e).__name__}: {e}") from e
+                if buf.numel() < capacity:
+                    raise TransportError(f"receiver staging maps {buf.numel()} bytes, expected {capacity}")
+                m = self._mapped[ident] = _Mapped(generation, buf[:capacity])
+                self.handles_opened += 1
+            targets.append(m.buf)
+        self._targets = targets
 
     def connect(self, timeout_s: float) -> None:
         pass
@@ -64,55 +112,86 @@ class IpcSender:
     def wait_slot(self, slot: int, timeout_s: float, check: Callable[[], None]) -> None:
         pass
 
-    def pack(self, slot: int, chunks: list[Chunk]) -> None:
-        with torch.cuda.device(self._dev):
-            pack_chunks(self._slots[slot], chunks, non_blocking=True)
-            torch.cuda.current_stream(self._dev).synchronize()
+    def pack(self, slot: int, chunks: list[Chunk], base: int = 0) -> None:
+        if not chunks:
+            return
+        end = base + max(c.hi for c in chunks)
+        for t in self._targets:
+            if end > t.numel():
+                raise TransportError(
+                    f"the stream outgrew a receiver's staging buffer ({end} > {t.numel()} bytes): the size "
+                    "hint was wrong (tensor shapes changed between syncs?)")
+        s = self._stream
+        s.wait_stream(torch.cuda.current_stream(self._dev))  # sources were produced there
+        with torch.cuda.stream(s):
+            for t in self._targets:
+                pack_chunks(t[base:end], chunks, non_blocking=True)  # chunk bytes are relative to `base`
+        for c in chunks:
+            if c.flat.is_cuda:
+                c.flat.record_stream(s)  # keep a lazily produced source alive until copied
 
     def post(self, slot: int, nbytes: int) -> None:
         pass
 
     def finish(self, timeout_s: float, check: Callable[[], None]) -> None:
-        pass
+        self._done.record(self._stream)
+        wait_event(self._done, timeout_s, check, "CUDA IPC copies into the receivers' staging")
 
     def abort(self) -> None:
-        pass
+        try:
+            self._stream.synchronize()  # no copy may still be writing into a receiver's buffer
+        except Exception:
+            pass
+        self._targets = []
 
     def close(self) -> None:
-        self._slots = []
+        self.abort()
+        self._mapped.clear()
 
 
 class IpcReceiver:
-    """Receiver side: opens the sender's slots once and copies from them."""
+    """Receiver side: exports its staging buffer; the sender's copies land in it directly."""
 
-    needs_acks = True
+    needs_acks = False
+    lands_at_end = True
 
     def __init__(self, cfg: SyncConfig, device: torch.device, info: bytes) -> None:
-        try:
-            fn, args, uuid, index = pickle.loads(info)
-            args = list(args)
-            if getattr(fn, "__name__", "") == "rebuild_cuda_tensor":
-                args[6] = _local_index(uuid, index)  # storage_device: the same GPU under our numbering
-            self._buf = fn(*args)
-        except Exception as e:
-            raise TransportError(f"cannot open the sender's CUDA IPC buffer: {type(e).__name__}: {e}") from e
-        B = cfg.bucket_bytes
-        self._slots = [self._buf[:B], self._buf[B:]]
+        if device.type != "cuda":
+            raise TransportError(f"transport 'cuda_ipc' stages on a CUDA device, got {device}")
         self._device = device
+        self._exported: tuple[int, int] | None = None  # (data_ptr, capacity) of the exported buffer
+        self._info = b""
+        self._generation = 0
 
     def begin(self, info: bytes, timeout_s: float) -> None:
         pass
 
+    def export(self, staging: torch.Tensor) -> bytes:
+        """The handle of `staging` for the sender (re-exported only when the buffer changed). Waits
+        for this process's pending work on it first: the sender overwrites it right after."""
+        torch.cuda.current_stream(self._device).synchronize()
+        key = (staging.data_ptr(), staging.numel())
+        if self._exported != key:
+            if staging.numel() == 0:
+                raise TransportError("transport 'cuda_ipc' needs the stream size before the first bucket "
+                                     "(the sender sends a size hint)")
+            from torch.multiprocessing.reductions import reduce_tensor
+
+            fn, args = reduce_tensor(staging)
+            self._generation += 1
+            index = staging.device.index if staging.device.index is not None else torch.cuda.current_device()
+            self._info = pickle.dumps((self._generation, staging.numel(), fn, args, _device_uuid(index), index))
+            self._exported = key
+        return self._info
+
     def fetch(self, slot: int, nbytes: int, dst: torch.Tensor) -> None:
-        dst.copy_(self._slots[slot][:nbytes], non_blocking=True)
-        torch.cuda.current_stream(dst.device).synchronize()
+        pass  # the sender wrote (or is writing) the bucket into `dst` itself
 
     def wait(self, timeout_s: float, check: Callable[[], None]) -> None:
-        pass
+        pass  # the sender finished its copies before it sent `End`
 
     def abort(self) -> None:
         pass
 
     def close(self) -> None:
-        self._slots = []
-        self._buf = None
+        self._exported = None

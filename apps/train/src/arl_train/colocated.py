@@ -1,0 +1,83 @@
+"""Colocated mode (verl's synchronous hybrid engine): rollout and training take turns on the same GPUs.
+
+One step: every replica generates the step's samples with the current weights; as soon as the trainer
+holds them the replicas go to sleep (vLLM releases its KV cache and moves its weights to host memory,
+`rollout.sleep_level`), the trainer runs its update on the freed GPU, the replicas wake their weight
+memory, the new weights arrive (CUDA IPC: the trainer rank writes into each replica's staging buffer
+on the shared GPU), the KV cache comes back and generation resumes for the next step.
+
+`placement.resolve` makes colocated runs synchronous (staleness 0, one sync per step, no partial
+rollout), so when the trainer has its batch no generation is in flight. The two wrappers slot into the
+trainer loop's seams: `ColocatedSource` (the sample source: sleep once the batch is complete) and
+`ColocatedControl` (the rollout control: wake around the weight transfer). vLLM's CPU build accepts
+sleep/wake and ignores them (it has no sleep mode); the turn-taking is the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+
+class ColocatedControl:
+    """`RolloutControl` that wakes the sleeping replicas around the weight transfer."""
+
+    def __init__(self, inner: Any, rollout_handle: Any, sleep_level: int, timeout_s: float) -> None:
+        self.inner = inner
+        self.rollout = rollout_handle
+        self.sleep_level = sleep_level
+        self.timeout_s = timeout_s
+        self.asleep = False
+        self._timings: dict[str, float] = {}
+
+    async def sleep(self) -> None:
+        """The step's samples are in: release the replicas' GPU memory for the trainer."""
+        t0 = time.perf_counter()
+        await asyncio.wait_for(self.rollout.sleep.remote(self.sleep_level), self.timeout_s)
+        self.asleep = True
+        self._timings["colocated_sleep_s"] = time.perf_counter() - t0
+
+    async def _wake(self, tags: list[str], key: str) -> None:
+        t0 = time.perf_counter()
+        await asyncio.wait_for(self.rollout.wake_up.remote(tags), self.timeout_s)
+        self._timings[key] = time.perf_counter() - t0
+
+    async def pause(self) -> None:
+        await self.inner.pause()
+        if self.asleep:  # the weights' memory must be back before the sync writes into it
+            await self._wake(["weights"], "colocated_wake_weights_s")
+
+    async def update_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
+        await self.inner.update_weights(sync_address, sync_config_json, version)
+
+    async def resume(self, queued_samples: int) -> None:
+        if self.asleep:
+            await self._wake(["kv_cache"], "colocated_wake_kv_s")
+            self.asleep = False
+        await self.inner.resume(queued_samples)
+
+    def pop_timings(self) -> dict[str, float]:
+        out, self._timings = self._timings, {}
+        return out
+
+
+class ColocatedSource:
+    """The trainer's sample source: once a step's `required` samples are taken, the replicas sleep."""
+
+    def __init__(self, inner: Any, control: ColocatedControl, required: int) -> None:
+        self.inner = inner
+        self.control = control
+        self.required = required
+        self._taken = 0
+
+    async def get_batch(self, n: int, timeout: float | None = None) -> list[Any]:
+        batch = await self.inner.get_batch(n, timeout)
+        self._taken += len(batch)
+        if self._taken >= self.required:
+            self._taken = 0
+            await self.control.sleep()
+        return batch
+
+    async def size(self) -> int:
+        return await self.inner.size()

@@ -1,0 +1,350 @@
+"""Placement: which devices every actor of a run gets, and the Ray placement groups that reserve them.
+
+The packages only take devices and addresses as arguments; this module decides them from the config's
+`resources`, `rollout.device` / `rollout.replicas` and `sync.transport`:
+
+* `resolve(config)` (called by `load_config`) rejects impossible layouts with an error naming the key,
+  turns `sync.transport = "auto"` into a transport, and makes colocated runs synchronous.
+* `Layout` is the resolved shape of a run: trainer ranks, replicas × tensor-parallel GPUs, colocated
+  or split, the transport, how many receivers a sync has (every TP worker is one).
+* `reserve(layout)` asks Ray for the GPUs: split runs get one placement group for the trainer ranks
+  (STRICT_PACK: one node, one bundle per rank) and one per replica (one bundle of TP GPUs, so the
+  replica's actor owns all of them and vLLM's "mp" executor starts one worker per GPU inside it);
+  colocated runs get one group with one GPU bundle per replica, shared by the replica (half a GPU in
+  Ray's accounting) and the trainer rank of that GPU. `Reservation.trainer_options(rank)` /
+  `replica_options(i)` are the Ray actor options that place each actor in its bundle.
+* `sender_host(transport)` is the address the weight sender binds: the node's reachable address for
+  NCCL (receivers may sit on other nodes), loopback for the single-host transports.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from arl_train.config import AppConfig, ConfigError
+
+#: Trainer ranks this build can run: a data-parallel backend (one Ray actor per GPU joined through a
+#: torch.distributed rendezvous; see `TrainerRank`) is what lifts it.
+MAX_TRAINER_RANKS = 1
+
+
+class PlacementError(ConfigError):
+    """The cluster cannot hold the configured layout (too few GPUs, a model TP cannot split, Ray did
+    not grant the placement groups in time); the message names the config key."""
+
+
+class Layout(msgspec.Struct, frozen=True, kw_only=True):
+    """The resolved shape of a run (what `reserve` and the actors need)."""
+
+    trainer_gpus: int
+    replicas: int
+    tensor_parallel_size: int
+    colocate: bool
+    rollout_on_gpu: bool
+    transport: str
+
+    @property
+    def trainer_ranks(self) -> int:
+        return max(1, self.trainer_gpus)
+
+    @property
+    def rollout_gpus(self) -> int:
+        return self.replicas * self.tensor_parallel_size if self.rollout_on_gpu else 0
+
+    @property
+    def total_gpus(self) -> int:
+        return self.trainer_gpus if self.colocate and self.rollout_on_gpu else self.trainer_gpus + self.rollout_gpus
+
+    @property
+    def receivers(self) -> int:
+        """Receivers of one sync: every worker (TP rank) of every replica receives the full tensors."""
+        return self.replicas * (self.tensor_parallel_size if self.rollout_on_gpu else 1)
+
+
+class TrainerRank(msgspec.Struct, frozen=True, kw_only=True):
+    """One trainer rank's place in the data-parallel group (the rendezvous of torch.distributed)."""
+
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+
+
+def layout_of(config: AppConfig) -> Layout:
+    r = config.resources
+    return Layout(
+        trainer_gpus=r.trainer_gpus,
+        replicas=config.rollout.replicas,
+        tensor_parallel_size=r.tensor_parallel_size,
+        colocate=r.colocate,
+        rollout_on_gpu=config.rollout.device == "cuda",
+        transport=config.sync.transport,
+    )
+
+
+def _auto_transport(trainer_on_gpu: bool, rollout_on_gpu: bool, colocate: bool) -> str:
+    if not (trainer_on_gpu and rollout_on_gpu):
+        return "cpu"
+    return "cuda_ipc" if colocate else "nccl"
+
+
+def resolve(config: AppConfig) -> AppConfig:
+    """Validate the layout (errors name the key) and return the config with `sync.transport`
+    resolved and, for colocated runs, the synchronous schedule set."""
+    r, ro = config.resources, config.rollout
+    if r.trainer_gpus < 0:
+        raise ConfigError(f"resources.trainer_gpus must be >= 0 (0 = trainer on the CPU), got {r.trainer_gpus}")
+    if ro.replicas < 1:
+        raise ConfigError(f"rollout.replicas must be >= 1, got {ro.replicas}")
+    if r.tensor_parallel_size < 1:
+        raise ConfigError(f"resources.tensor_parallel_size must be >= 1, got {r.tensor_parallel_size}")
+    if r.gpus_per_node < 0:
+        raise ConfigError(f"resources.gpus_per_node must be >= 0, got {r.gpus_per_node}")
+    if not 0 < ro.gpu_memory_utilization <= 1:
+        raise ConfigError(f"rollout.gpu_memory_utilization must be in (0, 1], got {ro.gpu_memory_utilization}")
+    trainer_on_gpu = r.trainer_gpus > 0
+    rollout_on_gpu = ro.device == "cuda"
+    if config.actor.device.startswith("cuda") and not trainer_on_gpu:
+        raise ConfigError(
+            f"actor.device={config.actor.device!r} needs resources.trainer_gpus >= 1 (Ray reserves the "
+            "trainer's GPUs; the trainer's device follows resources.trainer_gpus)")
+    if r.trainer_gpus > MAX_TRAINER_RANKS:
+        raise ConfigError(
+            f"resources.trainer_gpus={r.trainer_gpus}: more than {MAX_TRAINER_RANKS} trainer rank needs a "
+            "data-parallel trainer backend (FSDP2), which this build does not have yet")
+    if r.tensor_parallel_size > 1:
+        if not rollout_on_gpu:
+            raise ConfigError(
+                f"resources.tensor_parallel_size={r.tensor_parallel_size} needs rollout.device='cuda' "
+                "(tensor parallelism splits a replica over GPUs)")
+        if ro.engine != "vllm":
+            raise ConfigError(
+                f"resources.tensor_parallel_size={r.tensor_parallel_size} needs rollout.engine='vllm' "
+                f"(the {ro.engine!r} engine runs on one device)")
+    if r.gpus_per_node:
+        if r.tensor_parallel_size > r.gpus_per_node:
+            raise ConfigError(
+                f"resources.tensor_parallel_size={r.tensor_parallel_size} exceeds resources.gpus_per_node="
+                f"{r.gpus_per_node}: a replica's GPUs are packed on one node")
+        if r.trainer_gpus > r.gpus_per_node:
+            raise ConfigError(
+                f"resources.trainer_gpus={r.trainer_gpus} exceeds resources.gpus_per_node={r.gpus_per_node}: "
+                "the trainer's GPUs are packed on one node")
+    at = config.async_training
+    if r.colocate:
+        if trainer_on_gpu != rollout_on_gpu:
+            raise ConfigError(
+                "resources.colocate=true puts trainer and rollout on the same devices: set both on GPUs "
+                f"(resources.trainer_gpus >= 1 and rollout.device='cuda') or both on the CPU; got "
+                f"resources.trainer_gpus={r.trainer_gpus}, rollout.device={ro.device!r}")
+        if rollout_on_gpu:
+            if r.tensor_parallel_size != 1:
+                raise ConfigError(
+                    f"resources.colocate=true with resources.tensor_parallel_size={r.tensor_parallel_size}: "
+                    "colocated replicas use one GPU each in this build")
+            if r.trainer_gpus != ro.replicas * r.tensor_parallel_size:
+                raise ConfigError(
+                    f"resources.colocate=true needs as many trainer GPUs as rollout GPUs: "
+                    f"resources.trainer_gpus={r.trainer_gpus} but rollout.replicas × "
+                    f"resources.tensor_parallel_size = {ro.replicas * r.tensor_parallel_size}")
+        # Taking turns is synchronous: one step's samples, all from the current weights, then train.
+        at = msgspec.structs.replace(at, trigger_parameter_sync_step=1, staleness_threshold=0.0,
+                                     partial_rollout=False)
+    transport = config.sync.transport
+    if transport == "auto":
+        transport = _auto_transport(trainer_on_gpu, rollout_on_gpu, r.colocate)
+    elif transport in ("nccl", "cuda_ipc") and not (trainer_on_gpu and rollout_on_gpu):
+        raise ConfigError(
+            f"sync.transport={transport!r} moves weights GPU to GPU: it needs resources.trainer_gpus >= 1 "
+            f"and rollout.device='cuda' (got {r.trainer_gpus} and {ro.device!r}); use 'cpu' or 'auto'")
+    elif transport == "nccl" and r.colocate:
+        raise ConfigError(
+            "sync.transport='nccl' cannot serve resources.colocate=true: NCCL puts each rank on its own GPU "
+            "and a colocated replica shares the trainer's; use 'cuda_ipc' or 'auto'")
+    elif transport == "cuda_ipc" and not r.colocate:
+        raise ConfigError(
+            "sync.transport='cuda_ipc' needs the replicas on the trainer's GPU (resources.colocate=true): "
+            "each actor sees only its own GPUs; use 'nccl' or 'auto'")
+    if config.sync.bucket_mb < 0:
+        raise ConfigError(f"sync.bucket_mb must be >= 0 (0 = by transport), got {config.sync.bucket_mb}")
+    bucket_mb = config.sync.bucket_mb or {"cpu": 64, "nccl": 256, "cuda_ipc": 1024}[transport]
+    sync = msgspec.structs.replace(config.sync, transport=transport, bucket_mb=bucket_mb)
+    return msgspec.structs.replace(config, async_training=at, sync=sync)
+
+
+def check_model(layout: Layout, model_path: Path) -> None:
+    """Tensor parallelism must split the model's attention heads evenly (vLLM's rule)."""
+    tp = layout.tensor_parallel_size
+    if tp == 1:
+        return
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise PlacementError(f"cannot read {model_path}/config.json to check resources.tensor_parallel_size: {exc}")
+    cfg = cfg.get("text_config", cfg)
+    heads = int(cfg.get("num_attention_heads", 0))
+    kv = int(cfg.get("num_key_value_heads", heads))
+    if heads % tp:
+        raise PlacementError(
+            f"resources.tensor_parallel_size={tp} does not divide the model's {heads} attention heads")
+    if kv and (kv % tp if kv >= tp else tp % kv):
+        raise PlacementError(
+            f"resources.tensor_parallel_size={tp} and the model's {kv} KV heads: one must divide the other")
+
+
+def check_cluster(layout: Layout, cluster_gpus: float, node_gpus: list[float]) -> None:
+    """The cluster must hold the layout: enough GPUs, and each packed group on one node."""
+    need = layout.total_gpus
+    if need > cluster_gpus:
+        raise PlacementError(
+            f"the run needs {need} GPUs (resources.trainer_gpus={layout.trainer_gpus}"
+            f"{'' if layout.colocate else f' + rollout.replicas={layout.replicas} × resources.tensor_parallel_size={layout.tensor_parallel_size}'}"
+            f"), the Ray cluster has {cluster_gpus:g}")
+    biggest = max(node_gpus, default=0.0)
+    if layout.rollout_on_gpu and layout.tensor_parallel_size > biggest:
+        raise PlacementError(
+            f"resources.tensor_parallel_size={layout.tensor_parallel_size} exceeds the largest node's "
+            f"{biggest:g} GPUs (a replica's GPUs are packed on one node)")
+    if layout.trainer_gpus > biggest:
+        raise PlacementError(
+            f"resources.trainer_gpus={layout.trainer_gpus} exceeds the largest node's {biggest:g} GPUs")
+
+
+class Reservation:
+    """The placement groups of a run and the actor options that use them."""
+
+    def __init__(self, layout: Layout, trainer_pg: Any = None, replica_pgs: list[Any] | None = None,
+                 shared_pg: Any = None) -> None:
+        self.layout = layout
+        self.trainer_pg = trainer_pg
+        self.replica_pgs = replica_pgs or []
+        self.shared_pg = shared_pg
+
+    @staticmethod
+    def _in(pg: Any, bundle: int) -> dict[str, Any]:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=pg, placement_group_bundle_index=bundle, placement_group_capture_child_tasks=False)}
+
+    def trainer_options(self, rank: int = 0) -> dict[str, Any]:
+        """Ray actor options of trainer rank `rank` (its GPU, or none on the CPU)."""
+        lay = self.layout
+        if lay.trainer_gpus == 0:
+            return {"num_cpus": 0, "num_gpus": 0}
+        if self.shared_pg is not None:  # colocated: half of the GPU it shares with replica `rank`
+            return {"num_cpus": 0, "num_gpus": 0.5} | self._in(self.shared_pg, rank)
+        return {"num_cpus": 0, "num_gpus": 1} | self._in(self.trainer_pg, rank)
+
+    def replica_options(self, index: int) -> dict[str, Any]:
+        """Ray actor options of rollout replica `index` (all its GPUs, or none on the CPU)."""
+        lay = self.layout
+        if not lay.rollout_on_gpu:
+            return {"num_cpus": 0, "num_gpus": 0}
+        if self.shared_pg is not None:
+            return {"num_cpus": 0, "num_gpus": 0.5} | self._in(self.shared_pg, index)
+        return {"num_cpus": 0, "num_gpus": lay.tensor_parallel_size} | self._in(self.replica_pgs[index], 0)
+
+    def release(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in [self.trainer_pg, self.shared_pg, *self.replica_pgs]:
+            if pg is not None:
+                try:
+                    remove_placement_group(pg)
+                except Exception:
+                    pass
+
+
+def reserve(layout: Layout, timeout_s: float = 300.0) -> Reservation:
+    """Create (and wait for) the placement groups of `layout`; nothing to reserve on the CPU."""
+    if layout.total_gpus == 0:
+        return Reservation(layout)
+    import ray
+    from ray.util.placement_group import placement_group
+
+    resources = ray.cluster_resources()
+    nodes = [n.get("Resources", {}).get("GPU", 0.0) for n in ray.nodes() if n.get("Alive")]
+    check_cluster(layout, resources.get("GPU", 0.0), nodes)
+    groups: list[Any] = []
+    res = Reservation(layout)
+    if layout.colocate:
+        res.shared_pg = placement_group([{"GPU": 1}] * layout.replicas, strategy="STRICT_PACK",
+                                        name="arl-colocated")
+        groups.append(res.shared_pg)
+    else:
+        if layout.trainer_gpus:
+            res.trainer_pg = placement_group([{"GPU": 1}] * layout.trainer_gpus, strategy="STRICT_PACK",
+                                             name="arl-trainer")
+            groups.append(res.trainer_pg)
+        if layout.rollout_on_gpu:
+            res.replica_pgs = [
+                placement_group([{"GPU": layout.tensor_parallel_size}], strategy="STRICT_PACK", name=f"arl-replica-{i}")
+                for i in range(layout.replicas)
+            ]
+            groups += res.replica_pgs
+    try:
+        ray.get([pg.ready() for pg in groups], timeout=timeout_s)
+    except Exception as exc:
+        res.release()
+        raise PlacementError(
+            f"Ray did not grant the placement groups within resources.placement_timeout_s={timeout_s:g}s "
+            f"({layout.total_gpus} GPUs: {type(exc).__name__})") from None
+    return res
+
+
+def node_ip() -> str:
+    """This node's address as other nodes reach it (Ray's view when Ray runs here)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except Exception:
+        pass
+    return socket_ip()
+
+
+def socket_ip() -> str:
+    """The source address of this host's default route (no packet is sent), else the host name's
+    address, else loopback."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            ip = s.getsockname()[0]
+            if ip and not ip.startswith("0."):
+                return ip
+    except OSError:
+        pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def sender_host(transport: str) -> str:
+    """Where the weight sender binds: reachable from other nodes for NCCL; loopback for the transports
+    that need sender and receivers on one host ("cpu" shared memory, "cuda_ipc")."""
+    return node_ip() if transport == "nccl" else "127.0.0.1"
+
+
+def free_port(host: str = "") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def trainer_ranks(layout: Layout) -> list[TrainerRank]:
+    """One `TrainerRank` per trainer GPU, all meeting at rank 0's node (the torch.distributed
+    rendezvous a data-parallel backend joins; one rank needs none)."""
+    n = layout.trainer_ranks
+    if n == 1:
+        return [TrainerRank()]
+    addr = node_ip()
+    port = free_port()
+    return [TrainerRank(rank=i, world_size=n, master_addr=addr, master_port=port) for i in range(n)]

@@ -1,0 +1,79 @@
+"""Benchmark (c): peak memory (and time) of the LM head + log-prob, naive vs chunked, at 8k and 32k tokens.
+
+    python packages/arl-trainer/benchmarks/head_memory.py
+
+Qwen2.5-7B head shape (hidden 3584, vocabulary 152064), bf16 hidden states and weight, forward +
+backward of Σ log π(target). Naive: `hidden @ W.T` → fp32 → log_softmax → gather (what a plain HF
+step does). Chunked: `arl.trainer.head.chunked_log_probs`. Peak is measured above what the inputs
+and their gradients already hold. Prints one JSON block; writes $OUT/head_memory.json.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import _common  # noqa: F401
+import torch
+from _common import SMOKE, bench_device, emit, empty_cache, is_oom, peak_gib, reset_peak, sync
+
+HIDDEN, VOCAB = (64, 512) if SMOKE else (3584, 152064)
+TOKENS = (256, 1024) if SMOKE else (8192, 32768)
+
+
+def naive(hidden, weight, targets):
+    logits = (hidden @ weight.t()).float()
+    return torch.log_softmax(logits, -1).gather(1, targets[:, None]).squeeze(1)
+
+
+def chunked(hidden, weight, targets):
+    from arl.trainer.head import chunked_log_probs
+
+    return chunked_log_probs(hidden, weight, targets)[0]
+
+
+def measure(fn, n, device):
+    g = torch.Generator(device=device).manual_seed(0)
+    hidden = (torch.randn(n, HIDDEN, device=device, generator=g) * 0.5).to(torch.bfloat16).requires_grad_()
+    weight = (torch.randn(VOCAB, HIDDEN, device=device, generator=g) * 0.02).to(torch.bfloat16).requires_grad_()
+    targets = torch.randint(0, VOCAB, (n,), device=device, generator=g)
+    hidden.grad = torch.zeros_like(hidden)
+    weight.grad = torch.zeros_like(weight)
+    sync(device)
+    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    reset_peak(device)
+    t = time.perf_counter()
+    logp = fn(hidden, weight, targets)
+    logp.sum().backward()
+    sync(device)
+    elapsed = time.perf_counter() - t
+    out = {"peak_above_inputs_gib": peak_gib(device) - base / 2**30, "fwd_bwd_s": elapsed, "logp_sum": float(logp.sum())}
+    del hidden, weight, targets, logp
+    return out
+
+
+def main() -> None:
+    device = bench_device()
+    result = {"benchmark": "head_memory", "hidden": HIDDEN, "vocab": VOCAB, "dtype": "bfloat16", "runs": {}}
+    for n in TOKENS:
+        for name, fn in (("chunked", chunked), ("naive", naive)):
+            key = f"{name}_{n}"
+            try:
+                measure(fn, min(n, 1024), device)  # warm-up kernels at a small size
+                result["runs"][key] = measure(fn, n, device)
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
+                result["runs"][key] = {"error": f"OOM: {str(exc)[:200]}"}
+            gc.collect()
+            empty_cache(device)
+            print(key, result["runs"][key], flush=True)
+        c, v = result["runs"].get(f"chunked_{n}", {}), result["runs"].get(f"naive_{n}", {})
+        if "peak_above_inputs_gib" in c and "peak_above_inputs_gib" in v and c["peak_above_inputs_gib"] > 0:
+            result[f"memory_ratio_naive_over_chunked_{n}"] = v["peak_above_inputs_gib"] / c["peak_above_inputs_gib"]
+            result[f"logp_sum_rel_diff_{n}"] = abs(c["logp_sum"] - v["logp_sum"]) / abs(v["logp_sum"])
+    emit("head_memory", result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Joining a torch.distributed group: the same rendezvous for Ray actors, torchrun and local processes.
+
+A trainer rank only needs a `DistributedSpec` (address, port, rank, world size): the app's placement
+code picks rank 0's host and a free port there and hands a spec to each Ray actor; `spec_from_env`
+reads torchrun's variables; `spawn_local` starts N processes on this host (tests, benchmarks)
+without torchrun. NCCL on CUDA, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistributedSpec:
+    address: str
+    port: int
+    rank: int
+    world_size: int
+    # CUDA device index on this host; None = rank % visible devices (a Ray actor that sees one GPU gets 0).
+    local_rank: int | None = None
+    # "nccl" | "gloo" | None (nccl when CUDA is available, else gloo)
+    backend: str | None = None
+    timeout_s: float = 600.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (for rank 0's rendezvous)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def spec_from_env() -> DistributedSpec:
+    """The spec torchrun (or any launcher setting RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) describes."""
+    try:
+        return DistributedSpec(
+            address=os.environ["MASTER_ADDR"], port=int(os.environ["MASTER_PORT"]), rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            local_rank=int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None,
+        )
+    except KeyError as exc:
+        raise RuntimeError(f"torch.distributed environment variable {exc} is not set") from None
+
+
+def init_distributed(spec: DistributedSpec) -> torch.device:
+    """Join the process group (once per process); returns this rank's device."""
+    use_cuda = torch.cuda.is_available() and spec.backend != "gloo"
+    backend = spec.backend or ("nccl" if use_cuda else "gloo")
+    if use_cuda:
+        index = spec.local_rank if spec.local_rank is not None else spec.rank % torch.cuda.device_count()
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{spec.address}:{spec.port}",
+            rank=spec.rank,
+            world_size=spec.world_size,
+            timeout=datetime.timedelta(seconds=spec.timeout_s),
+            **({"device_id": device} if backend == "nccl" else {}),
+        )
+    return device
+
+
+def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, backend: str | None, args: tuple) -> None:
+    spec = DistributedSpec("127.0.0.1", port, rank, world_size, backend=backend)
+    try:
+        fn(spec, *args)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str | None = None) -> None:
+    """Run `fn(spec, *args)` in `world_size` fresh processes on this host; raises if any rank fails.
+
+    `fn` must be importable by module name (spawned processes re-import it).
+    """
+    import torch.multiprocessing as mp
+
+    mp.spawn(_entry, args=(fn, world_size, free_port(), backend, args), nprocs=world_size, join=True)

@@ -1,0 +1,173 @@
+"""The FSDP2 policy backend: one process per GPU, parameters sharded with `fully_shard`.
+
+Construction: the model is built on the meta device, each decoder layer and then the root
+(`PackedCausalLM`, which owns embedding, final norm and LM head) are `fully_shard`ed, storage is
+allocated shard by shard (`to_empty`), and the weights are loaded from rank 0's HF folder and
+broadcast (or, given a config instead of a folder, initialised randomly shard by shard). Mixed
+precision is FSDP2's `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`: fp32 master
+shards and AdamW state, bf16 compute. The shared update (`PackedPolicy.train_step`) runs unchanged:
+every rank gets the same batch, takes its share of the balanced packing plan, syncs gradients only on
+the last micro-batch, clips with the global (sharded) norm.
+
+Weights out: `iter_sync_parameters` gathers one parameter at a time (cast to the rollout dtype first,
+so the all-gather moves half the bytes), on every rank; rank 0 streams them into arl-sync's sender
+(`named_parameters_for_sync`), the others drain the same iterator (`drain_sync_parameters`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from arl.trainer.config import TrainerConfig
+from arl.trainer.distributed import DistributedSpec, init_distributed
+from arl.trainer.engine import PackedPolicy
+from arl.trainer.model import PackedCausalLM, apply_activation_checkpointing, decoder_layers
+
+
+def _full_hf_state_dict(model_path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(model_path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_path}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+def _reset_rotary_buffers(model: torch.nn.Module, device: torch.device) -> None:
+    """Non-persistent buffers (RoPE inverse frequencies) are garbage after `to_empty`: recompute them."""
+    for module in model.modules():
+        if hasattr(module, "inv_freq") and hasattr(module, "config"):
+            fresh = type(module)(module.config)
+            for name, buf in fresh.named_buffers(recurse=False):
+                setattr(module, name, buf.to(device))
+            if hasattr(fresh, "attention_scaling"):
+                module.attention_scaling = fresh.attention_scaling
+
+
+class FSDPPolicy(PackedPolicy):
+    def __init__(
+        self,
+        model: str | Path | Any,
+        config: TrainerConfig,
+        spec: DistributedSpec,
+        *,
+        seed: int = 0,
+        sync_dtype: torch.dtype | None = None,
+    ) -> None:
+        """`model`: an HF model folder (weights read on rank 0, broadcast) or an HF config (random init)."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        self.config = config
+        self.spec = spec
+        self.device = init_distributed(spec)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.sync_dtype = sync_dtype
+        torch.manual_seed(seed)
+        from_folder = isinstance(model, (str, Path))
+        self.model_path = Path(model) if from_folder else None
+        hf_config = AutoConfig.from_pretrained(self.model_path) if from_folder else model
+        with torch.device("meta"):
+            self.model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+        apply_activation_checkpointing(self.model, config.activation_checkpointing)
+        self.packed = PackedCausalLM(self.model, temperature=config.temperature, chunk_elements=config.logprob_chunk_elements)
+
+        mp = config.mixed_precision
+        if mp == "auto":
+            mp = "bf16" if self.device.type == "cuda" else "none"
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        kwargs: dict[str, Any] = {"mesh": mesh}
+        if mp == "bf16":
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in decoder_layers(self.model):
+            fully_shard(layer, **kwargs)
+        fully_shard(self.packed, **kwargs)
+        self.packed.to_empty(device=self.device)
+        _reset_rotary_buffers(self.model, self.device)
+        if from_folder:
+            self._load_hf_weights()
+        else:
+            self._random_init(seed)
+        self.model.train()
+        o = config.optim
+        self.optimizer = torch.optim.AdamW(self.packed.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        self._init_shared()
+        self.compute_dtype = torch.bfloat16 if mp == "bf16" else None  # applied by FSDP, not autocast
+
+    def _load_hf_weights(self) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        full: dict[str, torch.Tensor] = {}
+        if self.rank == 0:
+            hf = _full_hf_state_dict(self.model_path)
+            for key in self.packed.state_dict():
+                name = key.removeprefix("hf.")
+                if name not in hf and name == "lm_head.weight" and self.model.config.tie_word_embeddings:
+                    name = "model.embed_tokens.weight"
+                if name not in hf:
+                    raise KeyError(f"{self.model_path}: checkpoint has no tensor {name!r}")
+                full[key] = hf[name].to(torch.float32)
+        set_model_state_dict(self.packed, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+    @torch.no_grad()
+    def _random_init(self, seed: int) -> None:
+        """Benchmarks without a checkpoint: N(0, 0.02) weights, unit norms, zero biases, per shard."""
+        gen = torch.Generator(device=self.device).manual_seed(seed * 1000 + self.rank)
+        std = float(getattr(self.model.config, "initializer_range", 0.02))
+        for name, p in self.packed.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if name.endswith("norm.weight"):
+                local.fill_(1.0)
+            elif name.endswith(".bias"):
+                local.zero_()
+            else:
+                local.normal_(0.0, std, generator=gen)
+
+    # ---- distributed hooks of the shared update ----
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def _grad_sync(self, enabled: bool) -> None:
+        self.packed.set_requires_gradient_sync(enabled)
+
+    def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        norm = torch.nn.utils.clip_grad_norm_(self.packed.parameters(), max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def _all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(tensor)
+        return tensor
+
+    # ---- weights out ----
+    def iter_sync_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full tensor) one at a time; a collective: every rank must run it to the end."""
+        for name, p in self.model.named_parameters():
+            shard = p.detach()
+            if self.sync_dtype is not None:
+                shard = shard.to(self.sync_dtype)  # cast the shard, then gather: fewer bytes on the wire
+            yield name, shard.full_tensor() if hasattr(shard, "full_tensor") else shard
+
+    def named_parameters_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Rank 0's side of a sync (the other ranks call `drain_sync_parameters` at the same time)."""
+        return self.iter_sync_parameters()
+
+    def drain_sync_parameters(self) -> int:
+        """A non-zero rank's side of a sync: take part in every gather, keep nothing; returns the count."""
+        count = 0
+        for _ in self.iter_sync_parameters():
+            count += 1
+        return count
+
+    def state_dict_cpu(self) -> dict[str, torch.Tensor]:
+        """Full parameters on CPU on every rank (tests, small models)."""
+        return {name: t.to("cpu").clone() for name, t in self.iter_sync_parameters()}

@@ -1,0 +1,122 @@
+"""Packed micro-batched training equals the padded one-batch computation (fp32, CPU)."""
+
+import copy
+
+import pytest
+import torch
+
+from arl.trainer import HFPolicy, TrainerConfig, assemble_batch
+from arl.trainer.algorithms import token_log_probs
+from arl.trainer.config import OptimConfig
+from arl.trainer.engine import decoupled_ppo_tokens
+from arl.trainer.loss_agg import Denominators, aggregate
+from arl.trainer.model import PackedCausalLM
+from arl.trainer.packed import pack_rows
+
+from trainer_helpers import random_batch
+
+
+def test_packed_log_probs_and_gradients_equal_padded(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    padded_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    packed = PackedCausalLM(copy.deepcopy(padded_model))
+    batch = random_batch()
+    weights = torch.randn(batch.loss_mask.shape)
+    ref = token_log_probs(padded_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids)
+    (ref * batch.loss_mask * weights).sum().backward()
+    rows = list(range(batch.input_ids.shape[0]))
+    total = 0.0
+    for part in (rows[::3], rows[1::3], rows[2::3]):  # three packed micro-batches, rows in mixed order
+        mb = pack_rows(batch, part[::-1])
+        logp, _ = packed(mb)
+        assert torch.allclose(logp, mb.gather(ref), atol=1e-5), (logp - mb.gather(ref)).abs().max()
+        loss = (logp * mb.gather(weights)).sum()
+        loss.backward()
+        total += float(loss.detach())
+    assert total == pytest.approx(float((ref * batch.loss_mask * weights).sum().detach()), rel=1e-5)
+    grads = dict(packed.hf.named_parameters())
+    for name, p in padded_model.named_parameters():
+        g = grads[name].grad
+        assert torch.allclose(g, p.grad, atol=1e-5, rtol=1e-4), name
+
+
+def step_grads(model_dir, batch, **cfg):
+    config = TrainerConfig(optim=OptimConfig(lr=1e-2, grad_clip=1e9), **cfg)
+    policy = HFPolicy(model_dir, config)
+    metrics = policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0])
+    return {n: p.grad.clone() for n, p in policy.model.named_parameters()}, dict(policy.model.named_parameters()), metrics
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_one_vs_many_microbatches_same_update(tiny_model_dir, mode):
+    batch = random_batch(seed=1)
+    g1, p1, m1 = step_grads(tiny_model_dir, batch, loss_agg_mode=mode, max_tokens_per_microbatch=4096)
+    gk, pk, mk = step_grads(tiny_model_dir, batch, loss_agg_mode=mode, max_tokens_per_microbatch=24)
+    assert m1["microbatches"] == 1 and mk["microbatches"] >= 4
+    for name in g1:
+        assert rel(gk[name], g1[name]) <= 1e-5, name
+        assert rel(pk[name].detach(), p1[name].detach()) <= 1e-5, name
+    assert mk["loss"] == pytest.approx(m1["loss"], rel=1e-5)
+
+
+def test_loss_aggregation_modes_match_their_definitions():
+    loss = torch.tensor([1.0, 2.0, 3.0, 10.0])
+    seq = torch.tensor([0, 0, 0, 1])
+    denom = Denominators(tokens=8, seqs=4, norm_len=5)
+    assert aggregate(loss, seq, "token-mean", denom).item() == pytest.approx(16 / 8)
+    assert aggregate(loss, seq, "seq-mean-token-mean", denom).item() == pytest.approx((2.0 + 10.0) / 4)
+    assert aggregate(loss, seq, "seq-mean-token-sum-norm", denom).item() == pytest.approx(16 / (4 * 5))
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        aggregate(loss, seq, "sum", denom)
+    d = Denominators.from_loss_mask(torch.tensor([[0, 1, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0]]))
+    assert (d.tokens, d.seqs, d.norm_len) == (5, 2, 3)
+
+
+def test_per_token_loss_matches_token_mean_policy_loss():
+    from arl.trainer.algorithms import policy_loss
+
+    torch.manual_seed(0)
+    logp, prox, behav, adv = (torch.randn(1, 6) for _ in range(4))
+    mask = torch.ones(1, 6)
+    ref, _ = policy_loss(logp, prox, behav, adv, mask)
+    tok, _ = decoupled_ppo_tokens(logp[0], prox[0], behav[0], adv[0], clip_ratio_low=0.2, clip_ratio_high=0.28, tis_cap=2.0)
+    assert tok.mean().item() == pytest.approx(ref.item(), rel=1e-6)
+
+
+def test_reuse_equals_recompute_and_bypass_uses_rollout_logprobs(tiny_model_dir):
+    batch = random_batch(seed=2)
+    _, p_rec, m_rec = step_grads(tiny_model_dir, batch, proximal_mode="recompute", max_tokens_per_microbatch=40)
+    _, p_reuse, m_reuse = step_grads(tiny_model_dir, batch, proximal_mode="reuse", max_tokens_per_microbatch=40)
+    for name in p_rec:
+        assert rel(p_reuse[name].detach(), p_rec[name].detach()) <= 1e-6, name
+    assert m_reuse["behaviour_proximal_abs_diff"] == pytest.approx(m_rec["behaviour_proximal_abs_diff"], rel=1e-6)
+    _, _, m_bypass = step_grads(tiny_model_dir, batch, proximal_mode="bypass")
+    assert m_bypass["behaviour_proximal_abs_diff"] == 0.0
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_activation_checkpointing_gives_the_same_gradients(tiny_model_dir, mode):
+    batch = random_batch(seed=3)
+    g_none, _, _ = step_grads(tiny_model_dir, batch)
+    g_ckpt, _, _ = step_grads(tiny_model_dir, batch, activation_checkpointing=mode)
+    for name in g_none:
+        assert rel(g_ckpt[name], g_none[name]) <= 1e-6, name
+
+
+def test_bf16_mixed_precision_keeps_fp32_master_weights(tiny_model_dir):
+    batch = random_batch(seed=4)
+    grads, params, metrics = step_grads(tiny_model_dir, batch, mixed_precision="bf16")
+    g_fp32, _, _ = step_grads(tiny_model_dir, batch, mixed_precision="none")
+    assert all(p.dtype == torch.float32 for p in params.values())
+    assert all(g.dtype == torch.float32 for g in grads.values())
+    # bf16 compute: the same gradient to bf16 precision, not bit-equal
+    total = torch.cat([g.flatten() for g in grads.values()])
+    ref = torch.cat([g.flatten() for g in g_fp32.values()])
+    assert 0 < rel(total, ref) < 0.1
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
