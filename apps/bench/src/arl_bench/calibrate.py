@@ -1,8 +1,9 @@
 """Calibration from a measured bench run: the simulator's inputs taken from the machine itself.
 
 `measure_decode_curve` times an engine replica directly at several batch sizes (tokens/s of
-`batch` concurrent requests); `calibration_from_bench` takes the train rate and sync times from a
-`compare` result (bench.json) and pairs them with that curve. The CPU test uses both to check that
+`batch` concurrent requests); `calibration_from_bench` takes one mode's train rate, sync time (and,
+on shared hardware, decode rate while busy) from a `compare` result (bench.json) and pairs them with
+that curve. The CPU test uses both to check that
 the simulator reproduces the CPU bench; on the device, raw_vllm_rates.py does the same for vLLM.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any
+
+import msgspec
 
 from arl.proxy.types import SamplingParams
 from arl.rollout.testing import DecodeCost
@@ -37,19 +40,34 @@ async def measure_decode_curve(
     return DecodeCost(batch_sizes=list(batch_sizes), tokens_per_s=rates)
 
 
-def calibration_from_bench(bench: dict[str, Any], decode: DecodeCost, *, prompt_len: int, n: int) -> Calibration:
-    """Train tokens/s and sync seconds as measured in a bench run (split side: mode d; colocated side:
-    the colocated run), with the directly measured decode curve."""
-    modes = bench["modes"]
-    split = modes.get("d") or next(iter(modes.values()))
-    coloc = modes.get("colocated", split)
-    prompts_per_s = split["samples_per_s"]
-    # Tokens the trainer processed per second of its own compute: (prompt + response) per trajectory.
-    tokens_per_step = prompts_per_s * split["step_s_mean"] * n * (prompt_len + split["response_length_mean"])
-    train_rate = tokens_per_step / max(1e-9, split["train_s_per_step"])
+def calibration_from_bench(
+    bench: dict[str, Any],
+    decode: DecodeCost,
+    *,
+    prompt_len: int,
+    n: int,
+    mode: str,
+    running_sequences: int | None = None,
+) -> Calibration:
+    """The simulator's inputs as measured in one mode's run of a bench result.
+
+    Train tokens/s is (prompt + response tokens per step) / train seconds per step, and the sync time
+    is the run's sync seconds per step. When the two sides share hardware (the CPU bench: one pair of
+    cores), an engine decodes slower while the trainer runs than when measured alone; with
+    `running_sequences` (the batch the engine ran at in that mode) the directly measured `decode`
+    curve is scaled so that its rate at that batch equals the run's own decode rate while busy
+    (generated tokens per busy second). Without it the curve is used as measured.
+    """
+    r = bench["modes"][mode]
+    tokens_per_step = r["samples_per_s"] * r["step_s_mean"] * n * (prompt_len + r["response_length_mean"])
+    train_rate = tokens_per_step / max(1e-9, r["train_s_per_step"])
+    if running_sequences:
+        busy_rate = r["generated_tokens_per_s"] / max(1e-9, 1.0 - r["rollout_idle_fraction"])
+        scale = busy_rate / decode.rate(running_sequences)
+        decode = msgspec.structs.replace(decode, tokens_per_s=[v * scale for v in decode.tokens_per_s])
     return Calibration(
         decode=decode,
         train=TrainCost(tokens_per_s_per_gpu=train_rate),
-        sync=SyncCost(split_s=split["sync_s_per_step"], colocated_s=coloc["sync_s_per_step"]),
-        meta={"source": "measured by the bench run itself", "bench_output": bench.get("model", "")},
+        sync=SyncCost(split_s=r["sync_s_per_step"], colocated_s=r["sync_s_per_step"]),
+        meta={"source": f"measured by the bench run itself (mode {mode})", "bench_model": bench.get("model", "")},
     )

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--prompts-per-gpu", type=float, default=16.0, help="prompts per trainer step per GPU")
     s.add_argument("--steps", type=int, default=6)
     s.add_argument("--warmup-steps", type=int, default=2)
-    s.add_argument("--token-unit", type=int, default=16, help="simulate in units of this many tokens")
+    s.add_argument("--token-unit", type=int, default=32, help="simulate in units of this many tokens")
     s.add_argument("--rollout-fraction", type=float, default=0.5, help="split layouts: share of GPUs for rollout")
     s.add_argument("--staleness", type=float, default=None, help="staleness_threshold of mode d (default 0.5)")
     s.add_argument("--train-tokens-per-s", type=float, default=0.0, help="override the calibration's train rate")
