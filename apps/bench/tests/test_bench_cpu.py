@@ -1,9 +1,11 @@
 """The bench's CPU variant end to end (colocated and mode d as full app runs on the torch engine),
 and the simulator, calibrated from that very run, reproducing its samples/s.
 
-Stated tolerance: the simulator's samples/s is within SIM_TOLERANCE (relative) of the measured one
-for each mode. The CPU run shares two cores between trainer and engine (the simulator assumes
-separate devices), which is most of the residual.
+Stated tolerance: the simulator's samples/s is within SIM_TOLERANCE (±35%, relative) of the measured
+one for each mode. Inputs: the torch engine's decode curve measured directly, each run's own train
+tokens/s and sync time; for mode d, whose trainer and engine share the same two cores, the engine's
+own decode rate while busy in that run (the simulator models separate devices, not contention).
+Seen here: colocated 1.00×, mode d 1.61× before that contention correction.
 """
 
 import asyncio
@@ -17,8 +19,9 @@ from arl_bench.calibrate import calibration_from_bench, measure_decode_curve
 from arl_bench.compare import run_modes
 from arl_bench.report import table, write
 from arl_bench.simulate import SimWorkload, simulate
+from arl.rollout import compute_budget
 
-SIM_TOLERANCE = 0.5
+SIM_TOLERANCE = 0.35
 CONFIG = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs" / "cpu.toml"
 STEPS, WARMUP = 10, 2
 
@@ -65,11 +68,20 @@ def test_cpu_bench_and_simulator_agree(tmp_path):
 
     decode = asyncio.run(curve())
     decode.max_num_seqs = 256
-    calib = calibration_from_bench(result, decode, prompt_len=prompt_len, n=4)
     workload = SimWorkload(source=source, prompt_len=prompt_len, n=4, prompts_per_step=4, steps=STEPS,
                            warmup_steps=WARMUP, seed=0, token_unit=1)
-    sim = {"colocated": simulate("colocated", 1, calib, workload), "d": simulate("d", 2, calib, workload)}
+    # Colocated never overlaps the sides: the engine runs as measured alone. Mode d overlaps them on the
+    # same two cores, so its engine rate is the run's own (at its budget's concurrency).
+    budget = compute_budget(require_batches=1, ppo_mini_batch_size=4, staleness_threshold=0.5,
+                            trigger_parameter_sync_step=1, replicas=1, per_replica=16)
+    calib = {
+        "colocated": calibration_from_bench(result, decode, prompt_len=prompt_len, n=4, mode="colocated"),
+        "d": calibration_from_bench(result, decode, prompt_len=prompt_len, n=4, mode="d",
+                                    running_sequences=budget.max_concurrent * 4),
+    }
+    sim = {"colocated": simulate("colocated", 1, calib["colocated"], workload),
+           "d": simulate("d", 2, calib["d"], workload)}
     for mode in ("colocated", "d"):
         measured, projected = result["modes"][mode]["samples_per_s"], sim[mode].samples_per_s
         print(f"{mode}: measured {measured:.3f} samples/s, simulated {projected:.3f} ({projected / measured:.2f}×)")
-        assert abs(projected / measured - 1) <= SIM_TOLERANCE, (mode, measured, projected, calib)
+        assert abs(projected / measured - 1) <= SIM_TOLERANCE, (mode, measured, projected, calib[mode])
