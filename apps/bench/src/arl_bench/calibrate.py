@@ -71,3 +71,23 @@ def calibration_from_bench(
         sync=SyncCost(split_s=r["sync_s_per_step"], colocated_s=r["sync_s_per_step"]),
         meta={"source": f"measured by the bench run itself (mode {mode})", "bench_model": bench.get("model", "")},
     )
+
+
+def match_engine_speed(
+    calib: Calibration, mode: str, gpus: int, workload: Any, busy_tokens_per_s: float, *, iterations: int = 3
+) -> Calibration:
+    """Scale the decode curve until the simulated replica's tokens per busy second in `mode` equals
+    the measured one (`generated tokens/s ÷ (1 − rollout idle)` of the run): the engine's speed is an
+    input taken from the run, the samples/s that results from the dynamics is what gets compared."""
+    from arl_bench.simulate import simulate
+
+    for _ in range(iterations):
+        r = simulate(mode, gpus, calib, workload)
+        simulated = r.tokens_per_s / max(1e-9, (1.0 - r.engine_idle_fraction) * r.replicas)
+        scale = busy_tokens_per_s / simulated
+        calib = msgspec.structs.replace(
+            calib, decode=msgspec.structs.replace(calib.decode, tokens_per_s=[v * scale for v in calib.decode.tokens_per_s])
+        )
+        if abs(scale - 1) < 0.02:
+            break
+    return calib
