@@ -37,7 +37,7 @@ def test_cpu_bench_and_simulator_agree(tmp_path):
     print(table(result["modes"]))
     assert json.loads(json_path.read_text())["modes"].keys() == {"colocated", "d"}
     assert png.stat().st_size > 0
-    for mode, r in result["modes"].items():
+    for r in result["modes"].values():
         assert r["steps_measured"] == STEPS - WARMUP
         assert r["samples_per_s"] > 0 and r["tokens_per_s"] > 0 and r["generated_tokens_per_s"] > 0
         assert 0.0 <= r["trainer_idle_fraction"] <= 1.0 and 0.0 <= r["rollout_idle_fraction"] <= 1.0

@@ -43,7 +43,7 @@ def plot(modes: dict[str, dict[str, Any]], path: Path) -> Path:
     names = list(modes)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     bars = ax1.bar(names, [modes[m]["samples_per_s"] for m in names], color="tab:blue")
-    for bar, m in zip(bars, names):
+    for bar, m in zip(bars, names, strict=True):
         ax1.annotate(f"{modes[m]['speedup_over_colocated']:.2f}×", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                      ha="center", va="bottom")
     ax1.set_ylabel("trainer samples/s")

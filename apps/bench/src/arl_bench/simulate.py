@@ -21,6 +21,7 @@ assembles are `token_unit` times shorter (memory and CPU time of large simulatio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import time as real_time
@@ -29,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-
 from arl.rollout.testing import DecodeCost
 
 CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
@@ -137,10 +137,10 @@ async def _simulate(
 ) -> SimResult:
     import arl.rollout.rollouter as rollouter_module
     import arl.trainer.trainer as trainer_module
+    from arl.proxy.types import SamplingParams
     from arl.queue import MessageQueue
     from arl.rollout import Rollouter, ServerManager, compute_budget, cycle_tasks
     from arl.rollout.testing import CostModelEngine, TokenAgentLoop, virtual_time
-    from arl.proxy.types import SamplingParams
     from arl.trainer import Trainer, TrainerConfig
     from arl.trainer.testing import SimPolicy, SimPublisher, SimRolloutControl, SimSource, TrainerTimeline
 
@@ -221,10 +221,8 @@ async def _simulate(
             await timeline.settle()
         finally:
             run_task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):  # a failure was raised above already
                 await run_task
-            except (asyncio.CancelledError, Exception):
-                pass
             for e in engines:
                 await e.stop()
         end = manager.utilization()

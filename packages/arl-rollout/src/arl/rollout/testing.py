@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import types
 from collections.abc import Iterator
 from typing import Any
 
 import msgspec
-
 from arl.proxy.types import SamplingParams, TokenOutput
 from arl.rollout.engine import PauseMode
 
@@ -280,14 +280,14 @@ class DecodeCost(msgspec.Struct, kw_only=True):
             return 0.0
         if batch <= xs[0]:
             return ys[0] * batch / xs[0]
-        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        for (x0, y0), (x1, y1) in itertools.pairwise(zip(xs, ys, strict=True)):
             if batch <= x1:
                 return y0 + (y1 - y0) * (batch - x0) / (x1 - x0)
         return ys[-1]
 
 
 class _FluidRequest:
-    __slots__ = ("prompt_len", "target", "done_tokens", "prefill_left", "future", "version_marks")
+    __slots__ = ("done_tokens", "future", "prefill_left", "prompt_len", "target", "version_marks")
 
     def __init__(self, prompt_len: int, target: int, future: asyncio.Future[str], version: int) -> None:
         self.prompt_len = prompt_len
@@ -417,7 +417,7 @@ class CostModelEngine(SimEngine):
         tokens = [(last + i + 1) % self.vocab_size for i in range(produced)]
         versions: list[int] = []
         marks = req.version_marks + [(produced, -1)]
-        for (start, version), (end, _) in zip(marks, marks[1:]):
+        for (start, version), (end, _) in itertools.pairwise(marks):
             versions += [version] * max(0, min(end, produced) - start)
         return TokenOutput(
             token_ids=tokens,
