@@ -9,6 +9,7 @@
 # tp2        one replica over two GPUs (vLLM "mp" executor), every TP worker receiving the full
 #            tensors; the trainer on a third GPU (NCCL), or with 2 GPUs on the CPU ("cpu" transport,
 #            staged into each worker's GPU), 5 steps
+# graphs     the split layout with torch.compile + CUDA graphs (rollout.enforce_eager=false), 10 steps
 # synctests  arl-sync's GPU tests (CUDA IPC single copy, NCCL)
 # ipcbench   arl-sync's CUDA IPC transfer of a 7B shape vs a same-run device-to-device copy
 #
@@ -50,6 +51,9 @@ for part in ${PARTS//,/ }; do
       app split 240 ;;
     colocated)
       app colocated 200 resources.colocate=true ;;
+    graphs)
+      (( GPUS >= 2 )) || { echo "skipped: needs 2 GPUs"; continue; }
+      app graphs 240 rollout.enforce_eager=false trainer.total_steps=10 ;;
     tp2)
       (( GPUS >= 2 )) || { echo "skipped: needs 2 GPUs"; continue; }
       TRAINER_GPUS=$(( GPUS >= 3 ? 1 : 0 ))

@@ -33,6 +33,7 @@ def main() -> None:
     if synced:
         out["sync_ms_per_step"] = {k: [round(1e3 * r[k], 1) for r in synced] for k in PHASES if k in synced[0]}
         out["sync_gbps_median"] = statistics.median(r.get("sync_gbps", 0.0) for r in synced)
+        out["sync_inplace_last"] = synced[-1].get("sync_inplace")
     if rows:
         later = rows[2:] or rows
         out["samples_per_s_median"] = statistics.median(r["samples_per_s"] for r in later)

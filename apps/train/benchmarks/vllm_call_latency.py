@@ -39,7 +39,8 @@ async def main() -> dict:
 
     model = build_tiny_model(Path(tempfile.mkdtemp()) / "model", seed=0)
     results: dict = {}
-    for eager in (False, True):
+    modes = os.environ.get("ARL_LATENCY_MODES", "graphs").split(",")  # graphs, eager
+    for eager in [m == "eager" for m in modes]:
         args = AsyncEngineArgs(
             model=str(model), dtype="float32", max_model_len=512, enforce_eager=eager,
             gpu_memory_utilization=0.3, disable_log_stats=True,

@@ -43,13 +43,16 @@ async def test_exec_runs_in_workdir_with_env_and_isolation(tmp_path, hello_task)
         # Its own PID namespace: the init, bash and ps only.
         ps = await env.exec("ls /proc | grep -c '^[0-9]'")
         assert int(ps.stdout) < 10
-        # The host is read-only; the sandbox dirs are per-trial and writable.
-        ro = await env.exec("touch /arl-should-not-exist")
-        assert ro.return_code != 0 and not os.path.exists("/arl-should-not-exist")
+        # The sandbox's root is its own (a tmpfs): writing there never reaches the host; system dirs
+        # are read-only; the sandbox dirs are per-trial and writable.
+        assert (await env.exec("touch /arl-should-not-exist")).return_code == 0
+        assert not os.path.exists("/arl-should-not-exist")
+        assert (await env.exec("touch /usr/arl-x")).return_code != 0
+        assert (await env.exec("hostname")).stdout == "arl-sandbox\n"
         assert (
             await env.exec("echo hi > /app/a && echo hi > /tmp/b && echo hi > /logs/agent/c")
         ).return_code == 0
-        assert (tmp_path / "trial" / "sandbox" / "app" / "a").read_text() == "hi\n"
+        assert (tmp_path / "trial" / "sandbox" / "dirs" / "app" / "a").read_text() == "hi\n"
         assert (tmp_path / "trial" / "agent" / "c").read_text() == "hi\n"  # /logs/agent is the trial's dir
         assert not Path("/tmp/b").exists()
         # Processes started by one exec are visible to the next (a tmux server must survive).

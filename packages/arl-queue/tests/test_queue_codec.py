@@ -62,3 +62,29 @@ def test_errors_survive_pickling():
     assert (e.found, e.expected, e.where) == (3, 1, "f.bin") and "f.bin" in str(e)
     c = pickle.loads(pickle.dumps(CorruptSnapshotError(Path("/x/queue.snapshot"), "bad")))
     assert c.path == Path("/x/queue.snapshot") and str(c) == "corrupt queue snapshot /x/queue.snapshot: bad"
+
+
+def test_per_response_prompt_ids_round_trip(sample):
+    from arl.queue import Response
+
+    s = sample(2)
+    s.responses.append(
+        Response(
+            response_ids=[9],
+            response_mask=[1],
+            response_logprobs=[-1.0],
+            weight_versions=[2],
+            reward=0.0,
+            prompt_ids=[1, 2, 3, 4, 5],
+        )
+    )
+    back = decode_sample(encode_sample(s))
+    assert back.responses[0].prompt_ids is None and back.prompt_of(back.responses[0]) == [1, 2, 3]
+    assert back.prompt_of(back.responses[1]) == [1, 2, 3, 4, 5]
+
+
+def test_unreadable_old_schema_version_is_rejected(sample):
+    raw = msgspec.to_builtins(sample(1))
+    raw["schema_version"] = 0
+    with pytest.raises(SchemaVersionError):
+        decode_sample(msgspec.msgpack.encode(raw))

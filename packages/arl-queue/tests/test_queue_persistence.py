@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import msgspec
 import pytest
 from arl.queue import (
@@ -136,3 +138,45 @@ def test_failed_write_leaves_previous_snapshot(tmp_path, sample, monkeypatch):
     monkeypatch.undo()
     assert [s.uid for s in read_snapshot(tmp_path)] == ["s0"]
     assert [p.name for p in tmp_path.iterdir()] == [SNAPSHOT_FILENAME]
+
+
+def _v1_sample_bytes(i: int) -> bytes:
+    """A sample exactly as schema 1 encoded it: no `Response.prompt_ids`, schema_version 1."""
+    return msgspec.msgpack.encode(
+        {
+            "uid": f"old{i}",
+            "prompt_ids": [7, 8],
+            "responses": [
+                {
+                    "response_ids": [1, 2],
+                    "response_mask": [1, 1],
+                    "response_logprobs": [-0.1, -0.2],
+                    "weight_versions": [3, 3],
+                    "reward": 1.0,
+                    "finish_reason": "stop",
+                    "num_turns": 1,
+                    "rewards": {},
+                    "routed_experts": None,
+                }
+            ],
+            "start_version": 3,
+            "end_version": 4,
+            "task_id": "t",
+            "metadata": {},
+            "timings": {},
+            "schema_version": 1,
+        }
+    )
+
+
+def test_schema_1_snapshot_still_loads(tmp_path):
+    payload = msgspec.msgpack.encode({"created_at": 0.0, "samples": [_v1_sample_bytes(0), _v1_sample_bytes(1)]})
+    (tmp_path / SNAPSHOT_FILENAME).write_bytes(persistence._MAGIC + hashlib.sha256(payload).digest() + payload)
+    restored = read_snapshot(tmp_path)
+    assert [s.uid for s in restored] == ["old0", "old1"]
+    for s in restored:
+        assert s.schema_version == SCHEMA_VERSION
+        assert s.responses[0].prompt_ids is None
+        assert s.prompt_of(s.responses[0]) == [7, 8]
+    q = MessageQueue.restore(tmp_path, 5)
+    assert q.stats().restored == 2

@@ -62,6 +62,17 @@ async def test_vllm_engine_end_to_end(model_dir, tmp_path):
         out = await engine.generate("c", prompt, SamplingParams(max_tokens=10, seed=2))
         assert out.weight_versions == [1] * 10
         assert max(abs(a - b) for a, b in zip(out.log_probs, hf_logprobs(hf, prompt, out.token_ids))) < 1e-4
+        assert set(engine.last_sync) == {"rpc_s", "receive_s", "apply_s", "reset_cache_s", "inplace"}
+        assert engine.last_sync["inplace"] == 0.0  # the CPU build reloads (its linear layers are prepacked)
+
+        # Colocated turn-taking calls: vLLM's CPU build has no sleep mode, so sleep / wake_up are
+        # accepted and ignored (no memory is released); the engine then serves the same weights exactly.
+        await engine.sleep(1)
+        await engine.wake_up(["weights"])
+        await engine.wake_up(["kv_cache"])
+        out = await engine.generate("d", prompt, SamplingParams(max_tokens=10, seed=3))
+        assert out.stop_reason == "length" and out.weight_versions == [1] * 10
+        assert max(abs(a - b) for a, b in zip(out.log_probs, hf_logprobs(hf, prompt, out.token_ids))) < 1e-4
     finally:
         sender.close()
         await engine.stop()

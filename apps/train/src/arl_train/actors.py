@@ -83,6 +83,7 @@ class RolloutActor:
         self._run_task: asyncio.Task[None] | None = None
         self._engines: list[Any] = []
         self._agent_loops: dict[str, Any] = {}
+        self._pool: Any = None
 
     async def start(self, initial_version: int = 0, skip_tasks: int = 0) -> None:
         """Start the engines (holding weights of `initial_version`), then the feed loop in the
@@ -93,13 +94,14 @@ class RolloutActor:
 
         from arl.proxy.types import SamplingParams
         from arl.queue.ray_actor import QueueClient
-        from arl.rollout import Rollouter, ServerManager, cycle_tasks, load_tasks, make_agent_loop
+        from arl.rollout import Rollouter, ServerManager, cycle_tasks, make_agent_loop
         from arl_train.engine_actor import RemoteEngine
+        from arl_train.harbor_section import harbor_config, load_app_tasks, run_timeouts
 
         _limit_threads()
         cfg = self.config
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        tasks = load_tasks(cfg.data.source, seed=cfg.data.seed, size=cfg.data.size)  # fail fast on bad data
+        tasks = load_app_tasks(cfg)  # fail fast on bad data
         self._engines = [
             RemoteEngine(h, initial_version, rpc_timeout_s=RPC_TIMEOUT_S, start_timeout_s=RPC_TIMEOUT_S)
             for h in self.engine_handles
@@ -109,9 +111,27 @@ class RolloutActor:
         at = cfg.async_training
         budget = run_budget(cfg)
         agent_names = sorted({t.agent for t in tasks})
+        options: dict[str, dict[str, Any]] = {name: {} for name in agent_names}
         if "harbor" in agent_names:
-            import arl.harbor  # noqa: F401  (registers the "harbor" agent loop)
-        self._agent_loops = {name: make_agent_loop(name, tokenizer=tokenizer) for name in agent_names}
+            from arl.harbor.trial_loop import check_harbor_config  # registers the "harbor" agent loop
+
+            options["harbor"] = {"config": harbor_config(cfg)}
+            check_harbor_config(options["harbor"]["config"])  # a bad agent/environment fails here, by name
+        if cfg.harbor.agent_workers > 0:  # agent loops in worker processes, generating through self.generate
+            import ray
+
+            from arl.rollout.worker_pool import WorkerPool
+
+            self._pool = WorkerPool.create(
+                cfg.harbor.agent_workers,
+                ray.get_runtime_context().current_actor,
+                {name: {"tokenizer": self.model_path, **options[name]} for name in agent_names},
+                imports=("arl.harbor.trial_loop",) if "harbor" in agent_names else (),
+                generate_timeout_s=cfg.rollout.generate_timeout_s,
+            )
+            self._agent_loops = self._pool.agent_loops(agent_names)
+        else:
+            self._agent_loops = {name: make_agent_loop(name, tokenizer=tokenizer, **options[name]) for name in agent_names}
         self.rollouter = Rollouter(
             tasks=itertools.islice(cycle_tasks(tasks, seed=cfg.seed), skip_tasks, None),
             manager=manager,
@@ -123,6 +143,7 @@ class RolloutActor:
             n=cfg.rollout.n,
             budget=budget,
             partial_rollout=at.partial_rollout,
+            drain_timeout_s=run_timeouts(cfg).drain_s,
         )
         self._run_task = asyncio.create_task(self.rollouter.run())
 
@@ -154,15 +175,19 @@ class RolloutActor:
     async def stats(self) -> dict[str, Any]:
         self._check_alive()
         phases: dict[str, float] = {}
-        for e in self._engines:  # the slowest replica sets each phase
+        for e in self._engines:  # the slowest replica sets each phase ("inplace": the least in place)
             for k, v in e.last_sync.items():
-                phases[k] = max(phases.get(k, 0.0), v)
+                phases[k] = (min if k == "inplace" else max)(phases.get(k, v), v)
         return self.rollouter.stats.as_dict() | {
             "active": self.rollouter.active,
             "resumed_requests": self.rollouter.manager.resumed_requests,
             "engine_versions": self.rollouter.manager.weight_versions,
             "last_sync": phases,
-        }
+        } | ({"agent_workers": self._pool.stats()} if self._pool is not None else {})
+
+    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: Any) -> Any:
+        """The load-balanced engines, for agent-loop workers (`harbor.agent_workers` > 0)."""
+        return await self.rollouter.manager.generate(request_id, prompt_ids, sampling_params)
 
     async def replica_info(self) -> list[dict[str, Any]]:
         """What each replica's actor reported at start (its CUDA_VISIBLE_DEVICES, pid)."""
@@ -188,6 +213,8 @@ class RolloutActor:
             except (asyncio.CancelledError, Exception):
                 pass
         closing = [loop.close() for loop in self._agent_loops.values() if hasattr(loop, "close")]
+        if self._pool is not None:
+            closing.append(self._pool.close())
         await asyncio.gather(*closing, *(e.stop() for e in self._engines), return_exceptions=True)
 
 
@@ -205,11 +232,12 @@ class _BlockingSink:
 class _RolloutHandle:
     """`RolloutControl` over the rollout actor's handle, with a timeout on every call."""
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: Any, pause_timeout_s: float = RPC_TIMEOUT_S) -> None:
         self.handle = handle
+        self.pause_timeout_s = pause_timeout_s  # a non-partial pause drains active prompts
 
     async def pause(self) -> None:
-        await asyncio.wait_for(self.handle.pause.remote(), RPC_TIMEOUT_S)
+        await asyncio.wait_for(self.handle.pause.remote(), self.pause_timeout_s)
 
     async def update_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
         await asyncio.wait_for(self.handle.update_weights.remote(sync_address, sync_config_json, version), RPC_TIMEOUT_S)
@@ -233,9 +261,11 @@ class TrainerActor:
         from arl.queue.ray_actor import QueueClient
         from arl.sync import SyncConfig
         from arl.trainer import HFPolicy, OptimConfig, Trainer, TrainerConfig, WeightPublisher
+        from arl_train.harbor_section import run_timeouts
 
         _limit_threads()
         cfg = self.config = config
+        timeouts = run_timeouts(cfg)
         at, actor = cfg.async_training, cfg.actor
         tcfg = TrainerConfig(
             ppo_mini_batch_size=actor.ppo_mini_batch_size,
@@ -248,7 +278,7 @@ class TrainerActor:
             temperature=cfg.rollout.temperature,
             max_version_lag=None if at.max_version_lag < 0 else at.max_version_lag,
             on_version_lag=at.on_version_lag,
-            batch_timeout_s=cfg.trainer.batch_timeout_s,
+            batch_timeout_s=timeouts.batch_s,
             optim=OptimConfig(lr=actor.lr, grad_clip=actor.grad_clip),
         )
         from arl_train.colocated import ColocatedControl, ColocatedSource
@@ -270,7 +300,7 @@ class TrainerActor:
         self.publisher = WeightPublisher(
             sync_config, num_receivers=layout.receivers, host=sender_host(sync_config.transport))
         source: Any = QueueClient(queue_handle)
-        control: Any = _RolloutHandle(rollout_handle)
+        control: Any = _RolloutHandle(rollout_handle, timeouts.pause_rpc_s)
         self.colocated: ColocatedControl | None = None
         if layout.colocate:  # take turns: replicas sleep while this trainer runs
             self.colocated = ColocatedControl(control, rollout_handle, cfg.rollout.sleep_level, RPC_TIMEOUT_S)
@@ -293,13 +323,16 @@ class TrainerActor:
     async def train_step(self) -> dict[str, Any]:
         metrics = await self.trainer.train_step()
         if self.colocated is not None:
-            metrics.update(self.colocated.pop_timings())
+            timings = self.colocated.pop_timings()
+            metrics.update(timings)
+            # The replicas were put to sleep inside the batch wait: report it as its own phase.
+            metrics["wait_s"] = max(0.0, metrics["wait_s"] - timings.get("colocated_sleep_s", 0.0))
         return metrics
 
     async def placement(self) -> dict[str, Any]:
         """Where this rank runs: its device, CUDA_VISIBLE_DEVICES and the sender's address."""
         return {
-            "device": str(self.policy.device),
+            "device": str(getattr(self.policy, "device", "")),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             "sync_address": self.publisher.address,
             "rank": self.rank.rank,

@@ -1,4 +1,5 @@
-"""`uv run apps/train [--config FILE] [--mode a|b|c|d] [section.key=value ...]`."""
+"""`uv run apps/train [--config FILE] [--mode a|b|c|d] [section.key=value ...]`, or
+`uv run apps/train harbor-tasks [list|validate] <harbor source>` to check a Harbor task set."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from arl_train.config import ConfigError, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["harbor-tasks"]:  # `harbor-tasks {list,validate} <source>`: see arl.harbor.tasks
+        from arl.harbor.tasks import main as harbor_tasks
+
+        return harbor_tasks(argv[1:] if argv[1:2] in (["list"], ["validate"]) else ["validate", *argv[1:]])
     parser = argparse.ArgumentParser(
         prog="arl-train",
         description="Fully asynchronous RL: the embedded default trains a tiny model on a built-in task on CPU.",

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from arl_train.harbor_section import HarborSection
+
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.toml"
 
 
@@ -147,6 +149,7 @@ class AppConfig(_Section):
     resources: ResourcesConfig = msgspec.field(default_factory=ResourcesConfig)
     ray: RayConfig = msgspec.field(default_factory=RayConfig)
     output: OutputConfig = msgspec.field(default_factory=OutputConfig)
+    harbor: HarborSection = msgspec.field(default_factory=HarborSection)
     seed: int = 0
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import socket
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -273,18 +274,20 @@ def reserve(layout: Layout, timeout_s: float = 300.0) -> Reservation:
     check_cluster(layout, resources.get("GPU", 0.0), nodes)
     groups: list[Any] = []
     res = Reservation(layout)
+    tag = uuid.uuid4().hex[:8]  # names only for `ray status`; unique so that runs can share a cluster
     if layout.colocate:
         res.shared_pg = placement_group([{"GPU": 1}] * layout.replicas, strategy="STRICT_PACK",
-                                        name="arl-colocated")
+                                        name=f"arl-colocated-{tag}")
         groups.append(res.shared_pg)
     else:
         if layout.trainer_gpus:
             res.trainer_pg = placement_group([{"GPU": 1}] * layout.trainer_gpus, strategy="STRICT_PACK",
-                                             name="arl-trainer")
+                                             name=f"arl-trainer-{tag}")
             groups.append(res.trainer_pg)
         if layout.rollout_on_gpu:
             res.replica_pgs = [
-                placement_group([{"GPU": layout.tensor_parallel_size}], strategy="STRICT_PACK", name=f"arl-replica-{i}")
+                placement_group([{"GPU": layout.tensor_parallel_size}], strategy="STRICT_PACK",
+                                name=f"arl-replica-{i}-{tag}")
                 for i in range(layout.replicas)
             ]
             groups += res.replica_pgs

@@ -20,7 +20,6 @@ from arl.queue.persistence import SNAPSHOT_FILENAME
 from arl_train.config import AppConfig
 from arl_train.metrics import MetricsLog, plot, progress_line
 
-STEP_TIMEOUT_S = 900.0
 HEALTH_CHECK_S = 5.0
 PROBE_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 # float32 on both sides: kernels differ (vLLM's fused CPU ops vs torch), identical weights agree to ~1e-6.
@@ -69,6 +68,8 @@ def _environment(out_dir: Path) -> dict[str, str]:
         # Under `uv run`, Ray would otherwise zip the working tree and start every worker through uv.
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
         "TOKENIZERS_PARALLELISM": "false",
+        # Harbor's terminus-2 imports LiteLLM, which would fetch its model cost map from the network.
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     }
     return env
 
@@ -85,17 +86,17 @@ def prepare_model(config: AppConfig, out_dir: Path) -> Path:
     return path
 
 
-def _await_step(ray: Any, step_ref: Any, rollout: Any) -> dict[str, Any]:
+def _await_step(ray: Any, step_ref: Any, rollout: Any, timeout_s: float) -> dict[str, Any]:
     """Wait for a trainer step while checking every few seconds that the rollout side is alive,
     so a dead engine or feed loop fails the run at once instead of starving the trainer."""
-    deadline = time.monotonic() + STEP_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while True:
         done, _ = ray.wait([step_ref], timeout=HEALTH_CHECK_S)
         if done:
             return ray.get(step_ref)
         ray.get(rollout.stats.remote(), timeout=60)  # re-raises the rollout side's failure
         if time.monotonic() > deadline:
-            raise TimeoutError(f"a trainer step took longer than {STEP_TIMEOUT_S}s")
+            raise TimeoutError(f"a trainer step took longer than {timeout_s:.0f}s (harbor.step_timeout_s)")
 
 
 def _prepare_resume(config: AppConfig, out_dir: Path) -> dict[str, int]:
@@ -120,7 +121,7 @@ def _prepare_resume(config: AppConfig, out_dir: Path) -> dict[str, int]:
     return state
 
 
-def _verify_engine_weights(ray: Any, trainer: Any, rollout: Any, replicas: int) -> dict[str, Any]:
+def _verify_engine_weights(ray: Any, trainer: Any, rollout: Any, replicas: int, step_timeout_s: float) -> dict[str, Any]:
     """Sync the final weights if the last step did not, then check engine == trainer on every replica.
 
     Engine tensors (every TP rank's shard, fused as vLLM fuses them, in the engine's dtype) must be
@@ -133,7 +134,7 @@ def _verify_engine_weights(ray: Any, trainer: Any, rollout: Any, replicas: int) 
 
     from arl.rollout.engines.weights_check import compare_weights_tp
 
-    ray.get(trainer.final_sync.remote(), timeout=STEP_TIMEOUT_S)
+    ray.get(trainer.final_sync.remote(), timeout=step_timeout_s)
     trainer_weights = load(ray.get(trainer.weights.remote(), timeout=300))
     results = []
     for i in range(replicas):
@@ -182,6 +183,8 @@ def _add_engine_phases(row: dict[str, Any]) -> None:
         row["sync_receive_s"] = last.get("receive_s", 0.0)
         row["sync_load_s"] = last.get("apply_s", 0.0)
         row["sync_reset_cache_s"] = last.get("reset_cache_s", 0.0)
+        if "inplace" in last:  # 1.0: loaded through the model's loaders in place; 0.0: reload_weights
+            row["sync_inplace"] = last["inplace"]
 
 
 def _phases_line(row: dict[str, Any]) -> str:
@@ -223,6 +226,10 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
     from arl_train.engine_actor import MAX_CONCURRENCY, EngineActor
     from arl_train.placement import check_model, layout_of, reserve, trainer_ranks
 
+    from arl_train.harbor_section import check_harbor, run_timeouts
+
+    check_harbor(config)  # a misconfigured Harbor agent/environment fails here, by name
+    timeouts = run_timeouts(config)
     resume_state = _prepare_resume(config, out_dir)
     model_path = Path(config.trainer.resume_from) if resume_state else prepare_model(config, out_dir)
     layout = layout_of(config)
@@ -283,7 +290,7 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
             return path
 
         for _ in range(resume_state.get("step", 0), total):
-            row = _await_step(ray, trainer.train_step.remote(), rollout)
+            row = _await_step(ray, trainer.train_step.remote(), rollout, timeouts.step_s)
             row["rollout"] = ray.get(rollout.stats.remote(), timeout=60)
             _add_engine_phases(row)
             metrics.write(row)
@@ -291,7 +298,7 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
             if config.trainer.save_every and row["step"] % config.trainer.save_every == 0:
                 save_checkpoint(out_dir / "checkpoints" / f"step_{row['step']}")
         rows = metrics.rows
-        check = _verify_engine_weights(ray, trainer, rollout, layout.replicas)
+        check = _verify_engine_weights(ray, trainer, rollout, layout.replicas, timeouts.step_s)
         checkpoint = save_checkpoint(out_dir / "checkpoint")
         png = plot(rows, out_dir / "reward.png")
         tenth = max(1, len(rows) // 10)

@@ -1,17 +1,25 @@
-"""A Harbor environment that runs a trial's commands as local processes, for machines without Docker.
+"""A Harbor environment that runs a trial's sandbox as namespaced local processes, for machines without Docker.
 
-`LocalSandboxEnvironment` keeps one Linux namespace "holder" per trial: `unshare --mount --pid` (and
-`--net` when the task asks for no network) with per-trial host directories bind-mounted onto the
-sandbox paths Harbor uses (`/app` or the task's workdir, `/logs`, `/tests`, `/solution`, `/tmp`) and,
-by default, every other mount of the host remounted read-only. Each `exec` enters those namespaces with
-`nsenter` and runs `bash -c` there, so a tmux server started by one exec is still reachable by the
-next, and stopping the environment kills every process of the trial (the PID namespace dies with its
-init). Select it with `EnvironmentConfig(import_path="arl.harbor.environment:LocalSandboxEnvironment")`.
+The sandbox is a boundary, built from what Linux offers root without Docker:
+- Its own root: a size-limited tmpfs (inside the trial's directory, in a private mount namespace) holding
+  read-only binds of the host's system dirs (`/usr`, `/etc`, `/opt`, the `/bin`-style links), fresh
+  per-trial dirs for the workdir, `/logs/*`, `/tests`, `/solution`, `/tmp` and `/root`, a read-only
+  `/proc` of its own PID namespace, a read-only `/sys`, and a minimal `/dev` (null, zero, random, tty, its
+  own devpts for tmux). `pivot_root` leaves nothing else visible: not the host's files, not the task's
+  `solution/` or `tests/` (Harbor uploads tests only for the verifier, the solution only for the oracle).
+- A user namespace: root inside is an unprivileged host uid (a per-trial range), so it cannot remount,
+  write `/proc`/`/sys`, or touch host files; the mounts belong to the host's namespace and cannot be
+  changed from inside.
+- Its own network namespace with only loopback; names resolve through a recorder that refuses every
+  query and logs it (`arl.harbor.sandbox_net`), so a verifier that needs the network fails loudly.
+  Explicit opt-in: `routes` (sandbox loopback ports forwarded to host addresses) or `network="host"`.
+- cpu/memory/process limits from the task (`arl.harbor.sandbox_limits`: cgroups where writable, else
+  rlimits); all processes die with the PID namespace at `stop`.
 
-This is isolation against accidents, not a security boundary: the sandbox runs as root on the host's
-own root filesystem (the "image" is whatever the host has installed; the task's Dockerfile is not
-built), shares the host's network unless the task disables it, has no CPU/memory limits, and a root
-process inside can remount the host read-write again. See the package README.
+Each `exec` enters the namespaces with `nsenter` and runs `bash -c` there, so a tmux server started by
+one exec is reachable by the next. The "image" is the host's installed system (the task's Dockerfile is
+not built; `environment/local_setup.sh` stands in for its RUN steps and runs inside). Select it with
+`EnvironmentConfig(import_path="arl.harbor.environment:LocalSandboxEnvironment")`.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import asyncio
 import contextlib
 import os
 import pwd
+import random
 import re
 import shlex
 import shutil
@@ -31,6 +40,8 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from arl.harbor.errors import SandboxError, SandboxExecTimeoutError, SandboxStartError
+from arl.harbor.sandbox_limits import SandboxLimits
+from arl.harbor.sandbox_net import SandboxNetwork, parse_routes
 
 from harbor.environments.base import BaseEnvironment, ExecResult, transfer_tar_filter
 from harbor.environments.capabilities import EnvironmentCapabilities
@@ -38,27 +49,18 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 _READY = "__ARL_SANDBOX_READY__"
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Sandbox paths that always get a fresh per-trial directory (the workdir is added per task).
-_BASE_TARGETS = ("/logs", "/tests", "/solution")
-# Mounts never remounted read-only: kernel filesystems and device nodes.
-_KEEP_WRITABLE_PREFIXES = ("/proc", "/sys", "/dev")
+_BASE_TARGETS = ("/logs", "/tests", "/solution", "/root")
+# Host system dirs bound read-only into the sandbox's root (symlinks, e.g. merged /usr, are copied).
+DEFAULT_SYSTEM_DIRS = ("usr", "etc", "opt", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+# Inner uids 0..65535 map to host uids base..base+65535; the base is picked per trial in this range.
+_UID_RANGE = 65536
+_UID_BASE_SLOTS = (2, 30000)
+# The file (in the trial dir) where blocked DNS lookups are recorded; read by the trial loop.
+NETWORK_LOG_NAME = "arl_sandbox_network.jsonl"
 # After a command exits, how long to wait for its output pipes to close (background children may
 # keep them open; Docker also returns when the command itself exits).
 _PIPE_DRAIN_SEC = 2.0
-
-
-def _mountinfo_points() -> list[str]:
-    """Mount points of this process's mount namespace, decoded from /proc/self/mountinfo."""
-    points = []
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) > 4:
-                points.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
-    return points
-
-
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _dockerfile_workdir(environment_dir: Path) -> str | None:
@@ -78,10 +80,18 @@ class LocalSandboxEnvironment(BaseEnvironment):
     """Runs a Harbor trial's sandbox as namespaced local processes (see the module docstring).
 
     Constructor kwargs (from `EnvironmentConfig.kwargs`), besides Harbor's own:
-      read_only_host: remount every host mount except the sandbox's own dirs read-only (default True).
-      setup_script: file in the task's environment/ dir run as root in the workdir at start, standing in
-        for the Dockerfile's RUN steps (default "local_setup.sh"; skipped when absent). A non-zero exit
-        fails the start (SandboxStartError).
+      network: "none" (default: loopback only, DNS recorded and refused) or "host" (explicit opt-in:
+        share the host's network, loopback services included).
+      routes: opt-in TCP routes into the isolated network, "PORT" or "PORT=HOST:PORT": the sandbox's
+        127.0.0.1:PORT reaches that host address (e.g. the arl proxy for agents that run inside).
+      cpus, memory_mb: limits when the task sets none (the task's [environment] values, or Harbor's
+        override_cpus/override_memory_mb, win).
+      max_processes: processes the sandbox may hold at once (default 1024; a fork bomb stops there).
+      system_dirs: host dirs bound read-only at the same path (default DEFAULT_SYSTEM_DIRS).
+      root_size_mb: size of the writable tmpfs root (default 512).
+      setup_script: file in the task's environment/ dir run as (sandbox) root in the workdir at start,
+        standing in for the Dockerfile's RUN steps (default "local_setup.sh"; skipped when absent). A
+        non-zero exit fails the start (SandboxStartError).
       extra_writable_dirs: more absolute sandbox paths that get a fresh writable per-trial directory.
       sandbox_root: host directory for the per-trial directories (default <trial_dir>/sandbox).
       path: PATH inside the sandbox (default the usual Debian PATH, not the caller's virtualenv).
@@ -92,7 +102,13 @@ class LocalSandboxEnvironment(BaseEnvironment):
     def __init__(
         self,
         *args: Any,
-        read_only_host: bool = True,
+        network: str = "none",
+        routes: Sequence[str] = (),
+        cpus: float | None = None,
+        memory_mb: int | None = None,
+        max_processes: int = 1024,
+        system_dirs: Sequence[str] = DEFAULT_SYSTEM_DIRS,
+        root_size_mb: int = 512,
         setup_script: str | None = "local_setup.sh",
         extra_writable_dirs: Sequence[str] = (),
         sandbox_root: str | None = None,
@@ -101,18 +117,36 @@ class LocalSandboxEnvironment(BaseEnvironment):
         auto_mounting: bool = True,
         **kwargs: Any,
     ) -> None:
-        self._read_only_host = bool(read_only_host)
+        if network not in ("none", "host"):
+            raise SandboxError(f"network must be 'none' or 'host', got {network!r}")
+        self._network = network
+        try:
+            self._routes = parse_routes(list(routes))
+        except ValueError as e:
+            raise SandboxError(str(e)) from None
+        if self._routes and network == "host":
+            raise SandboxError("routes apply to network='none' only (with 'host' the host is reachable anyway)")
+        self._default_cpus = cpus
+        self._default_memory_mb = memory_mb
+        self._max_processes = int(max_processes)
+        self._system_dirs = [d.strip("/") for d in system_dirs]
+        self._root_size_mb = int(root_size_mb)
         self._setup_script = setup_script
         self._extra_dirs = [str(PurePosixPath(d)) for d in extra_writable_dirs]
         self._path = path
         self._ready_timeout_sec = float(ready_timeout_sec)
         self._holder: asyncio.subprocess.Process | None = None
         self._init_pid: int | None = None
-        self._isolate_net = False
+        self._limits: SandboxLimits | None = None
+        self._net: SandboxNetwork | None = None
+        self._uid_base = _UID_RANGE * random.randrange(*_UID_BASE_SLOTS)
         super().__init__(*args, auto_mounting=auto_mounting, **kwargs)
-        self._sandbox_root = (
-            Path(sandbox_root) if sandbox_root else self.trial_paths.trial_dir / "sandbox"
-        ).absolute()
+        # A separate verifier's environment (session "<trial>__verifier__<key>") gets dirs of its own.
+        _, verifier, key = self.session_id.partition("__verifier__")
+        default_root = self.trial_paths.trial_dir / (
+            "sandbox" if not verifier else "sandbox-verifier-" + re.sub(r"[^A-Za-z0-9._-]", "_", key)[:40]
+        )
+        self._sandbox_root = (Path(sandbox_root) if sandbox_root else default_root).absolute()
         self._workdir = str(
             PurePosixPath(self.task_env_config.workdir or _dockerfile_workdir(self.environment_dir) or "/app")
         )
@@ -123,81 +157,147 @@ class LocalSandboxEnvironment(BaseEnvironment):
     def type() -> str:
         return "arl-local-sandbox"
 
+    @classmethod
+    def preflight(cls, **kwargs: Any) -> None:
+        """Raise SandboxError when this host cannot run the sandbox (called by the app at start)."""
+        if os.geteuid() != 0:
+            raise SandboxError("LocalSandboxEnvironment must run as root (namespaces, mounts, uid maps)")
+        for tool in ("unshare", "nsenter", "bash", "pivot_root", "prlimit", "setpriv", "mount"):
+            if shutil.which(tool) is None:
+                raise SandboxError(f"LocalSandboxEnvironment needs {tool!r} on PATH")
+        network = kwargs.get("network", "none")
+        if network not in ("none", "host"):
+            raise SandboxError(f"network must be 'none' or 'host', got {network!r}")
+        parse_routes(list(kwargs.get("routes", ())))
+
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        # mounted: log dirs are bind-mounted from the trial dir; disable_internet: `unshare --net`.
+        # mounted: log dirs are bind-mounted from the trial dir; disable_internet: no network by default.
         return EnvironmentCapabilities(mounted=True, disable_internet=True)
 
     def _validate_definition(self) -> None:
-        for tool in ("unshare", "nsenter", "bash"):
-            if shutil.which(tool) is None:
-                raise SandboxError(f"LocalSandboxEnvironment needs {tool!r} on PATH")
+        try:
+            self.preflight(network=self._network)
+        except SandboxError as e:
+            raise SandboxError(str(e)) from None
         for name in ("Dockerfile", "docker-compose.yaml"):
             if (self.environment_dir / name).exists():
                 self.logger.debug(
-                    f"LocalSandboxEnvironment does not build environment/{name}; commands run on the "
-                    "host's filesystem (provide environment/local_setup.sh for setup steps)"
+                    f"LocalSandboxEnvironment does not build environment/{name}; the sandbox's system is the "
+                    "host's, read-only (provide environment/local_setup.sh for setup steps)"
                 )
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def _sandbox_dirs(self) -> dict[str, Path]:
-        """Sandbox path -> fresh per-trial host directory bound onto it (/tmp last: see `start`)."""
-        targets = [self._workdir, *_BASE_TARGETS, *self._extra_dirs]
+        """Sandbox path -> fresh per-trial host directory bound onto it."""
+        targets = [self._workdir, *_BASE_TARGETS, *self._extra_dirs, "/tmp"]
         dirs: dict[str, Path] = {}
         for target in dict.fromkeys(targets):
             name = re.sub(r"[^A-Za-z0-9._-]", "_", target.strip("/")) or "root"
-            dirs[target] = self._sandbox_root / name
-        dirs["/tmp"] = self._sandbox_root / "tmp"
+            dirs[target] = self._sandbox_root / "dirs" / name
         return dirs
+
+    @property
+    def _rootfs(self) -> Path:
+        return self._sandbox_root / "rootfs"
+
+    def _is_verifier_image(self) -> bool:
+        """True for a separate verifier's environment whose image Harbor builds from the task's tests/."""
+        env_dir = self.environment_dir
+        return env_dir.name == "tests" and (env_dir.parent / "task.toml").is_file()
 
     def _setup_script_text(self, dirs: dict[str, Path]) -> str:
         q = shlex.quote
-        lines = ["set -e"]
-        # Sources are host paths, resolved at mount time: bind /tmp last so that sources under the
-        # host's /tmp (e.g. pytest's tmp_path) are still reachable while the others are mounted.
+        r = q(str(self._rootfs))
+        base = self._uid_base
+        lines = [
+            "set -e",
+            f"mount -t tmpfs -o mode=755,uid={base},gid={base},size={self._root_size_mb}m arl-sandbox-root {r}",
+        ]
+        for d in self._system_dirs:
+            host, inner = f"/{d}", f"{self._rootfs}/{d}"
+            if os.path.islink(host):
+                lines.append(f"ln -s {q(os.readlink(host))} {q(inner)}")
+            elif os.path.isdir(host):
+                lines.append(f"mkdir -p {q(inner)} && mount --rbind {q(host)} {q(inner)}")
+                lines.append(f"mount -o remount,bind,ro,nosuid,nodev {q(inner)}")
+        # Our own resolv.conf: every lookup goes to the recorder on the sandbox's loopback.
+        if self._network == "none" and os.path.isfile("/etc/resolv.conf") and not os.path.islink("/etc/resolv.conf"):
+            resolv = self._sandbox_root / "resolv.conf"
+            lines.append(f"mount --bind {q(str(resolv))} {r}/etc/resolv.conf")
         for target, source in dirs.items():
-            if target != "/tmp":
-                lines.append(f"mount --bind {q(str(source))} {q(target)}")
+            inner = f"{self._rootfs}{target}"
+            lines.append(f"mkdir -p {q(inner)} && mount --bind {q(str(source))} {q(inner)}")
         for mount in self._host_mounts:
             if mount.get("type") != "bind":
                 raise SandboxStartError(f"LocalSandboxEnvironment supports bind mounts only, got {mount}")
-            src, tgt = str(mount["source"]), str(mount["target"])
-            lines.append(f"mkdir -p {q(tgt)} && mount --bind {q(src)} {q(tgt)}")
+            inner = f"{self._rootfs}{mount['target']}"
+            lines.append(f"mkdir -p {q(inner)} && mount --bind {q(str(mount['source']))} {q(inner)}")
             if mount.get("read_only"):
-                lines.append(f"mount -o remount,bind,ro {q(tgt)}")
-        lines.append(f"mount --bind {q(str(dirs['/tmp']))} /tmp")
-        if self._isolate_net:
-            lines.append("ip link set lo up 2>/dev/null || true")
-        if self._read_only_host:
-            ours = [*dirs, *(str(m["target"]) for m in self._host_mounts)]
-            for point in _mountinfo_points():
-                if any(_under(point, p) for p in (*_KEEP_WRITABLE_PREFIXES, *ours)):
-                    continue
-                lines.append(f"mount -o remount,bind,ro {q(point)} 2>/dev/null || true")
-        lines.append(f"echo {_READY}")
-        lines.append("exec sleep infinity")
+                lines.append(f"mount -o remount,bind,ro {q(inner)}")
+        lines += [
+            f"mkdir -p {r}/proc {r}/sys {r}/dev",
+            f"mount -t proc -o ro,nosuid,nodev,noexec proc {r}/proc",
+            f"mount -t sysfs -o ro,nosuid,nodev,noexec sysfs {r}/sys",
+            f"mount -t tmpfs -o mode=755,nosuid,size=1m arl-sandbox-dev {r}/dev",
+        ]
+        for node in _DEV_NODES:
+            lines.append(f"touch {r}/dev/{node} && mount --bind /dev/{node} {r}/dev/{node}")
+        lines += [
+            f"mkdir {r}/dev/pts {r}/dev/shm",
+            f"mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts {r}/dev/pts",
+            f"ln -s pts/ptmx {r}/dev/ptmx && ln -s /proc/self/fd {r}/dev/fd",
+            f"ln -s /proc/self/fd/0 {r}/dev/stdin && ln -s /proc/self/fd/1 {r}/dev/stdout && ln -s /proc/self/fd/2 {r}/dev/stderr",
+            f"mount -t tmpfs -o mode=1777,nosuid,nodev,size=64m,uid={base},gid={base} arl-sandbox-shm {r}/dev/shm",
+        ]
+        if self._network == "none":
+            lines.append("ip link set lo up")
+        lines += [
+            "hostname arl-sandbox",  # the same prompt in every trial (a group renders one first prompt)
+            f"cd {r} && mkdir .oldroot && pivot_root . .oldroot && cd /",
+            "umount -l /.oldroot && rmdir /.oldroot",
+            f"echo {_READY}",
+            # PID 1 of the sandbox: a new user namespace whose uid map the host writes next.
+            "exec unshare --user -- sleep infinity",
+        ]
         return "\n".join(lines)
 
-    async def start(self, force_build: bool) -> None:
-        if os.geteuid() != 0:
-            raise SandboxStartError("LocalSandboxEnvironment must run as root (it uses mount namespaces)")
-        dirs = self._sandbox_dirs()
+    def _prepare_host_dirs(self, dirs: dict[str, Path]) -> None:
+        base = self._uid_base
+        self._rootfs.mkdir(parents=True, exist_ok=True)
         for target, source in dirs.items():
             source.mkdir(parents=True, exist_ok=True)
-            source.chmod(0o1777 if target == "/tmp" else 0o777)
-            try:
-                os.makedirs(target, exist_ok=True)  # the mount point on the host's root filesystem
-            except OSError as e:
-                raise SandboxStartError(f"cannot create mount point {target} on the host: {e}") from e
+            os.chown(source, base, base)  # owned by the sandbox's root
+            source.chmod(0o1777 if target == "/tmp" else 0o755)
         for mount in self._host_mounts:  # like Docker's bind create_host_path
-            if mount.get("type") == "bind" and mount.get("bind", {}).get("create_host_path") is not False:
-                Path(mount["source"]).mkdir(parents=True, exist_ok=True)
-        self._isolate_net = self._network_disabled
-        argv = ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private"]
-        if self._isolate_net:
+            if mount.get("type") != "bind":
+                continue
+            src = Path(mount["source"])
+            if mount.get("bind", {}).get("create_host_path") is not False:
+                src.mkdir(parents=True, exist_ok=True)
+            if not mount.get("read_only") and src.is_dir():
+                for root, subdirs, files in os.walk(src):
+                    for name in (root, *(os.path.join(root, n) for n in (*subdirs, *files))):
+                        os.lchown(name, base, base)
+        if self._network == "none":
+            (self._sandbox_root / "resolv.conf").write_text("nameserver 127.0.0.1\noptions attempts:1 timeout:1\n")
+
+    def _limits_for_task(self) -> SandboxLimits:
+        cpus = self.task_env_config.cpus or self._default_cpus
+        memory_mb = self.task_env_config.memory_mb or self._default_memory_mb
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", self.session_id)[:80] + f"-{self._uid_base // _UID_RANGE}"
+        return SandboxLimits.create(name, cpus=cpus, memory_mb=memory_mb, max_processes=self._max_processes)
+
+    async def start(self, force_build: bool) -> None:
+        self.preflight(network=self._network)
+        dirs = self._sandbox_dirs()
+        await asyncio.to_thread(self._prepare_host_dirs, dirs)
+        self._limits = await asyncio.to_thread(self._limits_for_task)
+        argv = ["unshare", "--mount", "--pid", "--fork", "--ipc", "--uts", "--propagation", "private"]
+        if self._network == "none":
             argv.append("--net")
-        argv += ["--", "/bin/sh", "-c", self._setup_script_text(dirs)]
+        argv = [*self._limits.join_argv(), *argv, "--", "/bin/sh", "-c", self._setup_script_text(dirs)]
         log_path = self._sandbox_root / "holder.log"
         with open(log_path, "wb") as log:  # noqa: ASYNC230 - a local file, opened once
             self._holder = await asyncio.create_subprocess_exec(
@@ -216,9 +316,39 @@ class LocalSandboxEnvironment(BaseEnvironment):
             detail = log_path.read_text(errors="replace")[-2000:]
             raise SandboxStartError(f"sandbox namespace setup failed: {detail.strip() or 'no output'}")
         self._init_pid = await self._find_init_pid(self._holder.pid)
+        await self._map_users(self._init_pid)
+        if self._network == "none":
+            self._net = SandboxNetwork()
+            try:
+                await self._net.start(
+                    f"/proc/{self._init_pid}/ns/net",
+                    log_path=self.trial_paths.trial_dir / NETWORK_LOG_NAME,
+                    session_id=self.session_id,
+                    routes=self._routes,
+                )
+            except OSError as e:
+                raise SandboxStartError(f"sandbox network setup failed: {e}") from e
         await self.ensure_dirs(self._mount_targets(writable_only=True))
+        if self._is_verifier_image():  # stands in for the verifier image's COPY of tests/
+            await self.upload_dir(self.environment_dir, "/tests")
         await self._upload_environment_dir_after_start()
         await self._run_setup_script()
+
+    async def _map_users(self, pid: int) -> None:
+        """Map the init's new user namespace: inner 0..65535 → this trial's unprivileged host range."""
+        own = os.readlink("/proc/self/ns/user")
+        for _ in range(500):
+            if os.readlink(f"/proc/{pid}/ns/user") != own:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise SandboxStartError("the sandbox init did not enter its user namespace")
+        mapping = f"0 {self._uid_base} {_UID_RANGE}\n"
+        try:
+            Path(f"/proc/{pid}/uid_map").write_text(mapping)
+            Path(f"/proc/{pid}/gid_map").write_text(mapping)
+        except OSError as e:
+            raise SandboxStartError(f"cannot map the sandbox's users: {e}") from e
 
     async def _find_init_pid(self, holder_pid: int) -> int:
         """The PID (host view) of the holder's child, which is PID 1 of the sandbox's PID namespace."""
@@ -261,6 +391,12 @@ class LocalSandboxEnvironment(BaseEnvironment):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._holder.wait(), 10)
             self._holder = None
+        if self._net is not None:
+            await self._net.close()
+            self._net = None
+        if self._limits is not None:
+            await asyncio.to_thread(self._limits.destroy)
+            self._limits = None
         if delete:
             await asyncio.to_thread(shutil.rmtree, self._sandbox_root, True)
 
@@ -271,16 +407,21 @@ class LocalSandboxEnvironment(BaseEnvironment):
     ) -> list[str]:
         if self._init_pid is None:
             raise SandboxError("the sandbox is not running (start() first)")
-        argv = ["nsenter", "--target", str(self._init_pid), "--mount", "--pid"]
-        if self._isolate_net:
+        # User namespace last (nsenter enters the others first while it still holds host privileges);
+        # it then runs as the sandbox's root, an unprivileged uid on the host.
+        argv = [*(self._limits.join_argv() if self._limits else [])]
+        argv += ["nsenter", "--target", str(self._init_pid), "--user", "--mount", "--pid", "--ipc", "--uts"]
+        if self._network == "none":
             argv.append("--net")
         argv.append("--")
+        if self._limits is not None:
+            argv += self._limits.rlimit_argv()
         home = "/root"
         if user is not None and str(user) not in ("root", "0"):
             try:
                 entry = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(str(user))
             except KeyError as e:
-                raise SandboxError(f"unknown user {user!r} (the sandbox shares the host's users)") from e
+                raise SandboxError(f"unknown user {user!r} (the sandbox reads the host's /etc/passwd)") from e
             home = entry.pw_dir
             argv += ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups", "--"]
         full_env = {"PATH": self._path, "HOME": home, "LANG": "C.UTF-8", **(env or {})}

@@ -21,6 +21,8 @@ fail under a `FailurePolicy`; `reward_for` gives the scalar reward of an accepte
 | output_length    | OutputLengthExceededError, OutputTokenExceededError                    | zero    |
 | verifier_timeout | VerifierTimeoutError                                                   | retry   |
 | verifier_error   | RewardFileNotFoundError, RewardFileEmptyError, VerifierOutputParse…    | retry   |
+| verifier_network | the verifier tried to reach the network the local sandbox does not have | drop    |
+|                  | (DNS lookups recorded during verification; see `network_attempts`)    |         |
 | no_reward        | no exception, but no `reward_key` in verifier_result.rewards           | retry   |
 | invalid_task     | `Trial.create` raised (bad task dir or trial config)                   | drop    |
 | trial_timeout    | the attempt ran past `HarborConfig.trial_timeout_sec`                  | drop    |
@@ -28,6 +30,8 @@ fail under a `FailurePolicy`; `reward_for` gives the scalar reward of an accepte
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Literal
 
 from arl.harbor.types import Action, FailureKind, FailurePolicy
@@ -35,7 +39,16 @@ from arl.harbor.types import Action, FailureKind, FailurePolicy
 from harbor.models.trial.error_policy import FailureCause, policy_for
 from harbor.models.trial.result import TrialResult
 
-__all__ = ["Decision", "FailurePolicy", "classify", "classify_exception", "decide", "phase_of", "reward_for"]
+__all__ = [
+    "Decision",
+    "FailurePolicy",
+    "classify",
+    "classify_exception",
+    "decide",
+    "network_attempts",
+    "phase_of",
+    "reward_for",
+]
 
 Phase = Literal["environment", "agent_setup", "agent", "verifier"]
 Decision = Literal["accept", "retry", "fail"]
@@ -106,6 +119,30 @@ def classify(result: TrialResult, reward_key: str = "reward") -> FailureKind:
     if not rewards or reward_key not in rewards:
         return "no_reward"
     return "ok"
+
+
+def network_attempts(trial_dir: Path, result: TrialResult) -> list[str]:
+    """Names the verifier tried to resolve during this trial's verification (local sandbox only).
+
+    The local sandbox's DNS recorder appends every lookup to `<trial_dir>/arl_sandbox_network.jsonl`;
+    those that fall within the verifier's timing window are the verifier's (a separate verifier's
+    environment writes to the same file).
+    """
+    log = trial_dir / "arl_sandbox_network.jsonl"
+    timing = result.verifier
+    if timing is None or timing.started_at is None or not log.is_file():
+        return []
+    start = timing.started_at.timestamp()
+    end = timing.finished_at.timestamp() if timing.finished_at is not None else float("inf")
+    names = []
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if start <= float(record.get("t", 0.0)) <= end + 1.0:
+            names.append(str(record.get("name", "")))
+    return list(dict.fromkeys(names))
 
 
 def decide(policy: FailurePolicy, kind: FailureKind, attempt: int) -> tuple[Decision, Action]:

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+from harbor.agents.base import BaseAgent
+from harbor.environments.base import BaseEnvironment
+from harbor.models.agent.context import AgentContext
 
 HELLO_INSTRUCTION = "Create a file /app/hello.txt whose only content is the line: Hello, world!\n"
 HELLO_TEST = """#!/bin/bash
@@ -33,23 +38,36 @@ def write_hello_task(
     solution_script: str = HELLO_SOLUTION,
     instruction: str = HELLO_INSTRUCTION,
     extra_rewards: dict[str, float] | None = None,
+    verifier_mode: str | None = None,
+    tests_image: bool = False,
+    cpus: float | None = None,
+    memory_mb: int | None = None,
 ) -> Path:
     """Writes a Harbor task directory under `root` and returns its path.
 
     `local_setup` becomes environment/local_setup.sh, which `LocalSandboxEnvironment` runs at start
     (e.g. "exit 1" for an environment that cannot start, "sleep 30" for a start timeout).
     `extra_rewards` makes the verifier write reward.json with these keys besides "reward".
+    `verifier_mode="separate"` runs the verifier in an environment of its own (Harbor's separate mode):
+    the agent's /app/hello.txt reaches it as a declared artifact; `tests_image` also gives tests/ a
+    Dockerfile (the verifier image is built from tests/, which Harbor then does not upload).
+    `cpus`/`memory_mb` become the task's [environment] limits.
     """
     task = root / name
     (task / "environment").mkdir(parents=True, exist_ok=True)
     (task / "tests").mkdir(exist_ok=True)
     (task / "solution").mkdir(exist_ok=True)
+    artifacts = 'artifacts = ["/app/hello.txt"]\n\n' if verifier_mode == "separate" else ""
+    mode = f'environment_mode = "{verifier_mode}"\n' if verifier_mode else ""
+    limits = (f"cpus = {cpus}\n" if cpus else "") + (f"memory_mb = {memory_mb}\n" if memory_mb else "")
     (task / "task.toml").write_text(
-        'schema_version = "1.4"\n\n[metadata]\n\n'
-        f"[verifier]\ntimeout_sec = {float(verifier_timeout_sec)}\n\n"
+        f'schema_version = "1.4"\n{artifacts}\n[metadata]\n\n'
+        f"[verifier]\ntimeout_sec = {float(verifier_timeout_sec)}\n{mode}\n"
         f"[agent]\ntimeout_sec = {float(agent_timeout_sec)}\n\n"
-        f'[environment]\nbuild_timeout_sec = {float(build_timeout_sec)}\nworkdir = "/app"\n'
+        f'[environment]\nbuild_timeout_sec = {float(build_timeout_sec)}\nworkdir = "/app"\n{limits}'
     )
+    if tests_image:
+        (task / "tests" / "Dockerfile").write_text("FROM debian:bookworm-slim\nCOPY . /tests/\n")
     (task / "instruction.md").write_text(instruction)
     (task / "environment" / "Dockerfile").write_text("FROM debian:bookworm-slim\nWORKDIR /app\n")
     if local_setup is not None:
@@ -70,3 +88,37 @@ def write_hello_task(
         path.write_text(text)
         path.chmod(0o755)
     return task
+
+
+SCRIPTED_AGENT_IMPORT_PATH = "arl.harbor.testing:ScriptedAgent"
+
+
+class ScriptedAgent(BaseAgent):
+    """A Harbor agent that calls no model: it runs `script` (bash) in the sandbox as the agent phase.
+
+    Select it with `HarborConfig(agent_import_path=SCRIPTED_AGENT_IMPORT_PATH,
+    agent_kwargs={"script": "..."})`. What the script printed and its exit code are written to the
+    trial's agent log dir as `scripted.json` (for tests that check what an attempt could do).
+    """
+
+    CALLS_MODEL = False
+
+    def __init__(self, *args: Any, script: str = "true", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.script = script
+
+    @staticmethod
+    def name() -> str:
+        return "arl-scripted"
+
+    def version(self) -> str:
+        return "1"
+
+    async def setup(self, environment: BaseEnvironment) -> None:
+        pass
+
+    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        result = await environment.exec(self.script)
+        (self.logs_dir / "scripted.json").write_text(
+            json.dumps({"stdout": result.stdout, "stderr": result.stderr, "return_code": result.return_code})
+        )

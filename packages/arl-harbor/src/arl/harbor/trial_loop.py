@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 from arl.harbor.errors import HarborConfigError
-from arl.harbor.policy import classify, decide, reward_for
+from arl.harbor.policy import classify, decide, network_attempts, reward_for
 from arl.harbor.types import AttemptRecord, FailureKind, HarborConfig
 from arl.proxy.generator import Generator
 from arl.proxy.types import SamplingParams, TokenOutput
@@ -202,15 +202,14 @@ class HarborAgentLoop:
         if self._shared_proxy is not None:
             yield self._shared_proxy
             return
-        if self.config.agent_import_path is None and self.config.agent in _NO_MODEL_AGENTS:
-            yield None  # oracle / nop call no model: no endpoint, empty trajectory
+        if not self._calls_model():
+            yield None  # oracle / nop / scripted agents call no model: no endpoint, empty trajectory
             return
         from arl.proxy import ChatProxy, ProxyConfig
 
         bound = _BoundGenerator(generator, request_id, sampling_params)
         # One context budget: the proxy refuses what the agent was told does not fit.
-        options = {"max_context_len": self.config.max_input_tokens, **self.config.proxy_options}
-        proxy = ChatProxy(self._get_tokenizer(), bound, msgspec.convert(options, ProxyConfig))
+        proxy = ChatProxy(self._get_tokenizer(), bound, msgspec.convert(self.config.proxy_settings(), ProxyConfig))
         await asyncio.wait_for(proxy.start(), self.config.proxy_timeout_sec)
         try:
             yield proxy
@@ -229,6 +228,7 @@ class HarborAgentLoop:
         trial_name = f"{re.sub(r'[^A-Za-z0-9._-]', '_', task.id)[:48]}__{uuid.uuid4().hex[:8]}"
         trial_dir = Path(cfg.trials_dir) / trial_name
         started = time.monotonic()
+        trial_timeout = self.trial_timeout_sec(task_path)
         async with self._proxy(generator, sampling_params, request_id) as proxy:
             session = None
             if proxy is not None:
@@ -240,7 +240,7 @@ class HarborAgentLoop:
             trial: Trial | None = None
             outcome: _Attempt
             try:
-                async with asyncio.timeout(cfg.trial_timeout_sec):
+                async with asyncio.timeout(trial_timeout):
                     try:
                         trial_config = self.trial_config(task_path, trial_name, base_url, sampling_params)
                         trial = await Trial.create(trial_config)
@@ -252,11 +252,19 @@ class HarborAgentLoop:
                         if result.exception_info is not None:
                             info = result.exception_info
                             outcome.error = f"{info.exception_type}: {info.exception_message}"
+                        blocked = network_attempts(trial_dir, result)
+                        if blocked:  # its reward is about the missing network, not the solution
+                            outcome.kind = "verifier_network"
+                            outcome.error = (
+                                "the verifier tried to reach the network, which the sandbox does not have "
+                                f"(DNS lookups: {', '.join(blocked[:5])}); its reward is not used. "
+                                f"{outcome.error}"
+                            ).strip()
             except TimeoutError:
                 outcome = _Attempt(
                     kind="trial_timeout",
                     result=getattr(trial, "_result", None),  # None if it timed out before run() began
-                    error=f"trial exceeded trial_timeout_sec={cfg.trial_timeout_sec}",
+                    error=f"trial exceeded its timeout of {trial_timeout:.0f}s",
                 )
             finally:
                 if session is not None:
@@ -265,6 +273,32 @@ class HarborAgentLoop:
         outcome.trial_dir = trial_dir
         outcome.wall = time.monotonic() - started
         return outcome
+
+    def _calls_model(self) -> bool:
+        """False for Harbor's oracle and nop, and for import-path agents whose class sets CALLS_MODEL = False."""
+        cfg = self.config
+        if cfg.agent_import_path is None:
+            return cfg.agent not in _NO_MODEL_AGENTS
+        import importlib
+
+        module, _, name = cfg.agent_import_path.partition(":")
+        try:
+            agent_cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            return True  # Harbor reports the bad import path in the trial
+        return bool(getattr(agent_cls, "CALLS_MODEL", True))
+
+    def trial_timeout_sec(self, task_path: Path) -> float:
+        """The ceiling on one attempt: `trial_timeout_sec`, else derived from the task's own timeouts."""
+        if self.config.trial_timeout_sec is not None:
+            return self.config.trial_timeout_sec
+        from arl.harbor.tasks import task_timeout_sec, validate_task
+
+        return task_timeout_sec(
+            validate_task(task_path),
+            multiplier=self.config.timeout_multiplier_max(),
+            agent_timeout_sec=self.config.agent_timeout_sec,
+        )
 
     def trial_config(
         self, task_path: Path, trial_name: str, base_url: str, sampling_params: SamplingParams
@@ -275,7 +309,7 @@ class HarborAgentLoop:
         model_name: str | None = None
         base_url_field: str | None = None
         agent_name = cfg.agent if cfg.agent_import_path is None else None
-        if agent_name not in _NO_MODEL_AGENTS:
+        if self._calls_model():
             model_name = litellm_model_name(cfg.model_name)
             if agent_name in _HOST_LITELLM_AGENTS:
                 agent_kwargs = {
@@ -359,6 +393,7 @@ class HarborAgentLoop:
             routed_experts=getattr(traj, "routed_experts", None),
             timings=timings,
             error=outcome.error,
+            failure_kind="" if outcome.kind == "ok" else outcome.kind,
         )
 
     def _failed(self, outcome: _Attempt, history: list[AttemptRecord], retried_wall: float) -> AgentResult:
@@ -376,6 +411,7 @@ class HarborAgentLoop:
             num_turns=int(getattr(traj, "num_turns", 0) or 0),
             timings=timings,
             failed=True,
+            failure_kind=outcome.kind,
             error=f"harbor trial failed after {len(history)} attempt(s): {summary}",
         )
 
@@ -402,6 +438,61 @@ def make_harbor_agent_loop(
     except (msgspec.ValidationError, ValueError) as e:
         raise HarborConfigError(f"invalid harbor config: {e}") from e
     return HarborAgentLoop(harbor_config, tokenizer=tokenizer, proxy=proxy)
+
+
+def check_harbor_config(config: HarborConfig) -> None:
+    """Fail at start, naming the field, when the agent or the environment cannot be built.
+
+    Checks that `agent` is one of Harbor's agent names (or `agent_import_path` imports to a class),
+    that `environment_type` is one of Harbor's environment types (or `environment_import_path` imports
+    to a `BaseEnvironment` subclass), and runs the environment class's `preflight()` when it has one
+    (the local sandbox checks root, namespaces and tools there).
+    """
+    import importlib
+
+    from harbor.environments.base import BaseEnvironment
+    from harbor.models.agent.name import AgentName
+    from harbor.models.environment_type import EnvironmentType
+
+    def load(path: str, field: str) -> Any:
+        module, _, name = path.partition(":")
+        if not module or not name:
+            raise HarborConfigError(f"harbor.{field} must look like 'pkg.module:Class', got {path!r}")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise HarborConfigError(f"harbor.{field} = {path!r} does not import: {e}") from None
+
+    if config.agent_import_path is not None:
+        if not isinstance(load(config.agent_import_path, "agent_import_path"), type):
+            raise HarborConfigError(f"harbor.agent_import_path = {config.agent_import_path!r} is not a class")
+    elif config.agent not in {a.value for a in AgentName}:
+        raise HarborConfigError(
+            f"harbor.agent = {config.agent!r} is not a Harbor agent; choose one of "
+            f"{sorted(a.value for a in AgentName)} or set harbor.agent_import_path"
+        )
+    if config.environment_type is not None:
+        if config.environment_type not in {e.value for e in EnvironmentType}:
+            raise HarborConfigError(
+                f"harbor.environment_type = {config.environment_type!r} is not a Harbor environment; choose one "
+                f"of {sorted(e.value for e in EnvironmentType)} or set harbor.environment_import_path"
+            )
+        return
+    if config.environment_import_path is None:
+        raise HarborConfigError("set harbor.environment_type or harbor.environment_import_path")
+    cls = load(config.environment_import_path, "environment_import_path")
+    if not (isinstance(cls, type) and issubclass(cls, BaseEnvironment)):
+        raise HarborConfigError(
+            f"harbor.environment_import_path = {config.environment_import_path!r} is not a Harbor BaseEnvironment"
+        )
+    preflight = getattr(cls, "preflight", None)
+    if preflight is not None:
+        try:
+            preflight(**config.environment_kwargs)
+        except Exception as e:  # noqa: BLE001 - any preflight failure is a misconfiguration
+            raise HarborConfigError(
+                f"harbor environment {config.environment_import_path!r} cannot run here: {e}"
+            ) from None
 
 
 register_agent_loop("harbor", make_harbor_agent_loop)

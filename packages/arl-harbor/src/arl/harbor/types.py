@@ -33,6 +33,7 @@ FailureKind = Literal[
     "output_length",
     "verifier_timeout",
     "verifier_error",
+    "verifier_network",
     "no_reward",
     "harbor_error",
     "invalid_task",
@@ -73,6 +74,11 @@ class FailurePolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     verifier_timeout: Action = "retry"
     # The verifier failed: no/empty/unparsable reward file.
     verifier_error: Action = "retry"
+    # The verifier tried to reach the network (the sandbox recorded its DNS lookups) and the sandbox has
+    # none: its reward says nothing about the solution (e.g. a pytest verifier that installs uv/pytest
+    # at run time). Deterministic, so dropped rather than retried; give the verifier its tools offline
+    # (environment/local_setup.sh, a tools dir) or route its network.
+    verifier_network: Action = "drop"
     # The trial ended without an exception but without the configured reward key.
     no_reward: Action = "retry"
     # Harbor refused an operation for good (e.g. unsupported by the environment).
@@ -128,8 +134,10 @@ class HarborConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     environment_build_timeout_multiplier: float | None = None
     # Overrides the task's [agent].timeout_sec when set.
     agent_timeout_sec: float | None = None
-    # Hard ceiling on one attempt (environment + agent + verifier + teardown), in seconds.
-    trial_timeout_sec: float = 3600.0
+    # Hard ceiling on one attempt (environment + agent + verifier + teardown), in seconds. None: derived
+    # per task from its task.toml timeouts (`arl.harbor.tasks.task_timeout_sec`: build + agent setup +
+    # agent + verifier, times the largest timeout multiplier, plus a teardown allowance).
+    trial_timeout_sec: float | None = None
     # Key of `verifier_result.rewards` used as the scalar reward.
     reward_key: str = "reward"
     # Key of `Task.metadata` holding the Harbor task directory.
@@ -138,6 +146,13 @@ class HarborConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # {"host": "0.0.0.0"} when the sandbox runs on another host). `max_context_len` defaults to
     # `max_input_tokens`.
     proxy_options: dict[str, Any] = msgspec.field(default_factory=dict)
+    # Tool-call parser of the per-trial proxy (an `arl.proxy` parser name, e.g. "hermes"); None keeps
+    # the proxy's default. Shorthand for proxy_options["tool_parser"].
+    tool_parser: str | None = None
+    # Address the per-trial proxy binds and advertises (e.g. "0.0.0.0" or this host's IP when the
+    # sandbox runs elsewhere); None keeps the proxy's default (loopback). Shorthand for
+    # proxy_options["host"].
+    proxy_host: str | None = None
     # Seconds to wait for the proxy to start or stop.
     proxy_timeout_sec: float = 30.0
     policy: FailurePolicy = msgspec.field(default_factory=FailurePolicy)
@@ -145,10 +160,33 @@ class HarborConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.policy.max_attempts < 1:
             raise ValueError("policy.max_attempts must be >= 1")
-        if self.trial_timeout_sec <= 0:
+        if self.trial_timeout_sec is not None and self.trial_timeout_sec <= 0:
             raise ValueError("trial_timeout_sec must be > 0")
         if not self.agent and not self.agent_import_path:
             raise ValueError("set agent or agent_import_path")
+
+    def proxy_settings(self) -> dict[str, Any]:
+        """`arl.proxy.ProxyConfig` fields of the per-trial proxy (context budget, parser, host)."""
+        options: dict[str, Any] = {"max_context_len": self.max_input_tokens}
+        if self.tool_parser is not None:
+            options["tool_parser"] = self.tool_parser
+        if self.proxy_host is not None:
+            options["host"] = self.proxy_host
+        return options | self.proxy_options
+
+    def timeout_multiplier_max(self) -> float:
+        """The largest of the timeout multipliers (what bounds one attempt's length)."""
+        return max(
+            m
+            for m in (
+                self.timeout_multiplier,
+                self.agent_timeout_multiplier,
+                self.verifier_timeout_multiplier,
+                self.agent_setup_timeout_multiplier,
+                self.environment_build_timeout_multiplier,
+            )
+            if m is not None
+        )
 
 
 class AttemptRecord(msgspec.Struct, kw_only=True):

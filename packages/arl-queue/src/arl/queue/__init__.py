@@ -18,9 +18,10 @@ from arl.queue.errors import (
 from arl.queue.persistence import SNAPSHOT_FILENAME, read_snapshot, write_snapshot
 from arl.queue.queue import MessageQueue
 from arl.queue.ray_actor import MessageQueueActor, QueueClient, create_queue_actor
-from arl.queue.types import SCHEMA_VERSION, OverflowPolicy, QueueStats, Response, Sample
+from arl.queue.types import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, OverflowPolicy, QueueStats, Response, Sample
 
 __all__ = [
+    "READABLE_SCHEMA_VERSIONS",
     "SCHEMA_VERSION",
     "SNAPSHOT_FILENAME",
     "CorruptSnapshotError",

@@ -3,7 +3,12 @@
 A `Sample` is one prompt with its group of `n` responses (GRPO needs the whole group to compute
 advantages), matching the reference design where one queue item is one prompt's rollouts. It is a
 msgspec struct, encoded to msgpack on the way through the queue; `SCHEMA_VERSION` is bumped on any
-incompatible change and checked on decode.
+schema change and checked on decode. Versions in `READABLE_SCHEMA_VERSIONS` still decode (their missing
+fields take their defaults) and come out upgraded to `SCHEMA_VERSION`.
+
+History: 1 = the first schema; 2 = packed routed experts (main's `RoutedExperts`, merged separately);
+3 = `Response.prompt_ids` (a trajectory may render its own prompt). Every change since 1 added an
+optional field (or retyped one that is None unless MoE routing was recorded), so 1 and 2 still read.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from typing import Any, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# Older versions whose bytes still decode (every field added since has a default).
+READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3})
 
 
 class RoutedExperts(msgspec.Struct, kw_only=True, frozen=True):
@@ -46,6 +53,11 @@ class Response(msgspec.Struct, kw_only=True):
     rewards: dict[str, float] = msgspec.field(default_factory=dict)
     # MoE routing per response token (packed; see RoutedExperts), None for dense models / unrecorded.
     routed_experts: RoutedExperts | None = None
+    # This trajectory's own prompt when it differs from `Sample.prompt_ids` (an agent that renders its
+    # first turn itself: a first-turn context overflow, a prompt showing the sandbox's hostname); None =
+    # the sample's. Readers use `response.prompt_ids if response.prompt_ids is not None else
+    # sample.prompt_ids` (`Sample.prompt_of`). Added in schema 3.
+    prompt_ids: list[int] | None = None
 
 
 class Sample(msgspec.Struct, kw_only=True):
@@ -62,6 +74,10 @@ class Sample(msgspec.Struct, kw_only=True):
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     timings: dict[str, float] = msgspec.field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+
+    def prompt_of(self, response: Response) -> list[int]:
+        """The prompt token ids `response` continues: its own when set, else the sample's."""
+        return response.prompt_ids if response.prompt_ids is not None else self.prompt_ids
 
     def min_token_version(self) -> int:
         """Oldest weight version that sampled any trained token of this sample (its staleness anchor)."""

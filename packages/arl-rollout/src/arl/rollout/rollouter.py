@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
@@ -48,12 +49,42 @@ class RolloutStats:
         self.failed_trajectories = 0
         self.aborted_syncs = 0
         self.generated_tokens = 0
+        # Trajectories trained on with another prompt than their group's first (own prompt_ids).
+        self.own_prompt_responses = 0
+        # Failed trajectories (not trained on) by failure kind; kept ones that ended abnormally (e.g.
+        # "agent_timeout" kept, "context_length" zeroed) by kind.
+        self.failed_by_kind: Counter[str] = Counter()
+        self.kept_by_kind: Counter[str] = Counter()
+        # Sum and count of each agent-loop phase timing (e.g. Harbor's "agent_execution"), in seconds.
+        self.phase_seconds: Counter[str] = Counter()
+        self.phase_count: Counter[str] = Counter()
+        # Turns of the trajectories trained on (mean = turns / (produced responses)).
+        self.turns = 0
+        self.trained_responses = 0
         self.started_at = time.monotonic()
 
-    def as_dict(self) -> dict[str, float]:
-        own = {k: v for k, v in vars(self).items() if k not in ("started_at", "_extra")}
+    def record(self, result: AgentResult) -> None:
+        """Count one trajectory's failure kind and phase timings."""
+        if result.failed:
+            self.failed_by_kind[result.failure_kind or "unknown"] += 1
+        else:
+            self.turns += result.num_turns
+            self.trained_responses += 1
+            if result.failure_kind:
+                self.kept_by_kind[result.failure_kind] += 1
+        for phase, seconds in result.timings.items():
+            self.phase_seconds[phase] += seconds
+            self.phase_count[phase] += 1
+
+    def as_dict(self) -> dict[str, object]:
+        skip = {"started_at", "_extra", "failed_by_kind", "kept_by_kind", "phase_seconds", "phase_count"}
         extra = dict(self._extra()) if self._extra is not None else {}
-        return own | {"elapsed_s": time.monotonic() - self.started_at} | extra
+        return {k: v for k, v in vars(self).items() if k not in skip} | {
+            "elapsed_s": time.monotonic() - self.started_at,
+            "failed_by_kind": dict(self.failed_by_kind),
+            "kept_by_kind": dict(self.kept_by_kind),
+            "phase_mean_s": {k: self.phase_seconds[k] / self.phase_count[k] for k in self.phase_count},
+        } | extra
 
 
 def task_sampling_params(base: SamplingParams, task: Task) -> SamplingParams:
@@ -158,14 +189,21 @@ class Rollouter:
         self, uid: str, task: Task, results: list[AgentResult], start_version: int, seconds: float
     ) -> Sample | None:
         ok = [r for r in results if not r.failed]
+        for r in results:
+            self.stats.record(r)
         self.stats.failed_trajectories += len(results) - len(ok)
         if not ok:
             self.stats.dropped_failed += 1
             log.warning("task %s: every trajectory failed (%s); no sample", task.id, results[0].error)
             return None
-        prompt_ids = ok[0].prompt_ids
-        if any(r.prompt_ids != prompt_ids for r in ok):
-            raise RolloutError(f"task {task.id}: trajectories of one group rendered different prompts")
+        if len(ok) < len(results):
+            log.info("task %s: %d of %d trajectories failed; training on the rest", task.id,
+                     len(results) - len(ok), len(results))
+        # The group's prompt is the most common one; a trajectory that rendered another (a first-turn
+        # overflow, a prompt showing the sandbox's hostname) carries its own.
+        prompt_ids = list(Counter(tuple(r.prompt_ids) for r in ok).most_common(1)[0][0])
+        own = [None if r.prompt_ids == prompt_ids else r.prompt_ids for r in ok]
+        self.stats.own_prompt_responses += sum(p is not None for p in own)
         self.stats.generated_tokens += sum(sum(r.response_mask) for r in ok)
         return Sample(
             uid=uid,
@@ -181,8 +219,9 @@ class Rollouter:
                     num_turns=r.num_turns,
                     rewards=r.rewards,
                     routed_experts=pack_routes(r.routed_experts) if r.routed_experts else None,
+                    prompt_ids=own_prompt,
                 )
-                for r in ok
+                for r, own_prompt in zip(ok, own, strict=True)
             ],
             start_version=start_version,
             end_version=min(self.manager.weight_versions),

@@ -185,6 +185,36 @@ def save_random_qwen3_moe(path: Any, *, vocab: int = 256, hidden: int = 64, head
     return path
 
 
+class MixedGroupAgentLoop(TokenAgentLoop):
+    """A `TokenAgentLoop` whose group members end differently, by the request id's index suffix:
+    `-0` fails (failure_kind "sandbox", not trainable); `-1` renders a longer first prompt (as a
+    first-turn context overflow or a hostname in the prompt would) and ends "length" with failure_kind
+    "context_length"; the others are normal. For tests of groups with failed and odd members."""
+
+    async def run(self, task: Any, generator: Any, sampling_params: SamplingParams, request_id: str) -> Any:
+        from arl.rollout.types import AgentResult
+
+        index = request_id.rsplit("-", 1)[-1]
+        if index == "0":
+            return AgentResult(prompt_ids=[], response_ids=[], response_mask=[], response_logprobs=[],
+                               weight_versions=[], reward=0.0, failed=True, failure_kind="sandbox",
+                               error="sandbox did not start", timings={"environment_setup": 0.5})
+        result = await super().run(task, generator, sampling_params, request_id)
+        result.timings = {"agent_execution": 1.0}
+        if index == "1":
+            prompt_ids = [*task.metadata["prompt_ids"], 99, 98]
+            out = await generator.generate(request_id + "-long", prompt_ids, sampling_params)
+            result.prompt_ids = prompt_ids
+            result.response_ids = out.token_ids
+            result.response_mask = [1] * len(out.token_ids)
+            result.response_logprobs = out.log_probs
+            result.weight_versions = out.weight_versions or [-1] * len(out.token_ids)
+            result.reward = 0.0
+            result.finish_reason = "length"
+            result.failure_kind = "context_length"
+        return result
+
+
 # ----- simulation at scale: a virtual clock and an engine with a decode cost model ----------------
 
 

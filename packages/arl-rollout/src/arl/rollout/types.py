@@ -47,3 +47,6 @@ class AgentResult(msgspec.Struct, kw_only=True):
     # True when the agent could not produce a trainable trajectory (e.g. sandbox failed); not trained on.
     failed: bool = False
     error: str = ""
+    # How the run ended when it did not end cleanly (e.g. "sandbox", "context_length"; "" = ok), so the
+    # rollouter counts failed and zeroed trajectories by kind.
+    failure_kind: str = ""

@@ -121,3 +121,122 @@ def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> 
         assert g.dtype == w.dtype and g.shape == w.shape, k
         assert torch.equal(g.view(torch.uint8) if g.dtype == torch.bool else g,
                            w.contiguous().view(torch.uint8) if w.dtype == torch.bool else w), k
+
+
+# ---- the "sender writes into the receiver's staging" protocol on the CPU, in one process ----------
+
+_DIRECT_BUFFERS: dict[int, torch.Tensor] = {}
+
+
+class DirectSender:
+    """The protocol of the one-copy "cuda_ipc" transport (receivers export their staging buffer, the
+    sender writes every bucket straight into it, data complete at `End`) over plain host memory of
+    one process: receivers run in threads and "export" by registering their buffer here. Lets CPU
+    tests drive the real `WeightSender` / `WeightReceiver` through that path; install it with
+    `use_direct_transport(monkeypatch)`."""
+
+    needs_acks = False
+    wants_staging = True
+    lands_at_end = True
+
+    def __init__(self, cfg: SyncConfig, device: torch.device | None) -> None:
+        self._mapped: dict[bytes, tuple[int, torch.Tensor]] = {}
+        self._targets: list[torch.Tensor] = []
+        self.handles_opened = 0
+
+    def welcome_info(self, hello_device: str) -> bytes:
+        return b""
+
+    def begin(self, member_ids) -> dict[bytes, bytes]:
+        self._targets = []
+        return {}
+
+    def attach(self, infos: dict[bytes, bytes]) -> None:
+        import pickle
+
+        self._targets = []
+        for ident, info in infos.items():
+            generation, capacity, key = pickle.loads(info)
+            m = self._mapped.get(ident)
+            if m is None or m[0] != generation:
+                m = self._mapped[ident] = (generation, _DIRECT_BUFFERS[key][:capacity])
+                self.handles_opened += 1
+            self._targets.append(m[1])
+
+    def connect(self, timeout_s: float) -> None:
+        pass
+
+    def wait_slot(self, slot: int, timeout_s: float, check) -> None:
+        pass
+
+    def pack(self, slot: int, chunks, base: int = 0) -> None:
+        from .errors import TransportError
+        from .plan import pack_chunks
+
+        if not chunks:
+            return
+        end = base + max(c.hi for c in chunks)
+        for t in self._targets:
+            if end > t.numel():
+                raise TransportError(f"the stream outgrew a receiver's staging buffer ({end} > {t.numel()})")
+            pack_chunks(t[base:end], chunks)
+
+    def post(self, slot: int, nbytes: int) -> None:
+        pass
+
+    def finish(self, timeout_s: float, check) -> None:
+        pass
+
+    def abort(self) -> None:
+        self._targets = []
+
+    def close(self) -> None:
+        self._mapped.clear()
+
+
+class DirectReceiver:
+    """Receiver side of `DirectSender`: exports its staging buffer (re-exported when reallocated)."""
+
+    needs_acks = False
+    lands_at_end = True
+
+    def __init__(self, cfg: SyncConfig, device: torch.device, info: bytes) -> None:
+        self._exported: tuple[int, int] | None = None
+        self._info = b""
+        self._generation = 0
+
+    def begin(self, info: bytes, timeout_s: float) -> None:
+        pass
+
+    def export(self, staging: torch.Tensor) -> bytes:
+        import pickle
+
+        key = (staging.data_ptr(), staging.numel())
+        if self._exported != key:
+            self._generation += 1
+            _DIRECT_BUFFERS[id(staging)] = staging
+            self._info = pickle.dumps((self._generation, staging.numel(), id(staging)))
+            self._exported = key
+        return self._info
+
+    def fetch(self, slot: int, nbytes: int, dst: torch.Tensor) -> None:
+        pass
+
+    def wait(self, timeout_s: float, check) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def use_direct_transport(monkeypatch) -> None:
+    """Make every sender/receiver built afterwards (in this process) use `DirectSender`/`DirectReceiver`."""
+    from . import receiver as receiver_module
+    from . import sender as sender_module
+
+    monkeypatch.setattr(sender_module, "make_sender_transport", lambda cfg, dev: DirectSender(cfg, dev))
+    monkeypatch.setattr(receiver_module, "make_receiver_transport",
+                        lambda cfg, dev, info: DirectReceiver(cfg, dev, info))

@@ -187,7 +187,8 @@ class VllmEngine:
         """Every worker (TP rank) receives the full tensors from the sender and loads them in place.
 
         `last_sync` then holds the phases in seconds: `rpc_s` (the whole call to the workers),
-        `receive_s` / `apply_s` (the slowest worker's transfer and in-place load), `reset_cache_s`.
+        `receive_s` / `apply_s` (the slowest worker's transfer and load), `reset_cache_s`, and
+        `inplace` (1.0 when every worker loaded in place, 0.0 when through `reload_weights`).
         """
         llm = self._require_started()
         t0 = time.perf_counter()
@@ -212,6 +213,8 @@ class VllmEngine:
             "receive_s": max((r.get("receive_s", 0.0) for r in phases), default=0.0),
             "apply_s": max((r.get("apply_s", 0.0) for r in phases), default=0.0),
             "reset_cache_s": t2 - t1,
+            # 1.0: every worker loaded in place (CUDA); 0.0: some used vLLM's reload_weights.
+            "inplace": min((r.get("inplace", 0.0) for r in phases), default=0.0),
         }
 
     async def worker_weights(self) -> dict[str, Any]:

@@ -59,13 +59,25 @@ class WeightSyncExtension:
             timing["apply_s"] = time.perf_counter() - t_apply
 
         version = self._arl_receiver.receive(apply=apply)
+        # 1.0 when the load went in place through the model's loaders, 0.0 when through reload_weights.
+        timing["inplace"] = float(self._arl_device() is not None and not self._arl_inplace_failed)
         return {"version": version, **timing}
+
+    _arl_inplace_failed: str = ""
 
     def _arl_apply(self, named_tensors: Any) -> None:
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        if self._arl_device() is not None:
-            self._arl_load_in_place(model, named_tensors)
-            return
+        if self._arl_device() is not None and not self._arl_inplace_failed:
+            named_tensors = list(named_tensors)  # views of the staging buffer: cheap, and reusable below
+            try:
+                self._arl_load_in_place(model, named_tensors)
+                return
+            except Exception as exc:  # a model whose loaders need vLLM's reload machinery: use it from now on
+                import logging
+
+                self._arl_inplace_failed = f"{type(exc).__name__}: {exc}"
+                logging.getLogger(__name__).warning(
+                    "arl: in-place weight load failed (%s); using vLLM's reload_weights", self._arl_inplace_failed)
         self.reload_weights(weights_iterator=iter(named_tensors))  # type: ignore[attr-defined]
         lm_head = getattr(model, "lm_head", None)
         # vLLM's CPU build keeps a prepacked copy of a tied lm_head that reload_weights does not refresh;
