@@ -77,11 +77,11 @@ def _environment(out_dir: Path) -> dict[str, str]:
 
 
 def prepare_model(config: AppConfig, out_dir: Path) -> Path:
-    """The model folder: built by the project for `builtin:tiny`, else the given path."""
-    if config.model.path == "builtin:tiny":
-        from arl_train.tiny_model import build_tiny_model
+    """The model folder: built by the project for `builtin:<shape>` (tiny_model.MODEL_SHAPES), else the given path."""
+    if config.model.path.startswith("builtin:"):
+        from arl_train.tiny_model import build_builtin_model
 
-        return build_tiny_model(out_dir / "model", seed=config.model.seed)
+        return build_builtin_model(config.model.path.removeprefix("builtin:"), out_dir / "model", seed=config.model.seed)
     path = Path(config.model.path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"model.path {path} is not a Hugging Face model folder (no config.json)")

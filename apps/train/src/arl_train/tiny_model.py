@@ -506,6 +506,7 @@ def build_tiny_model(
     vocab_size: int = 1024,
     max_position_embeddings: int = 1024,
     initializer_range: float = 0.02,
+    dtype: str = "float32",
 ) -> Path:
     """Write a tokenizer and a randomly initialised Qwen3 causal LM to `out_dir`; returns `out_dir`.
 
@@ -538,17 +539,39 @@ def build_tiny_model(
         bos_token_id=None,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
-        dtype="float32",
+        dtype=dtype,
     )
     config.architectures = ["Qwen3ForCausalLM"]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config).to(torch.float32)
+        model = Qwen3ForCausalLM(config).to(getattr(torch, dtype))
     model.generation_config = GenerationConfig(
         eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None
     )
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+# Named shapes for `model.path = "builtin:<name>"`: Qwen3 bodies (layers, widths, heads as the released
+# models) on the project's tokenizer, whose vocab (1024) replaces Qwen's 151,936: so "qwen3-0.6b-random"
+# has Qwen3-0.6B's 28 layers (~0.44B parameters, not 0.6B: the embedding is smaller). Random weights:
+# for throughput measurements only. Large shapes are saved in bfloat16 (the float32 files would be huge).
+MODEL_SHAPES: dict[str, dict[str, object]] = {
+    "tiny": {},
+    "qwen3-0.6b-random": dict(hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
+                              num_kv_heads=8, head_dim=128, max_position_embeddings=16384, dtype="bfloat16"),
+    "qwen3-1.7b-random": dict(hidden_size=2048, intermediate_size=6144, num_layers=28, num_heads=16,
+                              num_kv_heads=8, head_dim=128, max_position_embeddings=16384, dtype="bfloat16"),
+    "qwen3-4b-random": dict(hidden_size=2560, intermediate_size=9728, num_layers=36, num_heads=32,
+                            num_kv_heads=8, head_dim=128, max_position_embeddings=16384, dtype="bfloat16"),
+}
+
+
+def build_builtin_model(name: str, out_dir: Path | str, *, seed: int = 0) -> Path:
+    """Build the named shape of `MODEL_SHAPES` (`builtin:<name>` in the app's model.path)."""
+    if name not in MODEL_SHAPES:
+        raise ValueError(f"unknown built-in model {name!r}; available: {sorted(MODEL_SHAPES)}")
+    return build_tiny_model(out_dir, seed=seed, **MODEL_SHAPES[name])  # type: ignore[arg-type]
 
 
 def _portable_tokenizer_class(path: Path) -> None:

@@ -27,6 +27,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     stop: list[str] = msgspec.field(default_factory=list)
     # Top log probs per sampled token to return besides the sampled one (0 = sampled only).
     top_logprobs: int = 0
+    # Keep generating past the model's end-of-sequence token (vLLM's meaning: `stop_token_ids` still
+    # stop); benchmarks use it with max_tokens to get exact response lengths from a random model.
+    ignore_eos: bool = False
 
 
 class TokenOutput(msgspec.Struct, kw_only=True):

@@ -75,8 +75,14 @@ _DIGIT_ASKS = (
 
 
 def builtin_tasks(name: str, *, seed: int, size: int) -> list[Task]:
+    """`digits` (a learnable toy task) or `longtail?key=value&…` (see arl.rollout.longtail)."""
+    base, _, query = name.partition("?")
+    if base == "longtail":
+        from arl.rollout.longtail import longtail_tasks
+
+        return longtail_tasks(query, seed=seed, size=size)
     if name != "digits":
-        raise DatasetError(f"unknown built-in dataset {name!r}; available: ['digits']")
+        raise DatasetError(f"unknown built-in dataset {name!r}; available: ['digits', 'longtail']")
     rng = random.Random(seed)
     rows = []
     for i in range(size):

@@ -5,6 +5,7 @@ Each takes the decoded response text and the task's ground truth and returns a s
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +50,16 @@ def last_number(response: str, ground_truth: Any) -> float:
     return float(bool(numbers) and float(numbers[-1]) == float(ground_truth))
 
 
+def synthetic_hash(response: str, ground_truth: Any = None) -> float:
+    """SYNTHETIC: a deterministic score in [0, 1] from a hash of the response text.
+
+    For throughput workloads (builtin:longtail): it gives GRPO groups reward variance, so the trainer
+    does real work, but it measures nothing about the response.
+    """
+    return int.from_bytes(hashlib.sha256(response.encode()).digest()[:4], "big") / 0xFFFFFFFF
+
+
 register_reward("exact", exact_match)
+register_reward("synthetic_hash", synthetic_hash)
 register_reward("digits", digits)
 register_reward("last_number", last_number)

@@ -15,8 +15,10 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+import msgspec
 
 from arl.proxy.types import SamplingParams
 from arl.queue.routed_experts import pack_routes
@@ -40,7 +42,8 @@ class SampleSink(Protocol):
 class RolloutStats:
     """Counters the app reports; plain attributes so they cross Ray as a dict."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: Callable[[], Mapping[str, float]] | None = None) -> None:
+        self._extra = extra  # more counters merged into as_dict (the server manager's utilization)
         self.started = 0
         self.produced = 0
         self.dropped_failed = 0
@@ -89,7 +92,8 @@ class RolloutStats:
         self.sampled_tokens += trained if sampled_tokens is None else sampled_tokens
 
     def as_dict(self) -> dict[str, object]:
-        skip = {"started_at", "failed_by_kind", "kept_by_kind", "phase_seconds", "phase_count"}
+        skip = {"started_at", "_extra", "failed_by_kind", "kept_by_kind", "phase_seconds", "phase_count"}
+        extra = dict(self._extra()) if self._extra is not None else {}
         return {k: v for k, v in vars(self).items() if k not in skip} | {
             "elapsed_s": time.monotonic() - self.started_at,
             "failed_by_kind": dict(self.failed_by_kind),
@@ -98,7 +102,24 @@ class RolloutStats:
             "segments_per_trajectory": self.segments / self.trajectories if self.trajectories else 0.0,
             # 1.0 when every sampled token is trained (segments on); lower when a rewrite lost some.
             "trained_token_share": self.generated_tokens / self.sampled_tokens if self.sampled_tokens else 1.0,
-        }
+        } | extra
+
+
+def task_sampling_params(base: SamplingParams, task: Task) -> SamplingParams:
+    """`base` with the task's own overrides, `task.metadata["sampling"]` (e.g. a per-task max_tokens
+    and ignore_eos for exact-length benchmark workloads); a bad override names the task and key."""
+    overrides: Any = task.metadata.get("sampling")
+    if not overrides:
+        return base
+    if not isinstance(overrides, dict):
+        raise RolloutError(f"task {task.id}: metadata['sampling'] must be an object, got {type(overrides).__name__}")
+    unknown = sorted(set(overrides) - set(SamplingParams.__struct_fields__))
+    if unknown:
+        raise RolloutError(f"task {task.id}: metadata['sampling'] has unknown keys {unknown}")
+    try:
+        return msgspec.convert(msgspec.to_builtins(base) | overrides, SamplingParams)
+    except msgspec.ValidationError as exc:
+        raise RolloutError(f"task {task.id}: invalid metadata['sampling'] override: {exc}") from None
 
 
 class Rollouter:
@@ -130,7 +151,7 @@ class Rollouter:
         self._paused = False
         self._active = 0
         self._started_since_sync = 0
-        self.stats = RolloutStats()
+        self.stats = RolloutStats(extra=getattr(manager, "utilization", None))
 
     # ----- the feed loop -------------------------------------------------------------------
     async def run(self) -> None:
@@ -188,7 +209,8 @@ class Rollouter:
         timeout. A failing trajectory cancels its siblings, so none is left running."""
         try:
             async with asyncio.TaskGroup() as group:
-                runs = [group.create_task(loop.run(task, self.manager, self._sampling, rid)) for rid in request_ids]
+                params = task_sampling_params(self._sampling, task)
+                runs = [group.create_task(loop.run(task, self.manager, params, rid)) for rid in request_ids]
         except ExceptionGroup as failures:
             timeouts, others = failures.split(GenerateTimeoutError)
             if others is not None:
@@ -250,7 +272,8 @@ class Rollouter:
             start_version=start_version,
             end_version=min(self.manager.weight_versions),
             task_id=task.id,
-            metadata={"ground_truth": task.ground_truth},
+            metadata={"ground_truth": task.ground_truth}
+            | ({"synthetic": True} if task.metadata.get("synthetic") else {}),
             timings={"rollout": seconds},
         )
 

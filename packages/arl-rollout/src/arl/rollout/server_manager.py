@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -25,7 +26,13 @@ from arl.rollout.routed_experts import extend_routes
 class ServerManager:
     """Load-balanced, pausable front of a set of engine replicas (itself a `Generator`)."""
 
-    def __init__(self, engines: Sequence[Engine], *, generate_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        *,
+        generate_timeout_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.engines = list(engines)
         self.balancer = LoadBalancer(len(self.engines))
         self._generate_timeout_s = generate_timeout_s
@@ -34,6 +41,14 @@ class ServerManager:
         self._call_ids = itertools.count()
         self._sync_epoch = 0  # bumped by every pause, so a late abort is still known to be a sync's
         self.resumed_requests = 0  # requests continued after a sync abort (partial rollout)
+        # Utilization: per replica, seconds during which at least one generation call was running
+        # (an engine with no call is idle: starved, paused for a sync, or asleep while colocated).
+        self._clock = clock
+        self._created_at = clock()
+        self._calls = [0] * len(self.engines)
+        self._busy_since: list[float | None] = [None] * len(self.engines)
+        self._busy_s = [0.0] * len(self.engines)
+        self.generated_tokens = 0
 
     async def generate(
         self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams
@@ -52,6 +67,7 @@ class ServerManager:
                 )
                 call_id = f"{request_id}-{next(self._call_ids)}"
                 epoch = self._sync_epoch
+                self._call_started(replica)
                 try:
                     out = await asyncio.wait_for(
                         engine.generate(call_id, prompt_ids + tokens, params), self._generate_timeout_s
@@ -60,6 +76,9 @@ class ServerManager:
                     raise GenerateTimeoutError(
                         f"replica {replica} did not finish request {request_id} in {self._generate_timeout_s}s"
                     ) from None
+                finally:
+                    self._call_ended(replica)
+                self.generated_tokens += len(out.token_ids)
                 experts = extend_routes(experts, out.routed_experts, before=len(tokens), added=len(out.token_ids))
                 tokens += out.token_ids
                 log_probs += out.log_probs
@@ -77,6 +96,36 @@ class ServerManager:
                 )
         finally:
             self.balancer.release(replica)
+
+    def _call_started(self, replica: int) -> None:
+        if self._calls[replica] == 0:
+            self._busy_since[replica] = self._clock()
+        self._calls[replica] += 1
+
+    def _call_ended(self, replica: int) -> None:
+        self._calls[replica] -= 1
+        if self._calls[replica] == 0:
+            self._busy_s[replica] += self._clock() - self._busy_since[replica]  # type: ignore[operator]
+            self._busy_since[replica] = None
+
+    def utilization(self) -> dict[str, float]:
+        """Cumulative: seconds since creation, busy seconds summed over replicas, generated tokens.
+
+        Idle fraction over a window = 1 - Δengine_busy_s / (replicas × Δmanager_elapsed_s).
+        """
+        now = self._clock()
+        busy = sum(
+            b + (now - since if since is not None else 0.0)
+            for b, since in zip(self._busy_s, self._busy_since, strict=True)
+        )
+        elapsed = now - self._created_at
+        return {
+            "manager_elapsed_s": elapsed,
+            "engine_busy_s": busy,
+            "engine_replicas": float(len(self.engines)),
+            "engine_idle_fraction": 1.0 - busy / max(1e-9, elapsed * len(self.engines)),
+            "engine_generated_tokens": float(self.generated_tokens),
+        }
 
     def forget(self, request_id: str) -> None:
         """The trajectory `request_id` is over: release its replica stickiness."""

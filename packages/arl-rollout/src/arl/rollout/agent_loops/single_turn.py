@@ -29,8 +29,10 @@ class SingleTurnAgentLoop:
         self, task: Task, generator: Generator, sampling_params: SamplingParams, request_id: str
     ) -> AgentResult:
         prompt_ids = render_prompt(self.tokenizer, task.messages)
+        # `ignore_eos` (exact-length benchmark workloads) keeps the end-of-turn token from stopping it.
+        eos = [] if sampling_params.ignore_eos else self._eos
         params = msgspec.structs.replace(
-            sampling_params, stop_token_ids=sorted(set(sampling_params.stop_token_ids) | set(self._eos))
+            sampling_params, stop_token_ids=sorted(set(sampling_params.stop_token_ids) | set(eos))
         )
         started = time.perf_counter()
         out = await generator.generate(request_id, prompt_ids, params)

@@ -174,6 +174,7 @@ class TorchEngine:
 
     def _maybe_finish(self, rid: str, req: _Request) -> None:
         p = req.params
+        # Only explicit stop ids end a request (no implicit model EOS), so `p.ignore_eos` holds as is.
         if req.tokens and req.tokens[-1] in p.stop_token_ids:
             self._finish(rid, "stop")
         elif len(req.tokens) >= p.max_tokens:

