@@ -143,6 +143,8 @@ class PackedPolicy:
         """Log probs of the trained tokens under the current weights, (B, T) on CPU (0 elsewhere).
         `routes`: the batch's engine routes (`routes_for_batch`), replayed when router_replay = "rollout"."""
         self._check_routes(batch, routes)
+        if self.config.router_replay != "rollout":
+            routes = None  # nothing to replay, and this pass's routing statistics would be discarded
         out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
         mbs, _ = self._microbatches(batch, list(range(batch.input_ids.shape[0])))
         for mb in mbs:
@@ -160,7 +162,7 @@ class PackedPolicy:
         for mode in ("off", "on"):
             acc = torch.zeros(2 + self.world_size, dtype=torch.float64)  # sum, count, each rank's max
             for mb in mbs:
-                with self._routing(mb, routes, apply=mode == "on"):
+                with self._routing(mb, routes if mode == "on" else None, apply=True):
                     logp, _ = self._forward(mb)
                 gap = (logp.float().cpu() - mb.gather(batch.behaviour_logp)).abs().double()
                 if gap.numel():
