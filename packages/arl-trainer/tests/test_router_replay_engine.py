@@ -12,17 +12,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arl.queue import Response, Sample
-from arl.queue.routed_experts import pack_routes
-from arl.trainer import HFPolicy, TrainerConfig, assemble_batch
+from arl.trainer import HFPolicy, TrainerConfig
 from arl.trainer.algorithm_config import AlgorithmConfig
 from arl.trainer.algorithms import token_log_probs
 from arl.trainer.config import OptimConfig
 from arl.trainer.errors import RouterReplayError
-from arl.trainer.router_replay import load_balancing_loss, replay_routes, routes_for_batch
+from arl.trainer.router_replay import load_balancing_loss, replay_routes
+
+from router_replay_helpers import EXPERTS, LAYERS, TOP_K, VOCAB, replay_config, routed_samples, two_rank_replay
 
 torch.set_num_threads(1)
-VOCAB, LAYERS, EXPERTS, TOP_K = 64, 2, 8, 2
 
 
 @pytest.fixture(scope="module")
@@ -41,31 +40,6 @@ def moe_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("moe")
     model.save_pretrained(path)
     return path
-
-
-def routed_samples(seed=0, prompts=3, n=3):
-    """Random samples whose responses carry random (forced) routes; one response per sample has a
-    non-sampled token inside (its route is not replayed) and one has no routes (the trainer routes it)."""
-    g = torch.Generator().manual_seed(seed)
-    samples = []
-    for p in range(prompts):
-        prompt = torch.randint(1, VOCAB, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist()
-        responses = []
-        for j in range(n):
-            length = int(torch.randint(2, 12, (1,), generator=g))
-            mask = [1] * length
-            if length > 3:
-                mask[1] = 0
-            routes = [[torch.randperm(EXPERTS, generator=g)[:TOP_K].tolist() for _ in range(LAYERS)]
-                      for _ in range(length)]
-            responses.append(Response(
-                response_ids=torch.randint(1, VOCAB, (length,), generator=g).tolist(), response_mask=mask,
-                response_logprobs=(-torch.rand(length, generator=g) * 4).tolist(), weight_versions=[0] * length,
-                reward=float(torch.rand(1, generator=g)),
-                routed_experts=None if (p, j) == (1, 2) else pack_routes(routes)))
-        samples.append(Sample(uid=f"s{p}", prompt_ids=prompt, responses=responses, start_version=0, end_version=0))
-    batch = assemble_batch(samples, pad_token_id=0)
-    return batch, routes_for_batch(samples, width=batch.input_ids.shape[1])
 
 
 def policy(model_dir, **cfg):
@@ -183,3 +157,20 @@ def test_dense_model_is_untouched_and_misconfigurations_are_named(moe_dir, tiny_
         replay.train_step(batch, mini_batch_rows=rows, routes=routes[:, :-1])
     with pytest.raises(ValueError, match="router_replay_gap_every"):
         TrainerConfig(router_replay_gap_every=-1)
+
+
+@pytest.mark.slow  # two spawned gloo ranks (~40 s of CPU)
+def test_fsdp_two_ranks_replay_like_one_device(moe_dir, tmp_path):
+    from arl.trainer.distributed import spawn_local
+
+    spawn_local(two_rank_replay, 2, moe_dir, tmp_path, backend="gloo")
+    two = torch.load(tmp_path / "replay_two_ranks.pt", weights_only=False)
+    batch, routes = routed_samples(seed=6)
+    single = HFPolicy(moe_dir, replay_config())
+    m = single.train_step(batch, mini_batch_rows=batch.input_ids.shape[0], routes=routes)
+    # Route counts and gap extremes are summed / maxed over ranks: the same as on one device.
+    for key, value in m.items():
+        if key.startswith("router_replay/") or key in ("loss", "behaviour_proximal_abs_diff"):
+            assert two["m"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    for name, p in single.model.named_parameters():
+        assert torch.allclose(two["params"][name], p.detach(), atol=1e-5), name
