@@ -10,8 +10,11 @@ On the device, after the staged vLLM is installed (shared/tools/device-vllm/READ
 
     source .device-stage/bin/env.sh && python packages/arl-trainer/benchmarks/router_replay_gpu.py
 
-Options: --layers 4 --prompts 64 --tokens 256 --no-dense. Prints one JSON object (also written to
-$OUT/router_replay.json when $OUT is set). ~3-5 minutes on one H200.
+Options: --layers 4 --prompts 64 --tokens 256 --no-dense --packed. Prints one JSON object (also written
+to $OUT/router_replay.json when $OUT is set). ~3-5 minutes on one H200. `--packed` also runs the
+trainer's own path on the same samples (`HFPolicy`: fp32 master weights, bf16 autocast, packed varlen
+micro-batches): its replay on/off gap and one `train_step` with `router_replay="rollout"` (route
+metrics, update time).
 """
 
 from __future__ import annotations
@@ -126,12 +129,46 @@ def measure(model_dir: Path, prompts, outs) -> dict[str, float]:
     return out
 
 
+def measure_packed(model_dir: Path, prompts, outs) -> dict[str, float]:
+    """The trainer's path: `PackedPolicy.replay_gap` and one replayed `train_step` on the same samples."""
+    from arl.queue import Response, Sample
+    from arl.queue.routed_experts import pack_routes
+    from arl.trainer import HFPolicy, TrainerConfig
+    from arl.trainer.batch import assemble_batch
+    from arl.trainer.router_replay import routes_for_batch
+
+    # Groups of two (each response with its own prompt, rewards 0 and 1) so the update is not a no-op.
+    responses = [Response(response_ids=o.token_ids, response_mask=[1] * len(o.token_ids), response_logprobs=o.log_probs,
+                          weight_versions=o.weight_versions, reward=float(i % 2), prompt_ids=p,
+                          routed_experts=pack_routes(o.routed_experts))
+                 for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
+    samples = [Sample(uid=str(i), prompt_ids=prompts[i], start_version=0, end_version=0, responses=responses[i : i + 2])
+               for i in range(0, len(responses), 2)]
+    batch = assemble_batch(samples, pad_token_id=0)
+    routes = routes_for_batch(samples, batch.input_ids.shape[1])
+    policy = HFPolicy(model_dir, TrainerConfig(router_replay="rollout", mixed_precision="bf16"), device=DEVICE)
+    out = {k.removeprefix("router_replay/"): v for k, v in policy.replay_gap(batch, routes).items()}
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    m = policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0], routes=routes)
+    out["train_step_s"] = round(time.perf_counter() - t0, 2)
+    out.update({k.removeprefix("router_replay/"): v for k, v in m.items()
+                if k.startswith("router_replay/route_diff") or k in ("behaviour_proximal_abs_diff", "grad_norm", "microbatches")})
+    del policy
+    gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--no-dense", action="store_true")
+    ap.add_argument("--packed", action="store_true", help="also measure the trainer's packed path (HFPolicy)")
     args = ap.parse_args()
     import transformers
     import vllm
@@ -153,6 +190,8 @@ def main() -> None:
             result["moe_engine"] = info
             m = measure(moe, prompts, outs)
             result["moe"] = {k.removeprefix("router_replay/"): v for k, v in m.items()}
+            if args.packed:
+                result["moe_packed_trainer"] = measure_packed(moe, prompts, outs)
             if not args.no_dense:
                 dense = build(Path(tmp) / "dense", args.layers, moe=False)
                 d_outs, d_info = asyncio.run(rollout(dense, prompts, args.tokens, routes=False, resume_check=False))

@@ -62,6 +62,7 @@ def engine_config(config: AppConfig, model_path: str, index: int, initial_versio
             enable_prefix_caching=r.enable_prefix_caching,
             enable_sleep_mode=config.resources.colocate and r.device == "cuda",
             engine_args=dict(r.engine_args),
+            return_routed_experts=r.return_routed_experts,
         )
     from arl.rollout.engines.torch_engine import TorchEngineConfig
 
@@ -71,6 +72,7 @@ def engine_config(config: AppConfig, model_path: str, index: int, initial_versio
         dtype=r.dtype,
         seed=config.seed + index,
         initial_version=initial_version,
+        return_routed_experts=r.return_routed_experts,
     )
 
 
@@ -285,6 +287,9 @@ class TrainerActor:
             activation_checkpointing=actor.activation_checkpointing,
             algorithm=actor.algorithm,
             peak_tflops=actor.peak_tflops,
+            router_replay=actor.router_replay,
+            router_aux_loss_coef=actor.router_aux_loss_coef,
+            router_replay_gap_every=actor.router_replay_gap_every,
         )
         from arl_train.colocated import ColocatedControl, ColocatedSource
         from arl_train.placement import TrainerRank, layout_of, sender_host

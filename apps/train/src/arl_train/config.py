@@ -66,6 +66,9 @@ class RolloutConfig(_Section):
     sleep_level: Literal[1, 2] = 1
     # Any other vLLM AsyncEngineArgs, e.g. `rollout.engine_args.kv_cache_dtype="fp8"`.
     engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
+    # MoE models: the engine returns, per sampled token, the experts every layer chose (vLLM's
+    # enable_return_routed_experts; the torch engine records them), carried to the trainer in the queue.
+    return_routed_experts: bool = False
 
 
 class ActorConfig(_Section):
@@ -88,6 +91,13 @@ class ActorConfig(_Section):
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     # Dense bf16 TFLOP/s of one trainer GPU, for the per-step `mfu` metric (0 = not reported).
     peak_tflops: float = 0.0
+    # MoE models: "rollout" trains through the experts the engine chose for each sampled token (needs
+    # rollout.return_routed_experts); "off" routes again (the mismatch is still measured when routes come).
+    router_replay: Literal["off", "rollout"] = "off"
+    # Weight of the MoE load-balancing (Switch) loss, counting the experts actually used; 0 = none.
+    router_aux_loss_coef: float = 0.0
+    # Every N steps, the train/rollout log-prob gap with replay off and on (two extra forwards); 0 = never.
+    router_replay_gap_every: int = 0
 
 
 class AsyncTrainingConfig(_Section):

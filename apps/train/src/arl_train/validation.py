@@ -83,6 +83,10 @@ def validate(config: AppConfig) -> AppConfig:
     _at_least(config, "actor", "max_tokens_per_microbatch", 1)
     # actor.algorithm validates its own ranges when it is built (AlgorithmConfig.__post_init__).
     _device("actor.device", a.device)
+    _require(a.router_replay == "off" or r.return_routed_experts, "actor.router_replay", a.router_replay,
+             "needs rollout.return_routed_experts = true (the engine must report the experts it chose)")
+    _at_least(config, "actor", "router_aux_loss_coef", 0)
+    _at_least(config, "actor", "router_replay_gap_every", 0)
     # async_training: the budget formulas need these ranges (arl.rollout.budget)
     at = config.async_training
     _require(at.staleness_threshold >= 0, "async_training.staleness_threshold", at.staleness_threshold,

@@ -36,6 +36,12 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # MoE models: "rollout" replays the experts the engine chose for each sampled token
     # (arl.trainer.router_replay); "off" routes again (the mismatch is still measured when routes exist).
     router_replay: Literal["off", "rollout"] = "off"
+    # MoE models: weight of the Switch load-balancing loss (counting the experts actually used, the
+    # replayed ones under "rollout"), added to each update's loss; 0 = not computed.
+    router_aux_loss_coef: float = 0.0
+    # Every N steps, two extra no-grad forwards measure the train/rollout log-prob gap of the sampled
+    # tokens with replay off and on (router_replay/logp_gap_*); 0 = never. Needs engine routes.
+    router_replay_gap_every: int = 0
     optim: OptimConfig = msgspec.field(default_factory=OptimConfig)
     # The RL algorithm: policy loss, clipping, IS corrections, KL, entropy bonus, advantages, dynamic
     # sampling, LR schedule, proximal mode (every field documented in arl.trainer.algorithm_config).
@@ -60,3 +66,7 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"max_tokens_per_microbatch must be >= 1, got {self.max_tokens_per_microbatch}")
         if self.logprob_chunk_elements < 1:
             raise ValueError(f"logprob_chunk_elements must be >= 1, got {self.logprob_chunk_elements}")
+        if self.router_aux_loss_coef < 0:
+            raise ValueError(f"router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef}")
+        if self.router_replay_gap_every < 0:
+            raise ValueError(f"router_replay_gap_every must be >= 0, got {self.router_replay_gap_every}")

@@ -9,6 +9,13 @@ the distributed hooks (`_grad_sync`, `_clip_grad_norm`, `_all_reduce_`). One tra
 2. per mini-batch: plan micro-batches (balanced over ranks, token budget), forward each packed
    micro-batch under bf16 autocast where enabled, per-token loss, aggregate with the mini-batch's
    global denominators, backward (gradient sync only on the last micro-batch), clip, step.
+
+MoE models (`arl.trainer.router_replay`): given the batch's engine routes, every forward of the step
+(proximal, each micro-batch and its backward, which recomputes checkpointed layers) runs under
+`replay_routes`, replaying them (`router_replay = "rollout"`) or only measuring how often the
+trainer's own routing differs ("off"); plus the optional router aux loss and, every
+`router_replay_gap_every` steps, the train/rollout log-prob gap with replay off and on. A dense
+model, or a batch without routes, runs exactly as before.
 """
 
 from __future__ import annotations
@@ -24,11 +31,20 @@ from arl.trainer.algorithm_config import COUNT_METRICS, compute_token_loss, merg
 from arl.trainer.algorithms import masked_mean
 from arl.trainer.batch import TrainBatch, trajectory_advantages
 from arl.trainer.config import TrainerConfig
+from arl.trainer.errors import RouterReplayError
 from arl.trainer.flops import attention_width_and_layers, matmul_params, train_flops
 from arl.trainer.loss_agg import Denominators, aggregate
 from arl.trainer.packed import PackedMicroBatch, pack_rows, row_lengths
 from arl.trainer.packing import CostModel, plan_packing
 from arl.trainer.proximal import loglinear_proximal
+from arl.trainer.router_replay import (
+    RoutingStats,
+    find_routers,
+    load_balancing_loss,
+    packed_routes,
+    replay_routes,
+    summarize,
+)
 
 
 class PackedPolicy:
@@ -71,6 +87,15 @@ class PackedPolicy:
         self._n_matmul = matmul_params(self.model)
         self._attn = (attn_width, layers)
         self.cost = CostModel.for_model(attn_width, layers, self._n_matmul)
+        routers = find_routers(self.model)
+        self._router_layers = sorted(routers)  # decoder-layer indices of the MoE routers (none: dense)
+        first = next(iter(routers.values()), None)
+        self._router_shape = (max(routers) + 1, first.top_k) if first is not None else None
+        self._num_experts = first.num_experts if first is not None else 0
+        if first is None and (cfg.router_replay == "rollout" or cfg.router_aux_loss_coef > 0):
+            key = "router_replay='rollout'" if cfg.router_replay == "rollout" else "router_aux_loss_coef > 0"
+            raise RouterReplayError(f"{key} needs an MoE model; {type(self.model).__name__} has no MoE router")
+        self._steps_done = 0
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.compute_dtype is None:
@@ -89,21 +114,72 @@ class PackedPolicy:
         with self._autocast():
             return self.packed(mb.to(self.device))
 
+    def _routing(self, mb: PackedMicroBatch, routes: torch.Tensor | None, *, apply: bool | None = None,
+                 keep_for_aux: bool = False) -> contextlib.AbstractContextManager[RoutingStats]:
+        """The routing context of one packed forward (and its backward): the micro-batch's engine routes
+        replayed (`apply`, default: router_replay == "rollout") or only measured. No routes and no aux
+        loss: a no-op (dense models pay nothing). Aux loss without engine routes: the model routes all."""
+        if routes is None and not keep_for_aux:
+            return contextlib.nullcontext(RoutingStats())
+        if routes is None:
+            assert self._router_shape is not None
+            mb_routes = torch.full((1, mb.num_tokens, *self._router_shape), -1, dtype=torch.int16)
+        else:
+            mb_routes = packed_routes(routes, mb.rows, mb.cu_seqlens)
+        apply = self.config.router_replay == "rollout" if apply is None else apply
+        return replay_routes(self.packed, mb_routes.to(self.device, non_blocking=True), apply=apply,
+                             keep_for_aux=keep_for_aux)
+
+    def _check_routes(self, batch: TrainBatch, routes: torch.Tensor | None) -> None:
+        if routes is not None and tuple(routes.shape[:2]) != tuple(batch.input_ids.shape):
+            raise RouterReplayError(f"routes of shape {tuple(routes.shape)} do not cover the batch's "
+                                    f"{tuple(batch.input_ids.shape)} tokens (routes_for_batch(samples, width=T))")
+        if routes is None and self.config.router_replay == "rollout" and self._router_layers:
+            raise RouterReplayError("router_replay='rollout' but the batch carries no routed experts: the rollout "
+                                    "engine must return them (the app's rollout.return_routed_experts = true)")
+
     @torch.no_grad()
-    def log_probs(self, batch: TrainBatch) -> torch.Tensor:
-        """Log probs of the trained tokens under the current weights, (B, T) on CPU (0 elsewhere)."""
+    def log_probs(self, batch: TrainBatch, routes: torch.Tensor | None = None) -> torch.Tensor:
+        """Log probs of the trained tokens under the current weights, (B, T) on CPU (0 elsewhere).
+        `routes`: the batch's engine routes (`routes_for_batch`), replayed when router_replay = "rollout"."""
+        self._check_routes(batch, routes)
+        if self.config.router_replay != "rollout":
+            routes = None  # nothing to replay, and this pass's routing statistics would be discarded
         out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
         mbs, _ = self._microbatches(batch, list(range(batch.input_ids.shape[0])))
         for mb in mbs:
-            logp, _ = self._forward(mb)
+            with self._routing(mb, routes):
+                logp, _ = self._forward(mb)
             out[mb.loss_rows, mb.loss_cols] = logp.float().cpu()
         return self._all_reduce_(out.to(self.device)).cpu() if self.world_size > 1 else out
 
-    def _proximal(self, batch: TrainBatch) -> torch.Tensor | None:
+    @torch.no_grad()
+    def replay_gap(self, batch: TrainBatch, routes: torch.Tensor) -> dict[str, float]:
+        """|trainer − rollout| log prob of the sampled tokens with replay off and on (two extra
+        forwards): `router_replay/logp_gap_{off,on}_{mean,max}`, over all ranks."""
+        mbs, _ = self._microbatches(batch, list(range(batch.input_ids.shape[0])))
+        out: dict[str, float] = {}
+        for mode in ("off", "on"):
+            acc = torch.zeros(2 + self.world_size, dtype=torch.float64)  # sum, count, each rank's max
+            for mb in mbs:
+                with self._routing(mb, routes if mode == "on" else None, apply=True):
+                    logp, _ = self._forward(mb)
+                gap = (logp.float().cpu() - mb.gather(batch.behaviour_logp)).abs().double()
+                if gap.numel():
+                    acc[0] += gap.sum()
+                    acc[1] += gap.numel()
+                    acc[2 + self.rank] = torch.maximum(acc[2 + self.rank], gap.max())
+            if self.world_size > 1:
+                acc = self._all_reduce_(acc.to(self.device)).cpu()
+            out[f"router_replay/logp_gap_{mode}_mean"] = float(acc[0] / acc[1]) if acc[1] > 0 else 0.0
+            out[f"router_replay/logp_gap_{mode}_max"] = float(acc[2:].max())
+        return out
+
+    def _proximal(self, batch: TrainBatch, routes: torch.Tensor | None = None) -> torch.Tensor | None:
         """(B, T) proximal log probs known before the updates, or None where each micro-batch makes its own."""
         mode = self.config.algorithm.proximal_mode
         if mode == "recompute":
-            return self.log_probs(batch)
+            return self.log_probs(batch, routes)
         if mode == "bypass":
             return batch.behaviour_logp
         if mode in ("reuse", "loglinear"):
@@ -117,15 +193,26 @@ class PackedPolicy:
         versions = mb.gather(batch.token_versions).to(logp.device)
         return loglinear_proximal(behav, logp.detach(), versions, self.version - 1, current_version=self.version)
 
-    def train_step(self, batch: TrainBatch, mini_batch_rows: int) -> dict[str, float]:
-        """One trainer step: proximal log probs, advantages, one optimizer update per mini-batch."""
+    def train_step(self, batch: TrainBatch, mini_batch_rows: int, routes: torch.Tensor | None = None) -> dict[str, float]:
+        """One trainer step: proximal log probs, advantages, one optimizer update per mini-batch.
+
+        `routes`: the engine's MoE routes of the batch, (B, T, layers, top_k), -1 where the trainer
+        routes (`arl.trainer.router_replay.routes_for_batch(samples, width=T)`); None for dense models."""
         cfg = self.config
         alg = cfg.algorithm
+        self._check_routes(batch, routes)
+        self._steps_done += 1
+        aux_coef = cfg.router_aux_loss_coef if self._router_layers else 0.0
+        route_stats = RoutingStats()  # the training forwards' routing: each sampled token counted once
+        aux_total = 0.0  # Σ over updates of the token-weighted aux loss of this rank's micro-batches
+        gap: dict[str, float] = {}
+        if routes is not None and cfg.router_replay_gap_every and self._steps_done % cfg.router_replay_gap_every == 0:
+            gap = self.replay_gap(batch, routes)  # before any update: the weights the gap is about
         on_cuda = self.device.type == "cuda"
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
-        proximal = self._proximal(batch)
+        proximal = self._proximal(batch, routes)
         t_prox = time.perf_counter() - t0
         peak_prox = torch.cuda.max_memory_allocated(self.device) if on_cuda else 0
         # Per trajectory (its segments count once in the group statistics), broadcast to its rows.
@@ -145,31 +232,41 @@ class PackedPolicy:
             rows = list(range(start, min(n_rows, start + mini_batch_rows)))
             denom = Denominators.from_loss_mask(batch.loss_mask[rows], cfg.loss_agg_norm_len)
             mbs, pack_stats = self._microbatches(batch, rows)
+            mini_tokens = sum(lengths[r] for r in rows)  # all ranks': the aux loss's token weights sum to 1
             self.optimizer.zero_grad(set_to_none=True)
             loss_total = 0.0
             mb_metrics: list[dict[str, float]] = []
             for i, mb in enumerate(mbs):
                 self._grad_sync(i == len(mbs) - 1)
-                logp, entropy = self._forward(mb)
-                if mb.num_loss_tokens == 0:  # a dummy (or prompt-only) micro-batch: keep the graph, add nothing
-                    loss = logp.sum() * 0.0 + entropy.sum() * 0.0
-                else:
-                    dev = logp.device
-                    behav = mb.gather(batch.behaviour_logp).to(dev)
-                    adv = mb.gather(advantages).to(dev)
-                    if proximal is None:
-                        prox = self._micro_proximal(mb, logp, behav, batch)
-                        made[mb.loss_rows, mb.loss_cols] = prox.float().cpu()
+                # Backward inside the context: recomputed (checkpointed) layers must route as the forward did.
+                with self._routing(mb, routes, keep_for_aux=aux_coef > 0) as rstats:
+                    logp, entropy = self._forward(mb)
+                    rstats.recording = False
+                    if mb.num_loss_tokens == 0:  # a dummy (or prompt-only) micro-batch: keep the graph, add nothing
+                        loss = logp.sum() * 0.0 + entropy.sum() * 0.0
                     else:
-                        prox = mb.gather(proximal).to(dev)
-                    seq_index = mb.seq_index.to(dev)
-                    tok_loss, info = compute_token_loss(alg, logp, prox, behav, adv, seq_index, entropy=entropy,
-                                                        num_seqs=len(mb.rows))
-                    loss = aggregate(tok_loss, seq_index, cfg.loss_agg_mode, denom)
-                    mb_metrics.append(info)
-                # Ranks' gradients are averaged by the data-parallel reduction; the denominators are global,
-                # so scale by the world size to make that average a sum.
-                (loss * self.world_size).backward()
+                        dev = logp.device
+                        behav = mb.gather(batch.behaviour_logp).to(dev)
+                        adv = mb.gather(advantages).to(dev)
+                        if proximal is None:
+                            prox = self._micro_proximal(mb, logp, behav, batch)
+                            made[mb.loss_rows, mb.loss_cols] = prox.float().cpu()
+                        else:
+                            prox = mb.gather(proximal).to(dev)
+                        seq_index = mb.seq_index.to(dev)
+                        tok_loss, info = compute_token_loss(alg, logp, prox, behav, adv, seq_index, entropy=entropy,
+                                                            num_seqs=len(mb.rows))
+                        loss = aggregate(tok_loss, seq_index, cfg.loss_agg_mode, denom)
+                        mb_metrics.append(info)
+                    if aux_coef > 0:  # token-weighted over the mini-batch (a dummy micro-batch weighs 0)
+                        share = mb.num_tokens / mini_tokens if mb.rows and mini_tokens else 0.0
+                        aux = load_balancing_loss(rstats, self._num_experts) * share
+                        loss = loss + aux_coef * aux
+                        aux_total += float(aux.detach())
+                    # Ranks' gradients are averaged by the data-parallel reduction; the denominators are global,
+                    # so scale by the world size to make that average a sum.
+                    (loss * self.world_size).backward()
+                route_stats.merge(rstats)
                 loss_total += float(loss.detach())
                 processed += mb.num_tokens
                 if mb.rows:
@@ -204,6 +301,23 @@ class PackedPolicy:
         if on_cuda:
             out["peak_mem_proximal_gib"] = peak_prox / 2**30
             out["peak_mem_update_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        out.update(self._routing_metrics(route_stats, routes is not None, aux_total, len(steps)))
+        out.update(gap)
+        return out
+
+    def _routing_metrics(self, stats: RoutingStats, had_routes: bool, aux_total: float, updates: int) -> dict[str, float]:
+        """The step's MoE routing metrics over all ranks (nothing for a dense model or a batch without routes)."""
+        aux = self.config.router_aux_loss_coef > 0 and bool(self._router_layers)
+        if not (had_routes or aux):
+            return {}
+        counts = stats.counts(self._router_layers, device=self.device)
+        counts = torch.cat([counts, torch.tensor([aux_total], dtype=torch.float64, device=self.device)])
+        if self.world_size > 1:
+            counts = self._all_reduce_(counts)
+        counts = counts.cpu()
+        out = summarize(counts[:-1], self._router_layers, per_layer=True) if had_routes else {}
+        if aux:
+            out["router_replay/aux_loss"] = float(counts[-1]) / max(1, updates)
         return out
 
     def _merge_ranks(self, local: dict[str, float], loss: float) -> dict[str, float]:

@@ -26,6 +26,10 @@ Works with Hugging Face MoE blocks whose router is a module returning `(logits, 
 (transformers >= 5: `Qwen3MoeTopKRouter`, and the same pattern in Qwen2-MoE/OLMoE/Mixtral-style
 models), found as `...layers.<i>....gate`; the routes' layer axis is the decoder-layer index, as vLLM
 reports it (rows of dense layers are ignored).
+
+The trainer (`arl.trainer.engine.PackedPolicy`) runs every forward of a step (proximal log probs,
+each training micro-batch, and the backward's recomputation of checkpointed layers) under
+`replay_routes`, with `packed_routes` mapping the padded (B, T) layout onto each packed micro-batch.
 """
 
 from __future__ import annotations
@@ -63,28 +67,61 @@ def find_routers(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
 class RoutingStats:
     """What one `replay_routes` context saw: per forward pass, which tokens had engine routes and
     whether the trainer's own top-k (as a set) differed from them in any layer. Counts stay on the
-    device until `summary()` (no host sync per layer)."""
+    device until `summary()` / `counts()` (no host sync per layer)."""
 
     # Per forward pass: "routed" (tokens with engine routing in every router layer) and "differs".
     passes: list[dict[str, torch.Tensor]] = field(default_factory=list)
     # Per forward pass, per router layer: (router logits, experts used), when kept for the aux loss.
     aux: list[list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
-    # Per (pass, layer): replayed token-layer pairs and those where the own choice differed (0-d tensors).
-    _pairs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # Per router layer: (replayed token-layer pairs, pairs where the own choice differed), 0-d tensors per pass.
+    layers: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    # False while a backward recomputes checkpointed layers: the routes are still replayed (the
+    # recomputation must match the forward) but nothing is counted twice.
+    recording: bool = True
 
-    def summary(self) -> dict[str, float]:
+    def merge(self, other: RoutingStats) -> None:
+        """Add another context's counts (the aux-loss records are not carried over)."""
+        self.passes += other.passes
+        for layer, pairs in other.layers.items():
+            self.layers.setdefault(layer, []).extend(pairs)
+
+    def counts(self, layers: Sequence[int], device: torch.device | None = None) -> torch.Tensor:
+        """float64 [routed tokens, differing tokens, then (pairs, differing pairs) per layer of `layers`]:
+        a vector that sums over contexts and ranks (all-reduce) and `summarize` reads."""
+        out = torch.zeros(2 + 2 * len(layers), dtype=torch.float64, device=device)
+        for p in self.passes:
+            if p:
+                out[0] += p["routed"].sum().to(out)
+                out[1] += (p["differs"] & p["routed"]).sum().to(out)
+        for i, layer in enumerate(layers):
+            for replayed, differ in self.layers.get(layer, ()):
+                out[2 + 2 * i] += replayed.to(out)
+                out[3 + 2 * i] += differ.to(out)
+        return out
+
+    def summary(self, per_layer: bool = False) -> dict[str, float]:
         """Fractions over the tokens that carried engine routing (the sampled tokens)."""
-        routed = sum(int(p["routed"].sum()) for p in self.passes if p)
-        differ = sum(int((p["differs"] & p["routed"]).sum()) for p in self.passes if p)
-        pairs = sum(int(a) for a, _ in self._pairs)
-        pairs_differ = sum(int(b) for _, b in self._pairs)
-        return {
-            "router_replay/routed_tokens": float(routed),
-            # Sampled tokens whose trainer routing differs from the engine's in at least one layer.
-            "router_replay/route_diff_frac": differ / routed if routed else 0.0,
-            # The same per (token, layer) pair.
-            "router_replay/route_diff_frac_per_layer": pairs_differ / pairs if pairs else 0.0,
-        }
+        layers = sorted(self.layers)
+        return summarize(self.counts(layers), layers, per_layer=per_layer)
+
+
+def summarize(counts: torch.Tensor, layers: Sequence[int], per_layer: bool = False) -> dict[str, float]:
+    """Metrics of a `RoutingStats.counts` vector (possibly summed over ranks)."""
+    c = counts.tolist()
+    routed, differ = c[0], c[1]
+    pairs, pairs_differ = sum(c[2::2]), sum(c[3::2])
+    out = {
+        "router_replay/routed_tokens": float(routed),
+        # Sampled tokens whose trainer routing differs from the engine's in at least one layer.
+        "router_replay/route_diff_frac": differ / routed if routed else 0.0,
+        # The same per (token, layer) pair.
+        "router_replay/route_diff_frac_per_layer": pairs_differ / pairs if pairs else 0.0,
+    }
+    if per_layer:
+        for i, layer in enumerate(layers):
+            n = c[2 + 2 * i]
+            out[f"router_replay/route_diff_frac_layer{layer}"] = c[3 + 2 * i] / n if n else 0.0
+    return out
 
 
 @contextmanager
@@ -120,6 +157,8 @@ def replay_routes(
     flat = routes.reshape(-1, routes.shape[2], routes.shape[3])  # (B*T, layers, top_k)
 
     def begin_pass(_module: torch.nn.Module, _args: Any) -> None:
+        if not stats.recording:
+            return
         stats.passes.append({})
         stats.aux.append([])
 
@@ -131,6 +170,8 @@ def replay_routes(
                     "this transformers version's MoE block is not supported"
                 )
             _, scores, own = output
+            if not (stats.recording or apply):  # a recomputation in "off" mode: nothing to do
+                return output
             hidden = args[0] if args else kwargs["hidden_states"]
             # The router logits, recomputed from its input: some transformers releases return the
             # softmaxed probabilities in the "logits" slot, so that slot is not relied on.
@@ -141,16 +182,17 @@ def replay_routes(
                 )
             replay = flat[:, layer].to(own.device, own.dtype)
             use = (replay >= 0).all(-1)
-            differs = (own.sort(-1).values != replay.sort(-1).values).any(-1) & use
-            if not stats.passes:  # a submodule was called directly, not the model
-                begin_pass(model, ())
-            current = stats.passes[-1]
-            current["routed"] = current.get("routed", use) & use
-            current["differs"] = current.get("differs", torch.zeros_like(use)) | differs
-            stats._pairs.append((use.sum(), differs.sum()))
             chosen = torch.where(use[:, None], replay, own) if apply else own
-            if keep_for_aux:
-                stats.aux[-1].append((logits, chosen))
+            if stats.recording:  # not while backward recomputes a checkpointed layer: counted once
+                differs = (own.sort(-1).values != replay.sort(-1).values).any(-1) & use
+                if not stats.passes:  # a submodule was called directly, not the model
+                    begin_pass(model, ())
+                current = stats.passes[-1]
+                current["routed"] = current.get("routed", use) & use
+                current["differs"] = current.get("differs", torch.zeros_like(use)) | differs
+                stats.layers.setdefault(layer, []).append((use.sum(), differs.sum()))
+                if keep_for_aux:
+                    stats.aux[-1].append((logits, chosen))
             if not apply:
                 return output
             probs = torch.softmax(logits, dim=-1, dtype=torch.float)
@@ -250,6 +292,18 @@ def routes_for_batch(samples: Sequence[Sample], width: int | None = None) -> tor
     return out
 
 
+def packed_routes(routes: torch.Tensor, rows: Sequence[int], cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """The routes of a packed micro-batch, (1, T_packed, layers, top_k): each row's first `length`
+    positions (its real tokens, as `arl.trainer.packed.pack_rows` concatenates them) in micro-batch
+    order. A dummy micro-batch (no rows: one pad token) gets -1 (its router chooses)."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    if not rows:
+        return torch.full((1, int(cu_seqlens[-1]), *routes.shape[2:]), -1, dtype=routes.dtype)
+    if len(lengths) != len(rows):
+        raise RouterReplayError(f"{len(rows)} rows but {len(lengths)} sequences in cu_seqlens")
+    return torch.cat([routes[r, :n] for r, n in zip(rows, lengths)])[None]
+
+
 @torch.no_grad()
 def replay_gap_metrics(model: torch.nn.Module, batch: Any, routes: torch.Tensor | None, temperature: float = 1.0,
                        micro_rows: int | None = None) -> dict[str, float]:
@@ -274,8 +328,7 @@ def replay_gap_metrics(model: torch.nn.Module, batch: Any, routes: torch.Tensor 
                 logits = model(input_ids=ids, attention_mask=batch.attention_mask[sl].to(device)).logits
             logp = token_log_probs(logits, ids, temperature).float().cpu()
             gaps.append((logp - batch.behaviour_logp[sl])[mask[sl]].abs())
-            stats_all.passes += stats.passes
-            stats_all._pairs += stats._pairs
+            stats_all.merge(stats)
         gap = torch.cat(gaps)
         out[f"router_replay/logp_gap_{mode}_mean"] = gap.mean().item() if gap.numel() else 0.0
         out[f"router_replay/logp_gap_{mode}_max"] = gap.max().item() if gap.numel() else 0.0

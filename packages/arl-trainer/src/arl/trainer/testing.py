@@ -57,7 +57,7 @@ class SimPolicy:
         self.steps = 0
         self.tokens = 0
 
-    def train_step(self, batch: TrainBatch, mini_batch_rows: int) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, mini_batch_rows: int, routes: Any = None) -> dict[str, float]:
         tokens = int(batch.attention_mask.sum().item())
         self.tokens += tokens
         self.steps += 1

@@ -19,6 +19,7 @@ from arl.trainer.config import TrainerConfig
 from arl.trainer.dynamic_sampling import filter_zero_variance_groups
 from arl.trainer.errors import StarvedError
 from arl.trainer.publisher import RolloutControl, WeightPublisher
+from arl.trainer.router_replay import routes_for_batch
 
 
 class SampleSource(Protocol):
@@ -100,7 +101,9 @@ class Trainer:
         self.policy.version = self.version  # the weights' version, for version-aware proximal modes
         n_per_prompt = batch.input_ids.shape[0] / len(samples)
         train_start = time.perf_counter()
-        metrics = self.policy.train_step(batch, mini_batch_rows=max(1, int(self.config.ppo_mini_batch_size * n_per_prompt)))
+        routes = routes_for_batch(samples, width=batch.input_ids.shape[1])  # MoE engine routes; None when dense
+        metrics = self.policy.train_step(batch, mini_batch_rows=max(1, int(self.config.ppo_mini_batch_size * n_per_prompt)),
+                                         routes=routes)
         train_s = time.perf_counter() - train_start
         self.step += 1
         self.samples_seen += len(samples)
