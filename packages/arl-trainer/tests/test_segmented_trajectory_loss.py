@@ -17,6 +17,7 @@ import pytest
 import torch
 from arl.queue import Sample, SegmentRow, decode_sample, encode_sample, response_from_segments
 from arl.trainer import HFPolicy, TrainerConfig, assemble_batch
+from arl.trainer.algorithm_config import AlgorithmConfig
 from arl.trainer.algorithms import token_log_probs
 from arl.trainer.batch import TrainBatch
 from arl.trainer.config import OptimConfig
@@ -88,7 +89,7 @@ def hand_loss(model, cfg: TrainerConfig) -> torch.Tensor:
                     continue
                 lp = logp[len(prompt) + k]
                 ratio = torch.exp(lp - lp.detach())  # proximal = current weights: ratio 1, gradient flows
-                weight = min(math.exp(lp.item() - behaviour[k]), cfg.tis_cap)
+                weight = min(math.exp(lp.item() - behaviour[k]), cfg.algorithm.tis_cap)
                 terms.append(-adv[name] * ratio * weight)
     sampled = sum(sum(m) for traj in (A, B) for _, _, m in traj)
     assert len(terms) == sampled == 11
@@ -102,7 +103,7 @@ def _grads(model, loss: torch.Tensor) -> torch.Tensor:
 
 
 def test_segmented_loss_equals_hand_layout(model, tiny_model_dir):
-    cfg = TrainerConfig(optim=OptimConfig(lr=1e-3, grad_clip=1e9), mixed_precision="none", proximal_mode="recompute")
+    cfg = TrainerConfig(optim=OptimConfig(lr=1e-3, grad_clip=1e9), mixed_precision="none", algorithm=AlgorithmConfig(proximal_mode="recompute"))
     sample = decode_sample(encode_sample(make_sample(model)))  # through the queue's codec
     assert [r.num_segments for r in sample.responses] == [3, 1]
     batch = assemble_batch([sample], pad_token_id=0)
