@@ -167,15 +167,19 @@ class RolloutActor:
     async def resume(self, queued_samples: int) -> None:
         await self.rollouter.resume(queued_samples)
 
+    def _live_engines(self) -> list[Any]:
+        """The replicas the server manager still uses (a dead one is left out of every call)."""
+        return [self._engines[i] for i in self.rollouter.manager.healthy_replicas]
+
     async def sleep(self, level: int) -> float:
         """Colocated mode: every replica releases its GPU memory (generation must be idle); seconds."""
         t0 = time.perf_counter()
-        await asyncio.gather(*(e.sleep(level) for e in self._engines))
+        await asyncio.gather(*(e.sleep(level) for e in self._live_engines()))
         return time.perf_counter() - t0
 
     async def wake_up(self, tags: list[str] | None) -> float:
         t0 = time.perf_counter()
-        await asyncio.gather(*(e.wake_up(tags) for e in self._engines))
+        await asyncio.gather(*(e.wake_up(tags) for e in self._live_engines()))
         return time.perf_counter() - t0
 
     async def stats(self) -> dict[str, Any]:

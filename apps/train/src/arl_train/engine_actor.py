@@ -45,7 +45,13 @@ class EngineActor:
         return {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "pid": os.getpid()}
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
-        return await self.engine.generate(request_id, prompt_ids, sampling_params)
+        try:
+            return await self.engine.generate(request_id, prompt_ids, sampling_params)
+        except Exception as e:
+            # vLLM's engine core died under a live actor: the replica is as dead as a killed actor.
+            if type(e).__name__ == "EngineDeadError" and not isinstance(e, EngineDeadError):
+                raise EngineDeadError(f"the {self.kind} engine died: {e}") from e
+            raise
 
     async def pause(self, mode: PauseMode) -> None:
         await self.engine.pause(mode)
