@@ -134,9 +134,10 @@ async def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32_000)
     ap.add_argument("--threads", type=int, default=4, help="tokenize_threads of the off-loop run")
     ap.add_argument("--engine-ms", type=float, default=50.0)
+    ap.add_argument("--tokenizer", default=None, help="a HF tokenizer folder (default: the vendored Qwen3 one)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    tok = AutoTokenizer.from_pretrained(qwen3_path())
+    tok = AutoTokenizer.from_pretrained(args.tokenizer or qwen3_path())
     rng = random.Random(0)
     starts = [history(tok, i, rng.randint(args.min_tokens, args.max_tokens)) for i in range(args.sessions)]
     lengths = [len(tok.encode(tok.apply_chat_template(s, tools=TOOLS, add_generation_prompt=True, tokenize=False)))
