@@ -162,7 +162,7 @@ class ServerManager:
         return {
             "manager_elapsed_s": elapsed,
             "engine_busy_s": busy,
-            "engine_replicas": float(len(self.engines)),
+            "engine_replicas": float(len(self.balancer.healthy)),  # the live ones (a dead one is not idle)
             "engine_idle_fraction": 1.0 - busy / max(1e-9, elapsed * len(self.engines)),
             "engine_generated_tokens": float(self.generated_tokens),
         }
