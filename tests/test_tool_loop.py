@@ -34,6 +34,7 @@ async def test_tool_loop_calls_the_tool_and_records_the_trajectory():
         await loop.close()
 
     assert result.reward == 1.0 and result.num_turns == 3 and not result.failed
+    assert result.tool_calls == 2 and result.rebuilds == 0  # counted into the rollout stats (metrics)
     # The tool's output reached the model: the second and third prompts contain the tool messages.
     second_prompt = tokenizer.decode(generator.calls[1].prompt_ids)
     third_prompt = tokenizer.decode(generator.calls[2].prompt_ids)
@@ -74,7 +75,7 @@ async def test_tool_loop_passes_every_segment_on():
     finally:
         await loop.close()
     assert result.reward == 1.0 and result.num_turns == 3
-    assert len(result.segments) == 3
+    assert len(result.segments) == 3 and result.rebuilds == 2 and result.tool_calls == 2
     first = result.segments[0]
     assert (result.prompt_ids, result.response_ids, result.response_mask) == (
         first.prompt_ids, first.response_ids, first.response_mask)

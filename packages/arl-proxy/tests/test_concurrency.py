@@ -1,10 +1,12 @@
-"""64 sessions at once with interleaved turns keep separate trajectories."""
+"""64 sessions at once with interleaved turns keep separate trajectories, tokenizing on the event loop
+or in the proxy's thread pool."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 
+import pytest
 from openai import AsyncOpenAI
 
 from arl.proxy import ChatProxy, ProxyConfig, SamplingParams, TokenOutput
@@ -29,10 +31,16 @@ class PerSession:
         return await self.gens[request_id].generate(request_id, prompt_ids, sp)
 
 
-async def test_64_concurrent_sessions(qwen25_tok):
+def test_negative_tokenize_threads_is_refused(qwen25_tok):
+    with pytest.raises(ValueError, match="tokenize_threads"):
+        ChatProxy(qwen25_tok, PerSession(qwen25_tok), ProxyConfig(tokenize_threads=-1))
+
+
+@pytest.mark.parametrize("threads", [0, 4])
+async def test_64_concurrent_sessions(qwen25_tok, threads):
     random.seed(0)
     router = PerSession(qwen25_tok)
-    async with ChatProxy(qwen25_tok, router, ProxyConfig(tool_parser="hermes")) as proxy:
+    async with ChatProxy(qwen25_tok, router, ProxyConfig(tool_parser="hermes", tokenize_threads=threads)) as proxy:
         async def agent(i: int):
             s = proxy.open_session()
             script = [f'<tool_call>\n{{"name": "bash", "arguments": {{"cmd": "echo {i}-{t}"}}}}\n</tool_call>'

@@ -154,9 +154,14 @@ class RolloutActor:
         if self._run_task is not None and self._run_task.done():
             self._run_task.result()  # re-raise the feed loop's failure in the caller
 
-    async def pause(self) -> None:
+    async def pause(self) -> int:
+        """Pause generation; returns how many sync receivers the live replicas hold (dead ones skip syncs)."""
         self._check_alive()
         await self.rollouter.pause()
+        from arl_train.placement import layout_of
+
+        per_replica = layout_of(self.config).receivers // max(1, len(self._engines))
+        return per_replica * len(self.rollouter.manager.healthy_replicas)
 
     async def update_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
         await self.rollouter.update_weights(sync_address, sync_config_json, version)
@@ -164,15 +169,19 @@ class RolloutActor:
     async def resume(self, queued_samples: int) -> None:
         await self.rollouter.resume(queued_samples)
 
+    def _live_engines(self) -> list[Any]:
+        """The replicas the server manager still uses (a dead one is left out of every call)."""
+        return [self._engines[i] for i in self.rollouter.manager.healthy_replicas]
+
     async def sleep(self, level: int) -> float:
         """Colocated mode: every replica releases its GPU memory (generation must be idle); seconds."""
         t0 = time.perf_counter()
-        await asyncio.gather(*(e.sleep(level) for e in self._engines))
+        await asyncio.gather(*(e.sleep(level) for e in self._live_engines()))
         return time.perf_counter() - t0
 
     async def wake_up(self, tags: list[str] | None) -> float:
         t0 = time.perf_counter()
-        await asyncio.gather(*(e.wake_up(tags) for e in self._engines))
+        await asyncio.gather(*(e.wake_up(tags) for e in self._live_engines()))
         return time.perf_counter() - t0
 
     async def stats(self) -> dict[str, Any]:
@@ -184,6 +193,8 @@ class RolloutActor:
         return self.rollouter.stats.as_dict() | {
             "active": self.rollouter.active,
             "resumed_requests": self.rollouter.manager.resumed_requests,
+            "failovers": self.rollouter.manager.failovers,
+            "replicas_healthy": self.rollouter.manager.healthy_replicas,
             "engine_versions": self.rollouter.manager.weight_versions,
             "last_sync": phases,
             "next_task": self._tracker.next_position,
@@ -206,7 +217,7 @@ class RolloutActor:
         """Sample from replica 0 directly: tokens, their log probs, and the engine's weight version."""
         from arl.proxy.types import SamplingParams
 
-        engine = self._engines[0]
+        engine = self._engines[self.rollouter.manager.healthy_replicas[0]]
         out = await engine.generate("arl-probe", prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=1.0))
         return out.token_ids, out.log_probs, engine.weight_version
 
@@ -237,12 +248,15 @@ class _BlockingSink:
 class _RolloutHandle:
     """`RolloutControl` over the rollout actor's handle, with a timeout on every call."""
 
-    def __init__(self, handle: Any, pause_timeout_s: float = RPC_TIMEOUT_S) -> None:
+    def __init__(self, handle: Any, pause_timeout_s: float = RPC_TIMEOUT_S, publisher: Any = None) -> None:
         self.handle = handle
         self.pause_timeout_s = pause_timeout_s  # a non-partial pause drains active prompts
+        self.publisher = publisher
 
     async def pause(self) -> None:
-        await asyncio.wait_for(self.handle.pause.remote(), self.pause_timeout_s)
+        live_receivers = await asyncio.wait_for(self.handle.pause.remote(), self.pause_timeout_s)
+        if self.publisher is not None and live_receivers:  # a dead replica's receivers skip this sync
+            self.publisher.sender.num_receivers = live_receivers
 
     async def update_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
         await asyncio.wait_for(self.handle.update_weights.remote(sync_address, sync_config_json, version), RPC_TIMEOUT_S)
@@ -310,7 +324,7 @@ class TrainerActor:
         self.publisher = WeightPublisher(
             sync_config, num_receivers=layout.receivers, host=sender_host(sync_config.transport))
         source: Any = QueueClient(queue_handle)
-        control: Any = _RolloutHandle(rollout_handle, timeouts.pause_rpc_s)
+        control: Any = _RolloutHandle(rollout_handle, timeouts.pause_rpc_s, self.publisher)
         self.colocated: ColocatedControl | None = None
         if layout.colocate:  # take turns: replicas sleep while this trainer runs
             self.colocated = ColocatedControl(control, rollout_handle, cfg.rollout.sleep_level, RPC_TIMEOUT_S)

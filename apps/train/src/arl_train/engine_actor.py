@@ -3,17 +3,20 @@
 `EngineActor` hosts one engine (vLLM or the in-tree torch engine) inside an actor placed by
 `arl_train.placement` (its CUDA_VISIBLE_DEVICES are the replica's GPUs; vLLM starts its workers
 there). `RemoteEngine` is the `arl.rollout` Engine the rollout actor's ServerManager drives: every
-call goes to the replica's actor.
+call goes to the replica's actor. A call that finds the actor dead raises `EngineDeadError`, which the
+ServerManager answers by failing the replica's requests over to the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from arl.proxy.types import SamplingParams, TokenOutput
 from arl.rollout.engine import PauseMode
-from arl.rollout.errors import EngineError
+from arl.rollout.errors import EngineDeadError, EngineError
 
 #: Generate calls one replica serves at once (Ray's default for async actors is 1000).
 MAX_CONCURRENCY = 100_000
@@ -42,7 +45,13 @@ class EngineActor:
         return {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "pid": os.getpid()}
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
-        return await self.engine.generate(request_id, prompt_ids, sampling_params)
+        try:
+            return await self.engine.generate(request_id, prompt_ids, sampling_params)
+        except Exception as e:
+            # vLLM's engine core died under a live actor: the replica is as dead as a killed actor.
+            if type(e).__name__ == "EngineDeadError" and not isinstance(e, EngineDeadError):
+                raise EngineDeadError(f"the {self.kind} engine died: {e}") from e
+            raise
 
     async def pause(self, mode: PauseMode) -> None:
         await self.engine.pause(mode)
@@ -85,6 +94,17 @@ class EngineActor:
         await self.engine.stop()
 
 
+@contextlib.contextmanager
+def _actor_death_as_engine_death(what: str) -> Iterator[None]:
+    """Ray's "the actor died" errors become `EngineDeadError` (arl-rollout does not know Ray)."""
+    from ray.exceptions import RayActorError
+
+    try:
+        yield
+    except RayActorError as e:
+        raise EngineDeadError(f"engine replica died during {what}: {type(e).__name__}") from e
+
+
 class RemoteEngine:
     """The Engine protocol over an `EngineActor` handle (used inside the rollout actor)."""
 
@@ -105,7 +125,8 @@ class RemoteEngine:
     async def _call(self, ref: Any, what: str, timeout_s: float | None = None) -> Any:
         timeout_s = self._rpc_timeout_s if timeout_s is None else timeout_s
         try:
-            return await asyncio.wait_for(ref, timeout_s)
+            with _actor_death_as_engine_death(what):
+                return await asyncio.wait_for(ref, timeout_s)
         except TimeoutError:
             raise EngineError(f"engine replica: {what} took longer than {timeout_s:g}s") from None
 
@@ -117,7 +138,8 @@ class RemoteEngine:
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
         # No timeout here: the server manager bounds every generate call (rollout.generate_timeout_s).
-        return await self.handle.generate.remote(request_id, prompt_ids, sampling_params)
+        with _actor_death_as_engine_death("generate"):
+            return await self.handle.generate.remote(request_id, prompt_ids, sampling_params)
 
     async def abort_all(self) -> None:
         await self._call(self.handle.abort_all.remote(), "abort_all")

@@ -1,28 +1,118 @@
-"""What the user sees: a progress line per step, metrics as JSONL, and the final PNG plot."""
+"""What the user sees: a progress line per step, metrics as JSONL + TensorBoard (+ wandb), the final PNG.
+
+Each step's row gets derived metrics before it is written (`derive`): the idle ratio of each side
+(trainer: time waiting for a batch / step time; rollout: engine time without a generation call over the
+step, from the server manager's cumulative utilization), turns and tool calls per trajectory, proxy
+rebuilds. Numeric values (nested ones flattened as `rollout/x`) also go to TensorBoard under
+`output.dir/tensorboard`, and to wandb when it is installed (offline unless WANDB_MODE says otherwise).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any, TextIO
 
+log = logging.getLogger(__name__)
+
+
+def derive(row: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, float]:
+    """Idle ratios and per-trajectory counts of one step (see the module docstring)."""
+    out: dict[str, float] = {}
+    if row.get("step_s"):
+        out["trainer_idle_ratio"] = min(1.0, max(0.0, row.get("wait_s", 0.0) / row["step_s"]))
+    ro = row.get("rollout") or {}
+    before = (previous or {}).get("rollout") or {}
+    if "manager_elapsed_s" in ro and "engine_busy_s" in ro:
+        d_elapsed = ro["manager_elapsed_s"] - before.get("manager_elapsed_s", 0.0)
+        d_busy = ro["engine_busy_s"] - before.get("engine_busy_s", 0.0)
+        replicas = max(1.0, float(ro.get("engine_replicas", 1.0)))
+        if d_elapsed > 0:
+            out["rollout_idle_ratio"] = min(1.0, max(0.0, 1.0 - d_busy / (replicas * d_elapsed)))
+    trajectories = ro.get("trained_responses") or 0
+    if trajectories:
+        out["turns_per_trajectory"] = ro.get("turns", 0) / trajectories
+        if "tool_calls" in ro:
+            out["tool_calls_per_trajectory"] = ro["tool_calls"] / trajectories
+    if "proxy_rebuilds" in ro:
+        out["proxy_rebuilds"] = float(ro["proxy_rebuilds"])
+    return out
+
+
+def scalars(row: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """The numeric values of `row`, nested dicts flattened as `outer/inner` (lists and text left out)."""
+    out: dict[str, float] = {}
+    for key, value in row.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, bool):
+            out[name] = float(value)
+        elif isinstance(value, int | float):
+            out[name] = float(value)
+        elif isinstance(value, dict):
+            out.update(scalars(value, name + "/"))
+    return out
+
+
+class ScalarSinks:
+    """TensorBoard (always) and wandb (only when importable) writers of one run's scalars."""
+
+    def __init__(self, directory: Path, run_name: str = "arl") -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.tensorboard = SummaryWriter(log_dir=str(directory / "tensorboard"))
+        self.wandb: Any = None
+        try:
+            import wandb
+        except ImportError:
+            return
+        os.environ.setdefault("WANDB_MODE", "offline")  # never reach the network unless asked to
+        self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "arl"), name=run_name,
+                                dir=str(directory), reinit=True)
+
+    def write(self, step: int, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            self.tensorboard.add_scalar(name, value, step)
+        self.tensorboard.flush()
+        if self.wandb is not None:
+            self.wandb.log(values, step=step)
+
+    def close(self) -> None:
+        self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
 
 class MetricsLog:
-    """Appends one JSON object per step to `path` (flushed, so a crash keeps what was written)."""
+    """Appends one JSON object per step to `path` (flushed, so a crash keeps what was written), with
+    the derived metrics added; the same scalars go to TensorBoard (+ wandb) in `path`'s folder."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, scalar_sinks: bool = True) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._file: TextIO = path.open("w")
         self.rows: list[dict[str, Any]] = []
+        self.sinks: ScalarSinks | None = None
+        if scalar_sinks:
+            try:
+                self.sinks = ScalarSinks(path.parent, run_name=path.parent.name)
+            except ImportError as e:  # the run goes on with metrics.jsonl only
+                log.warning("no TensorBoard output: %s", e)
 
     def write(self, row: dict[str, Any]) -> None:
+        row.update(derive(row, self.rows[-1] if self.rows else None))
         self.rows.append(row)
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
+        if self.sinks is not None:
+            self.sinks.write(int(row.get("step", len(self.rows))), scalars(row))
 
     def close(self) -> None:
         self._file.close()
+        if self.sinks is not None:
+            self.sinks.close()
+            self.sinks = None
 
 
 def progress_line(row: dict[str, Any], total_steps: int) -> str:

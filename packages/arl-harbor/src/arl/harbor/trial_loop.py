@@ -394,6 +394,8 @@ class HarborAgentLoop:
             reward=reward_for(action, result, self.config.reward_key),  # type: ignore[arg-type]
             finish_reason=finish_reason,
             num_turns=int(traj.num_turns),
+            tool_calls=sum(len(m.get("tool_calls") or []) for m in traj.messages if m.get("role") == "assistant"),
+            rebuilds=int(traj.rebuilds),
             rewards=rewards,
             routed_experts=getattr(first, "routed_experts", None),
             timings=timings,

@@ -52,6 +52,9 @@ class ProxyConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # sequence so far is kept as a finished segment and a new one starts, so every sampled token is trained
     # once. False keeps one sequence, where tokens sampled before a rewrite end up with mask 0.
     segments: bool = True
+    # Threads that render chat templates, tokenize and detokenize, so a long history (tens of thousands
+    # of tokens) does not stall the event loop every other session is served on; 0 = on the event loop.
+    tokenize_threads: int = 4
     # Serve session management routes (POST /sessions, GET/DELETE /sessions/{id}...); the standalone
     # server turns them on.
     admin_routes: bool = False

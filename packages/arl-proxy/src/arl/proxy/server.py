@@ -19,8 +19,10 @@ import secrets
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -52,6 +54,7 @@ from arl.proxy.types import SamplingParams, SessionInfo, TokenOutput, Trajectory
 log = logging.getLogger(__name__)
 
 _IO_TIMEOUT_S = 120.0  # reading a request body, writing a streamed chunk
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -87,6 +90,11 @@ class ChatProxy:
             mml = getattr(tokenizer, "model_max_length", None)
             limit = int(mml) if isinstance(mml, (int, float)) and 0 < mml < 10**8 else None
         self.max_context_len: int | None = limit
+        if self.config.tokenize_threads < 0:
+            raise ValueError(f"tokenize_threads must be >= 0, got {self.config.tokenize_threads}")
+        # Template rendering and (de)tokenization run here, off the event loop (see ProxyConfig).
+        self._tokenize_pool = (ThreadPoolExecutor(self.config.tokenize_threads, thread_name_prefix="arl-proxy-tok")
+                               if self.config.tokenize_threads else None)
         self._sessions: dict[str, Session] = {}
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
@@ -116,6 +124,13 @@ class ChatProxy:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+
+    async def _off_loop(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run CPU work (render, tokenize, detokenize) in the tokenize pool, or inline without one.
+        A session's turns never overlap (its lock), so its builder is used by one thread at a time."""
+        if self._tokenize_pool is None:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, fn, *args)
 
     async def __aenter__(self) -> ChatProxy:
         await self.start()
@@ -303,7 +318,7 @@ class ChatProxy:
             if session.closed:
                 raise SessionClosedError(f"session ended: {session.closed_reason or 'closed'}")
             t0 = time.perf_counter()
-            plan = session.builder.plan(messages, req.tools, template_kwargs)
+            plan = await self._off_loop(session.builder.plan, messages, req.tools, template_kwargs)
             t_tok = time.perf_counter() - t0
             turn_index = session.builder.num_turns + 1
             prompt_len = len(plan.prompt_ids)
@@ -323,9 +338,10 @@ class ChatProxy:
                 await self._stream_write(stream, _sse(exc.to_openai()) + b"data: [DONE]\n\n")
                 return stream
             t_gen = time.perf_counter() - t_gen0
-            reply = build_reply(self.codec, out, sp.stop, self._parser if req.tools_enabled else None, req.tools)
-            session.builder.commit(plan, reply.turn, reply.canonical_message(), reply.finish_reason,
-                                   session.trajectory_dir)
+            reply = await self._off_loop(build_reply, self.codec, out, sp.stop,
+                                         self._parser if req.tools_enabled else None, req.tools)
+            await self._off_loop(session.builder.commit, plan, reply.turn, reply.canonical_message(),
+                                 reply.finish_reason, session.trajectory_dir)
             self._after_turn(session, reply)
         logprobs = logprobs_block(self.codec, reply, sp.top_logprobs) if req.logprobs else None
         if stream is None:

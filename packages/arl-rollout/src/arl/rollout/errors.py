@@ -25,5 +25,13 @@ class GenerateTimeoutError(EngineError):
     """An engine did not finish a request within the generate timeout (the rollouter drops that sample, counted)."""
 
 
+class EngineDeadError(EngineError):
+    """An engine replica is gone (its process or actor died); the server manager fails its requests over."""
+
+
+class NoHealthyReplicaError(EngineError):
+    """Every engine replica died: generation cannot go on."""
+
+
 class WeightSyncError(RolloutError):
     """Weights could not be loaded into an engine; the engine keeps its previous weights."""

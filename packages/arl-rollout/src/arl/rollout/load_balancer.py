@@ -1,12 +1,15 @@
-"""Routes generation calls to engine replicas: sticky by trajectory, else least in-flight.
+"""Routes generation calls to engine replicas: sticky by trajectory, else least in-flight, healthy only.
 
 A multi-turn trajectory keeps hitting the replica that holds its prefix cache; a new trajectory goes to
-the replica with the fewest requests in flight. Stickiness is forgotten when the trajectory releases.
+the healthy replica with the fewest requests in flight. Stickiness is forgotten when the trajectory
+releases. A replica marked unhealthy (it died) is never picked again; a trajectory stuck to it moves.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+
+from arl.rollout.errors import NoHealthyReplicaError
 
 
 class LoadBalancer:
@@ -14,14 +17,18 @@ class LoadBalancer:
         if num_replicas < 1:
             raise ValueError("LoadBalancer needs at least one replica")
         self._in_flight = [0] * num_replicas
+        self._healthy = [True] * num_replicas
         self._sticky: OrderedDict[str, int] = OrderedDict()
         self._max_sticky = max_sticky
 
     def acquire(self, trajectory_id: str) -> int:
-        """Pick a replica for one call of `trajectory_id` and count it in flight."""
+        """Pick a healthy replica for one call of `trajectory_id` and count it in flight."""
         replica = self._sticky.get(trajectory_id)
-        if replica is None:
-            replica = min(range(len(self._in_flight)), key=self._in_flight.__getitem__)
+        if replica is None or not self._healthy[replica]:
+            live = [i for i, ok in enumerate(self._healthy) if ok]
+            if not live:
+                raise NoHealthyReplicaError(f"all {len(self._healthy)} engine replicas are unhealthy")
+            replica = min(live, key=self._in_flight.__getitem__)
             self._sticky[trajectory_id] = replica
             if len(self._sticky) > self._max_sticky:  # bound memory if callers never release
                 self._sticky.popitem(last=False)
@@ -37,6 +44,20 @@ class LoadBalancer:
     def forget(self, trajectory_id: str) -> None:
         """The trajectory is over; drop its stickiness."""
         self._sticky.pop(trajectory_id, None)
+
+    def mark_unhealthy(self, replica: int) -> bool:
+        """Leave `replica` out from now on; False if it already was."""
+        was = self._healthy[replica]
+        self._healthy[replica] = False
+        return was
+
+    def is_healthy(self, replica: int) -> bool:
+        return self._healthy[replica]
+
+    @property
+    def healthy(self) -> list[int]:
+        """Indices of the replicas still in use."""
+        return [i for i, ok in enumerate(self._healthy) if ok]
 
     @property
     def in_flight(self) -> list[int]:

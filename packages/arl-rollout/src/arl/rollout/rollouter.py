@@ -63,6 +63,9 @@ class RolloutStats:
         # Turns of the trajectories trained on (mean = turns / (produced responses)).
         self.turns = 0
         self.trained_responses = 0
+        # Tool calls and proxy rebuilds of the trajectories trained on.
+        self.tool_calls = 0
+        self.proxy_rebuilds = 0
         # Trajectories put into samples, their token-exact segments (more than one where the history was
         # rewritten), and tokens the engine sampled into them (each should have mask 1 in one segment).
         self.trajectories = 0
@@ -77,6 +80,8 @@ class RolloutStats:
         else:
             self.turns += result.num_turns
             self.trained_responses += 1
+            self.tool_calls += result.tool_calls
+            self.proxy_rebuilds += result.rebuilds
             if result.failure_kind:
                 self.kept_by_kind[result.failure_kind] += 1
         for phase, seconds in result.timings.items():

@@ -5,22 +5,31 @@ picks a replica, and when a weight sync aborts an in-flight request (partial rol
 manager waits for the sync to finish and resubmits `prompt + tokens so far` with the remaining token
 budget, so the caller receives one uninterrupted completion whose tokens each carry the weight
 version that sampled them.
+
+Failover: a replica whose generate (or pause/resume/load) raises `EngineDeadError` is marked unhealthy,
+the load balancer leaves it out, and each of its in-flight requests resumes on a live replica with the
+tokens sampled so far (the same resume as after a sync abort), counted in `failovers`. Pauses, resumes
+and weight loads skip dead replicas, so a run goes on while one replica is left.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 
 from arl.proxy.types import SamplingParams, TokenOutput
 from arl.rollout.engine import Engine, PauseMode
-from arl.rollout.errors import GenerateTimeoutError
+from arl.rollout.errors import EngineDeadError, GenerateTimeoutError
 from arl.rollout.load_balancer import LoadBalancer
 from arl.rollout.routed_experts import extend_routes
+
+log = logging.getLogger(__name__)
 
 
 class ServerManager:
@@ -41,6 +50,8 @@ class ServerManager:
         self._call_ids = itertools.count()
         self._sync_epoch = 0  # bumped by every pause, so a late abort is still known to be a sync's
         self.resumed_requests = 0  # requests continued after a sync abort (partial rollout)
+        self.failovers = 0  # requests moved to another replica after theirs died
+        self.lost_replicas: list[int] = []
         # Utilization: per replica, seconds during which at least one generation call was running
         # (an engine with no call is idle: starved, paused for a sync, or asleep while colocated).
         self._clock = clock
@@ -67,7 +78,7 @@ class ServerManager:
                 )
                 call_id = f"{request_id}-{next(self._call_ids)}"
                 epoch = self._sync_epoch
-                self._call_started(replica)
+                self._call_started(called := replica)
                 try:
                     out = await asyncio.wait_for(
                         engine.generate(call_id, prompt_ids + tokens, params), self._generate_timeout_s
@@ -76,8 +87,15 @@ class ServerManager:
                     raise GenerateTimeoutError(
                         f"replica {replica} did not finish request {request_id} in {self._generate_timeout_s}s"
                     ) from None
+                except EngineDeadError as e:
+                    self.mark_dead(replica, e)
+                    self.balancer.release(replica)
+                    replica = -1  # nothing held while acquiring (it raises NoHealthyReplicaError if none is left)
+                    replica = self.balancer.acquire(request_id)
+                    self.failovers += 1
+                    continue  # resume on a live replica from the tokens sampled so far
                 finally:
-                    self._call_ended(replica)
+                    self._call_ended(called)
                 self.generated_tokens += len(out.token_ids)
                 experts = extend_routes(experts, out.routed_experts, before=len(tokens), added=len(out.token_ids))
                 tokens += out.token_ids
@@ -95,7 +113,29 @@ class ServerManager:
                     routed_experts=experts,
                 )
         finally:
-            self.balancer.release(replica)
+            if replica >= 0:
+                self.balancer.release(replica)
+
+    def mark_dead(self, replica: int, reason: BaseException | str) -> None:
+        """Leave `replica` out from now on (its in-flight requests fail over as they notice)."""
+        if self.balancer.mark_unhealthy(replica):
+            self.lost_replicas.append(replica)
+            log.warning("engine replica %d is dead (%s); %d replica(s) left", replica, reason,
+                        len(self.balancer.healthy))
+
+    @property
+    def healthy_replicas(self) -> list[int]:
+        return self.balancer.healthy
+
+    async def _each_healthy(self, call: Callable[[Engine], Any]) -> None:
+        """`call` on every healthy replica concurrently; one that turns out dead is marked, not raised."""
+        live = self.balancer.healthy
+        results = await asyncio.gather(*(call(self.engines[i]) for i in live), return_exceptions=True)
+        for i, r in zip(live, results, strict=True):
+            if isinstance(r, EngineDeadError):
+                self.mark_dead(i, r)
+            elif isinstance(r, BaseException):
+                raise r
 
     def _call_started(self, replica: int) -> None:
         if self._calls[replica] == 0:
@@ -122,7 +162,7 @@ class ServerManager:
         return {
             "manager_elapsed_s": elapsed,
             "engine_busy_s": busy,
-            "engine_replicas": float(len(self.engines)),
+            "engine_replicas": float(len(self.balancer.healthy)),  # the live ones (a dead one is not idle)
             "engine_idle_fraction": 1.0 - busy / max(1e-9, elapsed * len(self.engines)),
             "engine_generated_tokens": float(self.generated_tokens),
         }
@@ -135,10 +175,10 @@ class ServerManager:
         """Stop new generation calls; `mode` says what engines do with in-flight ones (see Engine)."""
         self._running.clear()
         self._sync_epoch += 1
-        await asyncio.gather(*(e.pause(mode) for e in self.engines))
+        await self._each_healthy(lambda e: e.pause(mode))
 
     async def resume(self) -> None:
-        await asyncio.gather(*(e.resume() for e in self.engines))
+        await self._each_healthy(lambda e: e.resume())
         self._running.set()
 
     @property
@@ -146,9 +186,10 @@ class ServerManager:
         return not self._running.is_set()
 
     async def load_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
-        """Every replica joins the arl-sync sender and applies the new weights (concurrently)."""
-        await asyncio.gather(*(e.load_weights(sync_address, sync_config_json, version) for e in self.engines))
+        """Every healthy replica joins the arl-sync sender and applies the new weights (concurrently)."""
+        await self._each_healthy(lambda e: e.load_weights(sync_address, sync_config_json, version))
 
     @property
     def weight_versions(self) -> list[int]:
-        return [e.weight_version for e in self.engines]
+        """The weight version of each healthy replica."""
+        return [self.engines[i].weight_version for i in self.balancer.healthy]

@@ -42,6 +42,18 @@ class SimEngine:
         self._idle = asyncio.Event()
         self._idle.set()
         self._receiver: Any = None
+        self.dead = False
+
+    def kill(self) -> None:
+        """Die like a crashed replica: in-flight and later calls raise `EngineDeadError`."""
+        self.dead = True
+        self._abort.set()
+
+    def _check_dead(self) -> None:
+        if self.dead:
+            from arl.rollout.errors import EngineDeadError
+
+            raise EngineDeadError("SimEngine was killed")
 
     @property
     def weight_version(self) -> int:
@@ -55,6 +67,7 @@ class SimEngine:
             self._receiver.close()
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
+        self._check_dead()
         self.calls.append((request_id, list(prompt_ids), sampling_params))
         await self._running.wait()
         self._in_flight += 1
@@ -81,6 +94,7 @@ class SimEngine:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
+        self._check_dead()
         version = self._version
         return TokenOutput(
             token_ids=tokens,
@@ -95,6 +109,7 @@ class SimEngine:
         self._abort.clear()
 
     async def pause(self, mode: PauseMode) -> None:
+        self._check_dead()
         self._running.clear()
         if mode == "abort":
             await self.abort_all()
@@ -102,6 +117,7 @@ class SimEngine:
             await self._idle.wait()
 
     async def resume(self) -> None:
+        self._check_dead()
         self._running.set()
 
     async def load_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:

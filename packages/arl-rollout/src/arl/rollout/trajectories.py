@@ -25,6 +25,9 @@ def result_from_trajectory(trajectory: Trajectory, *, reward: float, **fields: A
     n = len(ids)
     versions = first.weight_versions if first is not None else None
     fields.setdefault("num_turns", trajectory.num_turns)
+    fields.setdefault("tool_calls", sum(len(m.get("tool_calls") or []) for m in trajectory.messages
+                                        if m.get("role") == "assistant"))
+    fields.setdefault("rebuilds", trajectory.rebuilds)
     return AgentResult(
         prompt_ids=list(first.prompt_ids) if first else [],
         response_ids=ids,

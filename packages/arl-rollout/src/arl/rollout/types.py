@@ -57,3 +57,6 @@ class AgentResult(msgspec.Struct, kw_only=True):
     segments: list[Segment] = msgspec.field(default_factory=list)
     # Tokens the engine sampled into the trajectory (None = the mask-1 tokens of the fields above).
     sampled_tokens: int | None = None
+    # Tool calls the agent made, and times the proxy had to rebuild the token sequence (history rewritten).
+    tool_calls: int = 0
+    rebuilds: int = 0
