@@ -69,7 +69,10 @@ def test_colocate_makes_the_run_synchronous():
         (["resources.tensor_parallel_size=0"], "resources.tensor_parallel_size"),
         (["resources.tensor_parallel_size=2"], "resources.tensor_parallel_size=2 needs rollout.device='cuda'"),
         (GPU_SPLIT + ["resources.tensor_parallel_size=2", "rollout.engine=torch"], "rollout.engine='vllm'"),
-        (["resources.trainer_gpus=2"], "resources.trainer_gpus=2"),
+        (["resources.trainer_cpu_ranks=0"], "resources.trainer_cpu_ranks must be >= 1"),
+        (GPU_SPLIT + ["resources.trainer_cpu_ranks=2"], "resources.trainer_cpu_ranks=2 is for a CPU trainer"),
+        (GPU_SPLIT + ["resources.trainer_gpus=2", "resources.colocate=true", "rollout.replicas=2"],
+         "resources.colocate=true with resources.trainer_gpus=2: colocated mode runs one trainer rank"),
         (["actor.device=cuda"], "actor.device='cuda' needs resources.trainer_gpus"),
         (GPU_SPLIT + ["resources.colocate=true", "rollout.replicas=2"], "resources.trainer_gpus=1 but rollout.replicas"),
         (["resources.colocate=true", "rollout.device=cuda"], "resources.colocate=true puts trainer and rollout"),
@@ -145,6 +148,19 @@ def test_cluster_must_hold_the_layout():
 def test_one_trainer_rank_needs_no_rendezvous():
     [rank] = trainer_ranks(_layout())
     assert (rank.rank, rank.world_size) == (0, 1)
+
+
+def test_data_parallel_trainer_ranks_are_accepted_and_meet_at_one_rendezvous():
+    cfg = load_config(overrides=GPU_SPLIT + ["resources.trainer_gpus=2"])
+    layout = layout_of(cfg)
+    assert (layout.trainer_ranks, layout.total_gpus) == (2, 3)
+    ranks = trainer_ranks(layout)
+    assert [(r.rank, r.world_size) for r in ranks] == [(0, 2), (1, 2)]
+    assert len({(r.master_addr, r.master_port) for r in ranks}) == 1 and ranks[0].master_port > 0
+    cpu = layout_of(load_config(overrides=["resources.trainer_cpu_ranks=2"]))
+    assert (cpu.trainer_ranks, cpu.total_gpus) == (2, 0)
+    assert {r.master_addr for r in trainer_ranks(cpu)} == {"127.0.0.1"}  # gloo ranks on this host
+    assert layout_of(load_config()).trainer_ranks == 1
 
 
 def test_sender_address_selection():

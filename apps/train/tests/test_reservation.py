@@ -52,6 +52,18 @@ def test_split_layout_gives_each_actor_its_own_gpus(ray4):
         res.release()
 
 
+def test_data_parallel_trainer_ranks_each_get_their_own_gpu(ray4):
+    cfg = load_config(overrides=["resources.trainer_gpus=2", "rollout.device=cuda", "rollout.replicas=2"])
+    res = reserve(layout_of(cfg), timeout_s=60)
+    try:
+        ranks = [_gpus(ray4, res.trainer_options(r)) for r in range(2)]
+        replicas = [_gpus(ray4, res.replica_options(i)) for i in range(2)]
+        assert all(len(g) == 1 for g in ranks + replicas)
+        assert len({g[0] for g in ranks + replicas}) == 4  # four actors, four distinct GPUs
+    finally:
+        res.release()
+
+
 def test_colocated_layout_shares_each_gpu_between_a_replica_and_a_trainer_rank(ray4):
     cfg = load_config(overrides=["resources.trainer_gpus=1", "rollout.device=cuda", "resources.colocate=true"])
     res = reserve(layout_of(cfg), timeout_s=60)

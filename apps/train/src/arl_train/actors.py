@@ -310,15 +310,32 @@ class TrainerActor:
 
         layout = layout_of(cfg)
         self.rank = rank or TrainerRank()  # the data-parallel seam: rank / world / rendezvous address
+        self.follower = self.rank.rank > 0  # ranks 1.. only follow rank 0's collectives (trainer_group)
+        self.trainer = None
+        self.publisher = None
         # Ray gave this actor its GPU(s) (CUDA_VISIBLE_DEVICES): "cuda" is the rank's own device.
         device = "cuda" if layout.trainer_gpus else actor.device
+        if self.rank.world_size > 1:  # FSDP2 data parallel: fp32 master shards, cast to the rollout dtype per gather
+            self.policy = _fsdp_policy(cfg, model_path, tcfg, self.rank, timeouts.step_s)
+            if resume_state is not None:  # every rank restores its shard of the sharded state
+                from pathlib import Path
+
+                self.policy.load_optimizer(Path(model_path))
+            if self.follower:
+                return
+            from arl_train.trainer_group import LeaderPolicy
+
+            self.policy = LeaderPolicy(self.policy)
+            cast_dtype = None  # FSDPPolicy casts before the gather
+        else:
+            self.policy = HFPolicy(model_path, tcfg, device=device, dtype=cfg.model.dtype, seed=cfg.seed)
+            cast_dtype = None if cfg.rollout.dtype == cfg.model.dtype else cfg.rollout.dtype
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.policy = HFPolicy(model_path, tcfg, device=device, dtype=cfg.model.dtype, seed=cfg.seed)
         sync_config = SyncConfig(
             transport=cfg.sync.transport,
             bucket_bytes=cfg.sync.bucket_mb << 20,
             timeout_s=cfg.sync.timeout_s,
-            cast_dtype=None if cfg.rollout.dtype == cfg.model.dtype else cfg.rollout.dtype,
+            cast_dtype=cast_dtype,
         )
         # Every worker of every replica receives; the sender binds where they can reach it.
         self.publisher = WeightPublisher(
@@ -342,8 +359,17 @@ class TrainerActor:
         if resume_state is not None:  # model_path is the checkpoint: restore what the weights do not hold
             from pathlib import Path
 
-            self.policy.load_optimizer(Path(model_path))
+            if self.rank.world_size == 1:  # (FSDP ranks restored theirs above)
+                self.policy.load_optimizer(Path(model_path))
             self.trainer.restore(resume_state)
+
+    async def follow(self) -> dict[str, int]:
+        """Ranks 1..: run rank 0's collectives until it stops the group (a thread: the actor stays responsive)."""
+        from arl_train.trainer_group import follow
+
+        if not self.follower:
+            raise RuntimeError("follow() is for trainer ranks 1..; rank 0 runs the trainer loop")
+        return await asyncio.to_thread(follow, self.policy)
 
     async def train_step(self) -> dict[str, Any]:
         metrics = await self.trainer.train_step()
@@ -359,7 +385,7 @@ class TrainerActor:
         return {
             "device": str(getattr(self.policy, "device", "")),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-            "sync_address": self.publisher.address,
+            "sync_address": self.publisher.address if self.publisher is not None else "",
             "rank": self.rank.rank,
             "world_size": self.rank.world_size,
         }
@@ -381,6 +407,11 @@ class TrainerActor:
 
         from arl.trainer.algorithms import token_log_probs
 
+        if self.rank.world_size > 1:  # a collective forward through the sharded model (packed path)
+            from arl_train.trainer_group import probe_batch
+
+            logp = self.policy.log_probs(probe_batch(prompt_ids, token_ids))
+            return logp[0, len(prompt_ids):].tolist()
         ids = torch.tensor([prompt_ids + token_ids], device=self.policy.device)
         with torch.no_grad():
             logits = self.policy.model(input_ids=ids).logits
@@ -396,5 +427,27 @@ class TrainerActor:
         return save(self.policy.state_dict_cpu())
 
     async def close(self) -> None:
-        self.publisher.close()
+        if self.rank.world_size > 1 and not self.follower:  # rank 0 of a group: release the followers
+            self.policy.stop()
+        if self.publisher is not None:
+            self.publisher.close()
+
+
+def _fsdp_policy(cfg: AppConfig, model_path: str, tcfg: Any, rank: Any, step_timeout_s: float) -> Any:
+    """This rank's `FSDPPolicy`, joining the group at rank 0's rendezvous (NCCL on GPUs, gloo on the CPU)."""
+    import torch
+
+    from arl.trainer.distributed import DistributedSpec
+    from arl.trainer.fsdp import FSDPPolicy
+
+    on_gpu = cfg.resources.trainer_gpus > 0
+    spec = DistributedSpec(
+        address=rank.master_addr, port=rank.master_port, rank=rank.rank, world_size=rank.world_size,
+        local_rank=0 if on_gpu else None,  # Ray shows each rank only its own GPU
+        backend=None if on_gpu else "gloo",
+        # Followers wait in a broadcast while rank 0 waits for its batch: allow a whole step and more.
+        timeout_s=max(1800.0, 2 * step_timeout_s),
+    )
+    sync_dtype = None if cfg.rollout.dtype == "float32" else getattr(torch, cfg.rollout.dtype, None)
+    return FSDPPolicy(model_path, tcfg, spec, seed=cfg.seed, sync_dtype=sync_dtype)
 

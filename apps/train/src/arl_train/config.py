@@ -136,8 +136,12 @@ class SyncSection(_Section):
 class ResourcesConfig(_Section):
     """Devices of the run; `arl_train.placement` turns them into Ray placement groups."""
 
-    # GPUs of the trainer (one trainer rank per GPU); 0 = the trainer runs on the CPU.
+    # GPUs of the trainer (one trainer rank per GPU; > 1: FSDP2 data parallel over NCCL); 0 = the
+    # trainer runs on the CPU.
     trainer_gpus: int = 0
+    # Trainer ranks on the CPU when trainer_gpus = 0 (> 1: FSDP2 data parallel over gloo, to run the
+    # multi-rank path without GPUs, e.g. in tests); must stay 1 when trainer_gpus > 0.
+    trainer_cpu_ranks: int = 1
     # GPUs per rollout replica (vLLM tensor parallelism, its "mp" executor inside the replica's actor).
     tensor_parallel_size: int = 1
     # true: rollout and training take turns on the same GPUs (synchronous, vLLM sleeps while the

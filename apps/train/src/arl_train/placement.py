@@ -29,11 +29,6 @@ import msgspec
 
 from arl_train.config import AppConfig, ConfigError
 
-#: Trainer ranks this build can run: a data-parallel backend (one Ray actor per GPU joined through a
-#: torch.distributed rendezvous; see `TrainerRank`) is what lifts it.
-MAX_TRAINER_RANKS = 1
-
-
 class PlacementError(ConfigError):
     """The cluster cannot hold the configured layout (too few GPUs, a model TP cannot split, Ray did
     not grant the placement groups in time); the message names the config key."""
@@ -48,10 +43,13 @@ class Layout(msgspec.Struct, frozen=True, kw_only=True):
     colocate: bool
     rollout_on_gpu: bool
     transport: str
+    # Trainer ranks on the CPU (gloo) when trainer_gpus = 0.
+    trainer_cpu_ranks: int = 1
 
     @property
     def trainer_ranks(self) -> int:
-        return max(1, self.trainer_gpus)
+        """Trainer processes: one per trainer GPU, else `trainer_cpu_ranks`; > 1 runs FSDP2 data parallel."""
+        return self.trainer_gpus or self.trainer_cpu_ranks
 
     @property
     def rollout_gpus(self) -> int:
@@ -85,6 +83,7 @@ def layout_of(config: AppConfig) -> Layout:
         colocate=r.colocate,
         rollout_on_gpu=config.rollout.device == "cuda",
         transport=config.sync.transport,
+        trainer_cpu_ranks=r.trainer_cpu_ranks,
     )
 
 
@@ -114,10 +113,12 @@ def resolve(config: AppConfig) -> AppConfig:
         raise ConfigError(
             f"actor.device={config.actor.device!r} needs resources.trainer_gpus >= 1 (Ray reserves the "
             "trainer's GPUs; the trainer's device follows resources.trainer_gpus)")
-    if r.trainer_gpus > MAX_TRAINER_RANKS:
+    if r.trainer_cpu_ranks < 1:
+        raise ConfigError(f"resources.trainer_cpu_ranks must be >= 1, got {r.trainer_cpu_ranks}")
+    if r.trainer_cpu_ranks > 1 and trainer_on_gpu:
         raise ConfigError(
-            f"resources.trainer_gpus={r.trainer_gpus}: more than {MAX_TRAINER_RANKS} trainer rank needs a "
-            "data-parallel trainer backend (FSDP2), which this build does not have yet")
+            f"resources.trainer_cpu_ranks={r.trainer_cpu_ranks} is for a CPU trainer: with "
+            f"resources.trainer_gpus={r.trainer_gpus} the trainer runs one rank per GPU (leave it at 1)")
     if r.tensor_parallel_size > 1:
         if not rollout_on_gpu:
             raise ConfigError(
@@ -144,6 +145,12 @@ def resolve(config: AppConfig) -> AppConfig:
                 f"(resources.trainer_gpus >= 1 and rollout.device='cuda') or both on the CPU; got "
                 f"resources.trainer_gpus={r.trainer_gpus}, rollout.device={ro.device!r}")
         if rollout_on_gpu:
+            if r.trainer_gpus > 1:
+                raise ConfigError(
+                    f"resources.colocate=true with resources.trainer_gpus={r.trainer_gpus}: colocated mode runs "
+                    "one trainer rank on one GPU in this build (each rank would need its own CUDA IPC sender to "
+                    "the replica on its GPU, which is not built); use resources.trainer_gpus=1 with "
+                    "rollout.replicas=1, or colocate=false for data-parallel training")
             if r.tensor_parallel_size != 1:
                 raise ConfigError(
                     f"resources.colocate=true with resources.tensor_parallel_size={r.tensor_parallel_size}: "
@@ -348,6 +355,7 @@ def trainer_ranks(layout: Layout) -> list[TrainerRank]:
     n = layout.trainer_ranks
     if n == 1:
         return [TrainerRank()]
-    addr = node_ip()
-    port = free_port()
+    # CPU ranks (gloo) all run on this host; GPU ranks are packed on rank 0's node (STRICT_PACK).
+    addr = node_ip() if layout.trainer_gpus else "127.0.0.1"
+    port = free_port(addr if layout.trainer_gpus == 0 else "")
     return [TrainerRank(rank=i, world_size=n, master_addr=addr, master_port=port) for i in range(n)]

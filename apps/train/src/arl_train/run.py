@@ -88,17 +88,43 @@ def prepare_model(config: AppConfig, out_dir: Path) -> Path:
     return path
 
 
-def _await_step(ray: Any, step_ref: Any, rollout: Any, timeout_s: float) -> dict[str, Any]:
-    """Wait for a trainer step while checking every few seconds that the rollout side is alive,
-    so a dead engine or feed loop fails the run at once instead of starving the trainer."""
+def _await_step(ray: Any, step_ref: Any, rollout: Any, timeout_s: float, followers: list[Any] = ()) -> dict[str, Any]:
+    """Wait for a trainer step while checking every few seconds that the rollout side and the
+    follower trainer ranks (their `follow` calls) are alive, so a dead engine, feed loop or rank
+    fails the run at once instead of starving the trainer."""
     deadline = time.monotonic() + timeout_s
     while True:
         done, _ = ray.wait([step_ref], timeout=HEALTH_CHECK_S)
         if done:
             return ray.get(step_ref)
         ray.get(rollout.stats.remote(), timeout=60)  # re-raises the rollout side's failure
+        _check_followers(ray, followers)
         if time.monotonic() > deadline:
             raise TimeoutError(f"a trainer step took longer than {timeout_s:.0f}s (harbor.step_timeout_s)")
+
+
+def _check_followers(ray: Any, followers: list[Any]) -> None:
+    """A follower rank's `follow` only returns when rank 0 stops the group: earlier, it failed."""
+    finished, _ = ray.wait(list(followers), num_returns=len(followers), timeout=0) if followers else ([], [])
+    for ref in finished:
+        ray.get(ref)  # re-raises the rank's failure
+        raise RuntimeError("a follower trainer rank left the group before the run ended")
+
+
+def _start_trainer(ray: Any, config: AppConfig, layout: Any, reservation: Any, model_path: Path, queue: Any,
+                   rollout: Any, resume_state: dict[str, int] | None) -> tuple[Any, list[Any], list[Any]]:
+    """The trainer ranks (one actor each, all constructed at once: they meet in one rendezvous);
+    returns rank 0, the follower actors and their `follow` calls."""
+    from arl_train.actors import TrainerActor
+    from arl_train.placement import trainer_ranks
+
+    actors = [
+        ray.remote(TrainerActor)
+        .options(**reservation.trainer_options(r.rank))
+        .remote(config, str(model_path), queue, rollout, resume_state, r)
+        for r in trainer_ranks(layout)
+    ]
+    return actors[0], actors[1:], [a.follow.remote() for a in actors[1:]]
 
 
 def _prepare_resume(config: AppConfig, out_dir: Path) -> dict[str, int]:
@@ -227,9 +253,9 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
     import ray
 
     from arl.queue.ray_actor import create_queue_actor
-    from arl_train.actors import RolloutActor, TrainerActor, engine_config, run_budget
+    from arl_train.actors import RolloutActor, engine_config, run_budget
     from arl_train.engine_actor import MAX_CONCURRENCY, EngineActor
-    from arl_train.placement import check_model, layout_of, reserve, trainer_ranks
+    from arl_train.placement import check_model, layout_of, reserve
 
     from arl_train.harbor_section import check_harbor, run_timeouts
 
@@ -256,6 +282,7 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
     )
     metrics = MetricsLog(out_dir / "metrics.jsonl")
     rollout = trainer = reservation = None
+    following: list[Any] = []
     try:
         reservation = reserve(layout, config.resources.placement_timeout_s)
         # The queue restores what a resumed checkpoint had queued (copied into its folder above).
@@ -276,15 +303,12 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
             replay_tasks=resume_state.get("tasks_in_flight", []),
         )
         ray.get(start, timeout=START_TIMEOUT_S)
-        rank = trainer_ranks(layout)[0]  # ranks 1.. join here once the data-parallel backend exists
-        trainer = (
-            ray.remote(TrainerActor)
-            .options(**reservation.trainer_options(0))
-            .remote(config, str(model_path), queue, rollout, resume_state or None, rank)
-        )
+        trainer, followers, following = _start_trainer(
+            ray, config, layout, reservation, model_path, queue, rollout, resume_state or None)
         where = ray.get(trainer.placement.remote(), timeout=START_TIMEOUT_S)
+        _check_followers(ray, following)
         replicas = ray.get(rollout.replica_info.remote(), timeout=60)
-        log(f"arl: trainer {where} | replicas {replicas}")
+        log(f"arl: trainer {where}{f' + {len(followers)} follower rank(s)' if followers else ''} | replicas {replicas}")
         total = config.trainer.total_steps
 
         def save_checkpoint(directory: Path) -> str:
@@ -301,7 +325,7 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
             return path
 
         for _ in range(resume_state.get("step", 0), total):
-            row = _await_step(ray, trainer.train_step.remote(), rollout, timeouts.step_s)
+            row = _await_step(ray, trainer.train_step.remote(), rollout, timeouts.step_s, following)
             row["rollout"] = ray.get(rollout.stats.remote(), timeout=60)
             _add_engine_phases(row)
             metrics.write(row)
@@ -348,6 +372,11 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
                 ray.get(trainer.close.remote(), timeout=min(grace, 30))
             except Exception as exc:
                 print(f"arl: trainer close failed: {exc}", file=sys.stderr)
+        if following:  # rank 0's close released them; ray.shutdown ends any that are stuck
+            try:
+                ray.get(following, timeout=min(grace, 30))
+            except Exception as exc:
+                print(f"arl: follower trainer ranks did not stop cleanly: {exc}", file=sys.stderr)
         if reservation is not None:
             reservation.release()
         ray.shutdown()

@@ -173,12 +173,35 @@ class FSDPPolicy(PackedPolicy):
         return {name: t.to("cpu").clone() for name, t in self.iter_sync_parameters()}
 
     def save(self, directory: Path, trainer_state: dict[str, Any]) -> Path:
-        """A resumable sharded checkpoint (`dcp/`, any world size on resume) plus `hf/`, a folder vLLM loads.
+        """One checkpoint folder, written by every rank (all call it): the sharded, resumable state
+        (`dcp/`, RNG per rank, LR schedule, `trainer_state.json`; resumes on any world size) beside an
+        ordinary HF folder at its root (config.json, fp32 model.safetensors, the tokenizer files), which
+        vLLM and `FSDPPolicy` itself load. Written to `<name>.tmp` and renamed, so a crash mid-save
+        leaves the previous checkpoint intact."""
+        import shutil
 
-        Every rank calls it.
-        """
         from arl.trainer.checkpoint import export_hf, save_sharded
 
-        save_sharded(self, directory, trainer_state)
-        export_hf(self, Path(directory) / "hf")
-        return Path(directory)
+        directory = Path(directory)
+        tmp = directory.with_name(directory.name + ".tmp")
+        if self.rank == 0 and tmp.exists():
+            shutil.rmtree(tmp)
+        save_sharded(self, tmp, trainer_state)  # barriers: the folder exists before any rank writes
+        export_hf(self, tmp)
+        if self.rank == 0:
+            for f in self.model_path.iterdir() if self.model_path else ():  # tokenizer files travel with the weights
+                if f.is_file() and (f.name.startswith("tokenizer") or f.name in (
+                        "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")):
+                    shutil.copy2(f, tmp / f.name)
+            if directory.exists():
+                shutil.rmtree(directory)
+            tmp.rename(directory)
+        dist.barrier()
+        return directory
+
+    def load_optimizer(self, checkpoint: Path) -> dict[str, Any]:
+        """Resume from a folder `save` wrote (every rank calls it): weights, optimizer, LR schedule and
+        RNG from its sharded state (the same interface as `HFPolicy.load_optimizer`); returns the trainer state."""
+        from arl.trainer.checkpoint import load_sharded
+
+        return load_sharded(self, checkpoint)
