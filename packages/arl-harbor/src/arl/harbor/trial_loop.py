@@ -107,6 +107,8 @@ class _EmptyTrajectory(msgspec.Struct, kw_only=True):
     response_logprobs: list[float] = msgspec.field(default_factory=list)
     num_turns: int = 0
     finish_reason: str = "stop"
+    messages: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    rebuilds: int = 0
 
 
 _EMPTY = _EmptyTrajectory()
