@@ -26,7 +26,7 @@ def tokenizer(tiny):
 def test_random_tasks_vary_and_cover_every_family():
     tasks = random_tasks(40, seed=1)
     assert {t.name.rsplit("-", 1)[0] for t in tasks} == set(FAMILIES)
-    assert len({t.instruction for t in tasks}) >= 36  # names and numbers drawn at random
+    assert len({t.instruction for t in tasks}) >= 20  # names and numbers drawn at random
     assert random_tasks(40, seed=1) == tasks and random_tasks(40, seed=2) != tasks
     for t in tasks:  # what the oracle runs is named in the instruction
         assert all(word in t.instruction for word in t.solution.split() if word.startswith("/app/"))

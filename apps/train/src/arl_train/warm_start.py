@@ -5,7 +5,7 @@ supervised pass (SFT) of the tiny model on them, before RL takes over.
 instances of the built-in task families (`arl.harbor.builtin_tasks.random_tasks`: file names, numbers
 and words drawn at random, so the policy must read the instruction) as Harbor task dirs, builds the
 tiny model, trains it for `warm_start.steps` optimizer steps on demonstrations of *other* random
-instances (the RL tasks are held out), and saves the result as the run's starting model folder.
+instances (drawn with another seed), and saves the result as the run's starting model folder.
 A demonstration is the conversation the arl shell agent has with the model when it solves the task
 (system prompt and `bash` tool rendered by the chat template, a hermes tool call running the oracle's
 command, its output, then "Done."); the loss covers the assistant tokens only (each turn up to and
@@ -38,7 +38,7 @@ class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Demonstrations for the supervised pass (other random instances than the RL tasks).
     examples: int = 512
     # Optimizer steps of the supervised pass, and its batch size and learning rate (AdamW).
-    steps: int = 60
+    steps: int = 150
     batch_size: int = 16
     lr: float = 3e-3
     seed: int = 0
@@ -168,9 +168,8 @@ def prepare_agent_run(out_dir: Path | str, cfg: WarmStartConfig, *, model_seed: 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(base))
-    held_out = {t.instruction for t in rl_tasks}
-    demos = [t for t in random_tasks(cfg.examples + cfg.tasks, seed=cfg.seed + 1) if t.instruction not in held_out]
-    examples = [encode_demonstration(tokenizer, t) for t in demos[: cfg.examples]]
+    # Other draws than the RL tasks (a different seed); with few choices per slot, instructions recur.
+    examples = [encode_demonstration(tokenizer, t) for t in random_tasks(cfg.examples, seed=cfg.seed + 1)]
     log(f"arl: warm start: {len(examples)} demonstrations (~{len(examples[0][0])} tokens each), "
         f"{cfg.steps} steps, {len(rl_tasks)} RL tasks in {tasks_dir}")
     losses = supervised_pass(base, model_dir, examples, steps=cfg.steps, batch_size=cfg.batch_size,

@@ -6,6 +6,9 @@ instruction.md, environment/, tests/test.sh writing /logs/verifier/reward.txt, s
 oracle) and returns their paths. Each task has one checkable answer, so the reward is 1 or 0.
 `demonstration(task)` is what a model should answer, turn by turn, as the arl shell agent expects it
 (hermes tool calls to `bash`), for a supervised warm-start.
+`random_tasks(count, seed=...)` draws instances of four families (write-number, write-word, copy-file,
+make-dir) with random file names, numbers and words: the task set of `apps/train --preset agent`,
+where a policy has to read the instruction to earn the reward.
 """
 
 from __future__ import annotations
@@ -108,10 +111,10 @@ def demonstration(task: BuiltinTask) -> list[str]:
 
 # ----- randomised instances (the agent preset's task set and its warm-start demonstrations) -----
 
-_NAMES = ("answer", "result", "output", "data", "notes", "value", "list", "report", "log", "box",
-          "book", "tree", "river", "table", "code", "token", "reward", "step", "file", "word")
-_WORDS = ("hello", "world", "agent", "policy", "reward", "green", "blue", "river", "train", "light",
-          "water", "happy", "ready", "quick", "simple", "final")
+# Few choices per slot: a policy that ignores the instruction solves a family by chance (1 in 4 to 1 in 12),
+# one that reads it always; the gap is what RL has to close after a short warm start.
+_NAMES = ("answer", "result", "output", "notes")
+_WORDS = ("hello", "world", "green", "blue")
 FAMILIES = ("write-number", "write-word", "copy-file", "make-dir")
 
 
@@ -122,7 +125,7 @@ def random_task(rng: random.Random, family: str | None = None, *, index: int = 0
     a, b = rng.sample(_NAMES, 2)
     name = f"{family}-{index:04d}"
     if family == "write-number":
-        n = str(rng.randint(10, 99999))
+        n = str(rng.randint(10, 99))
         return BuiltinTask(name, f"Write the number {n} to /app/{a}.txt.", "mkdir -p /app",
                            f'[ "$(tr -d " \\n" < /app/{a}.txt 2>/dev/null)" = "{n}" ]',
                            f"echo {n} > /app/{a}.txt")
