@@ -62,7 +62,7 @@ class ShellAgent(BaseAgent):
         if not self._base_url:
             raise ValueError("arl-shell needs base_url (the proxy session's OpenAI endpoint)")
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
-                                          {"role": "user", "content": instruction}]
+                                          {"role": "user", "content": instruction.strip()}]
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_sec)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             for _ in range(self.max_turns):

@@ -6,11 +6,15 @@ instruction.md, environment/, tests/test.sh writing /logs/verifier/reward.txt, s
 oracle) and returns their paths. Each task has one checkable answer, so the reward is 1 or 0.
 `demonstration(task)` is what a model should answer, turn by turn, as the arl shell agent expects it
 (hermes tool calls to `bash`), for a supervised warm-start.
+`random_tasks(count, seed=...)` draws instances of four families (write-number, write-word, copy-file,
+make-dir) with random file names, numbers and words: the task set of `apps/train --preset agent`,
+where a policy has to read the instruction to earn the reward.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,11 +93,13 @@ def write_task(root: Path, task: BuiltinTask, *, agent_timeout_sec: float = 120.
     return path
 
 
-def write_builtin_tasks(root: str | Path, *, agent_timeout_sec: float = 120.0) -> list[Path]:
-    """Write every built-in task under `root` (created if missing); returns the task directories."""
+def write_builtin_tasks(root: str | Path, *, agent_timeout_sec: float = 120.0,
+                        tasks: tuple[BuiltinTask, ...] | list[BuiltinTask] = TASKS) -> list[Path]:
+    """Write `tasks` (default: every built-in task) under `root` (created if missing); returns the
+    task directories."""
     folder = Path(root)
     folder.mkdir(parents=True, exist_ok=True)
-    return [write_task(folder, t, agent_timeout_sec=agent_timeout_sec) for t in TASKS]
+    return [write_task(folder, t, agent_timeout_sec=agent_timeout_sec) for t in tasks]
 
 
 def demonstration(task: BuiltinTask) -> list[str]:
@@ -101,3 +107,47 @@ def demonstration(task: BuiltinTask) -> list[str]:
     oracle's command, then a short final answer."""
     call = {"name": "bash", "arguments": {"command": task.solution}}
     return [f"<tool_call>\n{json.dumps(call)}\n</tool_call>", "Done."]
+
+
+# ----- randomised instances (the agent preset's task set and its warm-start demonstrations) -----
+
+# Few choices per slot: a policy that ignores the instruction solves a family by chance (1 in 4 to 1 in 12),
+# one that reads it always; the gap is what RL has to close after a short warm start.
+_NAMES = ("answer", "result", "output", "notes")
+_WORDS = ("hello", "world", "green", "blue")
+FAMILIES = ("write-number", "write-word", "copy-file", "make-dir")
+
+
+def random_task(rng: random.Random, family: str | None = None, *, index: int = 0) -> BuiltinTask:
+    """One instance of a task family with random file names and contents, so a policy must read the
+    instruction to solve it (nothing is solvable from the family alone). `index` only names the task."""
+    family = family or rng.choice(FAMILIES)
+    a, b = rng.sample(_NAMES, 2)
+    name = f"{family}-{index:04d}"
+    if family == "write-number":
+        n = str(rng.randint(10, 99))
+        return BuiltinTask(name, f"Write the number {n} to /app/{a}.txt.", "mkdir -p /app",
+                           f'[ "$(tr -d " \\n" < /app/{a}.txt 2>/dev/null)" = "{n}" ]',
+                           f"echo {n} > /app/{a}.txt")
+    if family == "write-word":
+        w = rng.choice(_WORDS)
+        return BuiltinTask(name, f"Create a file /app/{a}.txt whose only content is the line: {w}",
+                           "mkdir -p /app", f'[ "$(cat /app/{a}.txt 2>/dev/null)" = "{w}" ]',
+                           f"echo {w} > /app/{a}.txt")
+    if family == "copy-file":
+        return BuiltinTask(name, f"Copy /app/{a}.txt to /app/{b}.txt.",
+                           f"mkdir -p /app && echo 'arl {rng.randint(0, 999)}' > /app/{a}.txt",
+                           f"cmp -s /app/{a}.txt /app/{b}.txt", f"cp /app/{a}.txt /app/{b}.txt")
+    if family == "make-dir":
+        return BuiltinTask(name, f"Create the directory /app/{a} and an empty file /app/{a}/{b} inside it.",
+                           "mkdir -p /app", f"[ -d /app/{a} ] && [ -f /app/{a}/{b} ]",
+                           f"mkdir -p /app/{a} && touch /app/{a}/{b}")
+    raise ValueError(f"unknown task family {family!r}; choose one of {FAMILIES}")
+
+
+def random_tasks(count: int, *, seed: int = 0, families: tuple[str, ...] = FAMILIES) -> list[BuiltinTask]:
+    """`count` random instances, the families in turn (deterministic from `seed`)."""
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    rng = random.Random(seed)
+    return [random_task(rng, families[i % len(families)], index=i) for i in range(count)]

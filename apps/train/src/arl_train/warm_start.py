@@ -1,0 +1,220 @@
+"""The agent preset's warm start: random shell-task instances, their demonstrations, and a short
+supervised pass (SFT) of the tiny model on them, before RL takes over.
+
+`uv run apps/train --preset agent` calls `prepare_agent_run`: it writes `warm_start.tasks` random
+instances of the built-in task families (`arl.harbor.builtin_tasks.random_tasks`: file names, numbers
+and words drawn at random, so the policy must read the instruction) as Harbor task dirs, builds the
+tiny model, trains it for `warm_start.steps` optimizer steps on demonstrations of *other* random
+instances (drawn with another seed), and saves the result as the run's starting model folder.
+A demonstration is the conversation the arl shell agent has with the model when it solves the task
+(system prompt and `bash` tool rendered by the chat template, a hermes tool call running the oracle's
+command, its output, then "Done."); the loss covers the assistant tokens only (each turn up to and
+including `<|im_end|>`), exactly the tokens the policy samples during RL.
+
+The pass is deliberately short: the warm-started policy calls the tool in the right format but still
+miscopies names and numbers at temperature 1, so RL starts well below reward 1 and has room to improve.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+# The chat the shell agent (arl.harbor.shell_agent) holds: what a demonstration renders through.
+_TOOL_OUTPUT = "\n[exit code 0]"
+
+
+class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The `[warm_start]` table of an agent preset config (apps/train/configs/agent.toml)."""
+
+    # Random task instances RL trains on (written as Harbor task dirs under output.dir/tasks).
+    tasks: int = 64
+    # Demonstrations for the supervised pass (other random instances than the RL tasks).
+    examples: int = 512
+    # Optimizer steps of the supervised pass, and its batch size and learning rate (AdamW).
+    steps: int = 150
+    batch_size: int = 16
+    lr: float = 3e-3
+    seed: int = 0
+
+
+def demonstration_messages(task: Any) -> list[dict[str, Any]]:
+    """The shell agent's conversation solving `task` (a `BuiltinTask`), as chat messages."""
+    from arl.harbor.shell_agent import SYSTEM_PROMPT
+
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": "bash", "arguments": {"command": task.solution}}}
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": task.instruction.strip()},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": _TOOL_OUTPUT},
+        {"role": "assistant", "content": "Done."},
+    ]
+
+
+def encode_demonstration(tokenizer: Any, task: Any) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of one demonstration: mask 1 on every assistant turn's tokens up to and
+    including its `<|im_end|>`, 0 on the system prompt, instruction, tool output and template text."""
+    from arl.harbor.shell_agent import BASH_TOOL
+
+    messages = demonstration_messages(task)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def render(msgs: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
+        text = tokenizer.apply_chat_template(msgs, tools=[BASH_TOOL], tokenize=False,
+                                             add_generation_prompt=generation_prompt)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    ids = render(messages, False)
+    mask = [0] * len(ids)
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(render(messages[:i], True))
+        if ids[:start] != render(messages[:i], True):
+            raise ValueError("the chat template does not render a conversation as an extension of its prefix")
+        end = ids.index(eos, start)
+        mask[start:end + 1] = [1] * (end + 1 - start)
+    return ids, mask
+
+
+def sft_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int) -> Any:
+    """Mean next-token cross entropy over the masked (assistant) tokens of a right-padded batch."""
+    import torch
+
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.float32)
+    attn = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, (tokens, m) in enumerate(batch):
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        mask[row, : len(m)] = torch.tensor(m, dtype=torch.float32)
+        attn[row, : len(tokens)] = 1
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    targets, weights = ids[:, 1:], mask[:, 1:]
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                            reduction="none").view_as(weights)
+    return (nll * weights).sum() / weights.sum().clamp(min=1.0)
+
+
+def supervised_pass(model_dir: Path | str, out_dir: Path | str, examples: list[tuple[list[int], list[int]]], *,
+                    steps: int, batch_size: int, lr: float, seed: int = 0,
+                    log: Callable[[str], None] = print) -> list[float]:
+    """Train the model in `model_dir` on `examples` for `steps` AdamW steps; save it (with its
+    tokenizer) to `out_dir`. Returns the loss of every step."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not examples:
+        raise ValueError("the supervised pass needs at least one example")
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    rng = random.Random(seed)
+    order: list[int] = []
+    losses: list[float] = []
+    started = time.monotonic()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for step in range(steps):
+            if len(order) < batch_size:
+                order += rng.sample(range(len(examples)), len(examples))
+            batch = [examples[i] for i in order[:batch_size]]
+            del order[:batch_size]
+            loss = sft_loss(model, batch, tokenizer.pad_token_id)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            losses.append(float(loss.detach()))
+            if step % 10 == 0 or step == steps - 1:
+                log(f"arl: warm start step {step + 1}/{steps} loss {losses[-1]:.3f} "
+                    f"({time.monotonic() - started:.0f}s)")
+    out = Path(out_dir)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    for name in ("generation_config.json",):
+        src = Path(model_dir) / name
+        if src.is_file():
+            (out / name).write_text(src.read_text())
+    return losses
+
+
+def prepare_agent_run(out_dir: Path | str, cfg: WarmStartConfig, *, model_seed: int = 0,
+                      log: Callable[[str], None] = print) -> tuple[Path, Path]:
+    """Write the RL task set and the warm-started model under `out_dir`; returns (tasks dir, model dir).
+
+    Reuses both when `out_dir/warm_start.json` records the same config (a resumed or repeated run)."""
+    from arl.harbor.builtin_tasks import random_tasks, write_builtin_tasks
+    from arl_train.tiny_model import build_tiny_model
+
+    root = Path(out_dir).resolve()
+    tasks_dir, model_dir, record = root / "tasks", root / "model_sft", root / "warm_start.json"
+    key = {"config": msgspec.to_builtins(cfg), "model_seed": model_seed}
+    if record.is_file() and json.loads(record.read_text()).get("key") == key and (model_dir / "config.json").is_file():
+        log(f"arl: warm start reused from {model_dir}")
+        return tasks_dir, model_dir
+    rl_tasks = random_tasks(cfg.tasks, seed=cfg.seed)
+    write_builtin_tasks(tasks_dir, tasks=rl_tasks)
+    base = build_tiny_model(root / "model_base", seed=model_seed)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    # Other draws than the RL tasks (a different seed); with few choices per slot, instructions recur.
+    examples = [encode_demonstration(tokenizer, t) for t in random_tasks(cfg.examples, seed=cfg.seed + 1)]
+    log(f"arl: warm start: {len(examples)} demonstrations (~{len(examples[0][0])} tokens each), "
+        f"{cfg.steps} steps, {len(rl_tasks)} RL tasks in {tasks_dir}")
+    losses = supervised_pass(base, model_dir, examples, steps=cfg.steps, batch_size=cfg.batch_size,
+                             lr=cfg.lr, seed=cfg.seed, log=log)
+    record.write_text(json.dumps({"key": key, "losses": losses}) + "\n")
+    return tasks_dir, model_dir
+
+
+AGENT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "agent.toml"
+_PREFIX = "warm_start."
+
+
+def warm_start_config(overrides: list[str]) -> WarmStartConfig:
+    """`WarmStartConfig` from the `warm_start.key=value` items of `overrides` (others are ignored)."""
+    from arl_train.config import ConfigError
+
+    fields: dict[str, Any] = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key.strip().startswith(_PREFIX):
+            try:
+                fields[key.strip().removeprefix(_PREFIX)] = json.loads(value.strip())
+            except json.JSONDecodeError:
+                raise ConfigError(f"override {item!r}: {value!r} is not a number") from None
+    try:
+        return msgspec.convert(fields, WarmStartConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid warm_start override: {exc}") from None
+
+
+def load_agent_config(path: Path | None, overrides: list[str], mode: str | None = None,
+                      log: Callable[[str], None] = print) -> Any:
+    """The agent preset's `AppConfig`: `path` (default configs/agent.toml) and `overrides`, with the
+    warm start run (or reused) and its task set and model folder filled in as data.source/model.path."""
+    from arl_train.config import load_config
+    from arl_train.validation import check_machine
+
+    path = path or AGENT_CONFIG
+    ws = warm_start_config(overrides)
+    rest = [o for o in overrides if not o.strip().startswith(_PREFIX)]
+    config = load_config(path, rest, mode)
+    check_machine(config)
+    if not config.model.path.startswith("builtin:tiny"):
+        from arl_train.config import ConfigError
+
+        raise ConfigError(f"--preset agent warm-starts the built-in tiny model; model.path={config.model.path!r}")
+    tasks_dir, model_dir = prepare_agent_run(config.output.dir, ws, model_seed=config.model.seed, log=log)
+    return load_config(path, [*rest, f"model.path={model_dir}", f"data.source=harbor:{tasks_dir}"], mode)
