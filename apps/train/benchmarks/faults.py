@@ -3,7 +3,7 @@
 One chain of app runs (CPU, tiny model, in-tree torch engine by default), each resumed from the latest
 checkpoint of the one before:
 
-  run A: a generation stalls past `rollout.generate_timeout_s` (the rollout actor is SIGSTOPped for
+  run A: a generation stalls past `rollout.generate_timeout_s` (the engine replica is SIGSTOPped for
          twice that, then SIGCONTed): the run goes on, the stalled prompts are dropped and counted
          (repeated up to 3 times if a stall caught no generation in flight); later the trainer
          actor is SIGKILLed: the driver must fail within seconds.
@@ -303,7 +303,8 @@ def fault_proxy(model_dir: Path) -> Outcome:
 # ----- the chain -----------------------------------------------------------------------------------
 def run_chain(root: Path, engine: str, total_steps: int, timeout_s: float) -> tuple[list[Outcome], dict[str, Any]]:
     base = [*COMMON, f"rollout.engine={engine}", f"trainer.total_steps={total_steps}"]
-    engine_title = b"ray::RolloutActor" if engine == "torch" else b"VLLM::EngineCore"
+    # Each replica is its own Ray actor (arl_train.engine_actor); vLLM's engine core is a process of it.
+    engine_title = b"ray::EngineActor" if engine == "torch" else b"VLLM::EngineCore"
     outcomes: list[Outcome] = []
     runs: list[AppRun] = []
     segments: list[tuple[AppRun, int | None]] = []
@@ -318,7 +319,7 @@ def run_chain(root: Path, engine: str, total_steps: int, timeout_s: float) -> tu
         while drops == 0 and attempts < 3:
             attempts += 1
             a.wait_step(a.last_step() + 1)
-            stopped = a.kill_one(b"ray::RolloutActor", signal.SIGSTOP)
+            stopped = a.kill_one(engine_title, signal.SIGSTOP)
             time.sleep(8.0)  # twice the generate timeout
             os.kill(stopped, signal.SIGCONT)
             resumed_at = time.monotonic()

@@ -49,9 +49,10 @@ class LeaderPolicy:
     def version(self, value: float) -> None:
         self.inner.version = value
 
-    def train_step(self, batch: TrainBatch, mini_batch_rows: int) -> dict[str, float]:
-        _broadcast(("train", batch, mini_batch_rows, self.inner.version))
-        return self.inner.train_step(batch, mini_batch_rows)
+    def train_step(self, batch: TrainBatch, mini_batch_rows: int, routes: torch.Tensor | None = None) -> dict[str, float]:
+        # MoE routes (router replay) travel with the batch: every rank replays the same experts.
+        _broadcast(("train", batch, mini_batch_rows, self.inner.version, routes))
+        return self.inner.train_step(batch, mini_batch_rows, routes=routes)
 
     def named_parameters_for_sync(self) -> Any:
         _broadcast(("sync",))  # the followers join every gather of the stream rank 0 sends
@@ -61,9 +62,9 @@ class LeaderPolicy:
         _broadcast(("weights",))
         return self.inner.state_dict_cpu()
 
-    def log_probs(self, batch: TrainBatch) -> torch.Tensor:
-        _broadcast(("log_probs", batch))
-        return self.inner.log_probs(batch)
+    def log_probs(self, batch: TrainBatch, routes: torch.Tensor | None = None) -> torch.Tensor:
+        _broadcast(("log_probs", batch, routes))
+        return self.inner.log_probs(batch, routes=routes)
 
     def save(self, directory: Any, trainer_state: dict[str, Any]) -> Any:
         _broadcast(("save", directory, trainer_state))
@@ -86,15 +87,15 @@ def follow(policy: Any) -> dict[str, int]:
         if op == "stop":
             return counts
         if op == "train":
-            _, batch, rows, version = command
+            _, batch, rows, version, routes = command
             policy.version = version
-            policy.train_step(batch, rows)
+            policy.train_step(batch, rows, routes=routes)
         elif op == "sync":
             policy.drain_sync_parameters()
         elif op == "weights":
             policy.state_dict_cpu()
         elif op == "log_probs":
-            policy.log_probs(command[1])
+            policy.log_probs(command[1], routes=command[2])
         elif op == "save":
             policy.save(command[1], command[2])
         else:
