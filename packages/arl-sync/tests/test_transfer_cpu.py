@@ -224,3 +224,19 @@ def test_no_shared_memory_file_left_behind():
     assert len(set(os.listdir("/dev/shm")) - before) == 1
     s.close()
     assert set(os.listdir("/dev/shm")) - before == set()
+
+
+def test_cancel_stops_a_send_waiting_for_receivers_at_once():
+    """A caller whose receiving side already failed cancels the send instead of waiting out timeout_s."""
+    import threading
+
+    cfg = SyncConfig(transport="cpu", bucket_bytes=BUCKET, timeout_s=60)
+    with WeightSender(cfg, num_receivers=1) as s:  # no receiver will ever join
+        threading.Timer(0.3, s.cancel).start()
+        start = time.monotonic()
+        with pytest.raises(TransferAbortedError, match="cancelled"):
+            s.send(make_tensors(0), version=1)
+        assert time.monotonic() - start < 5.0
+        # The cancel was for that sync only: the next send waits again (here: times out on its own).
+        with pytest.raises(SyncTimeoutError):
+            s.wait_for_receivers(timeout_s=0.2)

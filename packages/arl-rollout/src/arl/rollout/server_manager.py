@@ -25,7 +25,7 @@ import msgspec
 
 from arl.proxy.types import SamplingParams, TokenOutput
 from arl.rollout.engine import Engine, PauseMode
-from arl.rollout.errors import EngineDeadError, GenerateTimeoutError
+from arl.rollout.errors import EngineDeadError, GenerateTimeoutError, WeightSyncError
 from arl.rollout.load_balancer import LoadBalancer
 from arl.rollout.routed_experts import extend_routes
 
@@ -186,8 +186,15 @@ class ServerManager:
         return not self._running.is_set()
 
     async def load_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
-        """Every healthy replica joins the arl-sync sender and applies the new weights (concurrently)."""
+        """Every healthy replica joins the arl-sync sender and applies the new weights (concurrently).
+
+        A replica found dead during the load fails the sync (WeightSyncError): the sender was told to
+        expect it, so the caller must stop the sender rather than wait for it (the publisher cancels)."""
+        before = set(self.balancer.healthy)
         await self._each_healthy(lambda e: e.load_weights(sync_address, sync_config_json, version))
+        lost = sorted(before - set(self.balancer.healthy))
+        if lost:
+            raise WeightSyncError(f"replica(s) {lost} died during the weight sync of version {version}")
 
     @property
     def weight_versions(self) -> list[int]:

@@ -26,7 +26,7 @@ class ReceiverLostError(SyncError):
 class TransferAbortedError(SyncError):
     """Raised on a receiver when the sender aborted the transfer (another receiver was lost, the
     sender's tensor iterator raised, or the sender closed); the staged bytes are discarded and the
-    apply callback is not called."""
+    apply callback is not called. Raised on the sender when `WeightSender.cancel` stopped a sync."""
 
 
 class SenderLostError(SyncError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .channel import SenderChannel, peer_alive, pid_namespace
-from .errors import ReceiverLostError, SyncConfigError, SyncError, SyncTimeoutError
+from .errors import ReceiverLostError, SyncConfigError, SyncError, SyncTimeoutError, TransferAbortedError
 from .plan import PlanTotals, align_up, dtype_from_name, plan_buckets, validate
 from .transports import SenderTransport, make_sender_transport
 from .types import Abort, Ack, Begin, Bucket, Bye, Commit, Done, End, Hello, SyncConfig, SyncStats, Welcome
@@ -96,6 +96,7 @@ class WeightSender:
         self._sync_id = 0
         self._last_stream_bytes = 0
         self._lock = threading.Lock()
+        self._cancelled = threading.Event()  # set by cancel() from another thread: the sync in progress stops
         self._closed = False
         self._last_alive_check = 0.0
         self._host = socket.gethostname()
@@ -168,6 +169,8 @@ class WeightSender:
         """Handle incoming messages until `until()` holds; SyncTimeoutError after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while not until():
+            if self._cancelled.is_set():
+                raise TransferAbortedError(f"{what}: cancelled by the caller")
             now = time.monotonic()
             if now >= deadline:
                 raise SyncTimeoutError(f"{what}: no answer within {timeout_s:.1f}s")
@@ -190,6 +193,12 @@ class WeightSender:
             self._channel.send(ident, msg)
 
     # ---- the sync ------------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Stop a `send` blocked in another thread (e.g. the receiving side already failed): it raises
+        `TransferAbortedError` within one tick instead of waiting out `timeout_s`. The next `send`
+        starts afresh."""
+        self._cancelled.set()
 
     def wait_for_receivers(self, timeout_s: float | None = None) -> int:
         """Block until `num_receivers` receivers joined (they join on their first receive)."""
@@ -215,6 +224,13 @@ class WeightSender:
         `num_receivers` to join. Raises `ReceiverLostError` / `SyncTimeoutError` (after aborting the
         sync on every receiver) or whatever the tensor iterator raised.
         """
+        try:
+            return self._send(named_tensors, version)
+        finally:
+            self._cancelled.clear()  # a cancel() applies to the sync it interrupted, never to the next
+
+    def _send(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
+              version: int) -> SyncStats:
         if self._closed:
             raise SyncError("the sender is closed")
         if isinstance(named_tensors, Mapping):

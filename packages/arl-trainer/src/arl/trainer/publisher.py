@@ -40,10 +40,16 @@ class WeightPublisher:
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, rollout: RolloutControl
     ) -> SyncStats:
         """Send `named_tensors` as `version` while the rollout side receives them (both sides concurrently)."""
-        send = asyncio.to_thread(self.sender.send, named_tensors, version)
-        receive = rollout.update_weights(self.address, self.config_json, version)
-        stats, _ = await asyncio.gather(send, receive)
-        return stats
+        send = asyncio.ensure_future(asyncio.to_thread(self.sender.send, named_tensors, version))
+        try:
+            await rollout.update_weights(self.address, self.config_json, version)
+        except BaseException:
+            # The receiving side failed (e.g. a replica died): stop the sender now rather than let it
+            # wait out sync.timeout_s for receivers that will never answer; the rollout's error is the cause.
+            self.sender.cancel()
+            await asyncio.gather(send, return_exceptions=True)
+            raise
+        return await send
 
     def close(self) -> None:
         self.sender.close()
