@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 from arl.proxy.types import SamplingParams, TokenOutput
+from arl.rollout.aio import cancel_and_wait
 from arl.rollout.engine import PauseMode
 
 
@@ -406,12 +407,7 @@ class CostModelEngine(SimEngine):
         self._loop_task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            try:
-                await self._loop_task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._loop_task)
         self._finish_all("abort")
 
     def _running_ids(self) -> list[str]:

@@ -18,6 +18,7 @@ import msgspec
 import torch
 
 from arl.proxy.types import SamplingParams, TokenOutput
+from arl.rollout.aio import cancel_and_wait
 from arl.rollout.engine import PauseMode
 from arl.rollout.errors import WeightSyncError
 from arl.rollout.routed_experts import RouteRecorder
@@ -82,12 +83,7 @@ class TorchEngine:
         self._loop_task = asyncio.create_task(self._decode_loop())
 
     async def stop(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            try:
-                await self._loop_task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._loop_task)
         self._finish_all("abort")
         if self._receiver is not None:
             self._receiver.close()
