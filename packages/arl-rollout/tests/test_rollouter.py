@@ -127,3 +127,29 @@ async def test_segments_travel_into_the_sample_and_are_counted():
     stats = r.stats.as_dict()
     assert stats["segments_per_trajectory"] == 3.0 and stats["trained_token_share"] == 1.0
     assert stats["generated_tokens"] == stats["sampled_tokens"] == 12 * stats["trajectories"]
+
+
+async def test_dropped_prompts_give_their_budget_back():
+    # The staleness budget allows 4 prompts before a sync; the first 4 stall past the generate timeout
+    # and are dropped. The feed must start 4 more and fill the batch, or no sync ever comes.
+    engine = SimEngine(stall_first_calls=8)  # n=2: the first 4 prompts' 8 calls
+    queue = MessageQueue(max_size=100)
+    budget = compute_budget(require_batches=1, ppo_mini_batch_size=4, staleness_threshold=0.0,
+                            trigger_parameter_sync_step=1, replicas=1, per_replica=16)
+    r = Rollouter(
+        tasks=cycle_tasks(make_tasks(50), seed=0),
+        manager=ServerManager([engine], generate_timeout_s=0.2),
+        sink=queue,
+        agent_loops={"tokens": TokenAgentLoop()},
+        sampling_params=SamplingParams(max_tokens=8),
+        n=2,
+        budget=budget,
+        partial_rollout=False,
+    )
+    task = asyncio.create_task(r.run())
+    try:
+        samples = await queue.get_batch(4, timeout=10)
+    finally:
+        task.cancel()
+    assert len(samples) == 4
+    assert r.stats.dropped_timeout == 4 and r.stats.started == 8

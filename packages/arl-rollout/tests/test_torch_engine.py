@@ -72,3 +72,20 @@ async def test_engine_generates_with_exact_logprobs_aborts_and_loads_weights(mod
     finally:
         sender.close()
         await engine.stop()
+
+
+async def test_a_cancelled_generate_stops_decoding_its_request(model_dir):
+    engine = TorchEngine(TorchEngineConfig(model_path=str(model_dir)))
+    await engine.start()
+    try:
+        call = asyncio.create_task(engine.generate("r0", [1, 2, 3], SamplingParams(max_tokens=100_000)))
+        while engine.in_flight == 0:
+            await asyncio.sleep(0.01)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert engine.in_flight == 0
+        out = await engine.generate("r1", [1, 2, 3], SamplingParams(max_tokens=3))  # the engine serves on
+        assert len(out.token_ids) == 3
+    finally:
+        await engine.stop()

@@ -90,6 +90,10 @@ class EngineActor:
     async def weight_version(self) -> int:
         return self.engine.weight_version
 
+    async def in_flight(self) -> int:
+        """Requests the engine is generating now (-1: this engine does not say)."""
+        return getattr(self.engine, "in_flight", -1)
+
     async def stop(self) -> None:
         await self.engine.stop()
 
@@ -138,8 +142,17 @@ class RemoteEngine:
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
         # No timeout here: the server manager bounds every generate call (rollout.generate_timeout_s).
-        with _actor_death_as_engine_death("generate"):
-            return await self.handle.generate.remote(request_id, prompt_ids, sampling_params)
+        ref = self.handle.generate.remote(request_id, prompt_ids, sampling_params)
+        try:
+            with _actor_death_as_engine_death("generate"):
+                return await ref
+        except asyncio.CancelledError:
+            # Cancelling the await leaves the actor's call running: cancel it there too, so the engine
+            # aborts the request instead of generating for nobody (a timed-out or cancelled trajectory).
+            import ray
+
+            ray.cancel(ref)
+            raise
 
     async def abort_all(self) -> None:
         await self._call(self.handle.abort_all.remote(), "abort_all")

@@ -187,6 +187,7 @@ class Rollouter:
     async def _run_prompt(self, task: Task) -> None:
         start_version = min(self.manager.weight_versions)
         started = time.perf_counter()
+        produced = False
         try:
             loop = self._agent_loops.get(task.agent)
             if loop is None:
@@ -198,15 +199,21 @@ class Rollouter:
             finally:
                 for rid in request_ids:
                     self.manager.forget(rid)
-            if results is None:
-                return
-            sample = self._to_sample(uid, task, results, start_version, time.perf_counter() - started)
+            sample = None
+            if results is not None:
+                sample = self._to_sample(uid, task, results, start_version, time.perf_counter() - started)
             if sample is not None:
                 await self._sink.put(sample)
                 self.stats.produced += 1
+                produced = True
         finally:
             async with self._cond:
                 self._active -= 1
+                if not produced:
+                    # A dropped prompt gives its staleness-budget slot back: the trainer still needs as
+                    # many samples as before, and none may start until the next sync otherwise (which
+                    # never comes if the drops used up the budget).
+                    self._started_since_sync = max(0, self._started_since_sync - 1)
                 self._cond.notify_all()
 
     async def _run_group(self, loop: AgentLoop, task: Task, request_ids: list[str]) -> list[AgentResult] | None:

@@ -29,8 +29,11 @@ from arl.rollout.engine import PauseMode
 class SimEngine:
     """A scripted engine: token i of a request is `(last prompt token + i + 1) % vocab_size`."""
 
-    def __init__(self, *, vocab_size: int = 1000, token_delay_s: float = 0.0, eos_token_id: int | None = None) -> None:
+    def __init__(self, *, vocab_size: int = 1000, token_delay_s: float = 0.0, eos_token_id: int | None = None,
+                 stall_first_calls: int = 0) -> None:
         self.vocab_size = vocab_size
+        #: The first this many generate calls hang until cancelled (a stalled replica).
+        self.stall_first_calls = stall_first_calls
         self.token_delay_s = token_delay_s
         self.eos_token_id = eos_token_id
         self.weights: dict[str, Any] = {}
@@ -70,6 +73,8 @@ class SimEngine:
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
         self._check_dead()
         self.calls.append((request_id, list(prompt_ids), sampling_params))
+        if len(self.calls) <= self.stall_first_calls:
+            await asyncio.Event().wait()  # never set: only the caller's timeout (a cancel) ends it
         await self._running.wait()
         self._in_flight += 1
         self._idle.clear()

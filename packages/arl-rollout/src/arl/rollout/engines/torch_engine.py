@@ -71,6 +71,11 @@ class TorchEngine:
     def weight_version(self) -> int:
         return self._version
 
+    @property
+    def in_flight(self) -> int:
+        """Requests being decoded now."""
+        return len(self._requests)
+
     async def start(self) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -98,7 +103,12 @@ class TorchEngine:
         self._requests[request_id] = req
         self._idle.clear()
         self._wakeup.set()
-        reason = await req.done
+        try:
+            reason = await req.done
+        except asyncio.CancelledError:  # the caller gave up (a timeout): stop decoding it for nobody
+            if self._requests.get(request_id) is req:
+                self._finish(request_id, "abort")
+            raise
         version = self._version
         return TokenOutput(
             token_ids=req.tokens,
