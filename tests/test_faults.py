@@ -12,13 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [
-    pytest.mark.slow,
-    # Known broken since each replica became its own Ray actor (issue #12 stays open): the stalled-engine
-    # run does not always recover within the harness's 300 s, and an engine killed while idle fails the
-    # run only at its next sync. Kept running (not skipped) so CI shows when it passes again.
-    pytest.mark.xfail(reason="fault chain not yet adapted to per-replica engine actors (issue #12)", strict=False),
-]
+pytestmark = pytest.mark.slow
 
 _spec = importlib.util.spec_from_file_location(
     "arl_faults", Path(__file__).resolve().parents[1] / "apps" / "train" / "benchmarks" / "faults.py"

@@ -124,8 +124,12 @@ class AppRun:
     def wait_exit(self) -> int:
         return self.proc.wait(self.timeout_s)
 
-    def tail(self, n: int = 1500) -> str:
-        return self.log.read_text()[-n:] if self.log.is_file() else ""
+    def tail(self, n: int | None = 1500) -> str:
+        """The last `n` characters of the run's log (all of it when `n` is None)."""
+        if not self.log.is_file():
+            return ""
+        text = self.log.read_text()
+        return text if n is None else text[-n:]
 
     def cleanup(self) -> None:
         if self.proc.poll() is None:
@@ -388,7 +392,8 @@ def _kill_and_resume(run: AppRun, title: bytes, fault: str, base: list[str], roo
     segments.append((run, ck_step))
     nxt = AppRun(name, root, [*base, f"trainer.resume_from={checkpoint}"], timeout_s)
     first = nxt.wait_step(ck_step + 1)
-    reason = next((line for line in run.tail(4000).splitlines() if "arl-train: the run failed" in line), "")
+    # The whole log: Ray may print more (worker deaths, teardown) after the driver's own error line.
+    reason = next((line for line in run.tail(None).splitlines() if "arl-train: the run failed" in line), "")
     outcomes.append(Outcome(fault, f"driver failed in {detected_s:.1f}s (exit {rc}); resumed at step {ck_step + 1}",
                             rc not in (0, None) and detected_s < 60 and not left, None, round(first - killed, 1),
                             {"killed_pid": pid, "detect_s": round(detected_s, 1), "reason": reason[-240:], "left": left}))

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         print("arl-train: interrupted; Ray and every actor were shut down.", file=sys.stderr)
         return 130
     except Exception as exc:
-        print(f"arl-train: the run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"arl-train: the run failed: {root_cause(exc)}", file=sys.stderr)
+        print(f"arl-train: details: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(format_summary(summary))
     print(f"arl-train: metrics {summary.output_dir}/metrics.jsonl, plot {summary.plot}, checkpoint {summary.checkpoint}")
@@ -55,6 +56,17 @@ def main(argv: list[str] | None = None) -> int:
         print("arl-train: the engine's weights differ from the trainer's after the last sync", file=sys.stderr)
         return 1
     return 0
+
+
+def root_cause(exc: BaseException) -> str:
+    """`Type: message` of the error an actor raised, unwrapped from Ray's task-error wrappers (whose
+    own text starts with the actor's pid and a traceback), with where it was raised."""
+    where = ""
+    while getattr(exc, "cause", None) is not None and type(exc).__name__.startswith("RayTaskError"):
+        where = where or str(getattr(exc, "function_name", "") or "")
+        exc = exc.cause  # type: ignore[attr-defined]
+    text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    return f"{text} (in {where})" if where else text
 
 
 if __name__ == "__main__":
