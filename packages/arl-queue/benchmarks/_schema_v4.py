@@ -10,7 +10,6 @@ from typing import Any
 
 import msgspec
 
-
 # arl-queue's schema 4, as it was before per-token fields were packed.
 
 class V4Routes(msgspec.Struct, kw_only=True, frozen=True):

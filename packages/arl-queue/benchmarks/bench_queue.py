@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-
 from _schema_v4 import BytesQueueActor, V4QueueActor, V4Sample, v4_decoder, v4_encoder
 from arl.queue.codec import decode_sample, encode_sample, to_builtins
 from arl.queue.ray_actor import QueueClient, create_queue_actor

@@ -24,13 +24,13 @@ from arl.queue import (
     UInt8Array,
     decode_sample,
     encode_sample,
+    persistence,
     read_header,
     read_snapshot,
     response_from_segments,
     to_builtins,
     write_snapshot,
 )
-from arl.queue import persistence
 from arl.queue.errors import CorruptSnapshotError
 from arl.queue.routed_experts import pack_routes, unpack_routes
 
@@ -103,7 +103,7 @@ def test_32k_tokens_round_trip_as_packed_bytes():
 
 def test_packed_arrays_read_like_lists():
     ids = Int32Array([5, 6, 7])
-    assert ids == [5, 6, 7] and [5, 6, 7] == ids and ids != [5, 6] and not (ids != [5, 6, 7])
+    assert ids == [5, 6, 7] and [5, 6, 7] == ids and ids != [5, 6] and (ids != [5, 6, 7]) is False
     assert ids == (5, 6, 7) and ids != "567" and ids != [5, 6, "x"]
     assert ids[1] == 6 and ids[-1] == 7 and ids[1:] == [6, 7] and type(ids[1:]) is Int32Array
     assert ids + [8] == [5, 6, 7, 8] and type(ids + [8]) is Int32Array

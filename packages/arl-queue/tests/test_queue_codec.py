@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from arl.queue import SCHEMA_VERSION, DecodeError, SchemaVersionError, decode_sample, encode_sample, to_builtins
+from arl.queue import (
+    SCHEMA_VERSION,
+    DecodeError,
+    SchemaVersionError,
+    decode_sample,
+    encode_sample,
+    to_builtins,
+)
 
 
 def test_round_trip_is_exact(sample):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from arl.queue import MessageQueue, Response, RoutedExpertsError, decode_sample, encode_sample
-from arl.queue import packed
+from arl.queue import MessageQueue, Response, RoutedExpertsError, decode_sample, encode_sample, packed
 from arl.queue.routed_experts import bytes_per_token, pack_routes, route_ids, unpack_routes
 from arl.queue.types import RoutedExperts
 

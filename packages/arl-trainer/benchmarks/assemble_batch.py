@@ -27,8 +27,8 @@ for _src in ("packages/arl-trainer/src", "packages/arl-queue/src"):
     if str(_ROOT / _src) not in sys.path:
         sys.path.insert(0, str(_ROOT / _src))
 
-from arl.queue import Response, Sample, decode_sample, encode_sample, iter_segment_rows  # noqa: E402
-from arl.trainer.batch import TrainBatch, assemble_batch  # noqa: E402
+from arl.queue import Response, Sample, decode_sample, encode_sample, iter_segment_rows
+from arl.trainer.batch import TrainBatch, assemble_batch
 
 
 def per_token_loop(samples: list[Sample], pad_token_id: int) -> TrainBatch:
@@ -48,7 +48,7 @@ def per_token_loop(samples: list[Sample], pad_token_id: int) -> TrainBatch:
         trajs.append(item.trajectory)
     width = max(len(r[0]) for r in rows)
 
-    def pad(column: int, value: float | int, dtype: torch.dtype) -> torch.Tensor:
+    def pad(column: int, value: float, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor([r[column] + [value] * (width - len(r[column])) for r in rows], dtype=dtype)
 
     return TrainBatch(input_ids=pad(0, pad_token_id, torch.long), attention_mask=pad(1, 0, torch.long),
@@ -91,8 +91,8 @@ def main() -> None:
         fast, slow = assemble_batch(samples, 0), per_token_loop(samples, 0)
         same = all(torch.equal(getattr(fast, f), getattr(slow, f).to(getattr(fast, f).dtype))
                    for f in TrainBatch.__dataclass_fields__)
-        t_fast = _ms(lambda: assemble_batch(samples, 0), args.repeats)
-        t_slow = _ms(lambda: per_token_loop(samples, 0), args.repeats)
+        t_fast = _ms(lambda batch=samples: assemble_batch(batch, 0), args.repeats)
+        t_slow = _ms(lambda batch=samples: per_token_loop(batch, 0), args.repeats)
         row = {"tokens_per_sample": tokens, "samples": args.samples, "frombuffer_ms": t_fast,
                "per_token_loop_ms": t_slow, "speedup": round(t_slow / t_fast, 1), "identical": same}
         rows.append(row)

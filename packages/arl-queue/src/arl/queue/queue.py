@@ -24,7 +24,6 @@ import asyncio
 import os
 from collections import deque
 from pathlib import Path
-from typing import Generic, TypeVar
 
 from arl.queue.errors import QueueClosedError, QueueFullError
 from arl.queue.persistence import (
@@ -35,9 +34,6 @@ from arl.queue.persistence import (
     write_snapshot_bytes,
 )
 from arl.queue.types import OverflowPolicy, QueueStats, Sample
-
-# What a queue holds: decoded samples, or their `encode_sample` bytes (`MessageQueue(..., encoded=True)`).
-ItemT = TypeVar("ItemT", Sample, bytes)
 
 
 class _Waiters:
@@ -72,9 +68,9 @@ class _Waiters:
                 fut.set_result(None)
 
 
-class MessageQueue(Generic[ItemT]):
-    """A bounded FIFO of `Sample`s (or their encoded bytes) with blocking put, timed get, batches, close
-    and persistence."""
+class MessageQueue[ItemT: (Sample, bytes)]:
+    """A bounded FIFO of `Sample`s (or their `encode_sample` bytes, with `encoded=True`) with blocking put,
+    timed get, batches, close and persistence."""
 
     def __init__(
         self,

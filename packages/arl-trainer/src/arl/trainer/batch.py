@@ -19,7 +19,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-
 from arl.queue.errors import SegmentError
 from arl.queue.segments import iter_segment_rows
 from arl.queue.types import Response, Sample
