@@ -132,6 +132,16 @@ def test_constructor_packs_lists_and_names_a_bad_field():
         Response(response_ids=[1], response_mask=[-1], response_logprobs=[0.0], weight_versions=[0], reward=0.0)
 
 
+def test_a_field_assigned_a_list_still_round_trips(sample):
+    """Assignment after construction bypasses packing; the list travels as a msgpack list and decodes packed."""
+    s = sample(1)
+    s.responses[0].weight_versions = [4, 4, -1, 4]
+    s.prompt_ids = [9, 8]
+    back = decode_sample(encode_sample(s))
+    assert back == s and type(back.responses[0].weight_versions) is Int32Array and back.prompt_ids == [9, 8]
+    assert back.min_token_version() == 4
+
+
 def test_encode_refuses_inconsistent_fields_by_name(sample):
     s = sample(1)
     s.responses[0].response_logprobs = s.responses[0].response_logprobs[:-1]
