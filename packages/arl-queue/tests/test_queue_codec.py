@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from arl.queue import SCHEMA_VERSION, DecodeError, SchemaVersionError, decode_sample, encode_sample
+from arl.queue import (
+    SCHEMA_VERSION,
+    DecodeError,
+    SchemaVersionError,
+    decode_sample,
+    encode_sample,
+    to_builtins,
+)
 
 
 def test_round_trip_is_exact(sample):
@@ -27,7 +34,7 @@ def test_wrong_schema_version_is_rejected(sample):
 
 def test_incompatible_future_schema_reports_version_not_shape(sample):
     # A future schema that also changed a field's type must still be reported as a version mismatch.
-    raw = msgspec.to_builtins(sample(1))
+    raw = to_builtins(sample(1))
     raw["schema_version"] = SCHEMA_VERSION + 1
     raw["prompt_ids"] = "now a string"
     with pytest.raises(SchemaVersionError):
@@ -35,7 +42,7 @@ def test_incompatible_future_schema_reports_version_not_shape(sample):
 
 
 def test_non_integer_schema_version_is_a_decode_error(sample):
-    raw = msgspec.to_builtins(sample(1))
+    raw = to_builtins(sample(1))
     raw["schema_version"] = "1"
     with pytest.raises(DecodeError, match="schema_version"):
         decode_sample(msgspec.msgpack.encode(raw))
@@ -45,7 +52,7 @@ def test_garbage_is_a_decode_error(sample):
     with pytest.raises(DecodeError) as info:
         decode_sample(b"\xc1 not msgpack")
     assert not isinstance(info.value, SchemaVersionError)
-    raw = msgspec.to_builtins(sample(1))
+    raw = to_builtins(sample(1))
     raw["prompt_ids"] = "bad"
     with pytest.raises(DecodeError, match="not a valid Sample") as info:
         decode_sample(msgspec.msgpack.encode(raw))
@@ -84,7 +91,7 @@ def test_per_response_prompt_ids_round_trip(sample):
 
 
 def test_unreadable_old_schema_version_is_rejected(sample):
-    raw = msgspec.to_builtins(sample(1))
+    raw = to_builtins(sample(1))
     raw["schema_version"] = 0
     with pytest.raises(SchemaVersionError):
         decode_sample(msgspec.msgpack.encode(raw))

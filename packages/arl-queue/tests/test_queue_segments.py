@@ -17,7 +17,9 @@ from arl.queue import (
     pack_segments,
     read_snapshot,
     response_from_segments,
+    to_builtins,
 )
+from arl.queue.packed import enc_hook
 
 
 def rewritten_trajectory(turns: int = 4, base: int = 0) -> list[SegmentRow]:
@@ -64,7 +66,7 @@ def test_pack_round_trip_through_the_codec():
 def test_packing_is_compact():
     traj = rewritten_trajectory(turns=30)
     packed = len(encode_sample(sample_with([traj])))
-    naive = len(msgspec.msgpack.encode(traj))
+    naive = len(msgspec.msgpack.encode(traj, enc_hook=enc_hook))  # each segment whole, packed the same way
     assert packed < naive / 3
 
 
@@ -147,11 +149,13 @@ def test_single_segment_response_encodes_as_before(sample):
 
 
 def _older(sample: Sample, version: int) -> bytes:
-    """`sample` encoded as schema `version` wrote it: no next_segments; in v1 routing as nested lists."""
-    raw = msgspec.to_builtins(sample)
+    """`sample` encoded as schema `version` wrote it: per-token fields as lists; before v4 no
+    next_segments; in v1 routing as nested lists."""
+    raw = to_builtins(sample)
     raw["schema_version"] = version
     for r in raw["responses"]:
-        r.pop("next_segments")
+        if version < 4:
+            r.pop("next_segments")
         if version < 3:
             r.pop("prompt_ids")
         if version == 1:
@@ -159,14 +163,14 @@ def _older(sample: Sample, version: int) -> bytes:
     return msgspec.msgpack.encode(raw)
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_older_schemas_still_load(tmp_path, sample, version):
     from arl.queue import SCHEMA_VERSION, persistence
     from arl.queue.routed_experts import unpack_routes
 
     s = sample(3)
     back = decode_sample(_older(s, version))
-    assert back.schema_version == SCHEMA_VERSION == 4
+    assert back.schema_version == SCHEMA_VERSION == 5
     assert back.responses[0].next_segments == [] and back.responses[0].num_segments == 1
     assert back.responses[0].response_ids == s.responses[0].response_ids
     if version == 1:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from arl.queue import MessageQueue, Response, RoutedExpertsError, decode_sample, encode_sample
+from arl.queue import MessageQueue, Response, RoutedExpertsError, decode_sample, encode_sample, packed
 from arl.queue.routed_experts import bytes_per_token, pack_routes, route_ids, unpack_routes
 from arl.queue.types import RoutedExperts
 
@@ -63,6 +63,7 @@ def test_codec_and_snapshot_keep_routes(tmp_path, sample):
 
 
 def test_response_without_routes_still_decodes():
-    r = msgspec.msgpack.decode(msgspec.msgpack.encode(Response(response_ids=[1], response_mask=[1],
-                               response_logprobs=[0.0], weight_versions=[0], reward=0.0)), type=Response)
+    data = msgspec.msgpack.encode(Response(response_ids=[1], response_mask=[1], response_logprobs=[0.0],
+                                           weight_versions=[0], reward=0.0), enc_hook=packed.enc_hook)
+    r = msgspec.msgpack.decode(data, type=Response, dec_hook=packed.dec_hook)
     assert r.routed_experts is None

@@ -4,10 +4,11 @@
 `QueueClient` (install the `ray` extra to use them).
 """
 
-from arl.queue.codec import decode_sample, encode_sample
+from arl.queue.codec import decode_sample, encode_sample, read_header, to_builtins
 from arl.queue.errors import (
     CorruptSnapshotError,
     DecodeError,
+    PackedArrayError,
     QueueActorError,
     QueueClosedError,
     QueueError,
@@ -16,6 +17,7 @@ from arl.queue.errors import (
     SchemaVersionError,
     SegmentError,
 )
+from arl.queue.packed import Float32Array, Int32Array, UInt8Array
 from arl.queue.persistence import SNAPSHOT_FILENAME, read_snapshot, write_snapshot
 from arl.queue.queue import MessageQueue
 from arl.queue.ray_actor import MessageQueueActor, QueueClient, create_queue_actor
@@ -37,29 +39,35 @@ __all__ = [
     "SNAPSHOT_FILENAME",
     "CorruptSnapshotError",
     "DecodeError",
+    "Float32Array",
+    "Int32Array",
     "MessageQueue",
     "MessageQueueActor",
     "OverflowPolicy",
+    "PackedArrayError",
     "PackedSegment",
     "QueueActorError",
     "QueueClient",
     "QueueClosedError",
     "QueueError",
     "QueueFullError",
-    "RoutedExpertsError",
     "QueueStats",
     "Response",
+    "RoutedExpertsError",
     "Sample",
     "SchemaVersionError",
     "SegmentError",
     "SegmentRow",
     "TrainingRow",
+    "UInt8Array",
     "create_queue_actor",
     "decode_sample",
     "encode_sample",
     "iter_segment_rows",
     "pack_segments",
+    "read_header",
     "read_snapshot",
     "response_from_segments",
+    "to_builtins",
     "write_snapshot",
 ]

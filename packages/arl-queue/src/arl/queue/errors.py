@@ -59,3 +59,9 @@ class QueueActorError(QueueError):
 
 class RoutedExpertsError(QueueError, ValueError):
     """MoE routing rows could not be packed or unpacked (ragged rows, ids out of range, size mismatch)."""
+
+
+class PackedArrayError(QueueError, ValueError):
+    """A per-token array (token ids, log probs, mask, weight versions) cannot be packed or read back: an
+    item outside its type (a token id beyond int32, a mask of -1), bytes that are not a whole number of
+    items, a mask item other than 0/1, or a length that disagrees with its response's other fields."""

@@ -4,6 +4,10 @@ A snapshot is one file, `queue.snapshot`, written atomically (temporary file, fs
 header, the SHA-256 of the payload, then the payload, a msgpack `_Snapshot` holding each sample as
 `codec.encode_sample` bytes. A reader therefore sees either the previous snapshot or the new one, never
 a mix, and any truncation or bit flip is reported as `CorruptSnapshotError` naming the file.
+
+A queue may hold samples decoded (`Sample`) or encoded (bytes, as the Ray actor keeps them): encoded
+ones are written as they are, and `read_snapshot_encoded` gives them back as current-schema bytes after
+decoding each once (so a bad snapshot is refused whole at restore, never half-loaded).
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
-from arl.queue.codec import decode_sample, encode_sample
+from arl.queue.codec import decode_sample, encode_sample, read_header
 from arl.queue.errors import CorruptSnapshotError, DecodeError, SchemaVersionError
-from arl.queue.types import Sample
+from arl.queue.types import SCHEMA_VERSION, Sample
 
 SNAPSHOT_FILENAME = "queue.snapshot"
 _MAGIC = b"ARLQSNP1"
@@ -37,8 +41,9 @@ def snapshot_path(directory: str | os.PathLike[str]) -> Path:
     return Path(directory) / SNAPSHOT_FILENAME
 
 
-def write_snapshot(directory: str | os.PathLike[str], samples: Iterable[Sample]) -> Path:
-    """Atomically replace the snapshot in `directory` (created if missing) with `samples`, in order."""
+def write_snapshot(directory: str | os.PathLike[str], samples: Iterable[Sample | bytes]) -> Path:
+    """Atomically replace the snapshot in `directory` (created if missing) with `samples` (decoded, or
+    encoded bytes kept as they are), in order."""
     return write_snapshot_bytes(directory, encode_snapshot(samples))
 
 
@@ -63,11 +68,11 @@ def write_snapshot_bytes(directory: str | os.PathLike[str], payload: bytes) -> P
     return target
 
 
-def encode_snapshot(samples: Iterable[Sample]) -> bytes:
-    """Encode `samples` as a snapshot payload (cheap; do it where the samples are consistent)."""
-    return msgspec.msgpack.encode(
-        _Snapshot(created_at=time.time(), samples=[encode_sample(s) for s in samples])
-    )
+def encode_snapshot(samples: Iterable[Sample | bytes]) -> bytes:
+    """Encode `samples` (decoded, or already encoded bytes) as a snapshot payload (cheap; do it where the
+    samples are consistent)."""
+    encoded = [bytes(s) if isinstance(s, (bytes, bytearray, memoryview)) else encode_sample(s) for s in samples]
+    return msgspec.msgpack.encode(_Snapshot(created_at=time.time(), samples=encoded))
 
 
 def read_snapshot(directory: str | os.PathLike[str]) -> list[Sample]:
@@ -76,6 +81,20 @@ def read_snapshot(directory: str | os.PathLike[str]) -> list[Sample]:
     Raises `CorruptSnapshotError` (naming the file) when the file is not an intact snapshot, and
     `SchemaVersionError` when it holds samples of another schema version.
     """
+    return [sample for _, sample in _read(directory)]
+
+
+def read_snapshot_encoded(directory: str | os.PathLike[str]) -> list[bytes]:
+    """Like `read_snapshot`, but each sample as current-schema `encode_sample` bytes (for a queue that
+    keeps samples encoded). Every sample is decoded once here, so what comes back is known good."""
+    out = []
+    for data, sample in _read(directory):
+        out.append(data if read_header(data) == SCHEMA_VERSION else encode_sample(sample))
+    return out
+
+
+def _read(directory: str | os.PathLike[str]) -> list[tuple[bytes, Sample]]:
+    """(stored bytes, decoded sample) of each sample of the snapshot in `directory`."""
     path = snapshot_path(directory)
     try:
         raw = path.read_bytes()
@@ -94,7 +113,7 @@ def read_snapshot(directory: str | os.PathLike[str]) -> list[Sample]:
     samples = []
     for i, data in enumerate(snap.samples):
         try:
-            samples.append(decode_sample(data, where=f"{path} (sample {i})"))
+            samples.append((data, decode_sample(data, where=f"{path} (sample {i})")))
         except SchemaVersionError:
             raise
         except DecodeError as exc:

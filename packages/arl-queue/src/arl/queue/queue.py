@@ -12,6 +12,10 @@ uses futures that `close()` and every put/get resolve, so no task is ever left b
 With `persist_dir` the queue can `snapshot()` its samples (and does so on `close()`), and a queue
 constructed over the same directory (or `MessageQueue.restore(dir)`) starts with them again.
 Delivery across a restart is at-least-once: samples consumed after the last snapshot come back.
+
+The queue never looks inside its items: with `encoded=True` it holds `encode_sample` bytes (the Ray
+actor's queue: samples pass through it without being decoded), snapshots them as they are and restores
+them as bytes.
 """
 
 from __future__ import annotations
@@ -22,7 +26,13 @@ from collections import deque
 from pathlib import Path
 
 from arl.queue.errors import QueueClosedError, QueueFullError
-from arl.queue.persistence import encode_snapshot, read_snapshot, write_snapshot, write_snapshot_bytes
+from arl.queue.persistence import (
+    encode_snapshot,
+    read_snapshot,
+    read_snapshot_encoded,
+    write_snapshot,
+    write_snapshot_bytes,
+)
 from arl.queue.types import OverflowPolicy, QueueStats, Sample
 
 
@@ -58,8 +68,9 @@ class _Waiters:
                 fut.set_result(None)
 
 
-class MessageQueue:
-    """A bounded FIFO of `Sample`s with blocking put, timed get, batches, close and persistence."""
+class MessageQueue[ItemT: (Sample, bytes)]:
+    """A bounded FIFO of `Sample`s (or their `encode_sample` bytes, with `encoded=True`) with blocking put,
+    timed get, batches, close and persistence."""
 
     def __init__(
         self,
@@ -68,12 +79,15 @@ class MessageQueue:
         overflow: OverflowPolicy = "block",
         persist_dir: str | os.PathLike[str] | None = None,
         restore: bool = True,
+        encoded: bool = False,
     ) -> None:
         """Create a queue holding at most `max_size` samples.
 
         With `persist_dir`, `snapshot()` writes there and, if `restore` is true and a snapshot exists,
         the queue starts with its samples (all of them, even beyond `max_size`: puts then wait until
         consumers bring the size under the bound). A corrupt snapshot raises `CorruptSnapshotError`.
+        With `encoded`, items are `encode_sample` bytes (restored ones re-encoded to the current schema);
+        the caller checks what it puts (`codec.read_header`).
         """
         if max_size < 1:
             raise ValueError(f"max_size must be >= 1, got {max_size}")
@@ -82,7 +96,7 @@ class MessageQueue:
         self._max_size = max_size
         self._overflow: OverflowPolicy = overflow
         self._persist_dir = Path(persist_dir) if persist_dir is not None else None
-        self._items: deque[Sample] = deque()
+        self._items: deque[ItemT] = deque()
         self._closed = False
         self._not_empty = _Waiters()
         self._not_full = _Waiters()
@@ -93,8 +107,8 @@ class MessageQueue:
         self._peak = 0
         self._restored = 0
         if self._persist_dir is not None and restore:
-            restored = read_snapshot(self._persist_dir)
-            self._items.extend(restored)
+            restored = read_snapshot_encoded(self._persist_dir) if encoded else read_snapshot(self._persist_dir)
+            self._items.extend(restored)  # type: ignore[arg-type]
             self._restored = len(restored)
             self._total_put = len(restored)
             self._peak = len(restored)
@@ -106,9 +120,10 @@ class MessageQueue:
         max_size: int,
         *,
         overflow: OverflowPolicy = "block",
-    ) -> MessageQueue:
+        encoded: bool = False,
+    ) -> MessageQueue[ItemT]:
         """A queue over `persist_dir` that starts with the samples of its snapshot (if any)."""
-        return cls(max_size, overflow=overflow, persist_dir=persist_dir, restore=True)
+        return cls(max_size, overflow=overflow, persist_dir=persist_dir, restore=True, encoded=encoded)
 
     # ----- state -----
 
@@ -158,7 +173,7 @@ class MessageQueue:
 
     # ----- producers -----
 
-    async def put(self, sample: Sample, timeout: float | None = None, *, count_timeout: bool = True) -> bool:
+    async def put(self, sample: ItemT, timeout: float | None = None, *, count_timeout: bool = True) -> bool:
         """Append `sample`, waiting while the queue is full.
 
         Returns True once queued, False if `timeout` seconds passed first (the sample was NOT queued).
@@ -181,7 +196,7 @@ class MessageQueue:
                 return False
             await self._not_full.wait(remaining)
 
-    def put_nowait(self, sample: Sample) -> None:
+    def put_nowait(self, sample: ItemT) -> None:
         """Append `sample` without waiting.
 
         Raises `QueueFullError` when full under the "block" policy (evicts under "drop_oldest"),
@@ -193,7 +208,7 @@ class MessageQueue:
             raise QueueFullError(f"queue full ({self._max_size} samples)")
         self._append(sample)
 
-    def _append(self, sample: Sample) -> None:
+    def _append(self, sample: ItemT) -> None:
         while self._overflow == "drop_oldest" and len(self._items) >= self._max_size:
             self._items.popleft()
             self._dropped += 1
@@ -204,7 +219,7 @@ class MessageQueue:
 
     # ----- consumers -----
 
-    async def get(self, timeout: float | None = None) -> Sample | None:
+    async def get(self, timeout: float | None = None) -> ItemT | None:
         """The oldest sample, waiting up to `timeout` seconds (None: forever) for one.
 
         Returns None on timeout, or when the queue is closed and drained (see `closed`).
@@ -212,11 +227,11 @@ class MessageQueue:
         batch = await self.get_batch(1, timeout)
         return batch[0] if batch else None
 
-    def get_nowait(self) -> Sample | None:
+    def get_nowait(self) -> ItemT | None:
         """The oldest sample if any is queued, else None."""
         return self._take(1)[0] if self._items else None
 
-    async def get_batch(self, n: int, timeout: float | None = None, *, partial: bool = True) -> list[Sample]:
+    async def get_batch(self, n: int, timeout: float | None = None, *, partial: bool = True) -> list[ItemT]:
         """The `n` oldest samples, in order, waiting up to `timeout` seconds for `n` to be queued.
 
         Returns fewer than `n` (possibly none) when the timeout passes or the queue is closed first;
@@ -238,7 +253,7 @@ class MessageQueue:
             await self._not_empty.wait(remaining)
         return self._take(n)
 
-    def _take(self, n: int) -> list[Sample]:
+    def _take(self, n: int) -> list[ItemT]:
         k = min(n, len(self._items))
         out = [self._items.popleft() for _ in range(k)]
         if out:
@@ -280,6 +295,6 @@ class MessageQueue:
         payload = encode_snapshot(list(self._items))
         return await asyncio.to_thread(write_snapshot_bytes, self._persist_dir, payload)
 
-    def drain_nowait(self) -> list[Sample]:
+    def drain_nowait(self) -> list[ItemT]:
         """Take every queued sample at once (e.g. to hand them elsewhere on shutdown)."""
         return self._take(len(self._items)) if self._items else []

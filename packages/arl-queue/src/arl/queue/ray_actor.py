@@ -1,8 +1,10 @@
 """The queue as a Ray actor, and the client that producers and consumers use to talk to it.
 
 `MessageQueueActor` holds a `MessageQueue` inside an async Ray actor; samples cross the actor boundary
-as `codec.encode_sample` bytes (msgpack), never pickled. `QueueClient` wraps an actor handle with the
-same async API as the local queue, encoding and decoding on the caller's side.
+as `codec.encode_sample` bytes (msgpack), never pickled, and stay bytes inside it: the actor reads only
+their `schema_version` (`codec.read_header`) and hands the same bytes to the consumer. `QueueClient`
+wraps an actor handle with the same async API as the local queue, encoding (and checking) on the
+producer's side and decoding once, on the consumer's.
 
 Ray is an optional dependency of arl-queue: it is imported here only inside the functions that need
 it, so `import arl.queue` (and this module) works without Ray installed.
@@ -23,7 +25,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import msgspec
-from arl.queue.codec import decode_sample, encode_sample
+from arl.queue.codec import decode_sample, encode_sample, read_header
 from arl.queue.errors import QueueActorError, QueueError
 from arl.queue.queue import MessageQueue
 from arl.queue.types import OverflowPolicy, QueueStats, Sample
@@ -40,7 +42,8 @@ class MessageQueueActor:
     """A `MessageQueue` served from a Ray actor; create it with `create_queue_actor`.
 
     A plain class: `create_queue_actor` wraps it with `ray.remote`. Its methods take and return
-    encoded sample bytes. `get_batch` also reports whether the queue is exhausted (closed and empty).
+    encoded sample bytes, which it stores without decoding (their schema version is checked on put).
+    `get_batch` also reports whether the queue is exhausted (closed and empty).
     """
 
     def __init__(
@@ -50,23 +53,27 @@ class MessageQueueActor:
         persist_dir: str | None = None,
         restore: bool = True,
     ) -> None:
-        self._queue = MessageQueue(max_size, overflow=overflow, persist_dir=persist_dir, restore=restore)
+        self._queue: MessageQueue[bytes] = MessageQueue(
+            max_size, overflow=overflow, persist_dir=persist_dir, restore=restore, encoded=True
+        )
 
     async def put(self, data: bytes, timeout: float | None = None, count_timeout: bool = True) -> bool:
-        """Decode (checking the schema version) and put one sample; False on timeout."""
-        return await self._queue.put(decode_sample(data), timeout, count_timeout=count_timeout)
+        """Put one encoded sample (its schema version checked, the rest kept as is); False on timeout."""
+        read_header(data)
+        return await self._queue.put(bytes(data), timeout, count_timeout=count_timeout)
 
     async def put_nowait(self, data: bytes) -> None:
-        """Decode and put one sample without waiting (raises `QueueFullError` when full)."""
-        self._queue.put_nowait(decode_sample(data))
+        """Put one encoded sample without waiting (raises `QueueFullError` when full)."""
+        read_header(data)
+        self._queue.put_nowait(bytes(data))
 
     async def get_batch(
         self, n: int, timeout: float | None = None, partial: bool = True
     ) -> tuple[list[bytes], bool]:
         """Up to `n` encoded samples (see `MessageQueue.get_batch`) and whether the queue is exhausted."""
-        samples = await self._queue.get_batch(n, timeout, partial=partial)
+        items = await self._queue.get_batch(n, timeout, partial=partial)
         exhausted = self._queue.closed and self._queue.empty()
-        return [encode_sample(s) for s in samples], exhausted
+        return items, exhausted
 
     async def size(self) -> int:
         """Samples queued now."""

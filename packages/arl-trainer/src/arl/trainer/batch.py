@@ -6,15 +6,19 @@ see `arl.queue.iter_segment_rows`). `loss_mask` is 1 exactly on the response tok
 (response_mask 1), so template backfill and tool output are never trained on, and each sampled token
 is in exactly one row. Rows of one trajectory share `trajectory_index`: they take its advantage, and
 `trajectory_advantages` counts each trajectory once in its group's statistics.
+
+The queue's per-token fields are packed arrays (`arl.queue.packed`): rows are filled from
+`torch.frombuffer` views of them, without a Python loop per token (lists still work, converted).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
-
 from arl.queue.errors import SegmentError
 from arl.queue.segments import iter_segment_rows
 from arl.queue.types import Response, Sample
@@ -48,46 +52,51 @@ def response_prompt(sample: Sample, response: Response) -> list[int]:
     return own if own is not None else sample.prompt_ids
 
 
+_TORCH_DTYPE = {"i": torch.int32, "f": torch.float32, "B": torch.uint8}
+
+
+def _tokens(values: Any, dtype: torch.dtype) -> torch.Tensor:
+    """A 1-D tensor of a per-token field: a zero-copy view of a packed array, else built from the list."""
+    if isinstance(values, array) and values.typecode in _TORCH_DTYPE and len(values):
+        return torch.frombuffer(values, dtype=_TORCH_DTYPE[values.typecode])
+    return torch.tensor(list(values), dtype=dtype)
+
+
 def assemble_batch(samples: Sequence[Sample], pad_token_id: int) -> TrainBatch:
-    rows: list[tuple[list[int], list[int], list[float], list[float], list[int]]] = []
-    rewards: list[float] = []
-    groups: list[int] = []
-    resp_lens: list[int] = []
-    trajectories: list[int] = []
     try:
         segment_rows = list(iter_segment_rows(samples))
     except SegmentError as exc:
         raise BatchError(str(exc)) from exc
-    for item in segment_rows:
-        seg = item.row
-        p = len(seg.prompt_ids)
-        n = len(seg.response_ids)
-        ids = list(seg.prompt_ids) + list(seg.response_ids)
-        mask = [0.0] * p + [float(m) for m in seg.response_mask]
-        behaviour = [0.0] * p + [lp if m else 0.0 for lp, m in zip(seg.response_logprobs, seg.response_mask)]
-        versions = [-1] * p + [v if m else -1 for v, m in zip(seg.weight_versions, seg.response_mask)]
-        rows.append((ids, [1] * len(ids), mask, behaviour, versions))
-        rewards.append(item.reward)
-        groups.append(item.group)
-        resp_lens.append(n)
-        trajectories.append(item.trajectory)
-    if not rows:
+    if not segment_rows:
         raise BatchError("no responses to assemble")
-    width = max(len(r[0]) for r in rows)
-
-    def pad(column: int, value: float | int, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor([r[column] + [value] * (width - len(r[column])) for r in rows], dtype=dtype)
-
+    lengths = [(len(item.row.prompt_ids), len(item.row.response_ids)) for item in segment_rows]
+    shape = (len(segment_rows), max(p + n for p, n in lengths))
+    input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros(shape, dtype=torch.long)
+    loss_mask = torch.zeros(shape, dtype=torch.float32)
+    behaviour_logp = torch.zeros(shape, dtype=torch.float32)
+    token_versions = torch.full(shape, -1, dtype=torch.long)
+    for b, (item, (p, n)) in enumerate(zip(segment_rows, lengths, strict=True)):
+        seg = item.row
+        input_ids[b, :p] = _tokens(seg.prompt_ids, torch.long)
+        input_ids[b, p : p + n] = _tokens(seg.response_ids, torch.long)
+        attention_mask[b, : p + n] = 1
+        mask = _tokens(seg.response_mask, torch.float32).float()
+        sampled = mask != 0
+        loss_mask[b, p : p + n] = mask
+        # Log probs and versions only where the policy sampled (the queue's convention; enforced here).
+        behaviour_logp[b, p : p + n] = _tokens(seg.response_logprobs, torch.float32).float().masked_fill(~sampled, 0.0)
+        token_versions[b, p : p + n] = _tokens(seg.weight_versions, torch.long).long().masked_fill(~sampled, -1)
     return TrainBatch(
-        input_ids=pad(0, pad_token_id, torch.long),
-        attention_mask=pad(1, 0, torch.long),
-        loss_mask=pad(2, 0.0, torch.float32),
-        behaviour_logp=pad(3, 0.0, torch.float32),
-        token_versions=pad(4, -1, torch.long),
-        rewards=torch.tensor(rewards, dtype=torch.float32),
-        group_index=torch.tensor(groups, dtype=torch.long),
-        response_lengths=torch.tensor(resp_lens, dtype=torch.long),
-        trajectory_index=torch.tensor(trajectories, dtype=torch.long),
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        behaviour_logp=behaviour_logp,
+        token_versions=token_versions,
+        rewards=torch.tensor([item.reward for item in segment_rows], dtype=torch.float32),
+        group_index=torch.tensor([item.group for item in segment_rows], dtype=torch.long),
+        response_lengths=torch.tensor([n for _, n in lengths], dtype=torch.long),
+        trajectory_index=torch.tensor([item.trajectory for item in segment_rows], dtype=torch.long),
     )
 
 
