@@ -42,6 +42,11 @@ class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     batch_size: int = 16
     lr: float = 3e-3
     seed: int = 0
+    # Shape of the tiny model built for the preset (arl_train.tiny_model.build_tiny_model).
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
 
 
 def demonstration_messages(task: Any) -> list[dict[str, Any]]:
@@ -164,7 +169,9 @@ def prepare_agent_run(out_dir: Path | str, cfg: WarmStartConfig, *, model_seed: 
         return tasks_dir, model_dir
     rl_tasks = random_tasks(cfg.tasks, seed=cfg.seed)
     write_builtin_tasks(tasks_dir, tasks=rl_tasks)
-    base = build_tiny_model(root / "model_base", seed=model_seed)
+    base = build_tiny_model(root / "model_base", seed=model_seed, hidden_size=cfg.hidden_size,
+                            intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
+                            num_heads=cfg.num_heads)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(base))
