@@ -29,6 +29,7 @@ def test_activation_offload_flag_is_a_noop_on_cpu(tiny_model_dir):
                             max_tokens_per_microbatch=40, activation_offload=offload)
         policy = HFPolicy(tiny_model_dir, cfg)
         metrics = policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0])
+        assert metrics.get("offloaded_gib", 0.0) == 0.0  # nothing leaves the CPU
         out.append((metrics["loss"], {n: p.grad.clone() for n, p in policy.model.named_parameters()}))
     assert out[0][0] == out[1][0]
     for name, g in out[0][1].items():
@@ -113,7 +114,8 @@ def test_offload_preserves_the_update_with_checkpointing_inside_the_backend(tiny
                 return made[-1]
 
             policy._offload = forced
-        policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0])
+        metrics = policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0])
+        assert "offloaded_gib" not in metrics  # the flag is off: the hooks were forced, not configured
         results.append(copy.deepcopy({n: p.detach() for n, p in policy.model.named_parameters()}))
         if offload:
             assert made and all(h.offloaded > 0 for h in made)

@@ -128,3 +128,20 @@ def two_rank_reference(spec, model_dir, other_dir, out_dir):
                     "own_ref_params": own_ref_params, "other_ref": other_ref, "other_metrics": other_metrics,
                     "grads": grads, "frozen": not any(p.requires_grad for p in own.ref_packed.parameters())},
                    out_dir / "reference.pt")
+
+
+def fsdp_reference_gpu(spec, model_dir, out_dir):
+    """FSDP2 on CUDA (NCCL, bf16 mixed precision) with a reference of the initial shards."""
+    from arl.trainer.fsdp import FSDPPolicy
+
+    cfg = kl_config(kl_coef=0.1)
+    cfg.mixed_precision = "bf16"
+    policy = FSDPPolicy(model_dir, cfg, spec)
+    batch = random_batch(seed=3)
+    ref = policy.reference_log_probs(batch)
+    own = policy.log_probs(batch)
+    dtypes = {str(p.dtype) for p in policy.ref_packed.parameters()}
+    kls = [policy.train_step(random_batch(seed=s), mini_batch_rows=12)["kl_ref_mean"] for s in range(1, 4)]
+    metrics = policy.train_step(batch, mini_batch_rows=12)
+    if spec.rank == 0:
+        torch.save({"ref": ref, "own": own, "dtypes": dtypes, "kls": kls, "metrics": metrics}, out_dir / "fsdp_gpu.pt")

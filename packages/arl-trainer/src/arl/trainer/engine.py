@@ -266,6 +266,7 @@ class PackedPolicy:
         flops = 0.0
         tokens = 0
         processed = 0  # tokens the model ran, dummy micro-batches included
+        offloaded = 0  # bytes of saved activations sent to host memory (activation_offload)
         for start in range(0, n_rows, mini_batch_rows):
             t1 = time.perf_counter()
             rows = list(range(start, min(n_rows, start + mini_batch_rows)))
@@ -279,8 +280,9 @@ class PackedPolicy:
                 self._grad_sync(i == len(mbs) - 1)
                 # Backward inside the context: recomputed (checkpointed) layers must route as the forward did.
                 with self._routing(mb, routes, keep_for_aux=aux_coef > 0) as rstats:
-                    with self._offload():  # saved activations to host (activation_offload on CUDA)
+                    with self._offload() as hooks:  # saved activations to host (activation_offload on CUDA)
                         logp, entropy = self._forward(mb)
+                    offloaded += hooks.offloaded_bytes if hooks is not None else 0
                     rstats.recording = False
                     if mb.num_loss_tokens == 0:  # a dummy (or prompt-only) micro-batch: keep the graph, add nothing
                         loss = logp.sum() * 0.0 + entropy.sum() * 0.0
@@ -342,6 +344,8 @@ class PackedPolicy:
             out["mfu"] = out["train_tflops_per_gpu"] / cfg.peak_tflops
         # Real tokens over tokens computed: 1 when packed, except for dummy micro-batches (a rank with nothing to do).
         out["padding_efficiency"] = tokens / processed if processed else 1.0
+        if self.config.activation_offload:
+            out["offloaded_gib"] = offloaded / 2**30  # this rank, the whole step (each byte crosses out and back)
         if on_cuda:
             out["peak_mem_proximal_gib"] = peak_prox / 2**30
             out["peak_mem_update_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30

@@ -86,6 +86,10 @@ class HostActivationOffload(torch.autograd.graph.saved_tensors_hooks):
         device, host = packed
         return host.to(device, non_blocking=self.pin_memory)
 
+    def __enter__(self) -> HostActivationOffload:
+        super().__enter__()
+        return self
+
     def __exit__(self, *args: object) -> None:
         super().__exit__(*args)
         self._seen.clear()  # the autograd graph holds what it needs; drop the dedup table
