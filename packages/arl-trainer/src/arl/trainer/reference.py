@@ -16,7 +16,7 @@ policy's and it costs 2 bytes per weight instead of 4 (+ no gradient, no AdamW s
 - one device (`HFPolicy`, bf16 autocast): `nn.Linear` weights in bf16; embeddings, norms, biases and
   other tensors (e.g. fused MoE expert tensors, whose kernels may not autocast) keep the policy's
   parameter dtype, and the reference runs under the same autocast, so its forward is the policy's
-  forward bit for bit. A Qwen2.5-7B reference is ~16 GiB (linears bf16, fp32 embedding table).
+  forward bit for bit. A Qwen2.5-7B reference is 15.2 GiB (vs 28.4 GiB of fp32 policy weights).
 - FSDP2 (`FSDPPolicy`, `MixedPrecisionPolicy(param_dtype=bf16)`): every parameter in bf16 (that is
   what FSDP's mixed precision computes with), sharded like the policy: 14 GiB / world size for 7B.
 - no mixed precision (CPU, fp32): an exact fp32 copy.
