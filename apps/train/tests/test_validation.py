@@ -110,3 +110,42 @@ def test_a_corrupt_queue_snapshot_in_the_checkpoint_is_refused_by_name(tmp_path)
     snapshot.write_bytes(bytes(data[: len(data) // 2]))  # truncated
     with pytest.raises(ConfigError, match=rf"trainer\.resume_from.*{SNAPSHOT_FILENAME}"):
         load_config(overrides=overrides)
+
+
+def test_kl_reference_keys_are_checked_by_name(tmp_path):
+    model = tmp_path / "base"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    kl = "actor.algorithm.kl_coef=0.01"
+    assert load_config(overrides=[kl, "actor.activation_offload=true"]).actor.activation_offload
+    assert load_config(overrides=[kl, f"actor.reference_path={model}"]).actor.reference_path == str(model)
+    with pytest.raises(ConfigError, match=r"actor\.reference_path.*needs actor\.algorithm\.kl_coef > 0"):
+        load_config(overrides=[f"actor.reference_path={model}"])
+    with pytest.raises(ConfigError, match=r"actor\.reference_path.*no config\.json"):
+        load_config(overrides=[kl, f"actor.reference_path={tmp_path / 'nothing'}"])
+    with pytest.raises(ConfigError, match=r"kl_coef"):
+        load_config(overrides=["actor.algorithm.kl_coef=-0.1"])
+    with pytest.raises(ConfigError, match=r"kl_in"):
+        load_config(overrides=[kl, 'actor.algorithm.kl_in="advantage"'])
+
+
+def test_a_kl_resume_needs_the_reference_its_checkpoint_recorded(tmp_path):
+    from arl.queue.persistence import write_snapshot
+
+    base, ckpt = tmp_path / "base", tmp_path / "ckpt"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    ckpt.mkdir()
+    write_snapshot(ckpt, [])
+    state = {"step": 2, "version": 2, "samples_seen": 4}
+    overrides = [f"trainer.resume_from={ckpt}", "trainer.total_steps=5", "actor.algorithm.kl_coef=0.01"]
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    with pytest.raises(ConfigError, match=r"trainer\.resume_from.*records no reference_path.*actor\.reference_path"):
+        load_config(overrides=overrides)
+    assert load_config(overrides=[*overrides, f"actor.reference_path={base}"]).actor.reference_path == str(base)
+    assert load_config(overrides=overrides[:2]).trainer.resume_from == str(ckpt)  # no KL: no reference needed
+    (ckpt / "trainer_state.json").write_text(json.dumps(state | {"reference_path": str(tmp_path / "gone")}))
+    with pytest.raises(ConfigError, match=r"trainer\.resume_from.*is not a model folder any more"):
+        load_config(overrides=overrides)
+    (ckpt / "trainer_state.json").write_text(json.dumps(state | {"reference_path": str(base)}))
+    assert load_config(overrides=overrides).actor.algorithm.kl_coef == 0.01

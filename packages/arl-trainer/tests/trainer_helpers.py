@@ -98,3 +98,50 @@ def stream_weights(policy):
         if rollout.receiver is not None:
             rollout.receiver.close()
     return got
+
+
+def kl_config(**algorithm):
+    from arl.trainer.algorithm_config import AlgorithmConfig
+
+    return TrainerConfig(optim=OptimConfig(lr=1e-2, grad_clip=1e9), mixed_precision="none", max_tokens_per_microbatch=40,
+                         algorithm=AlgorithmConfig(**algorithm))
+
+
+def two_rank_reference(spec, model_dir, other_dir, out_dir):
+    """FSDP2 ranks with a reference: their own initial shards (copied), and another model's folder."""
+    torch.set_num_threads(1)
+    from arl.trainer.fsdp import FSDPPolicy
+
+    batch = random_batch(seed=4)
+    rows = batch.input_ids.shape[0]
+    own = FSDPPolicy(model_dir, kl_config(kl_coef=0.5), spec)
+    own_ref = own.reference_log_probs(batch)
+    own_metrics = own.train_step(batch, mini_batch_rows=rows)
+    own_ref_after = own.reference_log_probs(batch)
+    own_ref_params = {n: p.detach().full_tensor() for n, p in own.ref_packed.hf.named_parameters()}
+    other = FSDPPolicy(model_dir, kl_config(kl_coef=0.5, kl_estimator="k1"), spec, reference_path=other_dir)
+    other_ref = other.reference_log_probs(batch)
+    other_metrics = other.train_step(batch, mini_batch_rows=rows)
+    grads = {n: p.grad.full_tensor() for n, p in other.model.named_parameters()}
+    if spec.rank == 0:
+        torch.save({"own_ref": own_ref, "own_metrics": own_metrics, "own_ref_after": own_ref_after,
+                    "own_ref_params": own_ref_params, "other_ref": other_ref, "other_metrics": other_metrics,
+                    "grads": grads, "frozen": not any(p.requires_grad for p in own.ref_packed.parameters())},
+                   out_dir / "reference.pt")
+
+
+def fsdp_reference_gpu(spec, model_dir, out_dir):
+    """FSDP2 on CUDA (NCCL, bf16 mixed precision) with a reference of the initial shards."""
+    from arl.trainer.fsdp import FSDPPolicy
+
+    cfg = kl_config(kl_coef=0.1)
+    cfg.mixed_precision = "bf16"
+    policy = FSDPPolicy(model_dir, cfg, spec)
+    batch = random_batch(seed=3)
+    ref = policy.reference_log_probs(batch)
+    own = policy.log_probs(batch)
+    dtypes = {str(p.dtype) for p in policy.ref_packed.parameters()}
+    kls = [policy.train_step(random_batch(seed=s), mini_batch_rows=12)["kl_ref_mean"] for s in range(1, 4)]
+    metrics = policy.train_step(batch, mini_batch_rows=12)
+    if spec.rank == 0:
+        torch.save({"ref": ref, "own": own, "dtypes": dtypes, "kls": kls, "metrics": metrics}, out_dir / "fsdp_gpu.pt")

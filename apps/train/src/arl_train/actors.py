@@ -299,6 +299,7 @@ class TrainerActor:
             loss_agg_mode=actor.loss_agg_mode,
             mixed_precision=actor.mixed_precision,
             activation_checkpointing=actor.activation_checkpointing,
+            activation_offload=actor.activation_offload,
             algorithm=actor.algorithm,
             peak_tflops=actor.peak_tflops,
             router_replay=actor.router_replay,
@@ -309,6 +310,8 @@ class TrainerActor:
         from arl_train.placement import TrainerRank, layout_of, sender_host
 
         layout = layout_of(cfg)
+        # The KL's reference: recorded in every checkpoint so a resumed run keeps the original base model.
+        self.reference_path = reference_path_of(cfg, model_path, resume_state)
         self.rank = rank or TrainerRank()  # the data-parallel seam: rank / world / rendezvous address
         self.follower = self.rank.rank > 0  # ranks 1.. only follow rank 0's collectives (trainer_group)
         self.trainer = None
@@ -316,7 +319,7 @@ class TrainerActor:
         # Ray gave this actor its GPU(s) (CUDA_VISIBLE_DEVICES): "cuda" is the rank's own device.
         device = "cuda" if layout.trainer_gpus else actor.device
         if self.rank.world_size > 1:  # FSDP2 data parallel: fp32 master shards, cast to the rollout dtype per gather
-            self.policy = _fsdp_policy(cfg, model_path, tcfg, self.rank, timeouts.step_s)
+            self.policy = _fsdp_policy(cfg, model_path, tcfg, self.rank, timeouts.step_s, self.reference_path)
             if resume_state is not None:  # every rank restores its shard of the sharded state
                 from pathlib import Path
 
@@ -328,7 +331,8 @@ class TrainerActor:
             self.policy = LeaderPolicy(self.policy)
             cast_dtype = None  # FSDPPolicy casts before the gather
         else:
-            self.policy = HFPolicy(model_path, tcfg, device=device, dtype=cfg.model.dtype, seed=cfg.seed)
+            self.policy = HFPolicy(model_path, tcfg, device=device, dtype=cfg.model.dtype, seed=cfg.seed,
+                                   reference_path=self.reference_path)
             cast_dtype = None if cfg.rollout.dtype == cfg.model.dtype else cfg.rollout.dtype
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         sync_config = SyncConfig(
@@ -399,7 +403,8 @@ class TrainerActor:
     async def save_checkpoint(self, directory: str, extra_state: dict[str, int]) -> str:
         from pathlib import Path
 
-        return str(self.policy.save(Path(directory), self.trainer.state() | extra_state))
+        reference = {"reference_path": self.reference_path} if self.reference_path else {}
+        return str(self.policy.save(Path(directory), self.trainer.state() | extra_state | reference))
 
     async def log_probs(self, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
         """The trainer's log probs of `token_ids` after `prompt_ids` (temperature as configured)."""
@@ -433,7 +438,21 @@ class TrainerActor:
             self.publisher.close()
 
 
-def _fsdp_policy(cfg: AppConfig, model_path: str, tcfg: Any, rank: Any, step_timeout_s: float) -> Any:
+def reference_path_of(cfg: AppConfig, model_path: str, resume_state: dict[str, Any] | None) -> str | None:
+    """The KL reference's folder: `actor.reference_path`, else on a resume the base model the checkpoint
+    recorded, else the model this run starts from. None: a resumed checkpoint that recorded none
+    (validation refuses that when kl_coef > 0)."""
+    from pathlib import Path
+
+    if cfg.actor.reference_path:
+        return str(Path(cfg.actor.reference_path).resolve())
+    if resume_state is not None:
+        return resume_state.get("reference_path")
+    return str(Path(model_path).resolve())
+
+
+def _fsdp_policy(cfg: AppConfig, model_path: str, tcfg: Any, rank: Any, step_timeout_s: float,
+                 reference_path: str | None) -> Any:
     """This rank's `FSDPPolicy`, joining the group at rank 0's rendezvous (NCCL on GPUs, gloo on the CPU)."""
     import torch
 
@@ -449,5 +468,5 @@ def _fsdp_policy(cfg: AppConfig, model_path: str, tcfg: Any, rank: Any, step_tim
         timeout_s=max(1800.0, 2 * step_timeout_s),
     )
     sync_dtype = None if cfg.rollout.dtype == "float32" else getattr(torch, cfg.rollout.dtype, None)
-    return FSDPPolicy(model_path, tcfg, spec, seed=cfg.seed, sync_dtype=sync_dtype)
+    return FSDPPolicy(model_path, tcfg, spec, seed=cfg.seed, sync_dtype=sync_dtype, reference_path=reference_path)
 

@@ -89,6 +89,13 @@ class ActorConfig(_Section):
     mixed_precision: Literal["auto", "bf16", "none"] = "auto"
     # none | selective (every second decoder layer recomputed in backward) | full
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    # CUDA: what the training forward saves for backward waits in pinned host memory (less GPU memory,
+    # slower by the PCIe round trip); with full checkpointing only the layers' inputs are saved. No-op on CPU.
+    activation_offload: bool = False
+    # The KL's reference policy (actor.algorithm.kl_coef > 0): an HF model folder. "" = the model the run
+    # started from: model.path on a fresh run; on a resume, the reference_path its checkpoint recorded
+    # (the original base model, never the checkpoint itself).
+    reference_path: str = ""
     # Dense bf16 TFLOP/s of one trainer GPU, for the per-step `mfu` metric (0 = not reported).
     peak_tflops: float = 0.0
     # MoE models: "rollout" trains through the experts the engine chose for each sampled token (needs

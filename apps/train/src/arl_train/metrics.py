@@ -121,6 +121,7 @@ def progress_line(row: dict[str, Any], total_steps: int) -> str:
         f"staleness {row['staleness_mean']:.2f} (max {row['staleness_max']}) | "
         f"samples/s {row['samples_per_s']:.2f} | sync {row['sync_s'] * 1000:.0f} ms | "
         f"version {row['version']} | loss {row['loss']:+.4f}"
+        + (f" | kl_ref {row['kl_ref_mean']:.2e}" if "kl_ref_mean" in row else "")
     )
 
 

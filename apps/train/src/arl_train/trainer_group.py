@@ -4,8 +4,9 @@ With `resources.trainer_gpus = N > 1` (or `resources.trainer_cpu_ranks = N > 1` 
 starts N `TrainerActor`s, one per GPU, each holding an `FSDPPolicy` in one torch.distributed group
 (NCCL on GPUs, gloo on the CPU). Only rank 0 runs the trainer loop: it alone reads the queue (so every
 sample is consumed exactly once), owns the `WeightPublisher` and talks to the rollout side. Every
-operation that is a collective under FSDP2 — a training step, the weight gather of a sync, a
-checkpoint, the end-of-run weights and probe — goes through `LeaderPolicy`, which first broadcasts a
+operation that is a collective under FSDP2 — a training step (with its proximal and reference
+forwards), a reference forward on its own, the weight gather of a sync, a checkpoint, the end-of-run
+weights and probe — goes through `LeaderPolicy`, which first broadcasts a
 command (with the step's whole batch: `PackedPolicy.train_step` wants the same batch on every rank and
 takes its share of the balanced packing plan itself), then runs its own part. Ranks 1.. sit in
 `follow`, running the same command on their shard until rank 0 sends "stop". The driver therefore
@@ -66,6 +67,11 @@ class LeaderPolicy:
         _broadcast(("log_probs", batch, routes))
         return self.inner.log_probs(batch, routes=routes)
 
+    def reference_log_probs(self, batch: TrainBatch, routes: torch.Tensor | None = None) -> torch.Tensor:
+        # (train_step runs the reference forward itself; this is the same pass on its own, e.g. a probe)
+        _broadcast(("ref_log_probs", batch, routes))
+        return self.inner.reference_log_probs(batch, routes=routes)
+
     def save(self, directory: Any, trainer_state: dict[str, Any]) -> Any:
         _broadcast(("save", directory, trainer_state))
         return self.inner.save(directory, trainer_state)
@@ -96,6 +102,8 @@ def follow(policy: Any) -> dict[str, int]:
             policy.state_dict_cpu()
         elif op == "log_probs":
             policy.log_probs(command[1], routes=command[2])
+        elif op == "ref_log_probs":
+            policy.reference_log_probs(command[1], routes=command[2])
         elif op == "save":
             policy.save(command[1], command[2])
         else:

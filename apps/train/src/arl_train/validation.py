@@ -82,6 +82,12 @@ def validate(config: AppConfig) -> AppConfig:
         _positive(config, "actor", key)
     _at_least(config, "actor", "max_tokens_per_microbatch", 1)
     # actor.algorithm validates its own ranges when it is built (AlgorithmConfig.__post_init__).
+    if a.reference_path:
+        _require(a.algorithm.kl_coef > 0, "actor.reference_path", a.reference_path,
+                 "is the KL's reference policy: it needs actor.algorithm.kl_coef > 0")
+        if config.ray.address is None:
+            _require((Path(a.reference_path) / "config.json").is_file(), "actor.reference_path", a.reference_path,
+                     "must be a Hugging Face model folder (no config.json there)")
     _device("actor.device", a.device)
     _require(a.router_replay == "off" or r.return_routed_experts, "actor.router_replay", a.router_replay,
              "needs rollout.return_routed_experts = true (the engine must report the experts it chose)")
@@ -107,11 +113,14 @@ def validate(config: AppConfig) -> AppConfig:
         state_file = Path(t.resume_from) / "trainer_state.json"
         _require(state_file.is_file(), "trainer.resume_from", t.resume_from, "is not an arl checkpoint (no trainer_state.json)")
         try:
-            step = int(json.loads(state_file.read_text())["step"])
+            state = json.loads(state_file.read_text())
+            step = int(state["step"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"invalid config: trainer.resume_from = {t.resume_from!r}: unreadable trainer_state.json ({exc})") from None
         _require(step < t.total_steps, "trainer.total_steps", t.total_steps,
                  f"must exceed the checkpoint's step ({step}) to train further")
+        if a.algorithm.kl_coef > 0 and not a.reference_path:
+            _check_recorded_reference(t.resume_from, state.get("reference_path"), config.ray.address is None)
         _check_snapshot(t.resume_from)
     # sync: the GPU transports need the trainer and the engines on CUDA
     s = config.sync
@@ -138,6 +147,17 @@ def check_machine(config: AppConfig) -> None:
     only). Separate from `validate` so a layout can be loaded and inspected on any machine; the CLI
     calls both before anything starts."""
     _check_devices(config)
+
+
+def _check_recorded_reference(checkpoint: str, recorded: Any, local: bool) -> None:
+    """A resumed KL run keeps the reference of its first run (the checkpoint's `reference_path`)."""
+    _require(isinstance(recorded, str) and bool(recorded), "trainer.resume_from", checkpoint,
+             "records no reference_path (a checkpoint from before KL support): set actor.reference_path to the "
+             "run's original base model (the checkpoint itself is not the reference)")
+    if local:
+        _require((Path(recorded) / "config.json").is_file(), "trainer.resume_from", checkpoint,
+                 f"its reference model {recorded!r} (trainer_state.json reference_path) is not a model folder "
+                 "any more: set actor.reference_path")
 
 
 def _check_snapshot(checkpoint: str) -> None:

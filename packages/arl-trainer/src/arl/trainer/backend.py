@@ -4,6 +4,8 @@ The simplest backend behind the seam (`log_probs`, `train_step`, `named_paramete
 `save`); it shares packing, varlen attention, the chunked head and the micro-batched update with the
 FSDP2 backend (`arl.trainer.engine.PackedPolicy`). Parameters and AdamW state stay in `dtype`
 (fp32 by default: the master weights); compute runs under bf16 autocast when mixed precision is on.
+With `algorithm.kl_coef > 0` it also holds the frozen reference policy (`arl.trainer.reference`):
+a copy of the initial weights, or the HF folder `reference_path`, its linear weights in the compute dtype.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Any
 
 import torch
 
-from arl.trainer.config import TrainerConfig
+from arl.trainer import reference
+from arl.trainer.config import TrainerConfig, compute_dtype
 from arl.trainer.engine import PackedPolicy
 from arl.trainer.model import PackedCausalLM, apply_activation_checkpointing
 
@@ -29,8 +32,11 @@ class HFPolicy(PackedPolicy):
         device: str = "cpu",
         dtype: str = "float32",
         seed: int = 0,
+        reference_path: str | Path | None = None,
     ) -> None:
-        """`model_path`: an HF model folder, or an already built HF causal LM (benchmarks, tests)."""
+        """`model_path`: an HF model folder, or an already built HF causal LM (benchmarks, tests).
+        `reference_path`: the reference policy's HF folder when algorithm.kl_coef > 0 (a resumed run
+        passes the original base model); None = the policy's initial weights."""
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
@@ -42,12 +48,27 @@ class HFPolicy(PackedPolicy):
         else:
             self.model_path = Path(model_path)
             self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype)).to(self.device)
+        if config.algorithm.needs_ref_logp:  # before checkpointing wraps the policy's layers
+            self._build_reference(reference_path, getattr(torch, dtype))
         self.model.train()
         apply_activation_checkpointing(self.model, config.activation_checkpointing)
         self.packed = PackedCausalLM(self.model, temperature=config.temperature, chunk_elements=config.logprob_chunk_elements)
         o = config.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         self._init_shared()
+
+    def _build_reference(self, reference_path: str | Path | None, param_dtype: torch.dtype) -> None:
+        linear_dtype = compute_dtype(self.config, self.device)
+        own = reference_path is None or (self.model_path is not None and Path(reference_path).resolve() == self.model_path.resolve())
+        if own:  # the initial weights: copied from memory, no second read of the folder
+            self.reference_path = self.model_path
+            ref = reference.copy_of(self.model, linear_dtype=linear_dtype, device=self.device)
+        else:
+            self.reference_path = Path(reference_path)
+            ref = reference.load(reference_path, param_dtype=param_dtype, linear_dtype=linear_dtype, device=self.device,
+                                 policy=self.model)
+        self.ref_packed = PackedCausalLM(ref, temperature=self.config.temperature,
+                                         chunk_elements=self.config.logprob_chunk_elements)
 
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:
         return {name: t.detach().to("cpu").clone() for name, t in self.named_parameters_for_sync()}

@@ -22,7 +22,7 @@ import torch
 from arl.queue.errors import SegmentError
 from arl.queue.segments import iter_segment_rows
 from arl.queue.types import Response, Sample
-from arl.trainer.advantages import AdvantageEstimator, compute_advantages
+from arl.trainer.advantages import AdvantageEstimator, compute_advantages, kl_penalized_rewards
 from arl.trainer.errors import BatchError
 
 
@@ -113,8 +113,19 @@ def trajectory_rewards(batch: TrainBatch) -> torch.Tensor:
     return _per_trajectory(batch)[0]
 
 
-def trajectory_advantages(batch: TrainBatch, *, estimator: AdvantageEstimator = "grpo") -> torch.Tensor:
+def trajectory_advantages(batch: TrainBatch, *, estimator: AdvantageEstimator = "grpo",
+                          token_kl: torch.Tensor | None = None, kl_coef: float = 0.0) -> torch.Tensor:
     """Advantages (B,) per row by `estimator`: computed over trajectories, so the segments of one
-    trajectory count once in their group's statistics, then each row takes its trajectory's advantage."""
+    trajectory count once in their group's statistics, then each row takes its trajectory's advantage.
+
+    KL in the reward: `token_kl` (B, T), a per-token KL(π ‖ π_ref) estimate; each trajectory's reward
+    first loses `kl_coef` × the sum of its trained tokens' KL over all its segments
+    (`advantages.kl_penalized_rewards`)."""
     rewards, groups, row_traj = _per_trajectory(batch)
+    if token_kl is not None and kl_coef > 0:
+        if token_kl.shape != batch.loss_mask.shape:
+            raise BatchError(f"token_kl of shape {tuple(token_kl.shape)} does not match the batch's {tuple(batch.loss_mask.shape)}")
+        trained = batch.loss_mask > 0
+        seq_index = row_traj[:, None].expand_as(trained)[trained]
+        rewards = kl_penalized_rewards(rewards, token_kl[trained], seq_index, kl_coef)
     return compute_advantages(estimator, rewards, groups)[row_traj]

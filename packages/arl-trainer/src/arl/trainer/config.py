@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
+import torch
 
 from arl.trainer.algorithm_config import AlgorithmConfig
 
@@ -56,6 +57,10 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     mixed_precision: Literal["auto", "bf16", "none"] = "auto"
     # Recompute decoder layers in backward: none | selective (every second layer) | full (every layer).
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    # CUDA: tensors the training forward saves for backward go to pinned host memory until backward
+    # (arl.trainer.offload): less GPU memory, slower by the PCIe time of moving them out and back.
+    # With checkpointing only the checkpointed layers' inputs are saved (and offloaded). No-op off CUDA.
+    activation_offload: bool = False
     # Logit elements (tokens × vocabulary) the chunked log-prob head holds at once.
     logprob_chunk_elements: int = 1 << 27
     # The accelerator's dense bf16 peak in TFLOP/s for the `mfu` metric (0 = do not report MFU).
@@ -70,3 +75,11 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef}")
         if self.router_replay_gap_every < 0:
             raise ValueError(f"router_replay_gap_every must be >= 0, got {self.router_replay_gap_every}")
+
+
+def compute_dtype(config: TrainerConfig, device: torch.device) -> torch.dtype | None:
+    """The mixed-precision compute dtype (bf16), or None for none; "auto" = bf16 on CUDA only."""
+    mp = config.mixed_precision
+    if mp == "auto":
+        mp = "bf16" if device.type == "cuda" else "none"
+    return torch.bfloat16 if mp == "bf16" else None

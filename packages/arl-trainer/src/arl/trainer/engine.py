@@ -6,12 +6,17 @@ the distributed hooks (`_grad_sync`, `_clip_grad_norm`, `_all_reduce_`). One tra
 
 1. proximal log probs by `proximal_mode` (recompute: a micro-batched no-grad pass; bypass: the
    rollout's; reuse: each update's own detached log probs; loglinear: AReaL's interpolation);
-2. per mini-batch: plan micro-batches (balanced over ranks, token budget), forward each packed
+2. with `algorithm.kl_coef > 0`: the frozen reference policy's log probs (`arl.trainer.reference`),
+   one micro-batched no-grad pass through `self.ref_packed`; KL in the loss (a per-token term) or in
+   the reward (subtracted per trajectory before advantages);
+3. per mini-batch: plan micro-batches (balanced over ranks, token budget), forward each packed
    micro-batch under bf16 autocast where enabled, per-token loss, aggregate with the mini-batch's
-   global denominators, backward (gradient sync only on the last micro-batch), clip, step.
+   global denominators, backward (gradient sync only on the last micro-batch), clip, step. With
+   `activation_offload` on CUDA the training forwards save their activations to pinned host memory
+   (`arl.trainer.offload`).
 
 MoE models (`arl.trainer.router_replay`): given the batch's engine routes, every forward of the step
-(proximal, each micro-batch and its backward, which recomputes checkpointed layers) runs under
+(proximal, reference, each micro-batch and its backward, which recomputes checkpointed layers) runs under
 `replay_routes`, replaying them (`router_replay = "rollout"`) or only measuring how often the
 trainer's own routing differs ("off"); plus the optional router aux loss and, every
 `router_replay_gap_every` steps, the train/rollout log-prob gap with replay off and on. A dense
@@ -23,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,10 +36,12 @@ import torch
 from arl.trainer.algorithm_config import COUNT_METRICS, compute_token_loss, merge_loss_metrics
 from arl.trainer.algorithms import masked_mean
 from arl.trainer.batch import TrainBatch, trajectory_advantages
-from arl.trainer.config import TrainerConfig
-from arl.trainer.errors import RouterReplayError
+from arl.trainer.config import TrainerConfig, compute_dtype
+from arl.trainer.errors import ReferencePolicyError, RouterReplayError
 from arl.trainer.flops import attention_width_and_layers, matmul_params, train_flops
+from arl.trainer.kl import kl_estimate
 from arl.trainer.loss_agg import Denominators, aggregate
+from arl.trainer.offload import HostActivationOffload
 from arl.trainer.packed import PackedMicroBatch, pack_rows, row_lengths
 from arl.trainer.packing import CostModel, plan_packing
 from arl.trainer.proximal import loglinear_proximal
@@ -59,6 +67,11 @@ class PackedPolicy:
     world_size: int = 1
     # The weight version of the current parameters (the trainer loop sets it); `loglinear` needs it.
     version: float = 0.0
+    # The frozen reference policy (a `PackedCausalLM`, sharded like `packed` under FSDP2) when
+    # algorithm.kl_coef > 0, else None; `reference_path`: the HF folder it came from (None: a copy of
+    # the initial weights of a policy built from a module or a config).
+    ref_packed: torch.nn.Module | None = None
+    reference_path: Path | None = None
 
     # ---- hooks a distributed backend overrides ----
     def _grad_sync(self, enabled: bool) -> None:
@@ -74,15 +87,13 @@ class PackedPolicy:
     # ---- shared machinery ----
     def _init_shared(self) -> None:
         cfg = self.config
-        if cfg.algorithm.needs_ref_logp:
-            raise NotImplementedError("algorithm.kl_coef > 0 needs a reference policy, which this backend does not hold yet")
+        if cfg.algorithm.needs_ref_logp and self.ref_packed is None:
+            raise ReferencePolicyError(f"algorithm.kl_coef = {cfg.algorithm.kl_coef} needs a reference policy; "
+                                       f"{type(self).__name__} built none")
         from arl.trainer.schedule import make_lr_scheduler
 
         self.scheduler = make_lr_scheduler(self.optimizer, cfg.algorithm)
-        mp = cfg.mixed_precision
-        if mp == "auto":
-            mp = "bf16" if self.device.type == "cuda" else "none"
-        self.compute_dtype = torch.bfloat16 if mp == "bf16" else None
+        self.compute_dtype = compute_dtype(cfg, self.device)
         attn_width, layers = attention_width_and_layers(self.model.config)
         self._n_matmul = matmul_params(self.model)
         self._attn = (attn_width, layers)
@@ -110,15 +121,24 @@ class PackedPolicy:
         mine = [pack_rows(batch, [rows[i] for i in mb]) for mb in plan.ranks[self.rank]]
         return mine, plan.stats(lengths, self.cost)
 
-    def _forward(self, mb: PackedMicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, mb: PackedMicroBatch, module: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log π(target), entropy) of one packed micro-batch through `module` (default: the policy)."""
         with self._autocast():
-            return self.packed(mb.to(self.device))
+            return (self.packed if module is None else module)(mb.to(self.device))
+
+    def _offload(self) -> contextlib.AbstractContextManager[Any]:
+        """Around a training forward: its saved activations to pinned host memory (CUDA only)."""
+        if self.config.activation_offload and self.device.type == "cuda":
+            return HostActivationOffload(pin_memory=True)
+        return contextlib.nullcontext()
 
     def _routing(self, mb: PackedMicroBatch, routes: torch.Tensor | None, *, apply: bool | None = None,
-                 keep_for_aux: bool = False) -> contextlib.AbstractContextManager[RoutingStats]:
-        """The routing context of one packed forward (and its backward): the micro-batch's engine routes
-        replayed (`apply`, default: router_replay == "rollout") or only measured. No routes and no aux
-        loss: a no-op (dense models pay nothing). Aux loss without engine routes: the model routes all."""
+                 keep_for_aux: bool = False, module: torch.nn.Module | None = None,
+                 ) -> contextlib.AbstractContextManager[RoutingStats]:
+        """The routing context of one packed forward (and its backward) of `module` (default: the
+        policy): the micro-batch's engine routes replayed (`apply`, default: router_replay ==
+        "rollout") or only measured. No routes and no aux loss: a no-op (dense models pay nothing).
+        Aux loss without engine routes: the model routes all."""
         if routes is None and not keep_for_aux:
             return contextlib.nullcontext(RoutingStats())
         if routes is None:
@@ -127,8 +147,8 @@ class PackedPolicy:
         else:
             mb_routes = packed_routes(routes, mb.rows, mb.cu_seqlens)
         apply = self.config.router_replay == "rollout" if apply is None else apply
-        return replay_routes(self.packed, mb_routes.to(self.device, non_blocking=True), apply=apply,
-                             keep_for_aux=keep_for_aux)
+        return replay_routes(self.packed if module is None else module, mb_routes.to(self.device, non_blocking=True),
+                             apply=apply, keep_for_aux=keep_for_aux)
 
     def _check_routes(self, batch: TrainBatch, routes: torch.Tensor | None) -> None:
         if routes is not None and tuple(routes.shape[:2]) != tuple(batch.input_ids.shape):
@@ -141,15 +161,27 @@ class PackedPolicy:
     @torch.no_grad()
     def log_probs(self, batch: TrainBatch, routes: torch.Tensor | None = None) -> torch.Tensor:
         """Log probs of the trained tokens under the current weights, (B, T) on CPU (0 elsewhere).
-        `routes`: the batch's engine routes (`routes_for_batch`), replayed when router_replay = "rollout"."""
+        `routes`: the batch's engine routes (`routes_for_batch`), replayed when router_replay = "rollout".
+        A collective under FSDP2 (every rank calls it with the same batch)."""
+        return self._packed_log_probs(self.packed, batch, routes)
+
+    @torch.no_grad()
+    def reference_log_probs(self, batch: TrainBatch, routes: torch.Tensor | None = None) -> torch.Tensor:
+        """The frozen reference policy's log probs of the trained tokens, (B, T) on CPU (0 elsewhere):
+        the same packed micro-batches, head and route replay as `log_probs`. A collective under FSDP2."""
+        if self.ref_packed is None:
+            raise ReferencePolicyError("this policy holds no reference policy (it is built only when algorithm.kl_coef > 0)")
+        return self._packed_log_probs(self.ref_packed, batch, routes)
+
+    def _packed_log_probs(self, module: torch.nn.Module, batch: TrainBatch, routes: torch.Tensor | None) -> torch.Tensor:
         self._check_routes(batch, routes)
         if self.config.router_replay != "rollout":
             routes = None  # nothing to replay, and this pass's routing statistics would be discarded
         out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
         mbs, _ = self._microbatches(batch, list(range(batch.input_ids.shape[0])))
         for mb in mbs:
-            with self._routing(mb, routes):
-                logp, _ = self._forward(mb)
+            with self._routing(mb, routes, module=module):
+                logp, _ = self._forward(mb, module)
             out[mb.loss_rows, mb.loss_cols] = logp.float().cpu()
         return self._all_reduce_(out.to(self.device)).cpu() if self.world_size > 1 else out
 
@@ -194,7 +226,8 @@ class PackedPolicy:
         return loglinear_proximal(behav, logp.detach(), versions, self.version - 1, current_version=self.version)
 
     def train_step(self, batch: TrainBatch, mini_batch_rows: int, routes: torch.Tensor | None = None) -> dict[str, float]:
-        """One trainer step: proximal log probs, advantages, one optimizer update per mini-batch.
+        """One trainer step: proximal log probs, reference log probs (kl_coef > 0), advantages, one
+        optimizer update per mini-batch.
 
         `routes`: the engine's MoE routes of the batch, (B, T, layers, top_k), -1 where the trainer
         routes (`arl.trainer.router_replay.routes_for_batch(samples, width=T)`); None for dense models."""
@@ -215,9 +248,15 @@ class PackedPolicy:
         proximal = self._proximal(batch, routes)
         t_prox = time.perf_counter() - t0
         peak_prox = torch.cuda.max_memory_allocated(self.device) if on_cuda else 0
-        # Per trajectory (its segments count once in the group statistics), broadcast to its rows.
-        adv_rows = trajectory_advantages(batch, estimator=alg.advantage_estimator)
+        ref_logp, token_kl, ref_metrics = self._reference_phase(batch, routes, proximal)
+        # Per trajectory (its segments count once in the group statistics), broadcast to its rows;
+        # with KL in the reward, each trajectory's reward first loses kl_coef × its summed token KL.
+        adv_rows = trajectory_advantages(batch, estimator=alg.advantage_estimator, token_kl=token_kl,
+                                         kl_coef=alg.kl_coef)
         advantages = adv_rows[:, None].expand_as(batch.loss_mask)
+        kl_in_loss = ref_logp is not None and alg.kl_in == "loss"
+        if on_cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)  # the update's own peak, not the passes' before it
         # Proximal log probs made micro-batch by micro-batch (reuse / loglinear), for the step's metric.
         made = torch.zeros(batch.loss_mask.shape, dtype=torch.float32) if proximal is None else None
         steps: list[dict[str, float]] = []
@@ -227,6 +266,7 @@ class PackedPolicy:
         flops = 0.0
         tokens = 0
         processed = 0  # tokens the model ran, dummy micro-batches included
+        offloaded = 0  # bytes of saved activations sent to host memory (activation_offload)
         for start in range(0, n_rows, mini_batch_rows):
             t1 = time.perf_counter()
             rows = list(range(start, min(n_rows, start + mini_batch_rows)))
@@ -240,7 +280,9 @@ class PackedPolicy:
                 self._grad_sync(i == len(mbs) - 1)
                 # Backward inside the context: recomputed (checkpointed) layers must route as the forward did.
                 with self._routing(mb, routes, keep_for_aux=aux_coef > 0) as rstats:
-                    logp, entropy = self._forward(mb)
+                    with self._offload() as hooks:  # saved activations to host (activation_offload on CUDA)
+                        logp, entropy = self._forward(mb)
+                    offloaded += hooks.offloaded_bytes if hooks is not None else 0
                     rstats.recording = False
                     if mb.num_loss_tokens == 0:  # a dummy (or prompt-only) micro-batch: keep the graph, add nothing
                         loss = logp.sum() * 0.0 + entropy.sum() * 0.0
@@ -254,8 +296,9 @@ class PackedPolicy:
                         else:
                             prox = mb.gather(proximal).to(dev)
                         seq_index = mb.seq_index.to(dev)
+                        ref = mb.gather(ref_logp).to(dev) if kl_in_loss else None
                         tok_loss, info = compute_token_loss(alg, logp, prox, behav, adv, seq_index, entropy=entropy,
-                                                            num_seqs=len(mb.rows))
+                                                            ref_logp=ref, num_seqs=len(mb.rows))
                         loss = aggregate(tok_loss, seq_index, cfg.loss_agg_mode, denom)
                         mb_metrics.append(info)
                     if aux_coef > 0:  # token-weighted over the mini-batch (a dummy micro-batch weighs 0)
@@ -289,6 +332,9 @@ class PackedPolicy:
         # near 0 on-policy; grows with staleness; a large value on fresh samples means a broken sync.
         out["behaviour_proximal_abs_diff"] = masked_mean((proximal - batch.behaviour_logp).abs(), batch.loss_mask).item()
         out["updates"] = float(len(steps))
+        if kl_in_loss:  # the KL term the loss carried: token mean over each update, averaged over updates
+            ref_metrics["kl_ref_mean"] = out.get("kl", 0.0)
+        out.update(ref_metrics)
         out["proximal_s"] = t_prox
         out["update_s"] = t_update
         out["train_tokens"] = float(tokens)
@@ -298,12 +344,40 @@ class PackedPolicy:
             out["mfu"] = out["train_tflops_per_gpu"] / cfg.peak_tflops
         # Real tokens over tokens computed: 1 when packed, except for dummy micro-batches (a rank with nothing to do).
         out["padding_efficiency"] = tokens / processed if processed else 1.0
+        if self.config.activation_offload:
+            out["offloaded_gib"] = offloaded / 2**30  # this rank, the whole step (each byte crosses out and back)
         if on_cuda:
             out["peak_mem_proximal_gib"] = peak_prox / 2**30
             out["peak_mem_update_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         out.update(self._routing_metrics(route_stats, routes is not None, aux_total, len(steps)))
         out.update(gap)
         return out
+
+    def _reference_phase(self, batch: TrainBatch, routes: torch.Tensor | None, proximal: torch.Tensor | None,
+                         ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
+        """With kl_coef > 0: (reference log probs (B, T), the per-token KL for the reward or None, metrics
+        `ref_s`, `peak_mem_ref_gib` (CUDA) and, for KL in the reward, `kl_ref_mean`). Else (None, None, {}).
+
+        KL in the reward is KL(π ‖ π_ref) of the policy *before* this step's updates: the proximal log
+        probs where they exist before the updates (recompute: the trainer's forward; bypass: the
+        rollout's), else (reuse, loglinear) the rollout's log probs, the policy that sampled the tokens."""
+        alg = self.config.algorithm
+        if not alg.needs_ref_logp:
+            return None, None, {}
+        on_cuda = self.device.type == "cuda"
+        if on_cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        t0 = time.perf_counter()
+        ref_logp = self.reference_log_probs(batch, routes)
+        metrics = {"ref_s": time.perf_counter() - t0}
+        if on_cuda:
+            metrics["peak_mem_ref_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        if alg.kl_in != "reward":
+            return ref_logp, None, metrics
+        before = proximal if proximal is not None else batch.behaviour_logp
+        token_kl = kl_estimate(alg.kl_estimator, before, ref_logp) * batch.loss_mask
+        metrics["kl_ref_mean"] = masked_mean(token_kl, batch.loss_mask).item()
+        return ref_logp, token_kl, metrics
 
     def _routing_metrics(self, stats: RoutingStats, had_routes: bool, aux_total: float, updates: int) -> dict[str, float]:
         """The step's MoE routing metrics over all ranks (nothing for a dense model or a batch without routes)."""

@@ -23,3 +23,8 @@ class SyncFailedError(TrainerError):
 
 class RouterReplayError(TrainerError, ValueError):
     """MoE routing replay cannot run: no MoE router in the model, or routes of the wrong shape or range."""
+
+
+class ReferencePolicyError(TrainerError, ValueError):
+    """The frozen reference policy of KL regularisation cannot be built or used (no reference held,
+    or a reference model whose parameters do not match the policy's)."""

@@ -9,6 +9,11 @@ shards and AdamW state, bf16 compute. The shared update (`PackedPolicy.train_ste
 every rank gets the same batch, takes its share of the balanced packing plan, syncs gradients only on
 the last micro-batch, clips with the global (sharded) norm.
 
+Reference policy (`algorithm.kl_coef > 0`): a second model, built and sharded the same way (every
+parameter in bf16 under mixed precision: the values FSDP's mixed precision computes with; fp32
+otherwise), frozen (eval, no grads, no optimizer), resharded after each forward; its shards are
+copied from the policy's initial shards, or loaded from `reference_path` (rank 0 reads, broadcast).
+
 Weights out: `iter_sync_parameters` gathers one parameter at a time (cast to the rollout dtype first,
 so the all-gather moves half the bytes), on every rank; rank 0 streams them into arl-sync's sender
 (`named_parameters_for_sync`), the others drain the same iterator (`drain_sync_parameters`).
@@ -24,10 +29,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from arl.trainer import reference
 from arl.trainer.config import TrainerConfig
 from arl.trainer.distributed import DistributedSpec, init_distributed
 from arl.trainer.engine import PackedPolicy
-from arl.trainer.model import PackedCausalLM, apply_activation_checkpointing, decoder_layers
+from arl.trainer.errors import ReferencePolicyError
+from arl.trainer.model import PackedCausalLM, apply_activation_checkpointing, decoder_layers, reset_rotary_buffers
 
 
 def _full_hf_state_dict(model_path: Path) -> dict[str, torch.Tensor]:
@@ -42,15 +49,22 @@ def _full_hf_state_dict(model_path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _reset_rotary_buffers(model: torch.nn.Module, device: torch.device) -> None:
-    """Non-persistent buffers (RoPE inverse frequencies) are garbage after `to_empty`: recompute them."""
-    for module in model.modules():
-        if hasattr(module, "inv_freq") and hasattr(module, "config"):
-            fresh = type(module)(module.config)
-            for name, buf in fresh.named_buffers(recurse=False):
-                setattr(module, name, buf.to(device))
-            if hasattr(fresh, "attention_scaling"):
-                module.attention_scaling = fresh.attention_scaling
+def _load_hf_weights(packed: torch.nn.Module, model_path: Path, rank: int, dtype: torch.dtype) -> None:
+    """Rank 0 reads the HF folder's tensors (as `dtype`), every rank takes its shards (collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    full: dict[str, torch.Tensor] = {}
+    if rank == 0:
+        hf = _full_hf_state_dict(model_path)
+        tied = bool(getattr(packed.hf.config, "tie_word_embeddings", False))
+        for key in packed.state_dict():
+            name = key.removeprefix("hf.")
+            if name not in hf and name == "lm_head.weight" and tied:
+                name = "model.embed_tokens.weight"
+            if name not in hf:
+                raise KeyError(f"{model_path}: checkpoint has no tensor {name!r}")
+            full[key] = hf[name].to(dtype)
+    set_model_state_dict(packed, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
 class FSDPPolicy(PackedPolicy):
@@ -62,8 +76,11 @@ class FSDPPolicy(PackedPolicy):
         *,
         seed: int = 0,
         sync_dtype: torch.dtype | None = None,
+        reference_path: str | Path | None = None,
     ) -> None:
-        """`model`: an HF model folder (weights read on rank 0, broadcast) or an HF config (random init)."""
+        """`model`: an HF model folder (weights read on rank 0, broadcast) or an HF config (random init).
+        `reference_path`: the reference policy's HF folder when algorithm.kl_coef > 0 (a resumed run
+        passes the original base model); None = the policy's initial weights."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -93,31 +110,48 @@ class FSDPPolicy(PackedPolicy):
             fully_shard(layer, **kwargs)
         fully_shard(self.packed, **kwargs)
         self.packed.to_empty(device=self.device)
-        _reset_rotary_buffers(self.model, self.device)
+        reset_rotary_buffers(self.model, self.device)
         if from_folder:
-            self._load_hf_weights()
+            _load_hf_weights(self.packed, self.model_path, self.rank, torch.float32)
         else:
             self._random_init(seed)
+        if config.algorithm.needs_ref_logp:
+            self._build_reference(reference_path, hf_config, mesh, torch.bfloat16 if mp == "bf16" else torch.float32)
         self.model.train()
         o = config.optim
         self.optimizer = torch.optim.AdamW(self.packed.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         self._init_shared()
         self.compute_dtype = torch.bfloat16 if mp == "bf16" else None  # applied by FSDP, not autocast
 
-    def _load_hf_weights(self) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    def _build_reference(self, reference_path: str | Path | None, hf_config: Any, mesh: Any, dtype: torch.dtype) -> None:
+        """The frozen reference, sharded like the policy (see the module docstring); collective."""
+        from torch.distributed.fsdp import fully_shard
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        full: dict[str, torch.Tensor] = {}
-        if self.rank == 0:
-            hf = _full_hf_state_dict(self.model_path)
-            for key in self.packed.state_dict():
-                name = key.removeprefix("hf.")
-                if name not in hf and name == "lm_head.weight" and self.model.config.tie_word_embeddings:
-                    name = "model.embed_tokens.weight"
-                if name not in hf:
-                    raise KeyError(f"{self.model_path}: checkpoint has no tensor {name!r}")
-                full[key] = hf[name].to(torch.float32)
-        set_model_state_dict(self.packed, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        own = reference_path is None or (self.model_path is not None and Path(reference_path).resolve() == self.model_path.resolve())
+        if not own and not (Path(reference_path) / "config.json").is_file():
+            raise ReferencePolicyError(
+                f"reference_path {str(reference_path)!r} is not a Hugging Face model folder (no config.json)")
+        with torch.device("meta"):
+            ref = AutoModelForCausalLM.from_config(hf_config if own else AutoConfig.from_pretrained(reference_path), dtype=dtype)
+        if not own:
+            reference.check_same_parameters(self.model, ref, f"at {reference_path}")
+        ref_packed = PackedCausalLM(ref, temperature=self.config.temperature, chunk_elements=self.config.logprob_chunk_elements)
+        for layer in decoder_layers(ref):  # no mixed-precision policy: the shards already hold the compute dtype
+            fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+        fully_shard(ref_packed, mesh=mesh, reshard_after_forward=True)  # no backward follows: free the root too
+        ref_packed.to_empty(device=self.device)
+        reset_rotary_buffers(ref, self.device)
+        if own:  # this rank's shards of the initial weights, cast: no read, no communication
+            with torch.no_grad():
+                for (name, p), (ref_name, q) in zip(self.packed.named_parameters(), ref_packed.named_parameters(), strict=True):
+                    assert name == ref_name, (name, ref_name)
+                    (q.to_local() if hasattr(q, "to_local") else q).copy_(p.to_local() if hasattr(p, "to_local") else p)
+            self.reference_path = self.model_path
+        else:
+            _load_hf_weights(ref_packed, Path(reference_path), self.rank, dtype)
+            self.reference_path = Path(reference_path)
+        self.ref_packed = reference.freeze(ref_packed)
 
     @torch.no_grad()
     def _random_init(self, seed: int) -> None:

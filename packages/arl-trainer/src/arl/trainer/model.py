@@ -53,6 +53,17 @@ def apply_activation_checkpointing(hf_model: torch.nn.Module, mode: Checkpointin
         layer.forward = forward
 
 
+def reset_rotary_buffers(model: torch.nn.Module, device: torch.device) -> None:
+    """Non-persistent buffers (RoPE inverse frequencies) are garbage after `to_empty`: recompute them."""
+    for module in model.modules():
+        if hasattr(module, "inv_freq") and hasattr(module, "config"):
+            fresh = type(module)(module.config)
+            for name, buf in fresh.named_buffers(recurse=False):
+                setattr(module, name, buf.to(device))
+            if hasattr(fresh, "attention_scaling"):
+                module.attention_scaling = fresh.attention_scaling
+
+
 class PackedCausalLM(torch.nn.Module):
     def __init__(self, hf_model: torch.nn.Module, *, temperature: float = 1.0, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> None:
         super().__init__()
