@@ -77,6 +77,10 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, backen
     spec = DistributedSpec("127.0.0.1", port, rank, world_size, backend=backend, timeout_s=timeout_s)
     try:
         fn(spec, *args)
+        if dist.is_initialized():
+            # Every rank done before any tears down: a rank destroying its group while a peer's
+            # gloo thread still talks to it can abort that peer at exit.
+            dist.barrier()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
