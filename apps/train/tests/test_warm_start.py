@@ -67,3 +67,30 @@ def test_warm_start_overrides():
 
     with pytest.raises(ConfigError, match="warm_start"):
         warm_start_config(["warm_start.nope=1"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_slipped_demonstration_fails_the_tasks_own_check(family, tmp_path):
+    import subprocess
+
+    from arl_train.warm_start import slipped
+
+    task = random_tasks(1, seed=5, families=(family,))[0]
+
+    def solved(command: str, where) -> bool:  # the task's setup, a command and its check, under `where`
+        here = lambda text: text.replace("/app", str(where))  # noqa: E731
+        script = f"set -e\n{here(task.setup)}\n{here(command)}\nset +e\n{here(task.check)}\n"
+        return subprocess.run(["bash", "-c", script], capture_output=True).returncode == 0
+
+    assert solved(task.solution, tmp_path / "oracle")
+    wrong = slipped(task)
+    assert wrong.solution != task.solution and wrong.instruction == task.instruction
+    assert not solved(wrong.solution, tmp_path / "slip")
+
+
+def test_slip_rate_is_checked():
+    from arl_train.config import ConfigError
+
+    assert warm_start_config(["warm_start.slip_rate=0.25"]).slip_rate == 0.25
+    with pytest.raises(ConfigError, match="slip_rate"):
+        warm_start_config(["warm_start.slip_rate=1.5"])

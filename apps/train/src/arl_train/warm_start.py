@@ -22,7 +22,7 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -42,6 +42,11 @@ class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     batch_size: int = 16
     lr: float = 3e-3
     seed: int = 0
+    # Share of demonstrations showing a typical slip (`slipped`: a path without its .txt, a directory
+    # where a file was asked) instead of the oracle's command. The warm-started policy then makes that
+    # slip about as often, a behaviour RL can see and correct within minutes; a 64-wide 2-layer model
+    # cannot learn to copy names and numbers better from a binary reward in that time (README).
+    slip_rate: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.5
     # Shape of the tiny model built for the preset (arl_train.tiny_model.build_tiny_model).
     hidden_size: int = 64
     intermediate_size: int = 128
@@ -62,6 +67,22 @@ def demonstration_messages(task: Any) -> list[dict[str, Any]]:
         {"role": "tool", "tool_call_id": "call_0", "content": _TOOL_OUTPUT},
         {"role": "assistant", "content": "Done."},
     ]
+
+
+def slipped(task: Any) -> Any:
+    """`task` with the command a careless agent would run: the last `.txt` dropped from a path, or, for
+    make-dir, the file made as a directory. The task's check fails on it (tests/test_warm_start.py)."""
+    import dataclasses
+
+    command = task.solution
+    if "touch " in command:
+        wrong = command.replace("touch ", "mkdir -p ")
+    elif ".txt" in command:
+        head, _, tail = command.rpartition(".txt")
+        wrong = head + tail
+    else:
+        raise ValueError(f"no slip defined for task {task.name!r} ({command!r})")
+    return dataclasses.replace(task, solution=wrong)
 
 
 def encode_demonstration(tokenizer: Any, task: Any) -> tuple[list[int], list[int]]:
@@ -176,7 +197,9 @@ def prepare_agent_run(out_dir: Path | str, cfg: WarmStartConfig, *, model_seed: 
 
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     # Other draws than the RL tasks (a different seed); with few choices per slot, instructions recur.
-    examples = [encode_demonstration(tokenizer, t) for t in random_tasks(cfg.examples, seed=cfg.seed + 1)]
+    slips = random.Random(cfg.seed + 2)
+    examples = [encode_demonstration(tokenizer, slipped(t) if slips.random() < cfg.slip_rate else t)
+                for t in random_tasks(cfg.examples, seed=cfg.seed + 1)]
     log(f"arl: warm start: {len(examples)} demonstrations (~{len(examples[0][0])} tokens each), "
         f"{cfg.steps} steps, {len(rl_tasks)} RL tasks in {tasks_dir}")
     losses = supervised_pass(base, model_dir, examples, steps=cfg.steps, batch_size=cfg.batch_size,

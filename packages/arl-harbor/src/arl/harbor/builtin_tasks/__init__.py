@@ -111,10 +111,13 @@ def demonstration(task: BuiltinTask) -> list[str]:
 
 # ----- randomised instances (the agent preset's task set and its warm-start demonstrations) -----
 
-# Few choices per slot: a policy that ignores the instruction solves a family by chance (1 in 4 to 1 in 12),
-# one that reads it always; the gap is what RL has to close after a short warm start.
+# Few choices per slot: a policy that ignores the instruction solves a family by chance (1 in 4 to 1 in 16),
+# one that reads it always; the gap is what RL has to close after a short warm start. (With any 2-digit
+# number, 1 in 360 for write-number, RL never sampled a right answer to learn from: that family stayed at
+# its warm-start rate while the others were already near 90%.)
 _NAMES = ("answer", "result", "output", "notes")
 _WORDS = ("hello", "world", "green", "blue")
+_NUMBERS = ("17", "42", "64", "90")
 FAMILIES = ("write-number", "write-word", "copy-file", "make-dir")
 
 
@@ -125,7 +128,7 @@ def random_task(rng: random.Random, family: str | None = None, *, index: int = 0
     a, b = rng.sample(_NAMES, 2)
     name = f"{family}-{index:04d}"
     if family == "write-number":
-        n = str(rng.randint(10, 99))
+        n = rng.choice(_NUMBERS)
         return BuiltinTask(name, f"Write the number {n} to /app/{a}.txt.", "mkdir -p /app",
                            f'[ "$(tr -d " \\n" < /app/{a}.txt 2>/dev/null)" = "{n}" ]',
                            f"echo {n} > /app/{a}.txt")
