@@ -1,0 +1,79 @@
+"""A plain GRPO loop on the agent preset's first turn, outside arl: the baseline for its RL runs.
+
+It answers one question about `--preset agent`: when the reward does not rise, is it arl (the proxy,
+segments, the queue, the trainer) or the setting (the tiny model, a binary reward, tens of samples per
+step)? This loop has none of arl's machinery: Hugging Face `generate` samples the first assistant turn of
+8 random tasks × 4 at temperature 1, the reward is 1 when the tool call's command is the oracle's (what
+the sandbox check accepts for these tasks), advantages are GRPO's per task, the loss is token-mean over
+the turn, one AdamW update per step (grad clip 1.0) — the app's defaults.
+
+    uv run python apps/train/benchmarks/agent_grpo_offline.py runs/agent/model_sft --lr 5e-4 --steps 25
+
+Prints the mean reward of each step's 32 samples (README, "agent preset").
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from arl.harbor.builtin_tasks import random_tasks
+from arl.harbor.shell_agent import BASH_TOOL, SYSTEM_PROMPT
+
+TASKS_PER_STEP, SAMPLES_PER_TASK, MAX_TOKENS = 8, 4, 40
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="an HF model folder, e.g. a preset run's model_sft")
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tasks, rng = random_tasks(64, seed=args.seed), random.Random(args.seed)
+
+    def prompt_ids(task) -> list[int]:
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.instruction.strip()}]
+        text = tokenizer.apply_chat_template(messages, tools=[BASH_TOOL], tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def reward(task, completion: str) -> float:
+        call = re.search(r'"command": "(.*?)"\}', completion)
+        return float(call is not None and call.group(1) == task.solution)
+
+    for step in range(1, args.steps + 1):
+        groups, rewards, tokens = [], [], 0.0
+        for task in rng.sample(tasks, TASKS_PER_STEP):
+            ids = torch.tensor([prompt_ids(task)]).repeat(SAMPLES_PER_TASK, 1)
+            with torch.no_grad():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                                     top_k=0, top_p=1.0, max_new_tokens=MAX_TOKENS, pad_token_id=tokenizer.pad_token_id)
+            turn = out[:, ids.shape[1]:]
+            r = torch.tensor([reward(task, tokenizer.decode(row)) for row in turn])
+            advantages = (r - r.mean()) / (r.std() + 1e-6) if r.std() > 0 else torch.zeros_like(r)
+            # The turn ends at its first <|im_end|>: later tokens (padding) are not trained.
+            after_end = (turn == end_of_turn).long().cumsum(-1) - (turn == end_of_turn).long()
+            mask = (after_end == 0).float()
+            groups.append((out, ids.shape[1], advantages, mask))
+            rewards += r.tolist()
+            tokens += float(mask.sum())
+        optimizer.zero_grad()
+        for out, start, advantages, mask in groups:
+            logp = torch.log_softmax(model(out).logits[:, start - 1:-1].float(), -1).gather(-1, out[:, start:, None])[..., 0]
+            (-(advantages[:, None] * logp * mask).sum() / tokens).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        print(f"step {step} reward {sum(rewards) / len(rewards):.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
