@@ -3,13 +3,13 @@
 It answers one question about `--preset agent`: when the reward does not rise, is it arl (the proxy,
 segments, the queue, the trainer) or the setting (the tiny model, a binary reward, tens of samples per
 step)? This loop has none of arl's machinery: Hugging Face `generate` samples the first assistant turn of
-8 random tasks × 4 at temperature 1, the reward is 1 when the tool call's command is the oracle's (what
+`--tasks` random tasks × `--samples` (8 × 4) at temperature 1, the reward is 1 when the tool call's command is the oracle's (what
 the sandbox check accepts for these tasks), advantages are GRPO's per task, the loss is token-mean over
 the turn, one AdamW update per step (grad clip 1.0) — the app's defaults.
 
     uv run python apps/train/benchmarks/agent_grpo_offline.py runs/agent/model_sft --lr 5e-4 --steps 25
 
-Prints the mean reward of each step's 32 samples (README, "agent preset").
+Prints the mean reward of each step's samples (README, "agent preset").
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from arl.harbor.builtin_tasks import random_tasks
 from arl.harbor.shell_agent import BASH_TOOL, SYSTEM_PROMPT
 
-TASKS_PER_STEP, SAMPLES_PER_TASK, MAX_TOKENS = 8, 4, 40
+MAX_TOKENS = 40
 
 
 def main() -> None:
@@ -32,6 +32,8 @@ def main() -> None:
     parser.add_argument("model", help="an HF model folder, e.g. a preset run's model_sft")
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--tasks", type=int, default=8, help="tasks per step")
+    parser.add_argument("--samples", type=int, default=4, help="samples per task (the GRPO group)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.manual_seed(args.seed)
@@ -52,8 +54,8 @@ def main() -> None:
 
     for step in range(1, args.steps + 1):
         groups, rewards, tokens = [], [], 0.0
-        for task in rng.sample(tasks, TASKS_PER_STEP):
-            ids = torch.tensor([prompt_ids(task)]).repeat(SAMPLES_PER_TASK, 1)
+        for task in rng.sample(tasks, args.tasks):
+            ids = torch.tensor([prompt_ids(task)]).repeat(args.samples, 1)
             with torch.no_grad():
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
                                      top_k=0, top_p=1.0, max_new_tokens=MAX_TOKENS, pad_token_id=tokenizer.pad_token_id)
