@@ -17,6 +17,7 @@ from arl.rollout.engines.torch_engine import TorchEngine, TorchEngineConfig
 from arl.rollout.testing import save_random_qwen3_moe
 from arl.trainer.batch import assemble_batch
 from arl.trainer.router_replay import replay_gap_metrics, routes_for_batch
+from arl.trainer.testing import LocalSource
 
 torch.set_num_threads(1)
 
@@ -66,17 +67,6 @@ async def sample_with_routes(model_dir, prompts, max_tokens=8):
     return samples
 
 
-class _QueueSource:
-    def __init__(self, queue):
-        self.queue = queue
-
-    async def get_batch(self, n, timeout=None):
-        return await self.queue.get_batch(n, timeout)
-
-    async def size(self):
-        return self.queue.size()
-
-
 async def test_trainer_loop_replays_engine_routes(tmp_path):
     from arl.queue import MessageQueue
     from arl.trainer import HFPolicy, Trainer, TrainerConfig
@@ -90,7 +80,7 @@ async def test_trainer_loop_replays_engine_routes(tmp_path):
     cfg = TrainerConfig(ppo_mini_batch_size=2, trigger_parameter_sync_step=100, batch_timeout_s=30,
                         mixed_precision="none", router_replay="rollout", router_replay_gap_every=1,
                         router_aux_loss_coef=0.01)
-    trainer = Trainer(HFPolicy(model_dir, cfg), _QueueSource(queue), None, None, cfg, pad_token_id=0)
+    trainer = Trainer(HFPolicy(model_dir, cfg), LocalSource(queue), None, None, cfg, pad_token_id=0)
     m = await trainer.train_step()
     assert m["router_replay/routed_tokens"] == 4 * 8  # every sampled token's route reached the update
     # The proximal (recompute) pass replays the engine's experts: the engine's log probs within fp32 tolerance.

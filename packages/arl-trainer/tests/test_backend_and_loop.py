@@ -9,6 +9,7 @@ from arl.queue.types import Response, Sample
 from arl.sync import SyncConfig, WeightReceiver
 from arl.trainer import HFPolicy, Trainer, TrainerConfig, WeightPublisher, assemble_batch
 from arl.trainer.config import OptimConfig
+from arl.trainer.testing import LocalSource
 
 
 def sample(uid, good, bad, behaviour_logp=-3.0, version=0):
@@ -30,19 +31,6 @@ def test_train_step_raises_logprob_of_rewarded_response(tiny_model_dir):
     assert after[0] > before[0] + 0.5  # the rewarded response became more likely
     assert after[1] < before[1]  # the unrewarded one less
     assert metrics["updates"] == 1.0 and metrics["grad_norm"] > 0
-
-
-class LocalSource:
-    """The asyncio MessageQueue as a `SampleSource` (the app uses the Ray actor's client)."""
-
-    def __init__(self, queue):
-        self.queue = queue
-
-    async def get_batch(self, n, timeout=None):
-        return await self.queue.get_batch(n, timeout)
-
-    async def size(self):
-        return self.queue.size()
 
 
 class ReceivingRollout:

@@ -68,19 +68,29 @@ class SimPolicy:
         return iter(())
 
 
-class SimSource:
-    """The trainer's sample source over an in-process `MessageQueue`, settling compute first."""
+class LocalSource:
+    """An in-process asyncio `MessageQueue` as the trainer's `SampleSource` (the app uses the Ray actor's client)."""
 
-    def __init__(self, queue: Any, timeline: TrainerTimeline) -> None:
+    def __init__(self, queue: Any) -> None:
         self.queue = queue
-        self.timeline = timeline
 
     async def get_batch(self, n: int, timeout: float | None = None) -> list[Any]:
-        await self.timeline.settle()
         return await self.queue.get_batch(n, timeout)
 
     async def size(self) -> int:
         return self.queue.size()
+
+
+class SimSource(LocalSource):
+    """`LocalSource` that settles the simulated compute before each batch."""
+
+    def __init__(self, queue: Any, timeline: TrainerTimeline) -> None:
+        super().__init__(queue)
+        self.timeline = timeline
+
+    async def get_batch(self, n: int, timeout: float | None = None) -> list[Any]:
+        await self.timeline.settle()
+        return await super().get_batch(n, timeout)
 
 
 class SimRolloutControl:
