@@ -160,8 +160,13 @@ class RolloutActor:
         await self.rollouter.pause()
         from arl_train.placement import layout_of
 
+        live = self.rollouter.manager.healthy_replicas
+        if not live:  # every replica died (e.g. during this pause): nothing can receive the weights
+            from arl.rollout.errors import NoHealthyReplicaError
+
+            raise NoHealthyReplicaError(f"all {len(self._engines)} engine replicas are dead; no weight sync possible")
         per_replica = layout_of(self.config).receivers // max(1, len(self._engines))
-        return per_replica * len(self.rollouter.manager.healthy_replicas)
+        return per_replica * len(live)
 
     async def update_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
         await self.rollouter.update_weights(sync_address, sync_config_json, version)
@@ -255,7 +260,7 @@ class _RolloutHandle:
 
     async def pause(self) -> None:
         live_receivers = await asyncio.wait_for(self.handle.pause.remote(), self.pause_timeout_s)
-        if self.publisher is not None and live_receivers:  # a dead replica's receivers skip this sync
+        if self.publisher is not None:  # a dead replica's receivers skip this sync
             self.publisher.sender.num_receivers = live_receivers
 
     async def update_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
