@@ -1,6 +1,6 @@
 """The order of colocated turn-taking around one trainer step (the end-to-end run is in
 tests/test_train_colocated.py): sleep only once the whole batch is taken, weights woken before the
-transfer, KV cache woken before generation resumes."""
+transfer (after the trainer's cached GPU memory is released), KV cache woken before generation resumes."""
 
 from arl_train.colocated import ColocatedControl, ColocatedSource
 
@@ -49,7 +49,8 @@ class _Inner:
 async def test_one_step_sleeps_after_the_batch_and_wakes_around_the_sync():
     log = []
     inner = _Inner(log)
-    control = ColocatedControl(inner, _RolloutActorHandle(log), sleep_level=1, timeout_s=5)
+    control = ColocatedControl(inner, _RolloutActorHandle(log), sleep_level=1, timeout_s=5,
+                               release_trainer_memory=lambda: log.append(("release_trainer_memory",)))
     source = ColocatedSource(inner, control, required=5)
     got = await source.get_batch(5)
     assert log == [("get_batch", 5)] and not control.asleep  # 3 of 5: generation goes on
@@ -58,7 +59,7 @@ async def test_one_step_sleeps_after_the_batch_and_wakes_around_the_sync():
     await control.pause()
     await control.update_weights("tcp://x", b"{}", 1)
     await control.resume(0)
-    assert log[-6:] == [("sleep", 1), ("pause",), ("wake_up", ["weights"]), ("update_weights", 1),
+    assert log[-7:] == [("sleep", 1), ("pause",), ("release_trainer_memory",), ("wake_up", ["weights"]), ("update_weights", 1),
                         ("wake_up", ["kv_cache"]), ("resume", 0)]
     assert log[-1] == ("resume", 0) and not control.asleep
     assert set(control.pop_timings()) == {"colocated_sleep_s", "colocated_wake_weights_s", "colocated_wake_kv_s"}

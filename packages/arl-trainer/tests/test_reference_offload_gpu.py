@@ -86,9 +86,10 @@ def test_activation_offload_on_cuda_same_update_less_memory(checkpointing):
         cfg = TrainerConfig(optim=OptimConfig(lr=1e-4), max_tokens_per_microbatch=8192,
                             activation_checkpointing=checkpointing, activation_offload=offload)
         policy = HFPolicy(copy.deepcopy(base), cfg, device="cuda")
-        metrics = policy.train_step(batch, mini_batch_rows=4)
-        # Memory held between forward and backward of one micro-batch: the saved activations.
         mb = pack_rows(batch, [0, 1, 2, 3]).to(policy.device)
+        with torch.no_grad(), policy._autocast():
+            policy.packed(mb)  # warm-up: lazy CUDA workspaces are not activations
+        # Memory held between forward and backward of one micro-batch: the saved activations.
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         with policy._autocast(), (HostActivationOffload() if offload else contextlib.nullcontext()):
@@ -96,10 +97,17 @@ def test_activation_offload_on_cuda_same_update_less_memory(checkpointing):
         torch.cuda.synchronize()
         held = torch.cuda.memory_allocated() - before
         logp.sum().backward()
-        results[offload] = (metrics, {n: p.detach().clone() for n, p in policy.model.named_parameters()}, held)
-    (m_off, p_off, held_off), (m_on, p_on, held_on) = results[False], results[True]
+        grads = {n: p.grad.detach().clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+        policy.model.zero_grad(set_to_none=True)
+        metrics = policy.train_step(batch, mini_batch_rows=4)
+        results[offload] = (metrics, grads, held)
+    (m_off, g_off, held_off), (m_on, g_on, held_on) = results[False], results[True]
     assert m_on["loss"] == pytest.approx(m_off["loss"], rel=1e-6, abs=1e-7)
-    for n, p in p_off.items():
-        assert torch.allclose(p_on[n], p, atol=1e-6, rtol=1e-5), n
+    assert g_on.keys() == g_off.keys() and g_off
+    for n, g in g_off.items():
+        # Gradients, not Adam-updated weights: CUDA's embedding backward accumulates with atomics, so two
+        # runs differ in the last bits, and Adam turns that noise on near-zero gradients into lr-sized steps
+        # (the first H200 run of this test compared weights and failed on embed_tokens for that reason).
+        assert (g_on[n] - g).norm() <= 1e-5 * g.norm() + 1e-12, n
     assert m_on["offloaded_gib"] > 0 and "offloaded_gib" not in m_off
     assert held_on < held_off / 2, (held_on, held_off)

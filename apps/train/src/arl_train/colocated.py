@@ -17,17 +17,34 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
+
+
+def release_cached_gpu_memory() -> None:
+    """Hand the trainer's cached CUDA blocks (activations of the step just done) back to the driver.
+
+    PyTorch's allocator keeps freed blocks reserved; vLLM waking on the same GPU allocates through its own
+    allocator and would find them taken (measured: a 1.7B-shape colocated run ran out of memory at wake
+    with the trainer's ~40 GiB step peak still reserved). A no-op where CUDA was never used.
+    """
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 class ColocatedControl:
     """`RolloutControl` that wakes the sleeping replicas around the weight transfer."""
 
-    def __init__(self, inner: Any, rollout_handle: Any, sleep_level: int, timeout_s: float) -> None:
+    def __init__(self, inner: Any, rollout_handle: Any, sleep_level: int, timeout_s: float,
+                 release_trainer_memory: Callable[[], None] = release_cached_gpu_memory) -> None:
         self.inner = inner
         self.rollout = rollout_handle
         self.sleep_level = sleep_level
         self.timeout_s = timeout_s
+        self.release_trainer_memory = release_trainer_memory
         self.asleep = False
         self._timings: dict[str, float] = {}
 
@@ -46,6 +63,7 @@ class ColocatedControl:
     async def pause(self) -> None:
         await self.inner.pause()
         if self.asleep:  # the weights' memory must be back before the sync writes into it
+            self.release_trainer_memory()
             await self._wake(["weights"], "colocated_wake_weights_s")
 
     async def update_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:

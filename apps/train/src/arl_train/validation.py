@@ -55,9 +55,14 @@ def validate(config: AppConfig) -> AppConfig:
     m = config.model
     _require(m.dtype in DTYPES, "model.dtype", m.dtype, f"must be one of {list(DTYPES)}")
     _require(m.seed >= 0, "model.seed", m.seed, "must be >= 0")
-    if m.path != "builtin:tiny" and config.ray.address is None:
+    if m.path.startswith("builtin:"):
+        from arl_train.tiny_model import MODEL_SHAPES
+
+        _require(m.path.removeprefix("builtin:") in MODEL_SHAPES, "model.path", m.path,
+                 f"unknown built-in model; available: {['builtin:' + name for name in MODEL_SHAPES]}")
+    elif config.ray.address is None:
         _require((Path(m.path) / "config.json").is_file(), "model.path", m.path,
-                 "must be 'builtin:tiny' or a Hugging Face model folder (no config.json there)")
+                 "must be builtin:<shape> or a Hugging Face model folder (no config.json there)")
     # data
     d = config.data
     _at_least(config, "data", "size", 1)

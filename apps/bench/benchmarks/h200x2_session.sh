@@ -1,0 +1,54 @@
+#!/bin/bash
+# Every 2×H200 measurement of issues #14 (async speedup) and #8 (trainer at scale) in one detached run,
+# so it outlasts a single device call (10 min): start it with setsid, then poll its logs.
+#
+#   source .device-stage/bin/env.sh
+#   setsid bash apps/bench/benchmarks/h200x2_session.sh /tmp/arl-session [phases] </dev/null >/dev/null 2>&1 &
+#   tail /tmp/arl-session/progress.log
+#
+# phases (default all, in this order):
+#   rates      raw_vllm_rates.py: the small workload on GPU 0 beside the balanced one on GPU 1
+#   trainer    arl-trainer's GPU tests on GPU 0 beside the activation-offload and KL-reference benchmarks on GPU 1
+#   small      apps/bench compare, colocated vs mode d, random Qwen3-0.6B shape (configs/h200x2.toml)
+#   fsdp       train_7b_fsdp.py (FSDP2, Qwen2.5-7B shape, 8k rows) and the app's two-rank FSDP2 test
+#   balanced   the same compare on the random Qwen3-1.7B shape
+set -u
+LOG=${1:-/tmp/arl-session}
+PHASES=${2:-rates,trainer,small,fsdp,balanced}
+mkdir -p "$LOG"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+say() { echo "$(date +%T) $*" >> "$LOG/progress.log"; }
+compare() {  # name overrides...
+  local name=$1; shift
+  timeout 900 python apps/bench/__main__.py compare --preset h200x2 --modes colocated,d --warmup-steps 1 \
+    --colocated-overrides "actor.ppo_mini_batch_size=8" --colocated-scale 2 --out "$LOG/bench_$name" "$@" \
+    > "$LOG/bench_$name.log" 2>&1
+  say "compare $name exit $?"
+}
+say "start: $PHASES"
+for phase in ${PHASES//,/ }; do
+  say "phase $phase"
+  case $phase in
+    rates)
+      OUT=$LOG/rates_small CUDA_VISIBLE_DEVICES=0 timeout 540 python apps/bench/benchmarks/raw_vllm_rates.py \
+        --workloads small --budget-s 420 > "$LOG/rates_small.log" 2>&1 &
+      OUT=$LOG/rates_balanced CUDA_VISIBLE_DEVICES=1 timeout 540 python apps/bench/benchmarks/raw_vllm_rates.py \
+        --workloads balanced --budget-s 420 > "$LOG/rates_balanced.log" 2>&1 &
+      wait; say "rates done" ;;
+    trainer)
+      CUDA_VISIBLE_DEVICES=0 timeout 400 python -m pytest -q -m gpu packages/arl-trainer/tests -p no:cacheprovider \
+        > "$LOG/trainer_tests.log" 2>&1 &
+      (export CUDA_VISIBLE_DEVICES=1 OUT=$LOG/trainer_bench; mkdir -p "$OUT"
+       timeout 200 python packages/arl-trainer/benchmarks/activation_offload.py > "$LOG/activation_offload.log" 2>&1
+       timeout 200 python packages/arl-trainer/benchmarks/reference_policy.py > "$LOG/reference_policy.log" 2>&1) &
+      wait; say "trainer done" ;;
+    small) compare small ;;
+    fsdp)
+      OUT=$LOG/fsdp timeout 420 python packages/arl-trainer/benchmarks/train_7b_fsdp.py > "$LOG/train_7b_fsdp.log" 2>&1
+      say "train_7b_fsdp exit $?"
+      timeout 300 python -m pytest -q -m gpu tests/test_train_fsdp_gpu.py -p no:cacheprovider > "$LOG/fsdp_app_test.log" 2>&1
+      say "fsdp app test exit $?" ;;
+    balanced) compare balanced model.path=builtin:qwen3-1.7b-random ;;
+  esac
+done
+say "all done"

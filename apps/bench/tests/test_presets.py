@@ -1,0 +1,23 @@
+"""Every shipped config loads and validates on this machine (no GPU needed to load one): a preset that
+only fails once it reaches the device costs a whole device call."""
+
+from pathlib import Path
+
+import pytest
+
+from arl_train.config import load_config
+
+ROOT = Path(__file__).resolve().parents[3]
+CONFIGS = sorted([*(ROOT / "apps" / "bench" / "configs").glob("*.toml"), *(ROOT / "apps" / "train" / "configs").glob("*.toml")])
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[f"{p.parent.parent.name}/{p.name}" for p in CONFIGS])
+def test_shipped_config_loads(path):
+    config = load_config(path)
+    assert config.model.path
+
+
+@pytest.mark.parametrize("shape", ["qwen3-1.7b-random", "qwen3-4b-random"])
+def test_bench_preset_takes_the_larger_shapes(shape):
+    config = load_config(ROOT / "apps" / "bench" / "configs" / "h200x2.toml", [f"model.path=builtin:{shape}"])
+    assert config.model.path == f"builtin:{shape}"
