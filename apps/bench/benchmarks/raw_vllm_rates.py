@@ -13,7 +13,10 @@ and the ideal speedup of a 1+1 split over colocated on 2 GPUs (issue #14):
   ideal = (1/g_sync + 1/t) / (2 · max(1/g_cont, 1/t)).
 Response lengths are lognormal (median 659, p99 4,132: p99/median 6.27), exact thanks to ignore_eos.
 `small` = qwen3-0.6b-random (generation dominates: the split halves decode capacity, ideal ≤ 1);
-`balanced` = qwen3-1.7b-random, whose training cost per token is closer to its decode cost.
+`balanced` = qwen3-1.7b-random (measured on an H200: its t / g_cont is 2.1, the small shape's 1.9,
+so it is not balanced after all); `long-prompt` = the small shape with 1,024-token prompts, which the
+trainer runs over and the engine only prefills, as agentic contexts are: t per response token ≈ g_cont.
+t is reported per trained token (`t`) and per response token (`t_response`, the formula's unit).
 The small workload also sweeps decode tokens/s vs batch size (fixed 256-token requests), printed as
 the [decode] table of apps/bench/calibration/h200.toml, with t as [train].
 
@@ -39,11 +42,13 @@ for src in [ROOT / "apps" / "train" / "src", *sorted((ROOT / "packages").glob("*
         sys.path.append(str(src))
 
 WORKLOADS = {
-    "small": {"shape": "qwen3-0.6b-random", "requests": 512, "sweep": True},
-    "balanced": {"shape": "qwen3-1.7b-random", "requests": 256, "sweep": False},
+    "small": {"shape": "qwen3-0.6b-random", "requests": 512, "sweep": True, "prompt_len": 64},
+    "balanced": {"shape": "qwen3-1.7b-random", "requests": 256, "sweep": False, "prompt_len": 64},
+    # Agentic rollouts carry long contexts (tool output, history) that the trainer runs over but the
+    # engine only prefills: the training cost per generated token rises towards the decode cost.
+    "long-prompt": {"shape": "qwen3-0.6b-random", "requests": 512, "sweep": False, "prompt_len": 1024},
 }
 MEDIAN, P99 = 659, 4132
-PROMPT_LEN = 64
 
 
 def lengths(count: int, seed: int, max_len: int) -> list[int]:
@@ -53,16 +58,16 @@ def lengths(count: int, seed: int, max_len: int) -> list[int]:
     return sample_lengths(spec, count, seed=seed)
 
 
-def prompts(count: int, seed: int) -> list[list[int]]:
+def prompts(count: int, seed: int, prompt_len: int) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(10, 1000) for _ in range(PROMPT_LEN)] for _ in range(count)]
+    return [[rng.randrange(10, 1000) for _ in range(prompt_len)] for _ in range(count)]
 
 
 def ideal_speedup(g_sync: float, g_cont: float, t: float) -> float:
     return (1 / g_sync + 1 / t) / (2 * max(1 / g_cont, 1 / t))
 
 
-async def measure_vllm(model: Path, targets: list[int], batch: int, sweep: bool, args) -> dict:
+async def measure_vllm(model: Path, targets: list[int], batch: int, sweep: bool, prompt_len: int, args) -> dict:
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.inputs import TokensPrompt
@@ -71,12 +76,12 @@ async def measure_vllm(model: Path, targets: list[int], batch: int, sweep: bool,
 
     started = time.perf_counter()
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
-        model=str(model), dtype="bfloat16", max_model_len=PROMPT_LEN + max(targets) + 16, seed=0,
+        model=str(model), dtype="bfloat16", max_model_len=prompt_len + max(targets) + 16, seed=0,
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=max(256, batch),
         distributed_executor_backend="uni", disable_log_stats=True,
     ))
     start_s = time.perf_counter() - started
-    ids = prompts(len(targets), seed=1)
+    ids = prompts(len(targets), seed=1, prompt_len=prompt_len)
     counter = iter(range(10**9))
 
     async def one(prompt: list[int], n_tokens: int) -> int:
@@ -126,7 +131,7 @@ async def measure_vllm(model: Path, targets: list[int], batch: int, sweep: bool,
     }
 
 
-def measure_train(model: Path, targets: list[int], args) -> dict:
+def measure_train(model: Path, targets: list[int], prompt_len: int, args) -> dict:
     import torch
 
     from arl.queue.types import Response, Sample
@@ -142,7 +147,7 @@ def measure_train(model: Path, targets: list[int], args) -> dict:
     def batch(offset: int):
         samples = []
         for p in range(args.train_prompts):
-            prompt = [rng.randrange(10, 1000) for _ in range(PROMPT_LEN)]
+            prompt = [rng.randrange(10, 1000) for _ in range(prompt_len)]
             responses = []
             for k in range(n):
                 length = targets[(offset + p * n + k) % len(targets)]
@@ -161,11 +166,14 @@ def measure_train(model: Path, targets: list[int], args) -> dict:
         policy.train_step(b, mini_batch_rows=args.train_rows)
         sync()
         rows.append({"seconds": time.perf_counter() - t0, "tokens": int(b.attention_mask.sum()),
+                     "response_tokens": int(b.attention_mask.sum()) - args.train_prompts * n * prompt_len,
                      "padded_tokens": int(b.attention_mask.numel())})
     measured = rows[1:]  # step 0 warms up kernels and the allocator
     seconds = sum(r["seconds"] for r in measured)
     out = {
         "t": sum(r["tokens"] for r in measured) / seconds,
+        # The same rate counted in response tokens, the unit g is in: what the formula compares.
+        "t_response": sum(r["response_tokens"] for r in measured) / seconds,
         "t_padded": sum(r["padded_tokens"] for r in measured) / seconds,
         "steps": measured,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0,
@@ -199,7 +207,7 @@ def main() -> int:
     if args.cpu_smoke:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        WORKLOADS["small"] = {"shape": "tiny", "requests": 16, "sweep": True}
+        WORKLOADS["small"] = {"shape": "tiny", "requests": 16, "sweep": True, "prompt_len": 16}
         args.workloads, args.batch, args.max_len, args.sweep = "small", 8, 64, [1, 4]
         args.train_prompts, args.train_rows, args.train_steps, args.n = 2, 4, 1, 2
         MEDIAN, P99 = 8, 48
@@ -209,7 +217,8 @@ def main() -> int:
     from arl_train.tiny_model import build_builtin_model
 
     result: dict = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "median": MEDIAN, "p99": P99, "batch": args.batch,
-                    "formula": "(1/g_sync + 1/t) / (2*max(1/g_cont, 1/t))", "workloads": {}}
+                    "formula": "(1/g_sync + 1/t) / (2*max(1/g_cont, 1/t)), t in response tokens/s (t_response)",
+                    "workloads": {}}
     out_dir = os.environ.get("OUT")
     begin = time.perf_counter()
     for name in [w.strip() for w in args.workloads.split(",") if w.strip()]:
@@ -222,20 +231,21 @@ def main() -> int:
             t0 = time.perf_counter()
             model = build_builtin_model(spec["shape"], Path(tmp) / "model", seed=0)
             build_s = time.perf_counter() - t0
-            gen = asyncio.run(measure_vllm(model, targets, args.batch, spec["sweep"], args))
-            train = measure_train(model, targets, args)
+            gen = asyncio.run(measure_vllm(model, targets, args.batch, spec["sweep"], spec["prompt_len"], args))
+            train = measure_train(model, targets, spec["prompt_len"], args)
         row = {
-            "shape": spec["shape"], "requests": len(targets), "build_s": build_s,
+            "shape": spec["shape"], "requests": len(targets), "prompt_len": spec["prompt_len"], "build_s": build_s,
             "length_median": sorted(targets)[len(targets) // 2],
             "length_p99": sorted(targets)[min(len(targets) - 1, math.ceil(0.99 * len(targets)) - 1)],
-            **gen, "t": train["t"], "t_padded": train["t_padded"], "train_steps": train["steps"],
+            **gen, "t": train["t"], "t_response": train["t_response"], "t_padded": train["t_padded"],
+            "train_steps": train["steps"],
             "train_peak_memory_gib": train["peak_memory_gib"],
             "r": gen["g_cont"] / gen["g_sync"],
-            "ideal_speedup_1plus1": ideal_speedup(gen["g_sync"], gen["g_cont"], train["t"]),
+            "ideal_speedup_1plus1": ideal_speedup(gen["g_sync"], gen["g_cont"], train["t_response"]),
         }
         result["workloads"][name] = row
         print(f"raw_vllm_rates: {name} ({spec['shape']}): g_sync {row['g_sync']:.0f}, g_cont {row['g_cont']:.0f}, "
-              f"t {row['t']:.0f} tokens/s → ideal {row['ideal_speedup_1plus1']:.2f}× "
+              f"t {row['t']:.0f} tokens/s ({row['t_response']:.0f} per response token) → ideal {row['ideal_speedup_1plus1']:.2f}× "
               f"[{time.perf_counter() - begin:.0f} s]", file=sys.stderr, flush=True)
         if out_dir:  # keep what is measured even if a later workload runs out of time
             Path(out_dir).mkdir(parents=True, exist_ok=True)
