@@ -38,7 +38,7 @@ class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Demonstrations for the supervised pass (other random instances than the RL tasks).
     examples: int = 512
     # Optimizer steps of the supervised pass, and its batch size and learning rate (AdamW).
-    steps: int = 150
+    steps: int = 240
     batch_size: int = 16
     lr: float = 3e-3
     seed: int = 0
