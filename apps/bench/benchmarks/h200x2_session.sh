@@ -6,15 +6,20 @@
 #   setsid bash apps/bench/benchmarks/h200x2_session.sh /tmp/arl-session [phases] </dev/null >/dev/null 2>&1 &
 #   tail /tmp/arl-session/progress.log
 #
+# Copy results back without the run folders' model weights (a device call returns 64 MiB at most):
+#   cd /tmp && find arl-session -name "*.log" -o -name "*.json" | tar czf $OUT/logs.tgz -T -
+#
 # phases (default all, in this order):
 #   rates      raw_vllm_rates.py: the small workload on GPU 0 beside the balanced one on GPU 1
 #   trainer    arl-trainer's GPU tests on GPU 0 beside the activation-offload and KL-reference benchmarks on GPU 1
 #   small      apps/bench compare, colocated vs mode d, random Qwen3-0.6B shape (configs/h200x2.toml)
 #   fsdp       train_7b_fsdp.py (FSDP2, Qwen2.5-7B shape, 8k rows) and the app's two-rank FSDP2 test
 #   balanced   the same compare on the random Qwen3-1.7B shape
+#   longprompt raw rates of the long-prompt workload (GPU 0), then the compare with ~1,000-token prompts
+#              (340 words of the tiny tokenizer, ~3 tokens each): the workload whose ideal is ~1.4×
 set -u
 LOG=${1:-/tmp/arl-session}
-PHASES=${2:-rates,trainer,small,fsdp,balanced}
+PHASES=${2:-rates,trainer,small,fsdp,balanced,longprompt}
 mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 say() { echo "$(date +%T) $*" >> "$LOG/progress.log"; }
@@ -49,6 +54,12 @@ for phase in ${PHASES//,/ }; do
       timeout 300 python -m pytest -q -m gpu tests/test_train_fsdp_gpu.py -p no:cacheprovider > "$LOG/fsdp_app_test.log" 2>&1
       say "fsdp app test exit $?" ;;
     balanced) compare balanced model.path=builtin:qwen3-1.7b-random ;;
+    longprompt)
+      OUT=$LOG/rates_long_prompt CUDA_VISIBLE_DEVICES=0 timeout 420 python apps/bench/benchmarks/raw_vllm_rates.py \
+        --workloads long-prompt --budget-s 400 > "$LOG/rates_long_prompt.log" 2>&1
+      say "rates long-prompt exit $?"
+      compare long_prompt "data.source=builtin:longtail?median=659&p99_ratio=6.27&max=7168&prompt_words=340" \
+        rollout.max_tokens=7168 ;;
   esac
 done
 say "all done"
