@@ -15,14 +15,15 @@ Prints the mean reward of each step's samples (README, "agent preset").
 from __future__ import annotations
 
 import argparse
+import json
 import random
-import re
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from arl.harbor.builtin_tasks import random_tasks
 from arl.harbor.shell_agent import BASH_TOOL, SYSTEM_PROMPT
+from arl.proxy.tool_parsers import parse_hermes
 
 MAX_TOKENS = 40
 
@@ -49,8 +50,10 @@ def main() -> None:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def reward(task, completion: str) -> float:
-        call = re.search(r'"command": "(.*?)"\}', completion)
-        return float(call is not None and call.group(1) == task.solution)
+        # The proxy's own hermes parser reads the call, as in the app (a turn it cannot parse has no calls).
+        calls = parse_hermes(completion.split("<|im_end|>")[0], [BASH_TOOL]).tool_calls
+        arguments = json.loads(calls[0].arguments) if calls else None
+        return float(isinstance(arguments, dict) and arguments.get("command") == task.solution)
 
     for step in range(1, args.steps + 1):
         groups, rewards, tokens = [], [], 0.0
