@@ -17,9 +17,14 @@
 #   balanced   the same compare on the random Qwen3-1.7B shape
 #   longprompt raw rates of the long-prompt workload (GPU 0), then the compare with ~1,000-token prompts
 #              (340 words of the tiny tokenizer, ~3 tokens each): the workload whose ideal is ~1.4×
+#   measure    side by side, one GPU each: the profiled 0.5B trainer step then long-prompt raw rates
+#              (GPU 0); arl-trainer's GPU tests, the LM-head benchmark and the CUDA IPC sweep (GPU 1);
+#              one after the other on a one-GPU machine
+#   longcompare  the long-prompt compare alone (its raw rates come from `measure`)
 set -u
 LOG=${1:-/tmp/arl-session}
 PHASES=${2:-rates,trainer,small,fsdp,balanced,longprompt}
+LONG_PROMPT=("data.source=builtin:longtail?median=659&p99_ratio=6.27&max=7168&prompt_words=340" rollout.max_tokens=7168)
 mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 say() { echo "$(date +%T) $*" >> "$LOG/progress.log"; }
@@ -58,8 +63,29 @@ for phase in ${PHASES//,/ }; do
       OUT=$LOG/rates_long_prompt CUDA_VISIBLE_DEVICES=0 timeout 420 python apps/bench/benchmarks/raw_vllm_rates.py \
         --workloads long-prompt --budget-s 400 > "$LOG/rates_long_prompt.log" 2>&1
       say "rates long-prompt exit $?"
-      compare long_prompt "data.source=builtin:longtail?median=659&p99_ratio=6.27&max=7168&prompt_words=340" \
-        rollout.max_tokens=7168 ;;
+      compare long_prompt "${LONG_PROMPT[@]}" ;;
+    measure)  # two chains, one per GPU; one after the other on GPU 0 when the machine has one GPU
+      gpu1=1; [ "$(nvidia-smi -L | wc -l)" -lt 2 ] && gpu1=0
+      chain1() {
+        export CUDA_VISIBLE_DEVICES=$gpu1 OUT=$LOG/measure1; mkdir -p "$OUT"
+        timeout 400 python -m pytest -q -m gpu packages/arl-trainer/tests -p no:cacheprovider > "$LOG/trainer_tests.log" 2>&1
+        say "trainer tests exit $?"
+        timeout 200 python packages/arl-trainer/benchmarks/head_memory.py > "$LOG/head_memory.log" 2>&1
+        say "head_memory exit $?"
+        PYTHONPATH=packages/arl-sync/src:${PYTHONPATH:-} timeout 200 python packages/arl-sync/benchmarks/bench_gpu.py \
+          --model 7b --paths ipc --buckets 256,1024,4096 --rounds 3 > "$LOG/sync_ipc.log" 2>&1
+        say "sync ipc exit $?"
+      }
+      chain0() {
+        export CUDA_VISIBLE_DEVICES=0 OUT=$LOG/measure0; mkdir -p "$OUT"
+        ARL_PROFILE=1 timeout 400 python packages/arl-trainer/benchmarks/train_05b.py > "$LOG/train_05b.log" 2>&1
+        say "train_05b exit $?"
+        timeout 420 python apps/bench/benchmarks/raw_vllm_rates.py --workloads long-prompt --budget-s 300 \
+          > "$LOG/rates_long_prompt.log" 2>&1
+        say "rates long-prompt exit $?"
+      }
+      if [ "$gpu1" = 1 ]; then (chain1) & (chain0) & wait; else (chain1); (chain0); fi ;;
+    longcompare) compare long_prompt "${LONG_PROMPT[@]}" ;;
   esac
 done
 say "all done"

@@ -8,6 +8,11 @@ AdamW (fp32 master weights, bf16 autocast). Plain HF: rows in their arrival orde
 `HFPolicy.train_step` (balanced packing into `max_tokens_per_microbatch`, varlen attention, the
 chunked head). Reports real (unpadded) tokens/s and MFU against the bf16 matmul rate measured in
 the same run (convention in the package README). Prints one JSON block; writes $OUT/train_05b.json.
+
+A second batch of uniform 4,096-token rows (about the same token count) runs through both as well:
+with no padding to waste, it compares the packed step with plain HF per token at equal shapes.
+`ARL_PROFILE=1` also profiles one step of the 32k-budget packed run (torch.profiler): the kernels by
+GPU time, and the GPU's busy fraction of the step, into $OUT/train_05b_profile.txt.
 """
 
 from __future__ import annotations
@@ -93,7 +98,7 @@ def bench_plain(cfg, batch, device, rows_per_mb):
         empty_cache(device)
 
 
-def bench_arl(cfg, batch, device, max_tokens, checkpointing):
+def bench_arl(cfg, batch, device, max_tokens, checkpointing, profile=False):
     from transformers import Qwen2ForCausalLM
 
     from arl.trainer import HFPolicy, TrainerConfig
@@ -113,11 +118,34 @@ def bench_arl(cfg, batch, device, max_tokens, checkpointing):
     try:
         out = run_steps(step, device, policy.model)
         out.update(microbatches=last.get("microbatches"), pack_fill=last.get("pack_fill"))
+        if profile:
+            out["gpu_busy_fraction"] = profile_step(step, device)
         return out
     finally:
         del policy, model
         gc.collect()
         empty_cache(device)
+
+
+def profile_step(step, device) -> float:
+    """Profile one step; write the kernel table; return the GPU's busy time over the step's wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        t = time.perf_counter()
+        step()
+        sync(device)
+        wall = time.perf_counter() - t
+    events = prof.key_averages()
+    busy_us = sum(e.self_device_time_total for e in events if e.device_type.name in ("CUDA", "PrivateUse1"))
+    table = events.table(sort_by="self_device_time_total" if device.type == "cuda" else "self_cpu_time_total", row_limit=40)
+    text = f"step wall {wall:.3f} s, GPU busy {busy_us / 1e6:.3f} s ({100 * busy_us / 1e6 / wall:.0f}%)\n{table}"
+    print(text, flush=True)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "train_05b_profile.txt"), "w") as f:
+            f.write(text)
+    return busy_us / 1e6 / wall
 
 
 def run_steps(step, device, model):
@@ -177,15 +205,39 @@ def main() -> None:
         if plain is not None:
             break
     best = None
+    profile = os.environ.get("ARL_PROFILE") == "1"
     budgets = ((1024, "none"), (2048, "selective")) if SMOKE else ((16384, "none"), (32768, "none"), (65536, "selective"))
     for max_tokens, ckpt in budgets:
-        r = record(f"arl_packed_{max_tokens}_{ckpt}", lambda: bench_arl(cfg, batch, device, max_tokens, ckpt))
+        r = record(f"arl_packed_{max_tokens}_{ckpt}",
+                   lambda: bench_arl(cfg, batch, device, max_tokens, ckpt, profile=profile and max_tokens == budgets[1][0]))
         if r is not None and (best is None or r["tokens_per_s"] > best["tokens_per_s"]):
             best = r
     if plain and best:
         result["speedup_tokens_per_s"] = best["tokens_per_s"] / plain["tokens_per_s"]
         result["best_arl_mfu"] = best["mfu"]
         result["plain_mfu"] = plain["mfu"]
+
+    # Uniform rows: no padding in either, so any gap is per-token cost (head, attention, packing).
+    width = 256 if SMOKE else 4096
+    uniform = make_batch([width] * (16 if SMOKE else 48), cfg.vocab_size)
+    u_tokens = int(uniform.attention_mask.sum())
+    with torch.device("meta"):
+        u_flops = flops_of(Qwen2ForCausalLM(cfg), [width] * uniform.input_ids.shape[0])
+    uniform_runs = {}
+    for name, fn in ((f"plain_hf_uniform_{width}_4rows", lambda: bench_plain(cfg, uniform, device, 4)),
+                     (f"arl_packed_uniform_{width}_32768", lambda: bench_arl(cfg, uniform, device, 8 * width, "none"))):
+        try:
+            r = fn()
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            r = {"error": f"OOM: {str(exc)[:300]}"}
+        if "step_s" in r:
+            r["tokens_per_s"] = u_tokens / r["step_s"]
+            r["mfu"] = u_flops / r["step_s"] / 1e12 / peak
+        uniform_runs[name] = r
+        print(name, r, flush=True)
+    result["uniform"] = {"rows": uniform.input_ids.shape[0], "tokens": u_tokens, "runs": uniform_runs}
     emit("train_05b", result)
 
 

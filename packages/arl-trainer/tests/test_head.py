@@ -47,3 +47,47 @@ def test_bad_shapes_and_empty_input():
     w = torch.randn(5, 4, requires_grad=True)
     logp, ent = chunked_log_probs(torch.randn(0, 4), w, torch.zeros(0, dtype=torch.long))
     assert logp.shape == (0,) and ent.shape == (0,)
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.detach().float() - want.detach()).norm() / want.detach().norm())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_bf16_head_gradients_match_fp32_reference(temperature):
+    # bf16 matmuls, fp32 softmax: the logits' gradient is formed in fp32 and stored once in bf16.
+    torch.manual_seed(2)
+    n, d, v = 64, 32, 301
+    h32, w32 = torch.randn(n, d) * 0.5, torch.randn(v, d) * 0.3
+    targets = torch.randint(0, v, (n,))
+    h = h32.to(torch.bfloat16).requires_grad_()
+    w = w32.to(torch.bfloat16).requires_grad_()
+    logp, ent = chunked_log_probs(h, w, targets, temperature=temperature, chunk_elements=9 * v)
+    assert logp.dtype == torch.float32 and ent.dtype == torch.float32
+    hr, wr = h.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+    ref_logp, ref_ent = reference(hr, wr, targets, temperature)
+    assert _relative_error(logp, ref_logp) < 1e-2 and _relative_error(ent, ref_ent) < 1e-2
+    g1, g2 = torch.randn(n), torch.randn(n)
+    got = torch.autograd.grad((logp * g1).sum() + (ent * g2).sum(), [h, w])
+    want = torch.autograd.grad((ref_logp * g1).sum() + (ref_ent * g2).sum(), [hr, wr])
+    assert got[0].dtype == torch.bfloat16 and got[1].dtype == torch.bfloat16
+    for a, b in zip(got, want):
+        assert _relative_error(a, b) < 2e-2
+
+
+def test_confident_target_gradient_keeps_its_small_value_in_bf16():
+    # p(target) ≈ 1: the target's logit gradient g·(1 − p) is tiny next to g; formed in bf16 as
+    # bf16(−p·g) + g it would be lost. It must keep its fp32 value (up to bf16 storage).
+    v, d = 50, 8
+    w = torch.zeros(v, d)
+    w[3, 0] = 1.0
+    h = torch.zeros(4, d)
+    h[:, 0] = torch.tensor([8.0, 9.0, 10.0, 11.0])  # p(3) = 1 − ~49·e^(−x)
+    targets = torch.full((4,), 3)
+    hb, wb = h.to(torch.bfloat16).requires_grad_(), w.to(torch.bfloat16).requires_grad_()
+    logp, _ = chunked_log_probs(hb, wb, targets)
+    (gw,) = torch.autograd.grad(logp.sum(), [wb])
+    hr, wr = h.clone().requires_grad_(), w.clone().requires_grad_()
+    (want,) = torch.autograd.grad(reference(hr, wr, targets, 1.0)[0].sum(), [wr])
+    assert want[3, 0] > 0
+    assert torch.allclose(gw[3, 0].float(), want[3, 0], rtol=1e-2)

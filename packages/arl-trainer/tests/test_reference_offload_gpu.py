@@ -82,7 +82,7 @@ def test_activation_offload_on_cuda_same_update_less_memory(checkpointing):
     batch = _batch()
     base = _mid_model()
     results = {}
-    for offload in (False, True):
+    for run, offload in (("off", False), ("off_again", False), ("on", True)):
         cfg = TrainerConfig(optim=OptimConfig(lr=1e-4), max_tokens_per_microbatch=8192,
                             activation_checkpointing=checkpointing, activation_offload=offload)
         policy = HFPolicy(copy.deepcopy(base), cfg, device="cuda")
@@ -100,14 +100,16 @@ def test_activation_offload_on_cuda_same_update_less_memory(checkpointing):
         grads = {n: p.grad.detach().clone() for n, p in policy.model.named_parameters() if p.grad is not None}
         policy.model.zero_grad(set_to_none=True)
         metrics = policy.train_step(batch, mini_batch_rows=4)
-        results[offload] = (metrics, grads, held)
-    (m_off, g_off, held_off), (m_on, g_on, held_on) = results[False], results[True]
+        results[run] = (metrics, grads, held)
+    (m_off, g_off, held_off), (_, g_again, _), (m_on, g_on, held_on) = results["off"], results["off_again"], results["on"]
     assert m_on["loss"] == pytest.approx(m_off["loss"], rel=1e-6, abs=1e-7)
     assert g_on.keys() == g_off.keys() and g_off
     for n, g in g_off.items():
-        # Gradients, not Adam-updated weights: CUDA's embedding backward accumulates with atomics, so two
-        # runs differ in the last bits, and Adam turns that noise on near-zero gradients into lr-sized steps
-        # (the first H200 run of this test compared weights and failed on embed_tokens for that reason).
-        assert (g_on[n] - g).norm() <= 1e-5 * g.norm() + 1e-12, n
+        # Gradients, not Adam-updated weights, and against the run-to-run noise of the same step without
+        # offload: the bf16 backward is not deterministic on CUDA (the varlen flash backward and the
+        # embedding backward accumulate with atomics), so two plain runs already differ (~0.2% on
+        # embed_tokens on an H200, where a fixed 1e-5 tolerance failed). Offload must add nothing to that.
+        noise = (g_again[n] - g).norm()
+        assert (g_on[n] - g).norm() <= 2 * noise + 1e-5 * g.norm() + 1e-12, (n, noise)
     assert m_on["offloaded_gib"] > 0 and "offloaded_gib" not in m_off
     assert held_on < held_off / 2, (held_on, held_off)

@@ -267,6 +267,7 @@ class WeightSender:
                         raise SyncError(f"sync {sync.sync_id}: {len(missing)} receiver(s) sent no staging buffer")
                     self._transport.attach({i: sync.staging[i] for i in sync.participants})
                 self._transport.connect(cfg.timeout_s)
+                t_stream = time.monotonic()
                 for bucket in plan_buckets(named_tensors, cfg.bucket_bytes, cfg.align_bytes, self._cast, totals):
                     slot = bucket.index % 2
                     if self._transport.needs_acks and bucket.index >= 2:
@@ -291,12 +292,14 @@ class WeightSender:
                         self._broadcast(msg)
                 end = End(sync_id=sync.sync_id, version=version, buckets=totals.buckets,
                           tensors=totals.tensors, stream_bytes=totals.stream_bytes)
+                t_land = time.monotonic()
                 if lands_at_end:  # the sender writes the receivers' memory: done before they hear End
                     self._transport.finish(cfg.timeout_s, self._poll)
                     self._broadcast(end)
                 else:
                     self._broadcast(end)
                     self._transport.finish(cfg.timeout_s, self._poll)
+                t_confirm = time.monotonic()
                 self._pump(lambda: len(sync.done) >= n, cfg.timeout_s,
                            f"sync {sync.sync_id}: waiting for receivers to confirm")
                 self._broadcast(Commit(sync.sync_id))
@@ -305,13 +308,15 @@ class WeightSender:
                 raise
             finally:
                 self._sync = None
-            seconds = time.monotonic() - t0
+            t_done = time.monotonic()
+            seconds = t_done - t0
             self._last_stream_bytes = totals.stream_bytes
             return SyncStats(
                 version=version, bytes=totals.payload_bytes, seconds=seconds,
                 gbps=totals.payload_bytes / seconds / 1e9 if seconds > 0 else 0.0,
                 buckets=totals.buckets, tensors=totals.tensors, receivers=len(sync.participants),
-                transport=cfg.transport, join_seconds=t0 - t_join,
+                transport=cfg.transport, join_seconds=t0 - t_join, setup_seconds=t_stream - t0,
+                stream_seconds=t_land - t_stream, land_seconds=t_confirm - t_land, confirm_seconds=t_done - t_confirm,
             )
 
     def _abort(self, sync: _SyncState, exc: BaseException) -> None:

@@ -45,6 +45,10 @@ class SyncStats(msgspec.Struct, kw_only=True, frozen=True):
 
     `bytes` counts payload bytes (after any cast, padding excluded); `seconds` runs from the first
     tensor drawn from the iterator to the last receiver's confirmation; `gbps` is bytes / seconds / 1e9.
+    `seconds` splits into `setup_seconds` (`Begin` until every receiver is ready: staging handles, group
+    setup), `stream_seconds` (planning, packing and posting every bucket: the sender's own work, with the
+    transport's copies still running where they are asynchronous), `land_seconds` (waiting for those
+    copies, or the last collective) and `confirm_seconds` (`End` until every receiver confirmed).
     """
 
     version: int
@@ -56,6 +60,10 @@ class SyncStats(msgspec.Struct, kw_only=True, frozen=True):
     receivers: int
     transport: str
     join_seconds: float = 0.0
+    setup_seconds: float = 0.0
+    stream_seconds: float = 0.0
+    land_seconds: float = 0.0
+    confirm_seconds: float = 0.0
 
 
 class TensorMeta(msgspec.Struct, array_like=True, frozen=True):
