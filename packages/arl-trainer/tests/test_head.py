@@ -12,9 +12,10 @@ def reference(hidden, weight, targets, temperature):
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 7, 1000])
-def test_chunked_head_equals_log_softmax_with_gradients(chunk_rows):
+@pytest.mark.parametrize("v", [97, 96])  # one segment per row; 16 segments per row (see head._segments)
+def test_chunked_head_equals_log_softmax_with_gradients(chunk_rows, v):
     torch.manual_seed(0)
-    n, d, v = 29, 16, 97
+    n, d = 29, 16
     hidden = torch.randn(n, d, requires_grad=True)
     weight = torch.randn(v, d, requires_grad=True)
     targets = torch.randint(0, v, (n,))
@@ -24,8 +25,8 @@ def test_chunked_head_equals_log_softmax_with_gradients(chunk_rows):
     g1, g2 = torch.randn(n), torch.randn(n)
     got = torch.autograd.grad((logp * g1).sum() + (ent * g2).sum(), [hidden, weight])
     want = torch.autograd.grad((ref_logp * g1).sum() + (ref_ent * g2).sum(), [hidden, weight])
-    for a, b in zip(got, want):
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+    for a, b in zip(got, want):  # fp32 rounding only: ~1e-6 relative
+        assert (a - b).norm() <= 1e-5 * b.norm()
 
 
 def test_chunked_head_only_logp_grad_and_gradcheck():

@@ -20,7 +20,7 @@ import torch
 from arl.trainer import reference
 from arl.trainer.config import TrainerConfig, compute_dtype
 from arl.trainer.engine import PackedPolicy
-from arl.trainer.model import PackedCausalLM, apply_activation_checkpointing
+from arl.trainer.model import PackedCausalLM, apply_activation_checkpointing, compile_decoder_layers
 
 
 class HFPolicy(PackedPolicy):
@@ -52,6 +52,8 @@ class HFPolicy(PackedPolicy):
             self._build_reference(reference_path, getattr(torch, dtype))
         self.model.train()
         apply_activation_checkpointing(self.model, config.activation_checkpointing)
+        if config.compile_layers and self.device.type == "cuda":
+            compile_decoder_layers(self.model)
         self.packed = PackedCausalLM(self.model, temperature=config.temperature, chunk_elements=config.logprob_chunk_elements)
         o = config.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)

@@ -77,13 +77,30 @@ class _ChunkedLogProbs(torch.autograd.Function):
 
 
 def _logit_stats(z: torch.Tensor, inv_t: float, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logsumexp, entropy) per row of one chunk's logits `z` (scaled by 1/temperature), in `acc`."""
-    zf = z.to(acc) * inv_t
-    peak = zf.amax(-1, keepdim=True)
-    e = torch.exp(zf - peak)
-    total = e.sum(-1)
+    """(logsumexp, entropy) per row of one chunk's logits `z` (scaled by 1/temperature), in `acc`.
+
+    Each row is reduced in `k` segments first and the segments combined after (a two-stage softmax
+    reduction): a whole 152k-wide row per GPU program leaves too few programs to saturate memory."""
+    n, vocab = z.shape
+    k = _segments(vocab)
+    zf = z.to(acc).view(n, k, vocab // k) * inv_t
+    seg_peak = zf.amax(-1, keepdim=True)
+    e = torch.exp(zf - seg_peak)
+    seg_peak = seg_peak.squeeze(-1)
+    peak = seg_peak.amax(-1, keepdim=True)
+    scale = torch.exp(seg_peak - peak)  # (n, k): brings each segment's sums to the row's peak
+    total = (e.sum(-1) * scale).sum(-1)
+    dot = ((e * zf).sum(-1) * scale).sum(-1)
     lse = peak.squeeze(-1) + torch.log(total)
-    return lse, lse - (e * zf).sum(-1) / total  # H = −Σ p (z − lse) = lse − Σ p z
+    return lse, lse - dot / total  # H = −Σ p (z − lse) = lse − Σ p z
+
+
+def _segments(vocab: int, most: int = 16) -> int:
+    """The largest power of two ≤ `most` that divides `vocab` (vocabularies are padded to multiples of 64+)."""
+    k = most
+    while vocab % k:
+        k //= 2
+    return k
 
 
 def _logit_grads(z: torch.Tensor, lse: torch.Tensor, a: torch.Tensor, b: torch.Tensor, inv_t: float,

@@ -53,6 +53,13 @@ def apply_activation_checkpointing(hf_model: torch.nn.Module, mode: Checkpointin
         layer.forward = forward
 
 
+def compile_decoder_layers(hf_model: torch.nn.Module) -> None:
+    """torch.compile every decoder layer in place (after checkpointing wrapped it; names unchanged).
+    Dynamic shapes: packed micro-batches differ in length, and each new length must not recompile."""
+    for layer in decoder_layers(hf_model):
+        layer.compile(dynamic=True)
+
+
 def reset_rotary_buffers(model: torch.nn.Module, device: torch.device) -> None:
     """Non-persistent buffers (RoPE inverse frequencies) are garbage after `to_empty`: recompute them."""
     for module in model.modules():
