@@ -112,10 +112,11 @@ def test_activation_offload_on_cuda_same_update_less_memory(checkpointing):
     for n, g in g_off.items():
         # Gradients, not Adam-updated weights. The bf16 backward is not bit-reproducible on CUDA (the varlen
         # flash backward and the embedding backward accumulate with atomics; a restored activation is a
-        # fresh contiguous tensor, which can pick another GEMM algorithm): two plain runs already differ
-        # by ~1e-5 relative on an H200. A wrong or stale activation would be off by O(1); 1e-4 relative
-        # above the run-to-run noise separates the two.
+        # fresh contiguous tensor, which can pick another GEMM algorithm). Measured on an H200: two plain
+        # runs differ by ~1e-5–3e-4 relative per tensor, offload vs plain by up to 8e-4 (q_proj.bias, full
+        # checkpointing). A wrong or stale activation is off by O(1); 1e-3 relative (8× under bf16's
+        # resolution) above the run-to-run noise separates the two.
         noise = (g_again[n] - g).norm()
-        assert (g_on[n] - g).norm() <= 2 * noise + 1e-4 * g.norm() + 1e-12, (n, noise, g.norm())
+        assert (g_on[n] - g).norm() <= 2 * noise + 1e-3 * g.norm() + 1e-12, (n, noise, g.norm())
     assert m_on["offloaded_gib"] > 0 and "offloaded_gib" not in m_off
     assert held_on < held_off / 2, (held_on, held_off)
