@@ -55,7 +55,7 @@ def test_ledger_every_sample_consumed_once_or_accounted(chain):
     _, book = chain
     assert book["produced"] > 0
     assert book["consumed_twice"] == 0 and book["phantom"] == 0
-    assert sum(book["lost_per_run"]) == 0, book
+    assert sum(book["lost_per_run"]) == 0, (book["lost_samples"], book["dropped"], book["rolled_back"])
     assert book["steps_continuous"] and book["versions_continuous"], book
     assert book["dropped"]["generate_timeout"] >= 1  # the stalled prompts, counted with their reason
     assert book["final_run"]["weights_equal_after_sync"] is True

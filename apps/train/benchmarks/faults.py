@@ -191,6 +191,8 @@ def check_ledger(segments: list[tuple[AppRun, int | None]], total_steps: int) ->
     for i, r in produced:
         tasks_by_run.setdefault(i, set()).add(r["task_id"])
     lost = [0] * len(segments)
+    lost_samples: list[dict[str, Any]] = []  # what each lost sample was, for the report
+    taken_any = {r["uid"]: r["step"] for run, _ in segments for r in ledger.read(run.out / "ledger")[1]}
     rolled_back = 0
     for i, r in produced:
         if counts.get(r["uid"], 0) >= 1 or r["uid"] in queued_at_end:
@@ -200,6 +202,8 @@ def check_ledger(segments: list[tuple[AppRun, int | None]], total_steps: int) ->
             rolled_back += 1  # produced after the checkpoint the next run resumed from; its task re-ran
         else:
             lost[i] += 1
+            lost_samples.append({**r, "run": i, "resumed_from_step": segments[i][1],
+                                 "taken_for_step": taken_any.get(r["uid"])})
     steps = [r["step"] for r in rows]
     versions = [r["version"] for r in rows]
     return {
@@ -210,6 +214,7 @@ def check_ledger(segments: list[tuple[AppRun, int | None]], total_steps: int) ->
         "rolled_back": rolled_back,
         "dropped": dropped,
         "lost_per_run": lost,
+        "lost_samples": lost_samples,
         "phantom": len(set(counts) - produced_uids),
         "steps_continuous": steps == list(range(1, total_steps + 1)),
         "versions_continuous": versions == steps,
