@@ -305,6 +305,7 @@ class TrainerActor:
             mixed_precision=actor.mixed_precision,
             activation_checkpointing=actor.activation_checkpointing,
             activation_offload=actor.activation_offload,
+            compile_layers=actor.compile_layers,
             algorithm=actor.algorithm,
             peak_tflops=actor.peak_tflops,
             router_replay=actor.router_replay,
