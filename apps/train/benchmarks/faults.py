@@ -171,9 +171,11 @@ def check_ledger(segments: list[tuple[AppRun, int | None]], total_steps: int) ->
     committed: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     dropped: dict[str, int] = {"generate_timeout": 0, "every_trajectory_failed": 0, "version_lag": 0}
+    taken_any: dict[str, int] = {}  # uid -> the step it was last taken for, in any run (for the report)
     for i, (run, upto) in enumerate(segments):
         made, taken = ledger.read(run.out / "ledger")
         produced += [(i, r) for r in made]
+        taken_any |= {r["uid"]: r["step"] for r in taken}
         committed += [r for r in taken if upto is None or r["step"] <= upto]
         run_rows = run.rows()
         rows += [r for r in run_rows if upto is None or r["step"] <= upto]
@@ -192,7 +194,6 @@ def check_ledger(segments: list[tuple[AppRun, int | None]], total_steps: int) ->
         tasks_by_run.setdefault(i, set()).add(r["task_id"])
     lost = [0] * len(segments)
     lost_samples: list[dict[str, Any]] = []  # what each lost sample was, for the report
-    taken_any = {r["uid"]: r["step"] for run, _ in segments for r in ledger.read(run.out / "ledger")[1]}
     rolled_back = 0
     for i, r in produced:
         if counts.get(r["uid"], 0) >= 1 or r["uid"] in queued_at_end:

@@ -182,7 +182,7 @@ def main() -> None:
         "flops_per_step_tflop": flops / 1e12, "runs": {},
     }
 
-    def record(name, fn):
+    def record(name, fn, runs=result["runs"], tokens=tokens, flops=flops):
         try:
             r = fn()
         except Exception as exc:  # report OOM (or any failure) per configuration; keep going
@@ -192,11 +192,11 @@ def main() -> None:
                 traceback.print_exc()
             gc.collect()
             empty_cache(device)
-            result["runs"][name] = {"error": ("OOM: " if is_oom(exc) else "") + f"{type(exc).__name__}: {str(exc)[:300]}"}
+            runs[name] = {"error": ("OOM: " if is_oom(exc) else "") + f"{type(exc).__name__}: {str(exc)[:300]}"}
             return None
         r["tokens_per_s"] = tokens / r["step_s"]
         r["mfu"] = flops / r["step_s"] / 1e12 / peak
-        result["runs"][name] = r
+        runs[name] = r
         print(name, r, flush=True)
         return r
 
@@ -230,20 +230,11 @@ def main() -> None:
     u_tokens = int(uniform.attention_mask.sum())
     with torch.device("meta"):
         u_flops = flops_of(Qwen2ForCausalLM(cfg), [width] * uniform.input_ids.shape[0])
-    uniform_runs = {}
-    for name, fn in ((f"plain_hf_uniform_{width}_4rows", lambda: bench_plain(cfg, uniform, device, 4)),
-                     (f"arl_packed_uniform_{width}_32768", lambda: bench_arl(cfg, uniform, device, 8 * width, "none"))):
-        try:
-            r = fn()
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-            r = {"error": f"OOM: {str(exc)[:300]}"}
-        if "step_s" in r:
-            r["tokens_per_s"] = u_tokens / r["step_s"]
-            r["mfu"] = u_flops / r["step_s"] / 1e12 / peak
-        uniform_runs[name] = r
-        print(name, r, flush=True)
+    uniform_runs: dict = {}
+    record(f"plain_hf_uniform_{width}_4rows", lambda: bench_plain(cfg, uniform, device, 4),
+           runs=uniform_runs, tokens=u_tokens, flops=u_flops)
+    record(f"arl_packed_uniform_{width}_32768", lambda: bench_arl(cfg, uniform, device, 8 * width, "none"),
+           runs=uniform_runs, tokens=u_tokens, flops=u_flops)
     result["uniform"] = {"rows": uniform.input_ids.shape[0], "tokens": u_tokens, "runs": uniform_runs}
     emit("train_05b", result)
 
