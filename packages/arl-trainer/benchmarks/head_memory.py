@@ -61,9 +61,52 @@ def measure(fn, n, hidden_size, vocab, device, reps=3):
     return out
 
 
+def best_time(fn, device, reps=10):
+    fn()
+    sync(device)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def chunk_passes(vocab: int, device: torch.device) -> dict:
+    """GB/s of each per-chunk pass over one full chunk of bf16 logits (bytes read + written / time)."""
+    from arl.trainer.head import DEFAULT_CHUNK_ELEMENTS, _chunk_rows, _logit_grads, _logit_stats
+    from arl.trainer.head_triton import logit_stats
+
+    rows = _chunk_rows(vocab, DEFAULT_CHUNK_ELEMENTS)
+    z = torch.randn(rows, vocab, device=device).mul(3).to(torch.bfloat16)
+    lse, _ = logit_stats(z, 1.0, torch.float32)
+    a, b = torch.randn(rows, device=device), torch.randn(rows, device=device)
+    out = torch.empty_like(z)
+    nbytes = z.numel() * z.element_size()
+    inductor_stats = torch.compile(_logit_stats, dynamic=True)
+    compiled_grads = torch.compile(_logit_grads, dynamic=True)
+    times = {
+        "copy": (2 * nbytes, best_time(lambda: out.copy_(z), device)),
+        "stats_triton": (nbytes, best_time(lambda: logit_stats(z, 1.0, torch.float32), device)),
+        "stats_inductor": (nbytes, best_time(lambda: inductor_stats(z, 1.0, torch.float32), device)),
+        "grads_inductor": (2 * nbytes, best_time(lambda: compiled_grads(z, lse, a, b, 1.0, torch.float32), device)),
+    }
+    res = {"rows": rows, "vocab": vocab}
+    for name, (moved, sec) in times.items():
+        res[f"{name}_ms"] = sec * 1e3
+        res[f"{name}_gbps"] = moved / sec / 1e9
+    res["stats_inductor_over_triton_time"] = res["stats_inductor_ms"] / res["stats_triton_ms"]
+    res["stats_triton_fraction_of_copy_rate"] = res["stats_triton_gbps"] / res["copy_gbps"]
+    return res
+
+
 def main() -> None:
     device = bench_device()
     result = {"benchmark": "head_memory", "shapes": SHAPES, "dtype": "bfloat16", "runs": {}}
+    if device.type == "cuda":
+        result["chunk_passes"] = chunk_passes(SHAPES["0.5b"][1], device)
+        print("chunk_passes", result["chunk_passes"], flush=True)
     for shape, (hidden_size, vocab) in SHAPES.items():
         for n in TOKENS:
             for name, fn in (("chunked", chunked), ("naive", naive), ("gemms_only", gemms_only)):

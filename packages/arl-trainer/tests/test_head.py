@@ -1,5 +1,9 @@
 """The chunked log-prob/entropy head equals log_softmax, gradients included."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -92,3 +96,29 @@ def test_confident_target_gradient_keeps_its_small_value_in_bf16():
     (want,) = torch.autograd.grad(reference(hr, wr, targets, 1.0)[0].sum(), [wr])
     assert want[3, 0] > 0
     assert torch.allclose(gw[3, 0].float(), want[3, 0], rtol=1e-2)
+
+
+_TRITON_CHECK = r"""
+import torch
+from arl.trainer.head_triton import logit_stats
+torch.manual_seed(0)
+worst = 0.0
+# one segment per row (many rows), several segments (few rows), a ragged last block, bf16 and fp32
+for n, vocab, dtype, t in [(300, 5000, torch.float32, 1.0), (2, 20000, torch.bfloat16, 0.7), (7, 12345, torch.float32, 1.3)]:
+    z = (torch.randn(n, vocab) * 6).to(dtype)
+    lse, ent = logit_stats(z, 1.0 / t, torch.float32)
+    ref = torch.log_softmax(z.double() / t, -1)
+    worst = max(worst, ((lse.double() - torch.logsumexp(z.double() / t, -1)).abs() / lse.double().abs().clamp(min=1)).max().item(),
+                ((ent.double() + (ref.exp() * ref).sum(-1)).abs() / ent.double().abs().clamp(min=1)).max().item())
+print(worst)
+"""
+
+
+def test_triton_reduction_equals_logsumexp_and_entropy():
+    """The CUDA head's Triton reduction, run by Triton's CPU interpreter: fp32-exact to 1e-5 relative."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")  # chosen when the kernel is defined, hence a fresh process
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", _TRITON_CHECK], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert float(out.stdout.strip().splitlines()[-1]) < 1e-5

@@ -9,7 +9,7 @@ The reductions run in fp32 whatever the compute dtype; the two matmuls run in th
 
 Per chunk, forward is one matmul and one pass over its logits (logsumexp and entropy); backward is the
 recomputing matmul, one pass that forms the logits' gradient, and the two matmuls of the gradient (the
-weight's accumulated in fp32 by the GEMM itself). On CUDA the passes are compiled into fused kernels.
+weight's accumulated in fp32 by the GEMM itself). On CUDA each pass is one kernel (the reduction in Triton, `head_triton.py`).
 """
 
 from __future__ import annotations
@@ -114,17 +114,17 @@ _COMPILED: dict[str, tuple] = {}
 
 
 def _kernels(device: torch.device) -> tuple:
-    """The two per-chunk passes over the logits: compiled on CUDA (each becomes one fused kernel that
-    reads the chunk's logits once or twice), eager elsewhere. With a small hidden size (0.5B: 896
+    """The two per-chunk passes over the logits, on CUDA each one kernel that reads the chunk's logits
+    once (the reduction a hand-written Triton kernel, the gradient pass compiled by Inductor), eager elsewhere. With a small hidden size (0.5B: 896
     against a 152k vocabulary) these passes, not the matmuls, set the head's speed: eager, each
     operator is a pass over the chunk in fp32."""
     if device.type != "cuda":
         return _logit_stats, _logit_grads
     if "cuda" not in _COMPILED:
         try:
-            import triton  # noqa: F401  (inductor's GPU backend)
+            from arl.trainer.head_triton import logit_stats  # Triton is also Inductor's GPU backend
 
-            _COMPILED["cuda"] = (torch.compile(_logit_stats, dynamic=True), torch.compile(_logit_grads, dynamic=True))
+            _COMPILED["cuda"] = (logit_stats, torch.compile(_logit_grads, dynamic=True))
         except ImportError:
             warnings.warn("triton is not installed: the log-prob head runs eagerly (slower; same results)", stacklevel=3)
             _COMPILED["cuda"] = (_logit_stats, _logit_grads)
