@@ -27,17 +27,36 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model_shapes import make_state_dict, total_bytes  # noqa: E402
 
 from arl.sync import SyncConfig, WeightReceiver, WeightSender  # noqa: E402
+from arl.sync.plan import pack_chunks, plan_buckets  # noqa: E402
 
 MiB = 1 << 20
 
 
-def receiver_worker(q) -> None:
-    """Serves (address, cfg, rounds, device) jobs from the queue until None."""
+def receiver_worker(q, answers) -> None:
+    """Serves (address, cfg, rounds, device) jobs from the queue until None; ("export", nbytes) puts the
+    CUDA IPC handle of a fresh buffer of its own on `answers` and holds the buffer until the next job."""
+    held = None
     while (job := q.get()) is not None:
+        held = None
+        if job[0] == "export":
+            from torch.multiprocessing.reductions import reduce_tensor
+
+            held = torch.empty(job[1], dtype=torch.uint8, device="cuda:0")
+            answers.put(reduce_tensor(held))
+            continue
         address, cfg, rounds, device = job
         with WeightReceiver(address, cfg, device=device) as r:
             for _ in range(rounds):
                 r.receive(timeout_s=300)
+
+
+def per_tensor_copy_rate(dst: torch.Tensor, srcs: list[torch.Tensor]) -> float:
+    """GB/s of copying every tensor into its place in the uint8 buffer `dst`, one `copy_` each."""
+    views, off = [], 0
+    for v in srcs:
+        views.append(dst[off : off + v.numel() * v.element_size()].view(v.dtype).view(v.shape))
+        off += v.numel() * v.element_size()
+    return off / timed(lambda: [d.copy_(x, non_blocking=True) for d, x in zip(views, srcs)]) / 1e9
 
 
 def timed(fn, reps: int = 5) -> float:
@@ -58,6 +77,7 @@ def main() -> None:
     ap.add_argument("--buckets", default="4,16,64,256")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--paths", default="ipc,host_gpu,host_cpu")
+    ap.add_argument("--profile", action="store_true", help="print a cProfile of one more send per bucket size")
     ap.add_argument("--json", default="", help="write the results here (default: $OUT/bench_gpu_<model>.json)")
     args = ap.parse_args()
     results: dict = {"model": args.model, "rows": []}
@@ -66,25 +86,45 @@ def main() -> None:
     sd = make_state_dict(torch.bfloat16, device="cuda", model=args.model)
     n = total_bytes(sd)
     print(f"GPU: {torch.cuda.get_device_name(0)}; model {args.model}: {len(sd)} tensors, {n / 1e9:.3f} GB bf16")
-    a = torch.empty(n, dtype=torch.uint8, device=dev)
+    a = torch.empty(n + 256 * len(sd), dtype=torch.uint8, device=dev)  # room for the stream's alignment
     b = torch.empty_like(a)
     h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
     lim = {
-        "d2d": n / timed(lambda: b.copy_(a)) / 1e9,
-        "d2h": n / timed(lambda: h.copy_(a, non_blocking=True)) / 1e9,
-        "h2d": n / timed(lambda: a.copy_(h, non_blocking=True)) / 1e9,
+        "d2d": n / timed(lambda: b[:n].copy_(a[:n])) / 1e9,
+        "d2h": n / timed(lambda: h.copy_(a[:n], non_blocking=True)) / 1e9,
+        "h2d": n / timed(lambda: a[:n].copy_(h, non_blocking=True)) / 1e9,
     }
     # Packing floors: every tensor into its place in one flat buffer, one copy launch per tensor vs one
-    # batched `_foreach_copy_` (what `pack_chunks` does for uncast same-device chunks).
+    # batched `_foreach_copy_`.
     views, off = [], 0
     for v in sd.values():
         views.append(a[off : off + v.numel() * v.element_size()].view(v.dtype).view(v.shape))
         off += v.numel() * v.element_size()
     srcs = list(sd.values())
-    lim["pack_per_tensor"] = n / timed(lambda: [d.copy_(x, non_blocking=True) for d, x in zip(views, srcs)]) / 1e9
+    lim["pack_per_tensor"] = per_tensor_copy_rate(a, srcs)
     lim["pack_foreach"] = n / timed(lambda: torch._foreach_copy_(views, srcs, non_blocking=True)) / 1e9
-    print(f"packing floors: per-tensor copy_ {lim['pack_per_tensor']:.1f} GB/s, _foreach_copy_ {lim['pack_foreach']:.1f} GB/s")
+    # What the transports run: the stream planned in 1 GiB buckets, each packed by `pack_chunks` (a copy
+    # per large chunk, the small ones batched), the planning included.
+    def plan_and_pack() -> None:
+        for bucket in plan_buckets(sd.items(), 1 << 30, 256):
+            pack_chunks(a[bucket.index << 30 :], bucket.chunks, non_blocking=True)
+
+    lim["pack_chunks"] = n / timed(plan_and_pack) / 1e9
     del a, b, h, views
+    ctx = mp.get_context("spawn")
+    q, answers = ctx.Queue(), ctx.Queue()
+    worker = ctx.Process(target=receiver_worker, args=(q, answers), daemon=True)
+    worker.start()
+    # The same per-tensor copies into another process's buffer opened through CUDA IPC (what the
+    # transport writes into): does a mapped destination make each copy launch dearer?
+    q.put(("export", n))
+    fn, fargs = answers.get(timeout=120)
+    mapped = fn(*fargs)
+    lim["pack_per_tensor_ipc"] = per_tensor_copy_rate(mapped, srcs)
+    del mapped
+    print(f"packing floors: per-tensor copy_ {lim['pack_per_tensor']:.1f} GB/s (into another process's CUDA IPC "
+          f"buffer {lim['pack_per_tensor_ipc']:.1f}), _foreach_copy_ {lim['pack_foreach']:.1f} GB/s, planned and "
+          f"packed as the transports do {lim['pack_chunks']:.1f} GB/s")
     naive_cpu = n / timed(lambda: [v.cpu() for v in sd.values()], reps=2) / 1e9
     naive_clone = n / timed(lambda: [v.clone() for v in sd.values()]) / 1e9
     results.update(limits_gbps=lim, bytes=n, naive_cpu_gbps=naive_cpu, naive_clone_gbps=naive_clone,
@@ -97,19 +137,22 @@ def main() -> None:
         "host_gpu": ("cpu", "cuda:0", min(lim["d2h"], lim["h2d"]), "min(D2H,H2D)"),
         "host_cpu": ("cpu", "cpu", lim["d2h"], "D2H"),
     }
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    worker = ctx.Process(target=receiver_worker, args=(q,), daemon=True)
-    worker.start()
     print(f"{'path':>9} {'bucket MiB':>10} {'best GB/s':>10} {'median':>8} {'% of limit':>11} {'limit':>13} {'first':>7}")
     for name in args.paths.split(","):
         transport, rdev, limit, lname = paths[name]
         for mb in [int(x) for x in args.buckets.split(",")]:
             cfg = SyncConfig(transport=transport, bucket_bytes=mb * MiB, timeout_s=300)
             with WeightSender(cfg, num_receivers=1, device=dev) as s:
-                q.put((s.address, cfg, args.rounds + 1, rdev))
+                q.put((s.address, cfg, args.rounds + 1 + args.profile, rdev))
                 first = s.send(sd, version=0)
                 stats = [s.send(sd, version=v) for v in range(1, args.rounds + 1)]
+                if args.profile:
+                    import cProfile
+                    import pstats
+
+                    prof = cProfile.Profile()
+                    prof.runcall(s.send, sd, version=args.rounds + 1)
+                    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
             rates = [st.gbps for st in stats]
             best, med = max(rates), statistics.median(rates)
             top = max(stats, key=lambda st: st.gbps)

@@ -43,6 +43,7 @@ def test_sender_writes_every_bucket_into_each_receivers_staging(monkeypatch, str
             tensors = make_tensors(v)
             stats = sender.send(iter(tensors.items()) if lazy else tensors, version=v)
             assert stats.buckets > 4 and stats.receivers == 2
+            assert stats.plan_reused == (not lazy and v > 0)  # a sized collection's plan is kept
         for t in threads:
             t.join(30)
         # Each receiver's buffer was "opened" once and reused for every round.
@@ -54,3 +55,36 @@ def test_sender_writes_every_bucket_into_each_receivers_staging(monkeypatch, str
         for v in range(rounds):
             want = {k: (t.to(torch.bfloat16) if t.dtype.is_floating_point else t) for k, t in make_tensors(v).items()}
             assert_same(g[v], want)
+
+
+def test_reused_plan_follows_new_tensors_in_place_updates_and_shape_changes(monkeypatch):
+    """The sender's kept plan and the prepared copies into each receiver's buffer: re-pointed at new
+    tensor objects, at tensors changed in place, dropped when the tensor set changes; large chunks (a
+    copy each) and small ones (one batched copy) both exact."""
+    import arl.sync.plan as plan
+
+    torch.set_num_threads(1)
+    use_direct_transport(monkeypatch)
+    monkeypatch.setattr(plan, "SMALL_CHUNK_BYTES", 4096)  # so these tensors take both copy paths
+    cfg = SyncConfig(transport="cpu", bucket_bytes=BUCKET, timeout_s=30)
+    same = list(make_tensors(7, dtype_mix=False).items())
+    rounds = [list(make_tensors(0).items()), list(make_tensors(1).items()),  # new objects, same layout
+              list(make_tensors(2, dtype_mix=False).items()), same, same]  # fewer tensors; then in place
+    with WeightSender(cfg, num_receivers=1) as sender:
+        receiver = WeightReceiver(sender.address, cfg)
+        got: list = []
+        thread = threading.Thread(target=_receive, args=(receiver, len(rounds), False, got))
+        thread.start()
+        reused, wanted = [], []
+        for v, named in enumerate(rounds):
+            if v == 4:
+                for _, t in same:
+                    t.add_(1) if t.dtype != torch.bool else t.logical_not_()
+            wanted.append({k: t.clone() for k, t in named})
+            reused.append(sender.send(named, version=v).plan_reused)
+            assert all(c.flat.numel() == 0 for b in sender._memo.buckets for c in b.chunks)  # holds no tensor
+        thread.join(30)
+        receiver.close()
+    assert reused == [False, True, False, True, True]
+    for g, want in zip(got, wanted, strict=True):
+        assert_same(g, want)

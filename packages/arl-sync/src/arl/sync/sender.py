@@ -19,7 +19,7 @@ import torch
 
 from .channel import SenderChannel, peer_alive, pid_namespace
 from .errors import ReceiverLostError, SyncConfigError, SyncError, SyncTimeoutError, TransferAbortedError
-from .plan import PlanTotals, align_up, dtype_from_name, plan_buckets, validate
+from .plan import PlanMemo, PlannedBucket, PlanTotals, align_up, dtype_from_name, plan_buckets, validate
 from .transports import SenderTransport, make_sender_transport
 from .types import Abort, Ack, Begin, Bucket, Bye, Commit, Done, End, Hello, SyncConfig, SyncStats, Welcome
 
@@ -95,6 +95,7 @@ class WeightSender:
         self._sync: _SyncState | None = None
         self._sync_id = 0
         self._last_stream_bytes = 0
+        self._memo: PlanMemo | None = None  # the last plan of a sized collection, reused while it matches
         self._lock = threading.Lock()
         self._cancelled = threading.Event()  # set by cancel() from another thread: the sync in progress stops
         self._closed = False
@@ -241,7 +242,15 @@ class WeightSender:
             self._admit(cfg.timeout_s)
             self._sync_id += 1
             sync = self._sync = _SyncState(self._sync_id, list(self._members))
-            hint = estimate_stream_bytes(named_tensors, cfg.align_bytes, self._cast) or self._last_stream_bytes
+            # A list (a trainer's parameters) is planned once and its plan reused while names, shapes and
+            # dtypes stay the same; a lazy iterator (gathered shards) is planned as it is drawn.
+            sized = isinstance(named_tensors, list | tuple)
+            memo = self._memo if sized and self._memo is not None and self._memo.matches(named_tensors) else None
+            if memo is not None:
+                hint = memo.totals.stream_bytes
+            else:
+                self._memo = None
+                hint = estimate_stream_bytes(named_tensors, cfg.align_bytes, self._cast) or self._last_stream_bytes
             wants_staging = getattr(self._transport, "wants_staging", False)
             if wants_staging and not hint:
                 # Receivers must size the buffer the sender writes into before the first bucket: draw
@@ -250,7 +259,8 @@ class WeightSender:
                 hint = estimate_stream_bytes(named_tensors, cfg.align_bytes, self._cast)
             lands_at_end = getattr(self._transport, "lands_at_end", False)
             t0 = time.monotonic()
-            totals = PlanTotals()
+            totals = memo.totals if memo is not None else PlanTotals()
+            planned: list[PlannedBucket] | None = [] if sized and memo is None else None
             try:
                 infos = self._transport.begin(sync.participants)
                 for ident in sync.participants:
@@ -268,7 +278,11 @@ class WeightSender:
                     self._transport.attach({i: sync.staging[i] for i in sync.participants})
                 self._transport.connect(cfg.timeout_s)
                 t_stream = time.monotonic()
-                for bucket in plan_buckets(named_tensors, cfg.bucket_bytes, cfg.align_bytes, self._cast, totals):
+                buckets = (memo.bind(named_tensors) if memo is not None else
+                           plan_buckets(named_tensors, cfg.bucket_bytes, cfg.align_bytes, self._cast, totals))
+                for bucket in buckets:
+                    if planned is not None:
+                        planned.append(bucket)
                     slot = bucket.index % 2
                     if self._transport.needs_acks and bucket.index >= 2:
                         acks = sync.acks
@@ -279,7 +293,7 @@ class WeightSender:
                     else:
                         self._poll()
                     self._transport.wait_slot(slot, cfg.timeout_s, self._poll)
-                    self._transport.pack(slot, bucket.chunks, bucket.index * cfg.bucket_bytes)
+                    self._transport.pack(slot, bucket.chunks, bucket.index * cfg.bucket_bytes, stable=sized)
                     msg = Bucket(sync_id=sync.sync_id, index=bucket.index, slot=slot, nbytes=bucket.nbytes,
                                  tensors=bucket.tensors)
                     if getattr(self._transport, "announce_before_post", False):
@@ -303,11 +317,15 @@ class WeightSender:
                 self._pump(lambda: len(sync.done) >= n, cfg.timeout_s,
                            f"sync {sync.sync_id}: waiting for receivers to confirm")
                 self._broadcast(Commit(sync.sync_id))
+                if planned is not None:
+                    self._memo = PlanMemo(named_tensors, planned, totals)
             except BaseException as e:
                 self._abort(sync, e)
                 raise
             finally:
                 self._sync = None
+                if self._memo is not None:
+                    self._memo.release()
             t_done = time.monotonic()
             seconds = t_done - t0
             self._last_stream_bytes = totals.stream_bytes
@@ -317,6 +335,7 @@ class WeightSender:
                 buckets=totals.buckets, tensors=totals.tensors, receivers=len(sync.participants),
                 transport=cfg.transport, join_seconds=t0 - t_join, setup_seconds=t_stream - t0,
                 stream_seconds=t_land - t_stream, land_seconds=t_confirm - t_land, confirm_seconds=t_done - t_confirm,
+                plan_reused=memo is not None,
             )
 
     def _abort(self, sync: _SyncState, exc: BaseException) -> None:

@@ -140,8 +140,11 @@ class DirectSender:
     lands_at_end = True
 
     def __init__(self, cfg: SyncConfig, device: torch.device | None) -> None:
+        from .plan import PackCache
+
         self._mapped: dict[bytes, tuple[int, torch.Tensor]] = {}
         self._targets: list[torch.Tensor] = []
+        self._packs = PackCache()
         self.handles_opened = 0
 
     def welcome_info(self, hello_device: str) -> bytes:
@@ -162,6 +165,7 @@ class DirectSender:
                 m = self._mapped[ident] = (generation, _DIRECT_BUFFERS[key][:capacity])
                 self.handles_opened += 1
             self._targets.append(m[1])
+        self._packs.start(self._targets)
 
     def connect(self, timeout_s: float) -> None:
         pass
@@ -169,7 +173,7 @@ class DirectSender:
     def wait_slot(self, slot: int, timeout_s: float, check) -> None:
         pass
 
-    def pack(self, slot: int, chunks, base: int = 0) -> None:
+    def pack(self, slot: int, chunks, base: int = 0, stable: bool = False) -> None:
         from .errors import TransportError
         from .plan import pack_chunks
 
@@ -179,6 +183,10 @@ class DirectSender:
         for t in self._targets:
             if end > t.numel():
                 raise TransportError(f"the stream outgrew a receiver's staging buffer ({end} > {t.numel()})")
+        if stable:
+            self._packs.pack(chunks, base, end)
+            return
+        for t in self._targets:
             pack_chunks(t[base:end], chunks)
 
     def post(self, slot: int, nbytes: int) -> None:

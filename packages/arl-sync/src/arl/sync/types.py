@@ -49,6 +49,8 @@ class SyncStats(msgspec.Struct, kw_only=True, frozen=True):
     setup), `stream_seconds` (planning, packing and posting every bucket: the sender's own work, with the
     transport's copies still running where they are asynchronous), `land_seconds` (waiting for those
     copies, or the last collective) and `confirm_seconds` (`End` until every receiver confirmed).
+    `plan_reused`: the tensors came as a list with the names, shapes and dtypes of the previous sync, so
+    its bucket plan was reused instead of planned again.
     """
 
     version: int
@@ -64,6 +66,7 @@ class SyncStats(msgspec.Struct, kw_only=True, frozen=True):
     stream_seconds: float = 0.0
     land_seconds: float = 0.0
     confirm_seconds: float = 0.0
+    plan_reused: bool = False
 
 
 class TensorMeta(msgspec.Struct, array_like=True, frozen=True):

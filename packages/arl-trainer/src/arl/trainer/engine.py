@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -414,7 +413,7 @@ class PackedPolicy:
             out[k] = v if k in COUNT_METRICS else (v / total if total > 0 else 0.0)
         return out
 
-    def named_parameters_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Parameters in Hugging Face checkpoint naming (what vLLM's load_weights expects)."""
-        for name, p in self.model.named_parameters():
-            yield name, p.detach()
+    def named_parameters_for_sync(self) -> list[tuple[str, torch.Tensor]]:
+        """Parameters in Hugging Face checkpoint naming (what vLLM's load_weights expects). A list (the
+        parameters themselves, no copies): arl-sync's sender reuses the plan of a list across syncs."""
+        return [(name, p.detach()) for name, p in self.model.named_parameters()]

@@ -34,9 +34,10 @@ class SenderTransport(Protocol):
         """Block until `slot` may be packed again (transport-side; acks are handled by the sender)."""
         ...
 
-    def pack(self, slot: int, chunks: list[Chunk], base: int = 0) -> None:
+    def pack(self, slot: int, chunks: list[Chunk], base: int = 0, stable: bool = False) -> None:
         """Copy (and cast) the chunks into `slot` (`base`: the bucket's first stream byte; chunk byte
-        ranges are relative to it)."""
+        ranges are relative to it). `stable`: this same `chunks` list (same layout, re-pointed sources)
+        comes again at later syncs, and its sources outlive this sync; a transport may keep state for it."""
         ...
 
     def post(self, slot: int, nbytes: int) -> None:

@@ -162,7 +162,7 @@ class NcclSender:
             wait_event(self._sent[slot], timeout_s, check, f"NCCL broadcast from slot {slot}")
             self._in_flight[slot] = False
 
-    def pack(self, slot: int, chunks: list[Chunk], base: int = 0) -> None:
+    def pack(self, slot: int, chunks: list[Chunk], base: int = 0, stable: bool = False) -> None:
         ps = self._pack_stream
         ps.wait_stream(torch.cuda.current_stream(self._dev))  # sources were produced there
         with torch.cuda.stream(ps):

@@ -135,7 +135,7 @@ class ShmSender:
     def wait_slot(self, slot: int, timeout_s: float, check: Callable[[], None]) -> None:
         pass
 
-    def pack(self, slot: int, chunks: list[Chunk], base: int = 0) -> None:
+    def pack(self, slot: int, chunks: list[Chunk], base: int = 0, stable: bool = False) -> None:
         cuda = any(c.flat.is_cuda for c in chunks)
         if cuda and not self._cuda_seen:
             self._cuda_seen = True
