@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-from itertools import islice
+from collections import deque
 from collections.abc import Callable
+from itertools import islice
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -92,7 +93,9 @@ class TaskTracker:
     started before it whose samples were not queued yet: generating, or waiting for queue space);
     without the latter, a resumed run would skip those tasks and their samples would be lost. The
     resumed run replays them first. A prompt dropped with a counted reason stays "in flight" and is
-    re-run after a resume: extra work, never a loss.
+    re-run after a resume: extra work, never a loss. Replay positions the feed loop has not reached yet
+    count as in flight too: a checkpoint taken early in a resumed run (its backlog of replays not yet
+    started) must hand them on, or the run resumed from it would skip them.
     """
 
     def __init__(self, tasks: list[Any], *, seed: int, skip: int = 0, replay: list[int] = ()) -> None:
@@ -100,7 +103,7 @@ class TaskTracker:
 
         self._tasks, self._seed = tasks, seed
         self._cycle = cycle_tasks(tasks, seed=seed)
-        self._replay = sorted(set(replay))
+        self._replay = deque(sorted(set(replay)))  # replays not yet handed to the feed loop
         self.next_position = skip
         self._in_flight: dict[int, str] = {}
 
@@ -110,9 +113,11 @@ class TaskTracker:
         return next(islice(cycle_tasks(self._tasks, seed=self._seed), position, None))
 
     def __iter__(self) -> Any:
-        for position in self._replay:
+        while self._replay:
+            position = self._replay[0]
             epoch, task = self._at(position)
             self._in_flight[position] = task.id
+            self._replay.popleft()
             yield epoch, task
         for epoch, task in islice(self._cycle, self.next_position, None):
             self._in_flight[self.next_position] = task.id
@@ -127,4 +132,5 @@ class TaskTracker:
                 return
 
     def in_flight(self) -> list[int]:
-        return sorted(self._in_flight)
+        """Positions a resumed run must replay: started and not queued, or replays not started yet."""
+        return sorted(self._in_flight.keys() | set(self._replay))
