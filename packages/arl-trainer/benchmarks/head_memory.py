@@ -76,12 +76,13 @@ def best_time(fn, device, reps=10):
 def chunk_passes(vocab: int, device: torch.device) -> dict:
     """GB/s of each per-chunk pass over one full chunk of bf16 logits (bytes read + written / time)."""
     from arl.trainer.head import DEFAULT_CHUNK_ELEMENTS, _chunk_rows, _logit_grads, _logit_stats
-    from arl.trainer.head_triton import logit_stats
+    from arl.trainer.head_triton import logit_grads, logit_stats
 
     rows = _chunk_rows(vocab, DEFAULT_CHUNK_ELEMENTS)
     z = torch.randn(rows, vocab, device=device).mul(3).to(torch.bfloat16)
     lse, _ = logit_stats(z, 1.0, torch.float32)
-    a, b = torch.randn(rows, device=device), torch.randn(rows, device=device)
+    a, b, c = (torch.randn(rows, device=device) for _ in range(3))
+    targets = torch.randint(0, vocab, (rows,), device=device)
     out = torch.empty_like(z)
     nbytes = z.numel() * z.element_size()
     inductor_stats = torch.compile(_logit_stats, dynamic=True)
@@ -91,6 +92,8 @@ def chunk_passes(vocab: int, device: torch.device) -> dict:
         "stats_triton": (nbytes, best_time(lambda: logit_stats(z, 1.0, torch.float32), device)),
         "stats_inductor": (nbytes, best_time(lambda: inductor_stats(z, 1.0, torch.float32), device)),
         "grads_inductor": (2 * nbytes, best_time(lambda: compiled_grads(z, lse, a, b, 1.0, torch.float32), device)),
+        # the Triton pass also adds c at the target (what Inductor's pass left to a gather + scatter)
+        "grads_triton": (2 * nbytes, best_time(lambda: logit_grads(z, lse, a, b, c, targets, 1.0), device)),
     }
     res = {"rows": rows, "vocab": vocab}
     for name, (moved, sec) in times.items():
@@ -98,6 +101,8 @@ def chunk_passes(vocab: int, device: torch.device) -> dict:
         res[f"{name}_gbps"] = moved / sec / 1e9
     res["stats_inductor_over_triton_time"] = res["stats_inductor_ms"] / res["stats_triton_ms"]
     res["stats_triton_fraction_of_copy_rate"] = res["stats_triton_gbps"] / res["copy_gbps"]
+    res["grads_inductor_over_triton_time"] = res["grads_inductor_ms"] / res["grads_triton_ms"]
+    res["grads_triton_fraction_of_copy_rate"] = res["grads_triton_gbps"] / res["copy_gbps"]
     return res
 
 

@@ -122,3 +122,52 @@ def test_triton_reduction_equals_logsumexp_and_entropy():
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
+
+
+_TRITON_GRADS_CHECK = r"""
+import torch
+from arl.trainer.head import _logit_grads_with_target
+from arl.trainer.head_triton import _BLOCK, logit_grads
+torch.manual_seed(0)
+worst_fp32, worst_bf16 = 0.0, 0.0
+# vocab below, at and not a multiple of the block (ragged last block), one row, several rows; bf16 too
+for n, vocab, dtype, t in [(3, 5000, torch.float32, 1.0), (1, 12345, torch.float32, 0.7), (5, _BLOCK, torch.float32, 1.3),
+                           (17, 300, torch.float32, 1.0), (4, 9000, torch.bfloat16, 0.8), (1, 4097, torch.bfloat16, 1.0)]:
+    z = (torch.randn(n, vocab) * 4).to(dtype)
+    inv_t = 1.0 / t
+    lse = torch.logsumexp(z.float() * inv_t, -1)
+    a, b, c = torch.randn(n), torch.randn(n), torch.randn(n)
+    targets = torch.randint(0, vocab, (n,))
+    got = logit_grads(z, lse, a, b, c, targets, inv_t)
+    assert got.dtype == dtype and got.shape == z.shape
+    want = _logit_grads_with_target(z, lse, a, b, c, targets, inv_t)
+    err = float((got.float() - want.float()).norm() / want.float().norm())
+    if dtype == torch.float32:
+        worst_fp32 = max(worst_fp32, err)
+    else:  # both round the same fp32 values to bf16: at most one bf16 step apart per entry
+        worst_bf16 = max(worst_bf16, float(((got.float() - want.float()).abs() / want.float().abs().clamp(min=1e-30)).max()))
+# a confident target (1 − p_t ≈ 2e-3): its entry p_t·(a + b·log p_t) + c is a small difference of large terms
+z = torch.full((1, 6000), -5.0)
+z[0, 123] = 10.0
+lse = torch.logsumexp(z, -1)
+a, b, c = torch.tensor([-1.0]), torch.tensor([0.0]), torch.tensor([1.0])  # d log p_t / dz_t = 1 − p_t
+targets = torch.tensor([123])
+exact = float(1 - torch.softmax(z.double(), -1)[0, 123])
+for dtype in (torch.float32, torch.bfloat16):
+    got = float(logit_grads(z.to(dtype), lse, a, b, c, targets, 1.0)[0, 123])
+    assert abs(got - exact) <= 1e-2 * exact, (dtype, got, exact)
+print(worst_fp32, worst_bf16)
+"""
+
+
+def test_triton_gradient_kernel_equals_eager_formula():
+    """The CUDA head's Triton gradient pass, run by Triton's CPU interpreter, against the eager pass
+    (`head._logit_grads_with_target`): fp32 to 1e-5 relative, bf16 to one rounding step, and the
+    target's entry keeps its small value when p_t ≈ 1."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", _TRITON_GRADS_CHECK], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    worst_fp32, worst_bf16 = map(float, out.stdout.strip().splitlines()[-1].split())
+    assert worst_fp32 < 1e-5 and worst_bf16 <= 2**-7

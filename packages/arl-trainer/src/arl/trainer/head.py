@@ -9,7 +9,7 @@ The reductions run in fp32 whatever the compute dtype; the two matmuls run in th
 
 Per chunk, forward is one matmul and one pass over its logits (logsumexp and entropy); backward is the
 recomputing matmul, one pass that forms the logits' gradient, and the two matmuls of the gradient (the
-weight's accumulated in fp32 by the GEMM itself). On CUDA each pass is one kernel (the reduction in Triton, `head_triton.py`).
+weight's accumulated in fp32 by the GEMM itself). On CUDA each pass is one Triton kernel (`head_triton.py`).
 """
 
 from __future__ import annotations
@@ -58,17 +58,14 @@ class _ChunkedLogProbs(torch.autograd.Function):
         g_logp = torch.zeros(n, dtype=acc, device=hidden.device) if grad_logp is None else grad_logp.to(acc)
         g_ent = torch.zeros(n, dtype=acc, device=hidden.device) if grad_entropy is None else grad_entropy.to(acc)
         # dz = (onehot·g_logp − p·(g_logp + g_ent·(log p + H))) / t = p·(a + b·log p) off the target,
-        # with a = −(g_logp + g_ent·H)/t and b = −g_ent/t per row.
+        # with a = −(g_logp + g_ent·H)/t and b = −g_ent/t per row, and c = g_logp/t added at the target.
         a = -(g_logp + g_ent * entropy) * inv_t
         b = -g_ent * inv_t
+        c = g_logp * inv_t
         for s in range(0, n, ctx.chunk_rows):
-            rows, tgt = slice(s, min(n, s + ctx.chunk_rows)), targets[s : s + ctx.chunk_rows, None]
+            rows = slice(s, min(n, s + ctx.chunk_rows))
             z = hidden[rows] @ weight.t()
-            dz = dlogits(z, lse[rows], a[rows], b[rows], inv_t, acc)
-            # The target's entry in fp32: p_t·(a + b·log p_t) + g_logp/t cancels as p_t → 1, which bf16 would lose.
-            logp_t = z.gather(1, tgt).squeeze(1).to(acc) * inv_t - lse[rows]
-            at_target = torch.exp(logp_t) * (a[rows] + b[rows] * logp_t) + g_logp[rows] * inv_t
-            dz.scatter_(1, tgt, at_target[:, None].to(dz.dtype))
+            dz = dlogits(z, lse[rows], a[rows], b[rows], c[rows], targets[rows], inv_t)
             if need_h:
                 grad_h[rows] = dz @ weight
             if need_w:
@@ -110,25 +107,38 @@ def _logit_grads(z: torch.Tensor, lse: torch.Tensor, a: torch.Tensor, b: torch.T
     return (torch.exp(logp) * (a[:, None] + b[:, None] * logp)).to(z.dtype)
 
 
-_COMPILED: dict[str, tuple] = {}
+def _logit_grads_with_target(z: torch.Tensor, lse: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+                             targets: torch.Tensor, inv_t: float) -> torch.Tensor:
+    """The logits' gradient of one chunk in z's dtype: p·(a + b·log p) per logit, plus c at each row's target."""
+    acc = lse.dtype
+    tgt = targets[:, None]
+    dz = _logit_grads(z, lse, a, b, inv_t, acc)
+    # The target's entry in fp32: p_t·(a + b·log p_t) + g_logp/t cancels as p_t → 1, which bf16 would lose.
+    logp_t = z.gather(1, tgt).squeeze(1).to(acc) * inv_t - lse
+    at_target = torch.exp(logp_t) * (a + b * logp_t) + c
+    dz.scatter_(1, tgt, at_target[:, None].to(dz.dtype))
+    return dz
+
+
+_CUDA_KERNELS: dict[str, tuple] = {}
 
 
 def _kernels(device: torch.device) -> tuple:
-    """The two per-chunk passes over the logits, on CUDA each one kernel that reads the chunk's logits
-    once (the reduction a hand-written Triton kernel, the gradient pass compiled by Inductor), eager elsewhere. With a small hidden size (0.5B: 896
-    against a 152k vocabulary) these passes, not the matmuls, set the head's speed: eager, each
-    operator is a pass over the chunk in fp32."""
+    """The two per-chunk passes over the logits (stats, grads): on CUDA each one Triton kernel that reads
+    the chunk's logits once (and the gradient pass writes its result once), eager elsewhere. With a small
+    hidden size (0.5B: 896 against a 152k vocabulary) these passes, not the matmuls, set the head's speed:
+    eager, each operator is a pass over the chunk in fp32."""
     if device.type != "cuda":
-        return _logit_stats, _logit_grads
-    if "cuda" not in _COMPILED:
+        return _logit_stats, _logit_grads_with_target
+    if "cuda" not in _CUDA_KERNELS:
         try:
-            from arl.trainer.head_triton import logit_stats  # Triton is also Inductor's GPU backend
+            from arl.trainer.head_triton import logit_grads, logit_stats
 
-            _COMPILED["cuda"] = (logit_stats, torch.compile(_logit_grads, dynamic=True))
+            _CUDA_KERNELS["cuda"] = (logit_stats, logit_grads)
         except ImportError:
             warnings.warn("triton is not installed: the log-prob head runs eagerly (slower; same results)", stacklevel=3)
-            _COMPILED["cuda"] = (_logit_stats, _logit_grads)
-    return _COMPILED["cuda"]
+            _CUDA_KERNELS["cuda"] = (_logit_stats, _logit_grads_with_target)
+    return _CUDA_KERNELS["cuda"]
 
 
 def _accumulate_fp32(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
