@@ -185,13 +185,16 @@ class PlanMemo:
     def matches(self, named: Sequence[tuple[str, torch.Tensor]]) -> bool:
         return len(named) == len(self._signature) and _signature(named) == self._signature
 
-    def bind(self, named: Sequence[tuple[str, torch.Tensor]]) -> list[PlannedBucket]:
-        """The buckets, their chunks pointed at `named` (which `matches`)."""
-        flats = [t.detach().contiguous().view(-1) for _, t in named]
+    def bind(self, named: Sequence[tuple[str, torch.Tensor]]) -> Iterator[PlannedBucket]:
+        """The buckets, each one's chunks pointed at `named` (which `matches`) just before it is yielded,
+        so that the first bucket's copies start before the last tensor is looked at."""
+        last, flat = -1, _NO_SOURCE
         for bucket in self.buckets:
-            for c in bucket.chunks:
-                c.flat = flats[c.tensor]
-        return self.buckets
+            for c in bucket.chunks:  # a tensor's chunks are consecutive
+                if c.tensor != last:
+                    last, flat = c.tensor, named[c.tensor][1].detach().contiguous().view(-1)
+                c.flat = flat
+            yield bucket
 
     def release(self) -> None:
         """Drop the references to the last sync's tensors (the caller may free them)."""
