@@ -23,7 +23,8 @@ def model_dir(tmp_path_factory):
     return save_random_qwen3(tmp_path_factory.mktemp("qwen3"), vocab=256, hidden=64, head_dim=32, max_positions=512)
 
 
-async def test_vllm_engine_end_to_end(model_dir, tmp_path):
+async def test_vllm_engine_end_to_end(model_dir, tmp_path, monkeypatch):
+    from arl.rollout.engines import vllm_engine
     from arl.rollout.engines.vllm_engine import VllmEngine, VllmEngineConfig
     from transformers import AutoModelForCausalLM
 
@@ -57,7 +58,11 @@ async def test_vllm_engine_end_to_end(model_dir, tmp_path):
         await asyncio.gather(send, engine.load_weights(sender.address, msgspec.json.encode(sync_config), 1))
         await engine.resume()
         assert engine.weight_version == 1
-        check = compare_weights({n: p.detach() for n, p in hf.named_parameters()}, await engine.worker_weights())
+        whole = await engine.worker_weights()  # one RPC
+        monkeypatch.setattr(vllm_engine, "FETCH_BYTES", 8192)  # now over many RPCs: the same tensors
+        batched = await engine.worker_weights()
+        assert batched.keys() == whole.keys() and all(torch.equal(batched[k], whole[k]) for k in whole)
+        check = compare_weights({n: p.detach() for n, p in hf.named_parameters()}, batched)
         assert check["equal"], check
         out = await engine.generate("c", prompt, SamplingParams(max_tokens=10, seed=2))
         assert out.weight_versions == [1] * 10

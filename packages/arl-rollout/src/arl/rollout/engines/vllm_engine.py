@@ -26,6 +26,10 @@ from arl.rollout.errors import EngineError, WeightSyncError
 from arl.rollout.routed_experts import rows_from_vllm, vllm_prompt_start
 
 _EXTENSION = "arl.rollout.engines.vllm_worker.WeightSyncExtension"
+# Bytes of parameters fetched per RPC by `worker_weights_per_rank`: vLLM encodes each reply with msgspec,
+# which refuses a bytes object over 4 GiB (a 7B model's weights are 15 GB).
+FETCH_BYTES = 1 << 30
+_RPC_REPLY_LIMIT = (1 << 32) - 1
 
 
 class VllmEngineConfig(msgspec.Struct, kw_only=True):
@@ -225,13 +229,31 @@ class VllmEngine:
         return (await self.worker_weights_per_rank())[0]
 
     async def worker_weights_per_rank(self) -> list[dict[str, Any]]:
-        """Every worker's parameters (its TP shard, vLLM's naming), in TP-rank order."""
+        """Every worker's parameters (its TP shard, vLLM's naming), in TP-rank order, fetched
+        `FETCH_BYTES` at a time."""
         from safetensors.torch import load
 
-        results = await self._require_started().collective_rpc(
-            "arl_named_parameters", timeout=self.config.rpc_timeout_s
-        )
-        return [load(r) for r in results]
+        llm = self._require_started()
+        timeout = self.config.rpc_timeout_s
+        sizes = await llm.collective_rpc("arl_parameter_sizes", timeout=timeout)
+        largest = {name: max(dict(rank)[name] for rank in sizes) for name, _ in sizes[0]}
+        batches: list[list[str]] = [[]]
+        filled = 0
+        for name, nbytes in largest.items():
+            if nbytes > _RPC_REPLY_LIMIT - (1 << 20):
+                raise EngineError(f"parameter {name!r} is {nbytes} bytes on one worker: more than one vLLM RPC "
+                                  "reply carries (4 GiB)")
+            if batches[-1] and filled + nbytes > FETCH_BYTES:
+                batches.append([])
+                filled = 0
+            batches[-1].append(name)
+            filled += nbytes
+        ranks: list[dict[str, Any]] = [{} for _ in sizes]
+        for names in batches:
+            replies = await llm.collective_rpc("arl_named_parameters", timeout=timeout, args=(names,))
+            for rank, reply in zip(ranks, replies, strict=True):
+                rank.update(load(reply))
+        return ranks
 
 
 def engine_kwargs(config: VllmEngineConfig, on_cuda: bool) -> dict[str, Any]:

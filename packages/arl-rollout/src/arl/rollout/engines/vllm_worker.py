@@ -102,12 +102,20 @@ class WeightSyncExtension:
         # next sync, so they must have landed before this call returns.
         torch.cuda.current_stream().synchronize()
 
-    def arl_named_parameters(self) -> bytes:
-        """The worker's parameters as safetensors bytes (tensors do not cross vLLM's RPC pickling)."""
+    def arl_parameter_sizes(self) -> list[tuple[str, int]]:
+        """(name, bytes) of every parameter of this worker, in the model's order."""
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        return [(name, p.numel() * p.element_size()) for name, p in model.named_parameters()]
+
+    def arl_named_parameters(self, names: list[str] | None = None) -> bytes:
+        """The worker's parameters (those in `names`, default all) as safetensors bytes (tensors do not
+        cross vLLM's RPC pickling)."""
         from safetensors.torch import save
 
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        return save({name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters()})
+        wanted = set(names) if names is not None else None
+        return save({name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters()
+                     if wanted is None or name in wanted})
 
     def arl_ping(self) -> int:
         """A no-op RPC: measures the engine's control-call round trip (benchmarks/vllm_call_latency.py)."""
