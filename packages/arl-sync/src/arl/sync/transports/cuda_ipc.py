@@ -9,10 +9,10 @@ across syncs until the receiver reallocates. The sender then copies (and casts) 
 into every receiver's buffer on one copy stream, with no per-bucket synchronisation or acknowledgement,
 and waits for the stream once before `End`: the bytes have landed when a receiver sees `End`.
 
-The sender's host thread launching copies, not the copies, bounds this transfer (7B: 339 tensors in
-~8 ms of copying). For a stable plan (a trainer's parameter list, see `PlanMemo`) the destination views
-in every receiver's buffer are made once and reused while the mappings hold, so a sync is one copy
-launch per large chunk and one batched launch for the small ones.
+Planning and launching a copy per tensor took the sender's host thread about as long as the copies
+themselves (7B: 339 tensors, ~8 ms of copying), so for a stable plan (a trainer's parameter list, see
+`PlanMemo`) the destination views in every receiver's buffer are made once and reused while the
+mappings hold: a sync is then one copy launch per large chunk and one batched launch for the small ones.
 
 Sender and receivers must be on one host; the receiver's GPU must be visible to the sender (the same
 GPU, or a peer GPU the sender's process can see).
