@@ -59,8 +59,9 @@ def test_sender_writes_every_bucket_into_each_receivers_staging(monkeypatch, str
 
 def test_reused_plan_follows_new_tensors_in_place_updates_and_shape_changes(monkeypatch):
     """The sender's kept plan and the prepared copies into each receiver's buffer: re-pointed at new
-    tensor objects, at tensors changed in place, dropped when the tensor set changes; large chunks (a
-    copy each) and small ones (one batched copy) both exact."""
+    tensor objects, at tensors changed in place, dropped when the tensor set changes (and the copies
+    prepared into a receiver's buffer dropped when it reallocates); large chunks (a copy each) and small
+    ones (one batched copy) both exact."""
     import arl.sync.plan as plan
 
     torch.set_num_threads(1)
@@ -69,7 +70,8 @@ def test_reused_plan_follows_new_tensors_in_place_updates_and_shape_changes(monk
     cfg = SyncConfig(transport="cpu", bucket_bytes=BUCKET, timeout_s=30)
     same = list(make_tensors(7, dtype_mix=False).items())
     rounds = [list(make_tensors(0).items()), list(make_tensors(1).items()),  # new objects, same layout
-              list(make_tensors(2, dtype_mix=False).items()), same, same]  # fewer tensors; then in place
+              list(make_tensors(2, dtype_mix=False).items()), same, same,  # fewer tensors; then in place
+              list(make_tensors(3).items()) + [("grown", torch.randn(50_000))]]  # a larger stream: new buffer
     with WeightSender(cfg, num_receivers=1) as sender:
         receiver = WeightReceiver(sender.address, cfg)
         got: list = []
@@ -83,8 +85,9 @@ def test_reused_plan_follows_new_tensors_in_place_updates_and_shape_changes(monk
             wanted.append({k: t.clone() for k, t in named})
             reused.append(sender.send(named, version=v).plan_reused)
             assert all(c.flat.numel() == 0 for b in sender._memo.buckets for c in b.chunks)  # holds no tensor
+        assert sender._transport.handles_opened == 2  # the last stream outgrew the buffer: re-exported
         thread.join(30)
         receiver.close()
-    assert reused == [False, True, False, True, True]
+    assert reused == [False, True, False, True, True, False]
     for g, want in zip(got, wanted, strict=True):
         assert_same(g, want)

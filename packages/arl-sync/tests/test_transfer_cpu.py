@@ -136,6 +136,25 @@ def test_survivor_keeps_old_weights_after_abort(tmp_path):
     assert_same(res["model"], make_tensors(0))
 
 
+def test_kept_plan_survives_an_aborted_sync(tmp_path):
+    """A sync that dies while using the kept plan (a receiver lost mid-transfer) leaves the plan usable:
+    the next sync of the same layout reuses it and lands bit for bit on the survivor."""
+    cfg = SyncConfig(transport="cpu", bucket_bytes=BUCKET, timeout_s=20)
+    with WeightSender(cfg, num_receivers=2) as s:
+        survivor = start_receiver(s.address, cfg, 3, str(tmp_path / "ok.pt"))
+        dying = start_receiver(s.address, cfg, 2, str(tmp_path / "dead.pt"), die_round=1, die_after=40)
+        assert not s.send(make_tensors(0), version=0).plan_reused
+        with pytest.raises(ReceiverLostError):
+            s.send(make_tensors(1), version=1)
+        s.num_receivers = 1
+        assert s.send(make_tensors(2), version=2).plan_reused
+        survivor.join(30)
+        dying.join(10)
+    res = load(str(tmp_path / "ok.pt"))
+    assert res["log"] == [(0, ""), (None, "TransferAbortedError"), (2, "")]
+    assert_same(res["model"], make_tensors(2))
+
+
 def test_sender_dies_mid_transfer(tmp_path):
     """The receiver raises SenderLostError in bounded time and keeps the previous weights."""
     cfg = SyncConfig(transport="cpu", bucket_bytes=BUCKET, timeout_s=20)
