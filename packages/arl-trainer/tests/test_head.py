@@ -171,3 +171,10 @@ def test_triton_gradient_kernel_equals_eager_formula():
     assert out.returncode == 0, out.stderr[-3000:]
     worst_fp32, worst_bf16 = map(float, out.stdout.strip().splitlines()[-1].split())
     assert worst_fp32 < 1e-5 and worst_bf16 <= 2**-7
+
+
+def test_fp64_heads_keep_the_eager_passes_on_cuda():
+    """The Triton kernels reduce in fp32: an fp64 head (gradchecks, references) must not get them."""
+    from arl.trainer.head import _kernels, _logit_grads_with_target, _logit_stats
+
+    assert _kernels(torch.device("cuda"), torch.float64) == (_logit_stats, _logit_grads_with_target)

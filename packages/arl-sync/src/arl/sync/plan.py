@@ -139,8 +139,8 @@ def plan_buckets(
             stop = min(end, bucket_end)
             base = cur.index * B
             cur.chunks.append(
-                Chunk(flat, (start - off) // itemsize, (stop - off) // itemsize, start - base, stop - base, out_dtype,
-                      number)
+                Chunk(flat, (start - off) // itemsize, (stop - off) // itemsize, start - base, stop - base,
+                      out_dtype, number)
             )
             start = stop
             if stop == bucket_end:

@@ -245,12 +245,14 @@ class WeightSender:
             # A list (a trainer's parameters) is planned once and its plan reused while names, shapes and
             # dtypes stay the same; a lazy iterator (gathered shards) is planned as it is drawn.
             sized = isinstance(named_tensors, list | tuple)
-            memo = self._memo if sized and self._memo is not None and self._memo.matches(named_tensors) else None
+            memo = self._memo if sized and self._memo is not None and self._memo.matches(named_tensors) \
+                else None
             if memo is not None:
                 hint = memo.totals.stream_bytes
             else:
                 self._memo = None
-                hint = estimate_stream_bytes(named_tensors, cfg.align_bytes, self._cast) or self._last_stream_bytes
+                hint = (estimate_stream_bytes(named_tensors, cfg.align_bytes, self._cast)
+                        or self._last_stream_bytes)
             wants_staging = getattr(self._transport, "wants_staging", False)
             if wants_staging and not hint:
                 # Receivers must size the buffer the sender writes into before the first bucket: draw

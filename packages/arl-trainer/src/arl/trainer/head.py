@@ -32,7 +32,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
         n = hidden.shape[0]
         acc = torch.promote_types(hidden.dtype, torch.float32)  # fp32 reductions at least
         inv_t = 1.0 / temperature
-        stats, _ = _kernels(hidden.device)
+        stats, _ = _kernels(hidden.device, acc)
         logp = torch.empty(n, dtype=acc, device=hidden.device)
         entropy = torch.empty(n, dtype=acc, device=hidden.device)
         lse = torch.empty(n, dtype=acc, device=hidden.device)
@@ -52,7 +52,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
         inv_t, n = ctx.inv_t, hidden.shape[0]
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         acc = lse.dtype
-        _, dlogits = _kernels(hidden.device)
+        _, dlogits = _kernels(hidden.device, acc)
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         g_logp = torch.zeros(n, dtype=acc, device=hidden.device) if grad_logp is None else grad_logp.to(acc)
@@ -107,13 +107,15 @@ def _logit_grads(z: torch.Tensor, lse: torch.Tensor, a: torch.Tensor, b: torch.T
     return (torch.exp(logp) * (a[:, None] + b[:, None] * logp)).to(z.dtype)
 
 
-def _logit_grads_with_target(z: torch.Tensor, lse: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
-                             targets: torch.Tensor, inv_t: float) -> torch.Tensor:
-    """The logits' gradient of one chunk in z's dtype: p·(a + b·log p) per logit, plus c at each row's target."""
+def _logit_grads_with_target(z: torch.Tensor, lse: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                             c: torch.Tensor, targets: torch.Tensor, inv_t: float) -> torch.Tensor:
+    """The logits' gradient of one chunk in z's dtype: p·(a + b·log p) per logit, plus c at each row's
+    target."""
     acc = lse.dtype
     tgt = targets[:, None]
     dz = _logit_grads(z, lse, a, b, inv_t, acc)
-    # The target's entry in fp32: p_t·(a + b·log p_t) + g_logp/t cancels as p_t → 1, which bf16 would lose.
+    # The target's entry in fp32: p_t·(a + b·log p_t) + g_logp/t cancels as p_t → 1, which bf16
+    # would lose.
     logp_t = z.gather(1, tgt).squeeze(1).to(acc) * inv_t - lse
     at_target = torch.exp(logp_t) * (a + b * logp_t) + c
     dz.scatter_(1, tgt, at_target[:, None].to(dz.dtype))
@@ -123,12 +125,12 @@ def _logit_grads_with_target(z: torch.Tensor, lse: torch.Tensor, a: torch.Tensor
 _CUDA_KERNELS: dict[str, tuple] = {}
 
 
-def _kernels(device: torch.device) -> tuple:
+def _kernels(device: torch.device, acc: torch.dtype) -> tuple:
     """The two per-chunk passes over the logits (stats, grads): on CUDA each one Triton kernel that reads
     the chunk's logits once (and the gradient pass writes its result once), eager elsewhere. With a small
     hidden size (0.5B: 896 against a 152k vocabulary) these passes, not the matmuls, set the head's speed:
     eager, each operator is a pass over the chunk in fp32."""
-    if device.type != "cuda":
+    if device.type != "cuda" or acc == torch.float64:  # (the Triton kernels reduce in fp32)
         return _logit_stats, _logit_grads_with_target
     if "cuda" not in _CUDA_KERNELS:
         try:

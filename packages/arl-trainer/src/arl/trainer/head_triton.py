@@ -2,10 +2,11 @@
 
 `logit_stats` (forward): logsumexp and entropy of each row of a logits chunk. The head's forward reads
 every chunk of logits (≈900 rows × 152k vocabulary at the 0.5B shape) once to reduce it. Inductor's
-compiled reduction of that pass ran at ~0.3 TB/s on an H200 (a 152k-wide row per reduction is not a
-shape it tiles well), an order below what a single read costs. This kernel reads the chunk once: each
+compiled reduction of that pass moved 0.6–0.8 TB/s on an H200 (`chunk_passes` in head_memory.py; a
+152k-wide row per reduction is not a shape it tiles well). This kernel reads the chunk once: each
 program walks a row (or, for a short chunk, one segment of a row) in blocks, keeping the running
-maximum m, s = Σ exp(x − m) and t = Σ exp(x − m)·x (online-softmax rescaling when m grows), and ends with
+maximum m, s = Σ exp(x − m) and t = Σ exp(x − m)·x (online-softmax rescaling when m grows), and
+ends with
 
     lse = M + log S,   H = lse − T / S      (M, S, T: the segments' m, s, t brought to the row's peak)
 
@@ -14,13 +15,15 @@ a, b, c the head derives from the incoming gradients,
 
     dz = p·(a + b·log p)  (+ c at the row's target),   log p = z/t − lse,
 
-read once and written once (Inductor's compiled version of the pass moved ~1.1 TB/s on an H200, a third of
-a device copy, and the target's entry then needed a gather and a scatter besides). It is elementwise, so
-each program takes one block of one row. The target's entry is formed in fp32 before the one cast to z's
-dtype: as p_t → 1 it is a small difference of large terms that a bf16 intermediate would lose.
+read once and written once (Inductor's compiled version of the pass moved ~1.1–1.3 TB/s on an H200, a
+third of a device copy, and the target's entry then needed a gather and a scatter besides). It is
+elementwise, so each program takes one block of one row. The target's entry is formed in fp32 before
+the one cast to z's dtype: as p_t → 1 it is a small difference of large terms that a bf16
+intermediate would lose.
 
 Inputs are bf16/fp16/fp32 logits; everything is computed in fp32. The kernels have the contracts of
-`head._logit_stats` and `head._logit_grads_with_target` and are chosen over them on CUDA when Triton is importable.
+`head._logit_stats` and `head._logit_grads_with_target` and are chosen over them on CUDA when Triton
+is importable (fp64 heads keep the eager passes).
 """
 
 from __future__ import annotations
@@ -114,8 +117,8 @@ def logit_stats(z: torch.Tensor, inv_t: float, acc: torch.dtype) -> tuple[torch.
 
 
 @triton.jit
-def _grads_block(z_ptr, dz_ptr, z_row_stride, dz_row_stride, vocab, lse_ptr, a_ptr, b_ptr, c_ptr, tgt_ptr, inv_t,
-                 BLOCK: tl.constexpr):
+def _grads_block(z_ptr, dz_ptr, z_row_stride, dz_row_stride, vocab, lse_ptr, a_ptr, b_ptr, c_ptr, tgt_ptr,
+                 inv_t, BLOCK: tl.constexpr):
     """dz = p·(a + b·log p) over one block of one row, plus c at the row's target column."""
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

@@ -241,8 +241,8 @@ class VllmEngine:
         filled = 0
         for name, nbytes in largest.items():
             if nbytes > _RPC_REPLY_LIMIT - (1 << 20):
-                raise EngineError(f"parameter {name!r} is {nbytes} bytes on one worker: more than one vLLM RPC "
-                                  "reply carries (4 GiB)")
+                raise EngineError(f"parameter {name!r} is {nbytes} bytes on one worker: more than one "
+                                  "vLLM RPC reply carries (4 GiB)")
             if batches[-1] and filled + nbytes > FETCH_BYTES:
                 batches.append([])
                 filled = 0
