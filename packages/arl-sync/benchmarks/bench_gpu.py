@@ -50,13 +50,20 @@ def receiver_worker(q, answers) -> None:
                 r.receive(timeout_s=300)
 
 
-def per_tensor_copy_rate(dst: torch.Tensor, srcs: list[torch.Tensor]) -> float:
-    """GB/s of copying every tensor into its place in the uint8 buffer `dst`, one `copy_` each."""
+def placed_views(dst: torch.Tensor, srcs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A view of the uint8 buffer `dst` for each tensor, laid out back to back."""
     views, off = [], 0
     for v in srcs:
         views.append(dst[off : off + v.numel() * v.element_size()].view(v.dtype).view(v.shape))
         off += v.numel() * v.element_size()
-    return off / timed(lambda: [d.copy_(x, non_blocking=True) for d, x in zip(views, srcs)]) / 1e9
+    return views
+
+
+def per_tensor_copy_rate(dst: torch.Tensor, srcs: list[torch.Tensor]) -> float:
+    """GB/s of copying every tensor into its place in the uint8 buffer `dst`, one `copy_` each."""
+    views = placed_views(dst, srcs)
+    nbytes = sum(v.numel() * v.element_size() for v in srcs)
+    return nbytes / timed(lambda: [d.copy_(x, non_blocking=True) for d, x in zip(views, srcs)]) / 1e9
 
 
 def timed(fn, reps: int = 5) -> float:
@@ -96,11 +103,8 @@ def main() -> None:
     }
     # Packing floors: every tensor into its place in one flat buffer, one copy launch per tensor vs one
     # batched `_foreach_copy_`.
-    views, off = [], 0
-    for v in sd.values():
-        views.append(a[off : off + v.numel() * v.element_size()].view(v.dtype).view(v.shape))
-        off += v.numel() * v.element_size()
     srcs = list(sd.values())
+    views = placed_views(a, srcs)
     lim["pack_per_tensor"] = per_tensor_copy_rate(a, srcs)
     lim["pack_foreach"] = n / timed(lambda: torch._foreach_copy_(views, srcs, non_blocking=True)) / 1e9
     # What the transports run: the stream planned in 1 GiB buckets, each packed by `pack_chunks` (a copy

@@ -205,18 +205,7 @@ class PlanMemo:
 
 def pack_chunks(buf: torch.Tensor, chunks: list[Chunk], non_blocking: bool = False) -> None:
     """Copy (and cast) each chunk into the uint8 buffer `buf` at its bucket-relative bytes."""
-    small_dst: list[torch.Tensor] = []
-    small_src: list[torch.Tensor] = []
-    for c in chunks:
-        dst = buf[c.lo : c.hi].view(c.out_dtype)
-        src = c.flat[c.start : c.stop]
-        if c.hi - c.lo < SMALL_CHUNK_BYTES:
-            small_dst.append(dst)
-            small_src.append(src)
-        else:
-            dst.copy_(src, non_blocking=non_blocking)
-    if small_dst:
-        torch._foreach_copy_(small_dst, small_src, non_blocking=non_blocking)
+    PreparedPack(chunks, [buf]).run(chunks, non_blocking)
 
 
 class PreparedPack:

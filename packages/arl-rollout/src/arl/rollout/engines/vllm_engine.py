@@ -235,8 +235,8 @@ class VllmEngine:
 
         llm = self._require_started()
         timeout = self.config.rpc_timeout_s
-        sizes = await llm.collective_rpc("arl_parameter_sizes", timeout=timeout)
-        largest = {name: max(dict(rank)[name] for rank in sizes) for name, _ in sizes[0]}
+        sizes = [dict(rank) for rank in await llm.collective_rpc("arl_parameter_sizes", timeout=timeout)]
+        largest = {name: max(rank[name] for rank in sizes) for name in sizes[0]}
         batches: list[list[str]] = [[]]
         filled = 0
         for name, nbytes in largest.items():
