@@ -48,3 +48,32 @@ def test_colocated_run_takes_turns_trains_and_syncs(tmp_path):
     assert summary.weights_equal_after_sync and summary.weights_max_abs_diff == 0.0
     assert summary.probe_logprob_max_abs_diff < 1e-4
     assert summary.rollout["engine_versions"] == [3]
+
+
+def test_two_colocated_ranks_each_sync_the_replica_beside_them(tmp_path):
+    """Two FSDP2 trainer ranks (gloo) and two replicas taking turns, one replica per rank: every rank
+    sends the gathered weights to its own replica (`per_rank_sync`, CUDA IPC on GPUs; the CPU
+    transport here), and both replicas end holding the trainer's weights."""
+    config = load_config(overrides=[
+        "resources.colocate=true",
+        "resources.trainer_cpu_ranks=2",
+        "rollout.replicas=2",
+        "rollout.engine=torch",
+        "trainer.total_steps=3",
+        "actor.ppo_mini_batch_size=4",
+        "rollout.n=4",
+        "rollout.max_tokens=8",
+        f"output.dir={tmp_path}",
+    ])
+    summary = run(config, log=lambda _: None)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+    assert summary.layout["colocate"] and summary.layout["trainer_cpu_ranks"] == 2
+    assert summary.steps == 3 and summary.samples_consumed == 12
+    assert [r["version"] for r in rows] == [1, 2, 3] and all(r["staleness_max"] == 0 for r in rows)
+    # Each replica loaded from its own rank's sender, rank 0's being the trainer's published address.
+    sources = summary.rollout["sync_sources"]
+    assert len(sources) == 2 and sources[0] != sources[1]
+    assert sources[0] == summary.trainer["sync_address"]
+    assert summary.rollout["engine_versions"] == [3, 3]
+    assert summary.weights_equal_after_sync and summary.weights_max_abs_diff == 0.0, summary.weights_problems

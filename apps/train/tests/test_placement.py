@@ -71,8 +71,8 @@ def test_colocate_makes_the_run_synchronous():
         (GPU_SPLIT + ["resources.tensor_parallel_size=2", "rollout.engine=torch"], "rollout.engine='vllm'"),
         (["resources.trainer_cpu_ranks=0"], "resources.trainer_cpu_ranks must be >= 1"),
         (GPU_SPLIT + ["resources.trainer_cpu_ranks=2"], "resources.trainer_cpu_ranks=2 is for a CPU trainer"),
-        (GPU_SPLIT + ["resources.trainer_gpus=2", "resources.colocate=true", "rollout.replicas=2"],
-         "resources.colocate=true with resources.trainer_gpus=2: colocated mode runs one trainer rank"),
+        (GPU_SPLIT + ["resources.trainer_gpus=2", "resources.colocate=true", "rollout.replicas=2",
+                      "resources.tensor_parallel_size=2"], "colocated replicas use one GPU each"),
         (["actor.device=cuda"], "actor.device='cuda' needs resources.trainer_gpus"),
         (GPU_SPLIT + ["resources.colocate=true", "rollout.replicas=2"], "resources.trainer_gpus=1 but rollout.replicas"),
         (["resources.colocate=true", "rollout.device=cuda"], "resources.colocate=true puts trainer and rollout"),
@@ -89,6 +89,18 @@ def test_colocate_makes_the_run_synchronous():
 def test_impossible_layouts_are_rejected_by_name(overrides, key):
     with pytest.raises(ConfigError, match=re.escape(key)):
         load_config(overrides=overrides)
+
+
+def test_colocated_ranks_each_feed_the_replica_on_their_gpu():
+    two = layout_of(load_config(overrides=GPU_SPLIT + [
+        "resources.trainer_gpus=2", "resources.colocate=true", "rollout.replicas=2"]))
+    assert (two.total_gpus, two.transport, two.per_rank_sync, two.receivers_per_rank) == (2, "cuda_ipc", True, 1)
+    cpu = layout_of(load_config(overrides=["resources.colocate=true", "resources.trainer_cpu_ranks=2",
+                                           "rollout.replicas=2"]))
+    assert cpu.per_rank_sync and cpu.transport == "cpu"
+    # One replica for two CPU ranks, or a split layout: rank 0 alone sends, to every receiver.
+    assert not layout_of(load_config(overrides=["resources.colocate=true", "resources.trainer_cpu_ranks=2"])).per_rank_sync
+    assert not layout_of(load_config(overrides=GPU_SPLIT + ["resources.trainer_gpus=2", "rollout.replicas=2"])).per_rank_sync
 
 
 def test_engine_args_table_from_file_and_overrides(tmp_path):

@@ -74,6 +74,18 @@ def test_colocated_layout_shares_each_gpu_between_a_replica_and_a_trainer_rank(r
         res.release()
 
 
+def test_two_colocated_ranks_each_share_their_own_gpu_with_one_replica(ray4):
+    cfg = load_config(overrides=["resources.trainer_gpus=2", "rollout.device=cuda", "resources.colocate=true",
+                                 "rollout.replicas=2"])
+    res = reserve(layout_of(cfg), timeout_s=60)
+    try:
+        pairs = [(_gpus(ray4, res.trainer_options(k)), _gpus(ray4, res.replica_options(k))) for k in range(2)]
+        assert all(rank == replica and len(rank) == 1 for rank, replica in pairs)
+        assert pairs[0][0] != pairs[1][0]
+    finally:
+        res.release()
+
+
 def test_a_layout_larger_than_the_cluster_is_refused_by_name(ray4):
     cfg = load_config(overrides=["resources.trainer_gpus=1", "rollout.device=cuda", "rollout.replicas=2",
                                  "resources.tensor_parallel_size=2"])

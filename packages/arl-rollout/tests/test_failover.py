@@ -51,3 +51,33 @@ def test_in_flight_requests_fail_over_with_their_tokens_and_syncs_skip_the_dead_
             await manager.generate("late", [1], params)
 
     asyncio.run(main())
+
+
+def test_each_replica_can_load_from_its_own_sender():
+    """One sender address per replica (colocated trainer ranks each feed the replica on their GPU):
+    replica i loads what sender i sent; a list of the wrong length is refused by name."""
+    import msgspec
+    import torch
+
+    from arl.sync import SyncConfig, WeightSender
+
+    async def main() -> None:
+        config = SyncConfig(transport="cpu", timeout_s=30)
+        engines = [SimEngine(), SimEngine()]
+        manager = ServerManager(engines)
+        senders = [WeightSender(config, num_receivers=1) for _ in engines]
+        try:
+            weights = [[("w", torch.full((4,), float(i)))] for i in range(2)]
+            sends = [asyncio.to_thread(s.send, w, 1) for s, w in zip(senders, weights)]
+            load = manager.load_weights([s.address for s in senders], msgspec.json.encode(config), 1)
+            await asyncio.gather(load, *sends)
+            assert [e.weights["w"].tolist() for e in engines] == [[0.0] * 4, [1.0] * 4]
+            assert manager.weight_versions == [1, 1]
+            assert manager.sync_sources == [s.address for s in senders]
+            with pytest.raises(ValueError, match="3 sender addresses for 2 replicas"):
+                await manager.load_weights(["a", "b", "c"], msgspec.json.encode(config), 2)
+        finally:
+            for s in senders:
+                s.close()
+
+    asyncio.run(main())

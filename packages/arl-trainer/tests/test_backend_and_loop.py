@@ -88,3 +88,28 @@ async def test_trainer_loop_consumes_drops_stale_and_syncs(tiny_model_dir):
         publisher.close()
         if rollout.receiver is not None:
             rollout.receiver.close()
+
+
+def test_a_failed_sync_still_runs_the_weight_stream_to_its_end():
+    """Under FSDP2 each streamed tensor is a gather the other ranks wait in: when the rollout side
+    fails a sync, the publisher stops its sender and still iterates the rest of the stream."""
+    import pytest
+
+    taken = []
+
+    def stream():
+        for i in range(5):
+            taken.append(i)
+            yield f"w{i}", torch.full((8,), float(i))
+
+    class FailingRollout:
+        async def update_weights(self, sync_address, sync_config_json, version):
+            raise RuntimeError("replica 0 died")
+
+    publisher = WeightPublisher(SyncConfig(transport="cpu", timeout_s=30), num_receivers=1)
+    try:
+        with pytest.raises(RuntimeError, match="replica 0 died"):
+            asyncio.run(publisher.publish(stream(), 1, FailingRollout()))
+    finally:
+        publisher.close()
+    assert taken == [0, 1, 2, 3, 4]

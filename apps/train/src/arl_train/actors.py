@@ -168,7 +168,7 @@ class RolloutActor:
         per_replica = layout_of(self.config).receivers // max(1, len(self._engines))
         return per_replica * len(live)
 
-    async def update_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
+    async def update_weights(self, sync_address: str | list[str], sync_config_json: bytes, version: int) -> None:
         await self.rollouter.update_weights(sync_address, sync_config_json, version)
 
     async def resume(self, queued_samples: int) -> None:
@@ -199,6 +199,7 @@ class RolloutActor:
             "active": self.rollouter.active,
             "resumed_requests": self.rollouter.manager.resumed_requests,
             "failovers": self.rollouter.manager.failovers,
+            "sync_sources": self.rollouter.manager.sync_sources,
             "replicas_healthy": self.rollouter.manager.healthy_replicas,
             "engine_versions": self.rollouter.manager.weight_versions,
             "last_sync": phases,
@@ -261,9 +262,9 @@ class _RolloutHandle:
     async def pause(self) -> None:
         live_receivers = await asyncio.wait_for(self.handle.pause.remote(), self.pause_timeout_s)
         if self.publisher is not None:  # a dead replica's receivers skip this sync
-            self.publisher.sender.num_receivers = live_receivers
+            self.publisher.expect_receivers(live_receivers)
 
-    async def update_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
+    async def update_weights(self, sync_address: str | list[str], sync_config_json: bytes, version: int) -> None:
         await asyncio.wait_for(self.handle.update_weights.remote(sync_address, sync_config_json, version), RPC_TIMEOUT_S)
 
     async def resume(self, queued_samples: int) -> None:
@@ -324,34 +325,39 @@ class TrainerActor:
         self.publisher = None
         # Ray gave this actor its GPU(s) (CUDA_VISIBLE_DEVICES): "cuda" is the rank's own device.
         device = "cuda" if layout.trainer_gpus else actor.device
+        sync_config = SyncConfig(
+            transport=cfg.sync.transport,
+            bucket_bytes=cfg.sync.bucket_mb << 20,
+            timeout_s=cfg.sync.timeout_s,
+            # FSDPPolicy casts each shard before its gather; one device casts while packing
+            cast_dtype=None if self.rank.world_size > 1 or cfg.rollout.dtype == cfg.model.dtype else cfg.rollout.dtype,
+        )
+        host = sender_host(sync_config.transport)  # where the replicas' workers can reach the sender
+        publisher: Any
         if self.rank.world_size > 1:  # FSDP2 data parallel: fp32 master shards, cast to the rollout dtype per gather
+            from arl_train.trainer_group import GroupPublisher, LeaderPolicy, sender_addresses
+
             self.policy = _fsdp_policy(cfg, model_path, tcfg, self.rank, timeouts.step_s, self.reference_path)
             if resume_state is not None:  # every rank restores its shard of the sharded state
                 from pathlib import Path
 
                 self.policy.load_optimizer(Path(model_path))
+            if layout.per_rank_sync:  # each rank feeds the replica on its own device
+                self.publisher = WeightPublisher(sync_config, num_receivers=layout.receivers_per_rank, host=host)
+                addresses = sender_addresses(self.publisher)
             if self.follower:
                 return
-            from arl_train.trainer_group import LeaderPolicy
-
-            self.policy = LeaderPolicy(self.policy)
-            cast_dtype = None  # FSDPPolicy casts before the gather
+            self.policy = LeaderPolicy(self.policy, followers_send=layout.per_rank_sync)
+            publisher = GroupPublisher(self.publisher, addresses) if layout.per_rank_sync else None
         else:
             self.policy = HFPolicy(model_path, tcfg, device=device, dtype=cfg.model.dtype, seed=cfg.seed,
                                    reference_path=self.reference_path)
-            cast_dtype = None if cfg.rollout.dtype == cfg.model.dtype else cfg.rollout.dtype
+            publisher = None
+        if publisher is None:  # rank 0 alone sends, to every worker of every replica
+            self.publisher = publisher = WeightPublisher(sync_config, num_receivers=layout.receivers, host=host)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        sync_config = SyncConfig(
-            transport=cfg.sync.transport,
-            bucket_bytes=cfg.sync.bucket_mb << 20,
-            timeout_s=cfg.sync.timeout_s,
-            cast_dtype=cast_dtype,
-        )
-        # Every worker of every replica receives; the sender binds where they can reach it.
-        self.publisher = WeightPublisher(
-            sync_config, num_receivers=layout.receivers, host=sender_host(sync_config.transport))
         source: Any = QueueClient(queue_handle)
-        control: Any = _RolloutHandle(rollout_handle, timeouts.pause_rpc_s, self.publisher)
+        control: Any = _RolloutHandle(rollout_handle, timeouts.pause_rpc_s, publisher)
         self.colocated: ColocatedControl | None = None
         if layout.colocate:  # take turns: replicas sleep while this trainer runs
             self.colocated = ColocatedControl(control, rollout_handle, cfg.rollout.sleep_level, RPC_TIMEOUT_S)
@@ -361,7 +367,7 @@ class TrainerActor:
             self.policy,
             source,
             control,
-            self.publisher,
+            publisher,
             tcfg,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         )
@@ -379,7 +385,7 @@ class TrainerActor:
 
         if not self.follower:
             raise RuntimeError("follow() is for trainer ranks 1..; rank 0 runs the trainer loop")
-        return await asyncio.to_thread(follow, self.policy)
+        return await asyncio.to_thread(follow, self.policy, self.publisher)
 
     async def train_step(self) -> dict[str, Any]:
         metrics = await self.trainer.train_step()

@@ -4,7 +4,8 @@ One step: every replica generates the step's samples with the current weights; a
 holds them the replicas go to sleep (vLLM releases its KV cache and moves its weights to host memory,
 `rollout.sleep_level`), the trainer runs its update on the freed GPU, the replicas wake their weight
 memory, the new weights arrive (CUDA IPC: the trainer rank writes into each replica's staging buffer
-on the shared GPU), the KV cache comes back and generation resumes for the next step.
+on the shared GPU; with one replica per trainer GPU every rank feeds its own, see `trainer_group`),
+the KV cache comes back and generation resumes for the next step.
 
 `placement.resolve` makes colocated runs synchronous (staleness 0, one sync per step, no partial
 rollout), so when the trainer has its batch no generation is in flight. The two wrappers slot into the
@@ -66,7 +67,7 @@ class ColocatedControl:
             self.release_trainer_memory()
             await self._wake(["weights"], "colocated_wake_weights_s")
 
-    async def update_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
+    async def update_weights(self, sync_address: str | list[str], sync_config_json: bytes, version: int) -> None:
         await self.inner.update_weights(sync_address, sync_config_json, version)
 
     async def resume(self, queued_samples: int) -> None:

@@ -11,8 +11,9 @@ The packages only take devices and addresses as arguments; this module decides t
   (STRICT_PACK: one node, one bundle per rank) and one per replica (one bundle of TP GPUs, so the
   replica's actor owns all of them and vLLM's "mp" executor starts one worker per GPU inside it);
   colocated runs get one group with one GPU bundle per replica, shared by the replica (half a GPU in
-  Ray's accounting) and the trainer rank of that GPU. `Reservation.trainer_options(rank)` /
-  `replica_options(i)` are the Ray actor options that place each actor in its bundle.
+  Ray's accounting) and the trainer rank of that GPU, which sends it the weights (`per_rank_sync`).
+  `Reservation.trainer_options(rank)` / `replica_options(i)` are the Ray actor options that place
+  each actor in its bundle.
 * `sender_host(transport)` is the address the weight sender binds: the node's reachable address for
   NCCL (receivers may sit on other nodes), loopback for the single-host transports.
 """
@@ -63,6 +64,18 @@ class Layout(msgspec.Struct, frozen=True, kw_only=True):
     def receivers(self) -> int:
         """Receivers of one sync: every worker (TP rank) of every replica receives the full tensors."""
         return self.replicas * (self.tensor_parallel_size if self.rollout_on_gpu else 1)
+
+    @property
+    def per_rank_sync(self) -> bool:
+        """Every trainer rank sends to the replica on its own device (colocated, one replica per
+        rank: CUDA IPC on the shared GPU instead of rank 0 reaching the other GPUs); otherwise rank 0
+        sends to all."""
+        return self.colocate and self.trainer_ranks > 1 and self.trainer_ranks == self.replicas
+
+    @property
+    def receivers_per_rank(self) -> int:
+        """Receivers of one rank's sender when `per_rank_sync`: the workers of its one replica."""
+        return self.receivers // self.replicas
 
 
 class TrainerRank(msgspec.Struct, frozen=True, kw_only=True):
@@ -145,12 +158,6 @@ def resolve(config: AppConfig) -> AppConfig:
                 f"(resources.trainer_gpus >= 1 and rollout.device='cuda') or both on the CPU; got "
                 f"resources.trainer_gpus={r.trainer_gpus}, rollout.device={ro.device!r}")
         if rollout_on_gpu:
-            if r.trainer_gpus > 1:
-                raise ConfigError(
-                    f"resources.colocate=true with resources.trainer_gpus={r.trainer_gpus}: colocated mode runs "
-                    "one trainer rank on one GPU in this build (each rank would need its own CUDA IPC sender to "
-                    "the replica on its GPU, which is not built); use resources.trainer_gpus=1 with "
-                    "rollout.replicas=1, or colocate=false for data-parallel training")
             if r.tensor_parallel_size != 1:
                 raise ConfigError(
                     f"resources.colocate=true with resources.tensor_parallel_size={r.tensor_parallel_size}: "

@@ -49,6 +49,8 @@ class RunSummary(msgspec.Struct, kw_only=True):
     checkpoint: str
     plot: str
     rollout: dict[str, Any]
+    # Where trainer rank 0 ran: device, CUDA_VISIBLE_DEVICES, its sender's address, rank / world size.
+    trainer: dict[str, Any] = {}
 
 
 def _environment(out_dir: Path) -> dict[str, str]:
@@ -355,6 +357,7 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
             checkpoint=checkpoint,
             plot=str(png),
             rollout=rows[-1]["rollout"],
+            trainer=where,
         )
         (out_dir / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
         return summary

@@ -11,6 +11,12 @@ command (with the step's whole batch: `PackedPolicy.train_step` wants the same b
 takes its share of the balanced packing plan itself), then runs its own part. Ranks 1.. sit in
 `follow`, running the same command on their shard until rank 0 sends "stop". The driver therefore
 talks to rank 0 only, and watches the followers' `follow` calls for failures.
+
+Weights leave the group one of two ways. Split layouts: rank 0 alone sends (to every replica) and
+the other ranks only take part in the gathers. Colocated layouts with one replica per trainer GPU:
+every rank holds each gathered tensor anyway, so each sends it to the replica on its own GPU (CUDA
+IPC, no copy across GPUs); rank 0's `GroupPublisher` starts the followers' senders and tells the
+rollout side which sender each replica joins.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from arl.sync import SyncStats
 from arl.trainer.batch import TrainBatch
+from arl.trainer.publisher import RolloutControl, WeightPublisher, finish_stream
 
 
 def _broadcast(command: tuple[Any, ...] | None) -> tuple[Any, ...]:
@@ -35,8 +43,9 @@ class LeaderPolicy:
     The trainer loop and `TrainerActor` use it exactly like a single-device policy.
     """
 
-    def __init__(self, policy: Any) -> None:
+    def __init__(self, policy: Any, followers_send: bool = False) -> None:
         self.inner = policy
+        self.followers_send = followers_send  # the sync is announced by `GroupPublisher` instead
         self.stopped = False
 
     def __getattr__(self, name: str) -> Any:  # device, model, config, optimizer, … (non-collective)
@@ -56,7 +65,8 @@ class LeaderPolicy:
         return self.inner.train_step(batch, mini_batch_rows, routes=routes)
 
     def named_parameters_for_sync(self) -> Any:
-        _broadcast(("sync",))  # the followers join every gather of the stream rank 0 sends
+        if not self.followers_send:
+            _broadcast(("sync",))  # the followers join every gather of the stream rank 0 sends
         return self.inner.named_parameters_for_sync()
 
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:
@@ -83,8 +93,57 @@ class LeaderPolicy:
             _broadcast(("stop",))
 
 
-def follow(policy: Any) -> dict[str, int]:
-    """A follower rank's loop: run rank 0's commands on this shard until "stop"; returns counts."""
+class GroupPublisher:
+    """Rank 0's publisher when every trainer rank sends to the replica on its own device.
+
+    `addresses[k]` is rank k's sender (rank 0's own is `own`); replica k loads from rank k. A sync
+    announces itself to the followers (they start sending the same gathered stream), then runs rank
+    0's part exactly like a `WeightPublisher`.
+    """
+
+    def __init__(self, own: WeightPublisher, addresses: list[str]) -> None:
+        self.own = own
+        self.addresses = addresses
+
+    @property
+    def address(self) -> str:
+        return self.own.address
+
+    def expect_receivers(self, n: int) -> None:
+        if n != len(self.addresses):
+            raise RuntimeError(
+                f"{len(self.addresses) - n} replica(s) died: with one replica per trainer rank, rank k sends "
+                f"only to replica k, so the sync needs all {len(self.addresses)} replicas")
+
+    async def publish(self, named_tensors: Any, version: int, rollout: RolloutControl) -> SyncStats:
+        _broadcast(("send", version))
+        return await self.own.publish(named_tensors, version, rollout, replica_addresses=self.addresses)
+
+    def close(self) -> None:
+        self.own.close()
+
+
+def sender_addresses(own: WeightPublisher) -> list[str]:
+    """Every rank's sender address, in rank order (a collective: all ranks call it)."""
+    addresses: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(addresses, own.address)
+    return addresses
+
+
+def _send_own(policy: Any, publisher: WeightPublisher | None, version: int) -> None:
+    """A follower's part of a `GroupPublisher` sync: send the gathered stream to its own replica."""
+    if publisher is None:
+        raise RuntimeError(f"trainer rank {policy.rank}: rank 0 asked it to send weights, but it has no sender")
+    stream = policy.iter_sync_parameters()
+    try:
+        publisher.sender.send(stream, version)
+    finally:
+        finish_stream(stream)  # a failed send still joins the gathers left
+
+
+def follow(policy: Any, publisher: WeightPublisher | None = None) -> dict[str, int]:
+    """A follower rank's loop: run rank 0's commands on this shard until "stop"; returns counts.
+    `publisher`: this rank's own sender, for layouts where every rank sends (`GroupPublisher`)."""
     counts: dict[str, int] = {}
     while True:
         command = _broadcast(None)
@@ -98,6 +157,8 @@ def follow(policy: Any) -> dict[str, int]:
             policy.train_step(batch, rows, routes=routes)
         elif op == "sync":
             policy.drain_sync_parameters()
+        elif op == "send":
+            _send_own(policy, publisher, command[1])
         elif op == "weights":
             policy.state_dict_cpu()
         elif op == "log_probs":

@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -305,7 +305,8 @@ class Rollouter:
             self.stats.aborted_syncs += 1
         await self.manager.pause("abort" if self.partial_rollout else "wait")
 
-    async def update_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
+    async def update_weights(self, sync_address: str | Sequence[str], sync_config_json: bytes, version: int) -> None:
+        """Every replica loads `version` from the sender at `sync_address` (or replica i from `sync_address[i]`)."""
         await self.manager.load_weights(sync_address, sync_config_json, version)
 
     async def resume(self, queued_samples: int) -> None:

@@ -51,6 +51,7 @@ class ServerManager:
         self._sync_epoch = 0  # bumped by every pause, so a late abort is still known to be a sync's
         self.resumed_requests = 0  # requests continued after a sync abort (partial rollout)
         self.failovers = 0  # requests moved to another replica after theirs died
+        self.sync_sources: list[str] = []  # the sender each replica was told to load the last sync from
         self.lost_replicas: list[int] = []
         # Utilization: per replica, seconds during which at least one generation call was running
         # (an engine with no call is idle: starved, paused for a sync, or asleep while colocated).
@@ -127,10 +128,11 @@ class ServerManager:
     def healthy_replicas(self) -> list[int]:
         return self.balancer.healthy
 
-    async def _each_healthy(self, call: Callable[[Engine], Any]) -> None:
-        """`call` on every healthy replica concurrently; one that turns out dead is marked, not raised."""
+    async def _each_healthy(self, call: Callable[[int, Engine], Any]) -> None:
+        """`call(index, engine)` on every healthy replica concurrently; one that turns out dead is
+        marked, not raised."""
         live = self.balancer.healthy
-        results = await asyncio.gather(*(call(self.engines[i]) for i in live), return_exceptions=True)
+        results = await asyncio.gather(*(call(i, self.engines[i]) for i in live), return_exceptions=True)
         for i, r in zip(live, results, strict=True):
             if isinstance(r, EngineDeadError):
                 self.mark_dead(i, r)
@@ -175,23 +177,33 @@ class ServerManager:
         """Stop new generation calls; `mode` says what engines do with in-flight ones (see Engine)."""
         self._running.clear()
         self._sync_epoch += 1
-        await self._each_healthy(lambda e: e.pause(mode))
+        await self._each_healthy(lambda _, e: e.pause(mode))
 
     async def resume(self) -> None:
-        await self._each_healthy(lambda e: e.resume())
+        await self._each_healthy(lambda _, e: e.resume())
         self._running.set()
 
     @property
     def paused(self) -> bool:
         return not self._running.is_set()
 
-    async def load_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
+    async def load_weights(self, sync_address: str | Sequence[str], sync_config_json: bytes, version: int) -> None:
         """Every healthy replica joins the arl-sync sender and applies the new weights (concurrently).
 
+        `sync_address` is one sender for every replica, or one per replica (replica i joins
+        `sync_address[i]`: e.g. colocated trainer ranks, each sending to the replica on its own GPU).
         A replica found dead during the load fails the sync (WeightSyncError): the sender was told to
         expect it, so the caller must stop the sender rather than wait for it (the publisher cancels)."""
+        if isinstance(sync_address, str):
+            addresses = [sync_address] * len(self.engines)
+        else:
+            addresses = list(sync_address)
+            if len(addresses) != len(self.engines):
+                raise ValueError(f"load_weights got {len(addresses)} sender addresses for {len(self.engines)} "
+                                 "replicas: give one address, or one per replica")
         before = set(self.balancer.healthy)
-        await self._each_healthy(lambda e: e.load_weights(sync_address, sync_config_json, version))
+        self.sync_sources = addresses
+        await self._each_healthy(lambda i, e: e.load_weights(addresses[i], sync_config_json, version))
         lost = sorted(before - set(self.balancer.healthy))
         if lost:
             raise WeightSyncError(f"replica(s) {lost} died during the weight sync of version {version}")
