@@ -21,6 +21,9 @@
 #              (GPU 0); arl-trainer's GPU tests, the LM-head benchmark and the CUDA IPC sweep (GPU 1);
 #              one after the other on a one-GPU machine
 #   longcompare  the long-prompt compare alone (its raw rates come from `measure`)
+#   coloc2     the small and long-prompt compares against colocated on both GPUs (two FSDP2 trainer
+#              ranks, two replicas, each rank syncing the replica on its GPU by CUDA IPC) instead of
+#              one GPU counted twice
 set -u
 LOG=${1:-/tmp/arl-session}
 PHASES=${2:-rates,trainer,small,fsdp,balanced,longprompt}
@@ -28,11 +31,14 @@ LONG_PROMPT=("data.source=builtin:longtail?median=659&p99_ratio=6.27&max=7168&pr
 mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 say() { echo "$(date +%T) $*" >> "$LOG/progress.log"; }
+# The colocated baseline: one GPU with half the batch counted twice, unless the caller sets both.
+COLOCATED_OVERRIDES=${COLOCATED_OVERRIDES:-actor.ppo_mini_batch_size=8}
+COLOCATED_SCALE=${COLOCATED_SCALE:-2}
 compare() {  # name overrides...
   local name=$1; shift
   timeout 900 python apps/bench/__main__.py compare --preset h200x2 --modes colocated,d --warmup-steps 1 \
-    --colocated-overrides "actor.ppo_mini_batch_size=8" --colocated-scale 2 --out "$LOG/bench_$name" "$@" \
-    > "$LOG/bench_$name.log" 2>&1
+    --colocated-overrides "$COLOCATED_OVERRIDES" --colocated-scale "$COLOCATED_SCALE" \
+    --out "$LOG/bench_$name" "$@" > "$LOG/bench_$name.log" 2>&1
   say "compare $name exit $?"
 }
 say "start: $PHASES"
@@ -86,6 +92,11 @@ for phase in ${PHASES//,/ }; do
       }
       if [ "$gpu1" = 1 ]; then (chain1) & (chain0) & wait; else (chain1); (chain0); fi ;;
     longcompare) compare long_prompt "${LONG_PROMPT[@]}" ;;
+    coloc2)
+      COLOCATED_OVERRIDES="resources.trainer_gpus=2 rollout.replicas=2" COLOCATED_SCALE=1
+      compare coloc2_small
+      compare coloc2_long_prompt "${LONG_PROMPT[@]}"
+      COLOCATED_OVERRIDES=actor.ppo_mini_batch_size=8 COLOCATED_SCALE=2 ;;
   esac
 done
 say "all done"

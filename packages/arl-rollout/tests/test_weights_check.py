@@ -111,3 +111,92 @@ def test_tied_lm_head_is_compared_with_the_embeddings():
     engine = vllm_rank(hf, 0, 1)
     engine["lm_head.weight"] = engine["model.embed_tokens.weight"].clone()
     assert compare_weights(hf, engine)["equal"]
+
+
+# ---- the same checks by fingerprints (weights_digest): only digests leave each side ----
+from arl.rollout.engines.weights_digest import compare_digests, engine_digests, tensor_digest  # noqa: E402
+
+
+def digests(ranks):
+    return [engine_digests(r.items()) for r in ranks]
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_digests_of_fused_sharded_padded_engine_tensors_match(tp, dtype):
+    hf = trainer_tensors()
+    ranks = [vllm_rank(hf, r, tp, dtype) for r in range(tp)]
+    for r, rank in enumerate(ranks):  # padding rows hold whatever the engine left there
+        rows = rank["model.embed_tokens.weight"]
+        real = max(0, min(rows.shape[0], VOCAB - r * rows.shape[0]))
+        rows[real:] = torch.randn(rows.shape[0] - real, HIDDEN).to(dtype)
+    result = compare_digests(iter(hf.items()), digests(ranks))
+    assert result["equal"], result
+    assert result["compared"] == sum(len(r) for r in ranks)
+
+
+def test_digest_names_a_changed_element_and_swapped_ranks():
+    hf = trainer_tensors()
+    ranks = [vllm_rank(hf, r, 2) for r in range(2)]
+    ranks[1]["model.layers.0.self_attn.qkv_proj.weight"][-1, 0] += 1e-3
+    ranks[0]["model.embed_tokens.weight"][VOCAB // 2 - 1, 3] += 1e-3  # a real vocabulary row
+    result = compare_digests(iter(hf.items()), digests(ranks))
+    assert not result["equal"]
+    assert sorted(result["mismatched"]) == ["rank0:model.embed_tokens.weight",
+                                            "rank1:model.layers.0.self_attn.qkv_proj.weight"]
+    swapped = [vllm_rank(hf, r, 2) for r in (1, 0)]
+    assert not compare_digests(iter(hf.items()), digests(swapped))["equal"]
+
+
+def test_digest_reports_unknown_prepacked_and_checks_a_tied_lm_head():
+    hf = trainer_tensors()
+    engine = vllm_rank(hf, 0, 1)
+    engine["model.layers.0.mlp.gate_up_proj.weight"] = torch.empty(0)
+    engine["model.layers.0.mystery.weight"] = torch.zeros(3)
+    engine["lm_head.weight"] = engine["model.embed_tokens.weight"].clone()
+    result = compare_digests(iter(hf.items()), digests([engine]))
+    assert result["prepacked"] == ["rank0:model.layers.0.mlp.gate_up_proj.weight"]
+    assert result["unmatched"] == ["rank0:model.layers.0.mystery.weight"]
+    assert result["mismatched"] == [] and not result["equal"]
+    engine = vllm_rank(hf, 0, 1)
+    engine["lm_head.weight"] = engine["model.embed_tokens.weight"].clone()
+    engine["lm_head.weight"][0, 0] += 1.0
+    assert compare_digests(iter(hf.items()), digests([engine]))["mismatched"] == ["rank0:lm_head.weight"]
+
+
+def test_a_digest_sees_every_bit_and_every_move():
+    g = torch.Generator().manual_seed(1)
+    t = torch.randn(64, 48, generator=g).to(torch.bfloat16)
+    base = tensor_digest(t).digest
+    assert tensor_digest(t.t().contiguous().t()).digest == base  # layout in memory does not matter
+    flipped = t.clone()
+    flipped.view(torch.int16)[5, 7] ^= 1  # the lowest bit of one element
+    swapped = t.clone()
+    swapped[[0, 63]] = swapped[[63, 0]]  # two rows exchanged
+    assert tensor_digest(flipped).digest != base and tensor_digest(swapped).digest != base
+    for dtype in (torch.float32, torch.float16, torch.int8, torch.bool):
+        assert tensor_digest(torch.ones(3, 5, dtype=dtype)).digest != tensor_digest(torch.zeros(3, 5, dtype=dtype)).digest
+
+
+def test_the_trainer_stream_is_read_once_and_released_as_it_goes():
+    """Only the pieces of engine tensors not yet complete are held (the embeddings for a tied head)."""
+    import weakref
+
+    hf = trainer_tensors()
+    engine = vllm_rank(hf, 0, 1)
+    engine["lm_head.weight"] = engine["model.embed_tokens.weight"].clone()
+    alive: dict[str, weakref.ref] = {}
+    most = 0
+
+    def stream():
+        nonlocal most
+        for name, t in hf.items():
+            copy = t.clone()
+            alive[name] = weakref.ref(copy)
+            most = max(most, sum(r() is not None for r in alive.values()))
+            yield name, copy
+            del copy
+
+    assert compare_digests(stream(), digests([engine]))["equal"]
+    # q, k, v of the layer wait for each other; the embeddings wait for the tied lm_head.
+    assert most <= 4

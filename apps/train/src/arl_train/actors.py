@@ -215,9 +215,9 @@ class RolloutActor:
         """What each replica's actor reported at start (its CUDA_VISIBLE_DEVICES, pid)."""
         return [e.info for e in self._engines]
 
-    async def engine_weights(self, replica: int = 0) -> list[bytes]:
-        """Replica `replica`'s parameters, one safetensors blob per TP rank (engine naming)."""
-        return await self._engines[replica].worker_weights()
+    async def engine_digests(self, replica: int = 0) -> list[dict[str, Any]]:
+        """Replica `replica`'s parameter fingerprints, one dict per TP rank (engine naming)."""
+        return await self._engines[replica].weight_digests()
 
     async def probe(self, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], list[float], int]:
         """Sample from replica 0 directly: tokens, their log probs, and the engine's weight version."""
@@ -323,6 +323,7 @@ class TrainerActor:
         self.follower = self.rank.rank > 0  # ranks 1.. only follow rank 0's collectives (trainer_group)
         self.trainer = None
         self.publisher = None
+        self.after_step = None
         # Ray gave this actor its GPU(s) (CUDA_VISIBLE_DEVICES): "cuda" is the rank's own device.
         device = "cuda" if layout.trainer_gpus else actor.device
         sync_config = SyncConfig(
@@ -335,8 +336,15 @@ class TrainerActor:
         host = sender_host(sync_config.transport)  # where the replicas' workers can reach the sender
         publisher: Any
         if self.rank.world_size > 1:  # FSDP2 data parallel: fp32 master shards, cast to the rollout dtype per gather
-            from arl_train.trainer_group import GroupPublisher, LeaderPolicy, sender_addresses
+            from arl_train.trainer_group import (
+                GroupPublisher,
+                LeaderPolicy,
+                release_memory_together,
+                sender_addresses,
+            )
 
+            # Colocated: every rank frees its cached blocks before the replicas on their GPUs wake.
+            self.after_step = release_memory_together if layout.colocate else None
             self.policy = _fsdp_policy(cfg, model_path, tcfg, self.rank, timeouts.step_s, self.reference_path)
             if resume_state is not None:  # every rank restores its shard of the sharded state
                 from pathlib import Path
@@ -347,7 +355,7 @@ class TrainerActor:
                 addresses = sender_addresses(self.publisher)
             if self.follower:
                 return
-            self.policy = LeaderPolicy(self.policy, followers_send=layout.per_rank_sync)
+            self.policy = LeaderPolicy(self.policy, followers_send=layout.per_rank_sync, after_step=self.after_step)
             publisher = GroupPublisher(self.publisher, addresses) if layout.per_rank_sync else None
         else:
             self.policy = HFPolicy(model_path, tcfg, device=device, dtype=cfg.model.dtype, seed=cfg.seed,
@@ -385,7 +393,7 @@ class TrainerActor:
 
         if not self.follower:
             raise RuntimeError("follow() is for trainer ranks 1..; rank 0 runs the trainer loop")
-        return await asyncio.to_thread(follow, self.policy, self.publisher)
+        return await asyncio.to_thread(follow, self.policy, self.publisher, self.after_step)
 
     async def train_step(self) -> dict[str, Any]:
         metrics = await self.trainer.train_step()
@@ -437,11 +445,16 @@ class TrainerActor:
     async def version(self) -> int:
         return self.trainer.version
 
-    async def weights(self) -> bytes:
-        """The trainer's parameters (safetensors bytes, HF naming), to verify a sync."""
-        from safetensors.torch import save
+    async def check_engine_digests(self, replicas: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Compare every replica's weight fingerprints (per TP rank) with this trainer's weights, in one
+        pass over them (under FSDP2 the gathers of a sync, the follower ranks joining)."""
+        from arl.rollout.engines.weights_digest import compare_digests_replicas
 
-        return save(self.policy.state_dict_cpu())
+        if self.rank.world_size > 1:
+            stream = self.policy.parameters_for_check()
+        else:
+            stream = self.policy.named_parameters_for_sync()
+        return await asyncio.to_thread(compare_digests_replicas, stream, replicas)
 
     async def close(self) -> None:
         if self.rank.world_size > 1 and not self.follower:  # rank 0 of a group: release the followers

@@ -87,6 +87,10 @@ class EngineActor:
             ranks = [await self.engine.worker_weights()]
         return [save({k: v.contiguous() for k, v in r.items()}) for r in ranks]
 
+    async def weight_digests(self) -> list[dict[str, Any]]:
+        """Every worker's parameter fingerprints (TP rank order, engine naming; `weights_digest`)."""
+        return await self.engine.worker_digests_per_rank()
+
     async def weight_version(self) -> int:
         return self.engine.weight_version
 
@@ -176,3 +180,6 @@ class RemoteEngine:
 
     async def worker_weights(self) -> list[bytes]:
         return await self._call(self.handle.worker_weights.remote(), "worker_weights")
+
+    async def weight_digests(self) -> list[dict[str, Any]]:
+        return await self._call(self.handle.weight_digests.remote(), "weight_digests")

@@ -36,6 +36,8 @@ class RunSummary(msgspec.Struct, kw_only=True):
     reward_first_tenth: float
     reward_last_tenth: float
     weights_equal_after_sync: bool
+    # 0.0 when every engine tensor is bit-identical to the trainer's; NaN (null in JSON) when some
+    # differ: the digest check names them (weights_problems) but cannot say by how much.
     weights_max_abs_diff: float
     # Engine tensors not readable as parameters (vLLM CPU prepacks linear layers); covered by the probe.
     weights_prepacked: int
@@ -155,28 +157,22 @@ def _verify_engine_weights(ray: Any, trainer: Any, rollout: Any, replicas: int, 
     """Sync the final weights if the last step did not, then check engine == trainer on every replica.
 
     Engine tensors (every TP rank's shard, fused as vLLM fuses them, in the engine's dtype) must be
-    bit-identical to the trainer's; those the engine prepacks (vLLM's CPU build) are checked through
-    its outputs: its log probs on a probe sequence must equal the trainer's. Where nothing is
-    prepacked (GPU builds) the probe is reported, not required: a bf16 engine's kernels differ from
-    the fp32 trainer's.
+    bit-identical to the trainer's. Each side fingerprints its tensors where they live and only the
+    fingerprints travel (`arl.rollout.engines.weights_digest`), so the check costs the same few
+    seconds for a 7B model as for a tiny one; it names the tensors that differ, not by how much.
+    Tensors the engine prepacks (vLLM's CPU build) are checked through its outputs: its log probs on
+    a probe sequence must equal the trainer's. Where nothing is prepacked (GPU builds) the probe is
+    reported, not required: a bf16 engine's kernels differ from the fp32 trainer's.
     """
-    from safetensors.torch import load
-
-    from arl.rollout.engines.weights_check import compare_weights_tp
-
     ray.get(trainer.final_sync.remote(), timeout=step_timeout_s)
-    trainer_weights = load(ray.get(trainer.weights.remote(), timeout=300))
-    results = []
     live = ray.get(rollout.stats.remote(), timeout=60)["replicas_healthy"]  # a dead replica is not checked
-    for i in range(replicas):
-        if i not in live:
-            continue
-        ranks = [load(b) for b in ray.get(rollout.engine_weights.remote(i), timeout=300)]
-        results.append(compare_weights_tp(trainer_weights, ranks))
+    checked = [i for i in range(replicas) if i in live]
+    digests = [ray.get(rollout.engine_digests.remote(i), timeout=300) for i in checked]
+    results = ray.get(trainer.check_engine_digests.remote(digests), timeout=step_timeout_s)
     tensors_equal = all(r["equal"] for r in results)
     prepacked = sum(len(r["prepacked"]) for r in results)
-    problems = [f"replica{i}:{k}:{n}" for i, r in enumerate(results) for k in ("unmatched", "mismatched")
-                for n in r[k]][:20]
+    problems = [f"replica{i}:{k}:{n}" for i, r in zip(checked, results, strict=True)
+                for k in ("unmatched", "mismatched") for n in r[k]][:20]
     tokens, engine_logp, engine_version = ray.get(rollout.probe.remote(PROBE_PROMPT, 16), timeout=120)
     trainer_logp = ray.get(trainer.log_probs.remote(PROBE_PROMPT, tokens), timeout=120)
     probe_diff = max(abs(a - b) for a, b in zip(engine_logp, trainer_logp, strict=True))
@@ -185,7 +181,8 @@ def _verify_engine_weights(ray: Any, trainer: Any, rollout: Any, replicas: int, 
     probe_ok = probe_diff < PROBE_TOLERANCE or prepacked == 0
     return {
         "equal": tensors_equal and probe_ok and set(engine_versions) == {trainer_version},
-        "max_abs_diff": max(float(r["max_abs_diff"]) for r in results),
+        # Bit-identical tensors differ by 0; the digests cannot say by how much others differ.
+        "max_abs_diff": 0.0 if tensors_equal else float("nan"),
         "prepacked": prepacked,
         "problems": problems,
         "probe_logprob_max_abs_diff": probe_diff,

@@ -6,7 +6,7 @@ starts N `TrainerActor`s, one per GPU, each holding an `FSDPPolicy` in one torch
 sample is consumed exactly once), owns the `WeightPublisher` and talks to the rollout side. Every
 operation that is a collective under FSDP2 — a training step (with its proximal and reference
 forwards), a reference forward on its own, the weight gather of a sync, a checkpoint, the end-of-run
-weights and probe — goes through `LeaderPolicy`, which first broadcasts a
+weights check and probe — goes through `LeaderPolicy`, which first broadcasts a
 command (with the step's whole batch: `PackedPolicy.train_step` wants the same batch on every rank and
 takes its share of the balanced packing plan itself), then runs its own part. Ranks 1.. sit in
 `follow`, running the same command on their shard until rank 0 sends "stop". The driver therefore
@@ -21,6 +21,7 @@ rollout side which sender each replica joins.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,9 +44,10 @@ class LeaderPolicy:
     The trainer loop and `TrainerActor` use it exactly like a single-device policy.
     """
 
-    def __init__(self, policy: Any, followers_send: bool = False) -> None:
+    def __init__(self, policy: Any, followers_send: bool = False, after_step: Callable[[], None] | None = None) -> None:
         self.inner = policy
         self.followers_send = followers_send  # the sync is announced by `GroupPublisher` instead
+        self.after_step = after_step  # run by every rank after each training step (`release_memory_together`)
         self.stopped = False
 
     def __getattr__(self, name: str) -> Any:  # device, model, config, optimizer, … (non-collective)
@@ -62,16 +64,20 @@ class LeaderPolicy:
     def train_step(self, batch: TrainBatch, mini_batch_rows: int, routes: torch.Tensor | None = None) -> dict[str, float]:
         # MoE routes (router replay) travel with the batch: every rank replays the same experts.
         _broadcast(("train", batch, mini_batch_rows, self.inner.version, routes))
-        return self.inner.train_step(batch, mini_batch_rows, routes=routes)
+        metrics = self.inner.train_step(batch, mini_batch_rows, routes=routes)
+        if self.after_step is not None:
+            self.after_step()
+        return metrics
 
     def named_parameters_for_sync(self) -> Any:
         if not self.followers_send:
             _broadcast(("sync",))  # the followers join every gather of the stream rank 0 sends
         return self.inner.named_parameters_for_sync()
 
-    def state_dict_cpu(self) -> dict[str, torch.Tensor]:
-        _broadcast(("weights",))
-        return self.inner.state_dict_cpu()
+    def parameters_for_check(self) -> Any:
+        """The gathered stream of a sync, for a weights check (the followers join every gather)."""
+        _broadcast(("sync",))
+        return self.inner.iter_sync_parameters()
 
     def log_probs(self, batch: TrainBatch, routes: torch.Tensor | None = None) -> torch.Tensor:
         _broadcast(("log_probs", batch, routes))
@@ -141,9 +147,20 @@ def _send_own(policy: Any, publisher: WeightPublisher | None, version: int) -> N
         finish_stream(stream)  # a failed send still joins the gathers left
 
 
-def follow(policy: Any, publisher: WeightPublisher | None = None) -> dict[str, int]:
+def release_memory_together() -> None:
+    """Colocated ranks, after a step: every rank hands its cached CUDA blocks back (its replica wakes
+    on the same GPU next), and the barrier keeps rank 0 from waking the replicas before all have."""
+    from arl_train.colocated import release_cached_gpu_memory
+
+    release_cached_gpu_memory()
+    dist.barrier()
+
+
+def follow(policy: Any, publisher: WeightPublisher | None = None,
+           after_step: Callable[[], None] | None = None) -> dict[str, int]:
     """A follower rank's loop: run rank 0's commands on this shard until "stop"; returns counts.
-    `publisher`: this rank's own sender, for layouts where every rank sends (`GroupPublisher`)."""
+    `publisher`: this rank's own sender, for layouts where every rank sends (`GroupPublisher`);
+    `after_step`: what rank 0's `LeaderPolicy` runs after each training step, run here too."""
     counts: dict[str, int] = {}
     while True:
         command = _broadcast(None)
@@ -155,12 +172,12 @@ def follow(policy: Any, publisher: WeightPublisher | None = None) -> dict[str, i
             _, batch, rows, version, routes = command
             policy.version = version
             policy.train_step(batch, rows, routes=routes)
+            if after_step is not None:
+                after_step()
         elif op == "sync":
             policy.drain_sync_parameters()
         elif op == "send":
             _send_own(policy, publisher, command[1])
-        elif op == "weights":
-            policy.state_dict_cpu()
         elif op == "log_probs":
             policy.log_probs(command[1], routes=command[2])
         elif op == "ref_log_probs":

@@ -223,6 +223,13 @@ class TorchEngine:
     async def worker_weights(self) -> dict[str, torch.Tensor]:
         return {name: p.detach().cpu().clone() for name, p in self.model.named_parameters()}
 
+    async def worker_digests_per_rank(self) -> list[dict[str, Any]]:
+        """The parameters' fingerprints (`weights_digest`), one rank: the same check as vLLM's workers."""
+        from arl.rollout.engines.weights_digest import engine_digests
+
+        with torch.no_grad():
+            return [engine_digests(self.model.named_parameters())]
+
 
 def sample(
     logits: torch.Tensor, temperature: float, top_p: float, top_k: int, generator: torch.Generator

@@ -256,6 +256,13 @@ class VllmEngine:
         return ranks
 
 
+    async def worker_digests_per_rank(self) -> list[dict[str, Any]]:
+        """Every worker's parameter fingerprints (`weights_digest.TensorDigest` by vLLM name), in
+        TP-rank order: what the app's end-of-run check compares, whatever the model's size."""
+        llm = self._require_started()
+        return list(await llm.collective_rpc("arl_parameter_digests", timeout=self.config.rpc_timeout_s))
+
+
 def engine_kwargs(config: VllmEngineConfig, on_cuda: bool) -> dict[str, Any]:
     """vLLM `AsyncEngineArgs` keyword arguments for `config` (`engine_args` wins over the typed fields)."""
     tp = config.tensor_parallel_size

@@ -117,6 +117,17 @@ class WeightSyncExtension:
         return save({name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters()
                      if wanted is None or name in wanted})
 
+    def arl_parameter_digests(self) -> dict[str, Any]:
+        """Every parameter's fingerprint (`weights_digest`), computed on the worker's device: a check
+        of the engine's weights that moves integers, not tensors."""
+        import torch
+
+        from arl.rollout.engines.weights_digest import engine_digests
+
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        with torch.no_grad():
+            return engine_digests(model.named_parameters())
+
     def arl_ping(self) -> int:
         """A no-op RPC: measures the engine's control-call round trip (benchmarks/vllm_call_latency.py)."""
         return 0
