@@ -12,6 +12,7 @@ import torch
 
 from arl.proxy.types import SamplingParams
 from arl.rollout.engines.weights_check import compare_weights
+from arl.rollout.engines.weights_digest import compare_digests
 from arl.rollout.testing import hf_logprobs, save_random_qwen3
 from arl.sync import SyncConfig, WeightSender
 
@@ -64,6 +65,11 @@ async def test_vllm_engine_end_to_end(model_dir, tmp_path, monkeypatch):
         assert batched.keys() == whole.keys() and all(torch.equal(batched[k], whole[k]) for k in whole)
         check = compare_weights({n: p.detach() for n, p in hf.named_parameters()}, batched)
         assert check["equal"], check
+        # The same verdict from fingerprints computed inside the workers (only digests cross the RPC).
+        by_digest = compare_digests(hf.named_parameters(), await engine.worker_digests_per_rank())
+        assert by_digest["equal"], by_digest
+        assert sorted(by_digest["prepacked"]) == sorted(f"rank0:{n}" for n in check["prepacked"])
+        assert by_digest["compared"] == check["compared"] > 0
         out = await engine.generate("c", prompt, SamplingParams(max_tokens=10, seed=2))
         assert out.weight_versions == [1] * 10
         assert max(abs(a - b) for a, b in zip(out.log_probs, hf_logprobs(hf, prompt, out.token_ids))) < 1e-4

@@ -259,8 +259,14 @@ class VllmEngine:
     async def worker_digests_per_rank(self) -> list[dict[str, Any]]:
         """Every worker's parameter fingerprints (`weights_digest.TensorDigest` by vLLM name), in
         TP-rank order: what the app's end-of-run check compares, whatever the model's size."""
+        import msgspec
+
+        from arl.rollout.engines.weights_digest import TensorDigest
+
         llm = self._require_started()
-        return list(await llm.collective_rpc("arl_parameter_digests", timeout=self.config.rpc_timeout_s))
+        replies = await llm.collective_rpc("arl_parameter_digests", timeout=self.config.rpc_timeout_s)
+        # vLLM's RPC carries plain lists and dicts (msgpack): rebuild the structs
+        return [msgspec.convert(reply, dict[str, TensorDigest]) for reply in replies]
 
 
 def engine_kwargs(config: VllmEngineConfig, on_cuda: bool) -> dict[str, Any]:

@@ -120,13 +120,14 @@ class WeightSyncExtension:
     def arl_parameter_digests(self) -> dict[str, Any]:
         """Every parameter's fingerprint (`weights_digest`), computed on the worker's device: a check
         of the engine's weights that moves integers, not tensors."""
+        import msgspec
         import torch
 
         from arl.rollout.engines.weights_digest import engine_digests
 
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         with torch.no_grad():
-            return engine_digests(model.named_parameters())
+            return msgspec.to_builtins(engine_digests(model.named_parameters()))
 
     def arl_ping(self) -> int:
         """A no-op RPC: measures the engine's control-call round trip (benchmarks/vllm_call_latency.py)."""
