@@ -10,9 +10,11 @@ tensors where they live (on their GPUs) and only the fingerprints travel:
   each engine tensor exactly as `weights_check` does (fused q/k/v and gate/up, TP shards, the engine's
   dtype) as soon as its pieces have arrived, digests it and drops the pieces (`compare_digests`).
 
-The fingerprint of a tensor is exact integer arithmetic over its bits — the sum of its 16-bit words
-and two sums weighted by the word's position (mod 4093 and mod 4091) — so it is identical on any
-device and in any reduction order, any changed bit changes it, and moved words almost always do.
+The fingerprint of a tensor is exact integer arithmetic over its bits: per row, the sum of its 16-bit
+words and two sums weighted by the word's column; over the rows, those sums weighted by the row's
+position (see `row_digests`, `_total`). Every partial sum is an integer float64 holds exactly, so it
+is identical on any device and in any reduction order; any changed bit changes it, and moved words
+almost always do.
 """
 
 from __future__ import annotations
@@ -25,9 +27,14 @@ import torch
 
 from arl.rollout.engines.weights_check import _FUSED, _VOCAB, expected_engine_tensor
 
-#: Position weights: two primes near 2^12 (products of a 16-bit word and a weight fit int32).
-_PRIMES = (4093, 4091)
-#: Words digested per chunk (bounds the temporary int32/int64 buffers: ~16M words, 200 MB).
+#: Weights of a word's column (two primes near 2^12) and of a row (two near 2^16), and the modulus
+#: the row sums are combined under: a word (|w| < 2^16) times a column weight stays below 2^28, so a row
+#: of up to 2^24 words sums exactly in float64 (< 2^53) — one matrix product per chunk, any order.
+_COLUMN_PRIMES = (4093, 4091)
+_ROW_PRIMES = (65521, 65519)
+_MODULUS = (1 << 31) - 1
+_MAX_WIDTH = 1 << 24
+#: Words digested per chunk (bounds the float64 temporary to ~128 MB).
 _CHUNK_WORDS = 1 << 24
 
 
@@ -42,7 +49,8 @@ class TensorDigest(msgspec.Struct, frozen=True, array_like=True):
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bits as non-negative integers, one row per row of `t` (int32, 2-D)."""
+    """The tensor's bits as 16-bit words (bytes for 1-byte dtypes), one row per row of `t` (2-D,
+    integer; converted to float64 chunk by chunk, exactly)."""
     t = t.detach().contiguous()
     if t.dim() == 0:
         t = t.reshape(1)
@@ -50,37 +58,44 @@ def _words(t: torch.Tensor) -> torch.Tensor:
         t = t.view(torch.uint8)
     rows = t.shape[0] if t.dim() > 1 else 1
     if t.numel() == 0:
-        return torch.zeros(rows, 0, dtype=torch.int32, device=t.device)
-    if t.element_size() == 1:
-        return t.view(torch.uint8).reshape(rows, -1).to(torch.int32)
-    return (t.view(torch.int16).reshape(rows, -1).to(torch.int32) & 0xFFFF)
+        return torch.zeros(rows, 0, dtype=torch.int16, device=t.device)
+    return t.view(torch.uint8 if t.element_size() == 1 else torch.int16).reshape(rows, -1)
+
+
+def _column_weights(width: int, device: torch.device) -> torch.Tensor:
+    """(width, 3) float64: 1, (j mod 4093) + 1, (j mod 4091) + 1 for column j."""
+    key = (width, device)
+    if key not in _COLUMN_WEIGHTS:
+        j = torch.arange(width, device=device, dtype=torch.int64)
+        _COLUMN_WEIGHTS[key] = torch.stack([torch.ones_like(j)] + [j % p + 1 for p in _COLUMN_PRIMES], dim=1).double()
+    return _COLUMN_WEIGHTS[key]
+
+
+_COLUMN_WEIGHTS: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
 def row_digests(t: torch.Tensor) -> torch.Tensor:
-    """(rows, 3) int64 on `t`'s device: per row of `t`, Σ word, Σ word·w₁(i), Σ word·w₂(i) over the
-    row's words, i being the word's position in the whole tensor."""
+    """(rows, 3) int64 on `t`'s device, per row of `t`: Σ word, Σ word·((j mod 4093) + 1) and
+    Σ word·((j mod 4091) + 1) over the row's words (j: the word's column)."""
     words = _words(t)
     rows, width = words.shape
+    if width > _MAX_WIDTH:
+        raise ValueError(f"a tensor row of {width} 16-bit words is too wide for an exact digest (max {_MAX_WIDTH})")
     out = torch.empty(rows, 3, dtype=torch.int64, device=words.device)
+    weights = _column_weights(width, words.device)
     step = max(1, _CHUNK_WORDS // max(1, width))
     for r0 in range(0, rows, step):
-        chunk = words[r0 : r0 + step]
-        position = torch.arange(r0 * width, (r0 + chunk.shape[0]) * width, device=words.device,
-                                dtype=torch.int64).view(chunk.shape)
-        out[r0 : r0 + chunk.shape[0], 0] = chunk.sum(dim=1, dtype=torch.int64)
-        for k, prime in enumerate(_PRIMES, start=1):
-            weight = (position % prime + 1).to(torch.int32)
-            out[r0 : r0 + chunk.shape[0], k] = (chunk * weight).sum(dim=1, dtype=torch.int64)
+        out[r0 : r0 + step] = (words[r0 : r0 + step].double() @ weights).long()
     return out
 
 
 def _total(rows: torch.Tensor) -> tuple[int, int, int]:
-    """Exact column sums (Python integers: no int64 overflow for any tensor size)."""
-    sums = [0, 0, 0]
-    for start in range(0, rows.shape[0], 4096):
-        for k, v in enumerate(rows[start : start + 4096].sum(dim=0).tolist()):
-            sums[k] += int(v)
-    return sums[0], sums[1], sums[2]
+    """The tensor's digest from its row digests: column 0 summed, columns 1 and 2 weighted by the
+    row's position ((r mod 65521) + 1, (r mod 65519) + 1), all mod 2^31 − 1 (exact in int64)."""
+    rows = rows % _MODULUS
+    r = torch.arange(rows.shape[0], device=rows.device, dtype=torch.int64)
+    sums = [rows[:, 0].sum()] + [(rows[:, k] * (r % p + 1) % _MODULUS).sum() for k, p in enumerate(_ROW_PRIMES, 1)]
+    return tuple(int(v) % _MODULUS for v in sums)  # type: ignore[return-value]
 
 
 def tensor_digest(t: torch.Tensor, keep_rows: bool = False) -> TensorDigest:
@@ -118,8 +133,8 @@ def _check_one(name: str, info: TensorDigest, hf: dict[str, torch.Tensor], rank:
     # A vocabulary shard with padding rows: compare the rows the trainer's vocabulary covers.
     if info.rows is None or expected.dim() != len(info.shape) or tuple(expected.shape[1:]) != info.shape[1:]:
         return "unmatched"
-    covered = [sum(r[k] for r in info.rows[: expected.shape[0]]) for k in range(3)]
-    return "equal" if tensor_digest(expected).digest == tuple(covered) else "mismatched"
+    covered = _total(torch.tensor(info.rows[: expected.shape[0]], dtype=torch.int64).view(-1, 3))
+    return "equal" if tensor_digest(expected).digest == covered else "mismatched"
 
 
 def compare_digests(
