@@ -24,6 +24,9 @@
 #   coloc2     the small and long-prompt compares against colocated on both GPUs (two FSDP2 trainer
 #              ranks, two replicas, each rank syncing the replica on its GPU by CUDA IPC) instead of
 #              one GPU counted twice
+#   sync8b     the app colocated on both GPUs with the random Qwen3-8B shape (FSDP2, 2 ranks): each rank
+#              sends the gathered 8B weights to the replica on its GPU by CUDA IPC every step; the
+#              end-of-run check compares both replicas with the trainer by digests
 set -u
 LOG=${1:-/tmp/arl-session}
 PHASES=${2:-rates,trainer,small,fsdp,balanced,longprompt}
@@ -97,6 +100,13 @@ for phase in ${PHASES//,/ }; do
       compare coloc2_small
       compare coloc2_long_prompt "${LONG_PROMPT[@]}"
       COLOCATED_OVERRIDES=actor.ppo_mini_batch_size=8 COLOCATED_SCALE=2 ;;
+    sync8b)
+      timeout 900 python apps/train/__main__.py --config apps/bench/configs/h200x2.toml model.path=builtin:qwen3-8b-random \
+        resources.colocate=true resources.trainer_gpus=2 rollout.replicas=2 rollout.gpu_memory_utilization=0.3 \
+        trainer.total_steps=3 actor.ppo_mini_batch_size=8 rollout.n=4 rollout.max_tokens=256 \
+        "data.source=builtin:longtail?median=128&p99_ratio=2&max=256" actor.activation_checkpointing=full \
+        output.dir=$LOG/sync8b > "$LOG/sync8b.log" 2>&1
+      say "sync8b exit $?" ;;
   esac
 done
 say "all done"

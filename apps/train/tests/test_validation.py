@@ -50,7 +50,7 @@ def test_each_bad_value_is_refused_by_name(override, key):
         load_config(overrides=[override])
 
 
-@pytest.mark.parametrize("shape", ["tiny", "qwen3-0.6b-random", "qwen3-1.7b-random", "qwen3-4b-random"])
+@pytest.mark.parametrize("shape", ["tiny", "qwen3-0.6b-random", "qwen3-1.7b-random", "qwen3-4b-random", "qwen3-8b-random"])
 def test_every_builtin_model_shape_is_accepted(shape):
     # The bench's GPU presets name these shapes; a check that knew only builtin:tiny stopped them at load.
     assert load_config(overrides=[f"model.path=builtin:{shape}"]).model.path == f"builtin:{shape}"

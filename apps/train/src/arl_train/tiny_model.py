@@ -544,7 +544,10 @@ def build_tiny_model(
     config.architectures = ["Qwen3ForCausalLM"]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config).to(getattr(torch, dtype))
+        if dtype == "float32":
+            model = Qwen3ForCausalLM(config)
+        else:  # built in its own dtype: an 8B shape in float32 first would take 32 GB and minutes
+            model = Qwen3ForCausalLM._from_config(config, dtype=getattr(torch, dtype))
     model.generation_config = GenerationConfig(
         eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None
     )
@@ -563,6 +566,8 @@ MODEL_SHAPES: dict[str, dict[str, object]] = {
     "qwen3-1.7b-random": dict(hidden_size=2048, intermediate_size=6144, num_layers=28, num_heads=16,
                               num_kv_heads=8, head_dim=128, max_position_embeddings=16384, dtype="bfloat16"),
     "qwen3-4b-random": dict(hidden_size=2560, intermediate_size=9728, num_layers=36, num_heads=32,
+                            num_kv_heads=8, head_dim=128, max_position_embeddings=16384, dtype="bfloat16"),
+    "qwen3-8b-random": dict(hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32,
                             num_kv_heads=8, head_dim=128, max_position_embeddings=16384, dtype="bfloat16"),
 }
 
