@@ -90,11 +90,12 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, backen
 def _exit_without_finalizers() -> None:
     """End a finished rank with exit code 0 before interpreter finalization.
 
-    A spawned process leaves through `sys.exit`, which runs C++ static destructors in no set order;
-    a gloo thread still joinable there calls std::terminate ("terminate called without an active
-    exception", SIGABRT) and fails a rank whose work is done (a SIGABRT of that kind failed the 2-rank
-    FSDP test once in CI). Dropping the rank's objects while the interpreter is whole, then
-    `os._exit`, skips that stage; a failing rank still leaves through mp.spawn's error path.
+    A spawned process leaves through `sys.exit`, which runs C++ static destructors in no set order; a
+    C++ thread still joinable there calls std::terminate ("terminate called without an active
+    exception", SIGABRT). One such abort of rank 1 failed the 2-rank FSDP test once in CI; 30 runs
+    here (idle and with both cores busy) did not reproduce it, so where it struck is not known. A rank
+    that got here has done its work: its objects are dropped while the interpreter is whole and
+    `os._exit` skips that stage. A failing rank still leaves through mp.spawn's error path.
     """
     import gc
     import sys
