@@ -19,17 +19,16 @@ from arl_train.run import run
 pytestmark = pytest.mark.slow
 
 
-def test_colocated_run_takes_turns_trains_and_syncs(tmp_path):
-    config = load_config(overrides=[
-        "resources.colocate=true",
-        "trainer.total_steps=3",
-        "actor.ppo_mini_batch_size=4",
-        "rollout.n=4",
-        "rollout.max_tokens=8",
-        f"output.dir={tmp_path}",
-    ])
+def _run(tmp_path, *overrides):
+    """Three colocated steps of 4 samples; the summary and the metrics rows."""
+    config = load_config(overrides=["resources.colocate=true", "trainer.total_steps=3", "actor.ppo_mini_batch_size=4",
+                                    "rollout.n=4", "rollout.max_tokens=8", f"output.dir={tmp_path}", *overrides])
     summary = run(config, log=lambda _: None)
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return summary, [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_colocated_run_takes_turns_trains_and_syncs(tmp_path):
+    summary, rows = _run(tmp_path)
 
     assert summary.layout["colocate"] and summary.layout["transport"] == "cpu"
     assert summary.steps == 3 and summary.samples_consumed == 12
@@ -54,19 +53,7 @@ def test_two_colocated_ranks_each_sync_the_replica_beside_them(tmp_path):
     """Two FSDP2 trainer ranks (gloo) and two replicas taking turns, one replica per rank: every rank
     sends the gathered weights to its own replica (`per_rank_sync`, CUDA IPC on GPUs; the CPU
     transport here), and both replicas end holding the trainer's weights."""
-    config = load_config(overrides=[
-        "resources.colocate=true",
-        "resources.trainer_cpu_ranks=2",
-        "rollout.replicas=2",
-        "rollout.engine=torch",
-        "trainer.total_steps=3",
-        "actor.ppo_mini_batch_size=4",
-        "rollout.n=4",
-        "rollout.max_tokens=8",
-        f"output.dir={tmp_path}",
-    ])
-    summary = run(config, log=lambda _: None)
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    summary, rows = _run(tmp_path, "resources.trainer_cpu_ranks=2", "rollout.replicas=2", "rollout.engine=torch")
 
     assert summary.layout["colocate"] and summary.layout["trainer_cpu_ranks"] == 2
     assert summary.steps == 3 and summary.samples_consumed == 12
