@@ -158,8 +158,8 @@ def _verify_engine_weights(ray: Any, trainer: Any, rollout: Any, replicas: int, 
 
     Engine tensors (every TP rank's shard, fused as vLLM fuses them, in the engine's dtype) must be
     bit-identical to the trainer's. Each side fingerprints its tensors where they live and only the
-    fingerprints travel (`arl.rollout.engines.weights_digest`), so the check costs the same few
-    seconds for a 7B model as for a tiny one; it names the tensors that differ, not by how much.
+    fingerprints travel (`arl.rollout.engines.weights_digest`): megabytes, not the model twice over,
+    so a 7B model is checked like a tiny one. It names the tensors that differ, not by how much.
     Tensors the engine prepacks (vLLM's CPU build) are checked through its outputs: its log probs on
     a probe sequence must equal the trainer's. Where nothing is prepacked (GPU builds) the probe is
     reported, not required: a bf16 engine's kernels differ from the fp32 trainer's.
