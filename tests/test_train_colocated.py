@@ -19,11 +19,11 @@ from arl_train.run import run
 pytestmark = pytest.mark.slow
 
 
-def _run(tmp_path, *overrides):
+def _run(tmp_path, *overrides, log=lambda _: None):
     """Three colocated steps of 4 samples; the summary and the metrics rows."""
     config = load_config(overrides=["resources.colocate=true", "trainer.total_steps=3", "actor.ppo_mini_batch_size=4",
                                     "rollout.n=4", "rollout.max_tokens=8", f"output.dir={tmp_path}", *overrides])
-    summary = run(config, log=lambda _: None)
+    summary = run(config, log=log)
     return summary, [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -64,3 +64,22 @@ def test_two_colocated_ranks_each_sync_the_replica_beside_them(tmp_path):
     assert sources[0] == summary.trainer["sync_address"]
     assert summary.rollout["engine_versions"] == [3, 3]
     assert summary.weights_equal_after_sync and summary.weights_max_abs_diff == 0.0, summary.weights_problems
+
+
+def test_a_dead_replica_fails_a_per_rank_colocated_run_by_name(tmp_path):
+    """Rank k sends only to replica k: when replica 1 dies, the next sync cannot serve it and the run
+    stops with an error that says so (not a sender waiting out its timeout, not a hang)."""
+    import os
+    import re
+    import signal
+
+    pids: list[int] = []
+
+    def log(line: str) -> None:
+        if line.startswith("arl: trainer"):
+            pids.extend(int(p) for p in re.findall(r"'pid': (\d+)", line))
+            os.kill(pids[1], signal.SIGKILL)  # before the first step's generation is done
+
+    with pytest.raises(Exception, match=r"1 replica\(s\) died: with one replica per trainer rank"):
+        _run(tmp_path, "resources.trainer_cpu_ranks=2", "rollout.replicas=2", "rollout.engine=torch", log=log)
+    assert len(pids) == 2

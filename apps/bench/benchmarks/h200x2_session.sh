@@ -27,6 +27,9 @@
 #   sync8b     the app colocated on both GPUs with the random Qwen3-8B shape (FSDP2, 2 ranks): each rank
 #              sends the gathered 8B weights to the replica on its GPU by CUDA IPC every step; the
 #              end-of-run check compares both replicas with the trainer by digests
+#   verify1    one GPU: the app colocated with vLLM (its end-of-run check by digests on the GPU), the
+#              vLLM engine test on CUDA, the weights-check cost (digests vs tensors) at 0.5B and 7B,
+#              then the GPU tests of arl-trainer and arl-sync
 set -u
 LOG=${1:-/tmp/arl-session}
 PHASES=${2:-rates,trainer,small,fsdp,balanced,longprompt}
@@ -107,6 +110,23 @@ for phase in ${PHASES//,/ }; do
         "data.source=builtin:longtail?median=128&p99_ratio=2&max=256" actor.activation_checkpointing=full \
         output.dir=$LOG/sync8b > "$LOG/sync8b.log" 2>&1
       say "sync8b exit $?" ;;
+    verify1)
+      export CUDA_VISIBLE_DEVICES=0
+      timeout 420 python -m pytest -q -m gpu tests/test_train_gpu.py -k colocated -p no:cacheprovider \
+        > "$LOG/app_gpu_test.log" 2>&1
+      say "app gpu test exit $?"
+      timeout 300 python -m pytest -q packages/arl-rollout/tests/test_vllm_engine.py -p no:cacheprovider \
+        > "$LOG/vllm_engine_test.log" 2>&1
+      say "vllm engine test exit $?"
+      for model in 0.5b 7b; do
+        mkdir -p "$LOG/check_cost_$model"
+        OUT=$LOG/check_cost_$model timeout 300 python packages/arl-rollout/benchmarks/weights_check_cost.py \
+          --model $model --device cuda > "$LOG/weights_check_cost_$model.log" 2>&1
+        say "weights_check_cost $model exit $?"
+      done
+      timeout 500 python -m pytest -q -m gpu packages/arl-trainer/tests packages/arl-sync/tests -p no:cacheprovider \
+        > "$LOG/trainer_sync_tests.log" 2>&1
+      say "trainer+sync gpu tests exit $?" ;;
   esac
 done
 say "all done"

@@ -174,19 +174,16 @@ class RolloutActor:
     async def resume(self, queued_samples: int) -> None:
         await self.rollouter.resume(queued_samples)
 
-    def _live_engines(self) -> list[Any]:
-        """The replicas the server manager still uses (a dead one is left out of every call)."""
-        return [self._engines[i] for i in self.rollouter.manager.healthy_replicas]
-
     async def sleep(self, level: int) -> float:
-        """Colocated mode: every replica releases its GPU memory (generation must be idle); seconds."""
+        """Colocated mode: every replica releases its GPU memory (generation must be idle); seconds.
+        A replica found dead is left out from then on, as in a sync (the next sync says if that is fatal)."""
         t0 = time.perf_counter()
-        await asyncio.gather(*(e.sleep(level) for e in self._live_engines()))
+        await self.rollouter.manager.each_healthy(lambda _, e: e.sleep(level))
         return time.perf_counter() - t0
 
     async def wake_up(self, tags: list[str] | None) -> float:
         t0 = time.perf_counter()
-        await asyncio.gather(*(e.wake_up(tags) for e in self._live_engines()))
+        await self.rollouter.manager.each_healthy(lambda _, e: e.wake_up(tags))
         return time.perf_counter() - t0
 
     async def stats(self) -> dict[str, Any]:

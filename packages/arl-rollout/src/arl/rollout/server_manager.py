@@ -128,7 +128,7 @@ class ServerManager:
     def healthy_replicas(self) -> list[int]:
         return self.balancer.healthy
 
-    async def _each_healthy(self, call: Callable[[int, Engine], Any]) -> None:
+    async def each_healthy(self, call: Callable[[int, Engine], Any]) -> None:
         """`call(index, engine)` on every healthy replica concurrently; one that turns out dead is
         marked, not raised."""
         live = self.balancer.healthy
@@ -177,10 +177,10 @@ class ServerManager:
         """Stop new generation calls; `mode` says what engines do with in-flight ones (see Engine)."""
         self._running.clear()
         self._sync_epoch += 1
-        await self._each_healthy(lambda _, e: e.pause(mode))
+        await self.each_healthy(lambda _, e: e.pause(mode))
 
     async def resume(self) -> None:
-        await self._each_healthy(lambda _, e: e.resume())
+        await self.each_healthy(lambda _, e: e.resume())
         self._running.set()
 
     @property
@@ -203,7 +203,7 @@ class ServerManager:
                                  "replicas: give one address, or one per replica")
         before = set(self.balancer.healthy)
         self.sync_sources = addresses
-        await self._each_healthy(lambda i, e: e.load_weights(addresses[i], sync_config_json, version))
+        await self.each_healthy(lambda i, e: e.load_weights(addresses[i], sync_config_json, version))
         lost = sorted(before - set(self.balancer.healthy))
         if lost:
             raise WeightSyncError(f"replica(s) {lost} died during the weight sync of version {version}")
