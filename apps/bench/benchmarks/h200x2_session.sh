@@ -30,6 +30,9 @@
 #   verify1    one GPU: the app colocated with vLLM (its end-of-run check by digests on the GPU), the
 #              weights-check cost (digests vs tensors) at 0.5B and 7B,
 #              then the GPU tests of arl-trainer and arl-sync
+#   fsdpcompile  compile_layers under FSDP2 (every GPU, at most 2): its GPU tests, then eager vs compiled
+#              side by side at the 0.5B shape (32k-token micro-batches) and the 7B shape (16k, full
+#              checkpointing); needs only torch and the staged deps (no vLLM)
 set -u
 LOG=${1:-/tmp/arl-session}
 PHASES=${2:-rates,trainer,small,fsdp,balanced,longprompt}
@@ -124,6 +127,17 @@ for phase in ${PHASES//,/ }; do
       timeout 500 python -m pytest -q -m gpu packages/arl-trainer/tests packages/arl-sync/tests -p no:cacheprovider \
         > "$LOG/trainer_sync_tests.log" 2>&1
       say "trainer+sync gpu tests exit $?" ;;
+    fsdpcompile)
+      timeout 400 python -m pytest -q -m gpu packages/arl-trainer/tests/test_gpu.py -k compiled -p no:cacheprovider \
+        > "$LOG/compile_tests.log" 2>&1
+      say "compile tests exit $?"
+      mkdir -p "$LOG/fsdp_05b" "$LOG/fsdp_7b"
+      OUT=$LOG/fsdp_05b timeout 420 python packages/arl-trainer/benchmarks/train_7b_fsdp.py --shape 0.5b \
+        --configs 32768:none,32768:none:compile > "$LOG/fsdp_05b.log" 2>&1
+      say "fsdp 0.5b exit $?"
+      OUT=$LOG/fsdp_7b timeout 700 python packages/arl-trainer/benchmarks/train_7b_fsdp.py --shape 7b \
+        --configs 16384:full,16384:full:compile > "$LOG/fsdp_7b.log" 2>&1
+      say "fsdp 7b exit $?" ;;
   esac
 done
 say "all done"

@@ -158,7 +158,6 @@ def test_a_kl_resume_needs_the_reference_its_checkpoint_recorded(tmp_path):
     assert load_config(overrides=overrides).actor.algorithm.kl_coef == 0.01
 
 
-def test_compiled_layers_need_a_single_trainer_rank():
+def test_compiled_layers_are_taken_by_both_backends():
     assert load_config(overrides=["actor.compile_layers=true"]).actor.compile_layers
-    with pytest.raises(ConfigError, match=r"actor\.compile_layers"):
-        load_config(overrides=["actor.compile_layers=true", "resources.trainer_cpu_ranks=2"])
+    assert load_config(overrides=["actor.compile_layers=true", "resources.trainer_cpu_ranks=2"]).actor.compile_layers

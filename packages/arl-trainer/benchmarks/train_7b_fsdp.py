@@ -1,6 +1,10 @@
 """Benchmark (b): the FSDP2 trainer step at the Qwen2.5-7B shape on 2 GPUs, 8k-token rows.
 
-    python packages/arl-trainer/benchmarks/train_7b_fsdp.py
+    python packages/arl-trainer/benchmarks/train_7b_fsdp.py [--shape 7b|0.5b] [--configs 16384:full:compile,...]
+
+`--configs`: token budget:checkpointing[:compile] per run (default: 16384:full, 8192:selective,
+8192:none, eager); `:compile` sets `compile_layers` (each decoder layer's forward compiled, FSDP2's
+hooks eager), so a list like `16384:full,16384:full:compile` measures the two side by side.
 
 One command, no torchrun: the script spawns one process per visible GPU (torch.multiprocessing via
 `arl.trainer.distributed.spawn_local`, NCCL). Random init on the meta device → sharded (no weights
@@ -13,6 +17,7 @@ A configuration that runs out of memory is reported as such. Prints JSON; writes
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 import time
@@ -27,7 +32,7 @@ from _common import SMOKE, emit, is_oom, matmul_tflops, qwen25_config  # noqa: E
 ROW_TOKENS = 512 if SMOKE else 8192
 ROWS = 8 if SMOKE else 16
 STEPS = 1 if SMOKE else 2
-CONFIGS = [(1024, "full")] if SMOKE else [(16384, "full"), (8192, "selective"), (8192, "none")]
+DEFAULT_CONFIGS = "1024:full" if SMOKE else "16384:full,8192:selective,8192:none"
 
 
 def make_batch(vocab: int):
@@ -47,7 +52,7 @@ def make_batch(vocab: int):
     return assemble_batch(samples, pad_token_id=0)
 
 
-def rank_main(spec, max_tokens: int, checkpointing: str, out_dir: str) -> None:
+def rank_main(spec, shape: str, max_tokens: int, checkpointing: str, compiled: bool, out_dir: str) -> None:
     from arl.trainer import TrainerConfig
     from arl.trainer.algorithm_config import AlgorithmConfig
     from arl.trainer.config import OptimConfig
@@ -57,10 +62,10 @@ def rank_main(spec, max_tokens: int, checkpointing: str, out_dir: str) -> None:
     path = Path(out_dir) / f"rank{spec.rank}.pt"
     try:
         policy = FSDPPolicy(
-            qwen25_config("7b"),
+            qwen25_config(shape),
             TrainerConfig(optim=OptimConfig(lr=1e-6), max_tokens_per_microbatch=max_tokens, algorithm=AlgorithmConfig(proximal_mode="bypass"),
                           mixed_precision="bf16" if policy_device_is_cuda() else "none",
-                          activation_checkpointing=checkpointing),
+                          activation_checkpointing=checkpointing, compile_layers=compiled),
             spec, sync_dtype=torch.bfloat16,
         )
         device = policy.device
@@ -98,20 +103,34 @@ def policy_device_is_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def parse_configs(text: str) -> list[tuple[int, str, bool]]:
+    runs = []
+    for item in text.split(","):
+        tokens, checkpointing, *rest = item.split(":")
+        if checkpointing not in ("none", "selective", "full") or rest not in ([], ["compile"]):
+            raise SystemExit(f"--configs: {item!r} is not tokens:none|selective|full[:compile]")
+        runs.append((int(tokens), checkpointing, rest == ["compile"]))
+    return runs
+
+
 def main() -> None:
     from arl.trainer.distributed import spawn_local
 
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", choices=["7b", "0.5b"], default="7b")
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS)
+    args = parser.parse_args()
     world = torch.cuda.device_count() if torch.cuda.is_available() else (2 if SMOKE else 0)
     if world < 1:
         raise SystemExit("no CUDA device (set ARL_BENCH_SMOKE=1 for a tiny CPU run)")
     world = min(world, 2)
-    result = {"benchmark": "train_7b_fsdp", "world_size": world, "rows": ROWS, "row_tokens": ROW_TOKENS,
-              "torch": torch.__version__, "runs": {}}
-    for max_tokens, ckpt in CONFIGS:
-        name = f"fsdp2_{max_tokens}_{ckpt}"
+    result = {"benchmark": "train_7b_fsdp", "shape": args.shape, "world_size": world, "rows": ROWS,
+              "row_tokens": ROW_TOKENS, "torch": torch.__version__, "runs": {}}
+    for max_tokens, ckpt, compiled in parse_configs(args.configs):
+        name = f"fsdp2_{max_tokens}_{ckpt}" + ("_compiled" if compiled else "")
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                spawn_local(rank_main, world, max_tokens, ckpt, tmp, timeout_s=300)
+                spawn_local(rank_main, world, args.shape, max_tokens, ckpt, compiled, tmp, timeout_s=300)
             except Exception as exc:  # a rank failed (OOM or other): its own report says which
                 print(f"{name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             ranks = [torch.load(p, weights_only=False) for p in sorted(Path(tmp).glob("rank*.pt"))]

@@ -145,3 +145,19 @@ def fsdp_reference_gpu(spec, model_dir, out_dir):
     metrics = policy.train_step(batch, mini_batch_rows=12)
     if spec.rank == 0:
         torch.save({"ref": ref, "own": own, "dtypes": dtypes, "kls": kls, "metrics": metrics}, out_dir / "fsdp_gpu.pt")
+
+
+def fsdp_compiled_vs_eager(spec, model_dir, out_dir):
+    """One FSDP2 group (every visible GPU): two steps eager, then two with `compile_layers`, both with
+    full activation checkpointing; rank 0 saves the metrics and the names the sync stream gives."""
+    from arl.trainer.fsdp import FSDPPolicy
+
+    batch = random_batch(seed=7)
+    result = {}
+    for compiled in (False, True):
+        policy = FSDPPolicy(model_dir, TrainerConfig(max_tokens_per_microbatch=40, compile_layers=compiled,
+                                                     activation_checkpointing="full"), spec)
+        result[compiled] = [policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0]) for _ in range(2)]
+        result[f"names_{compiled}"] = [name for name, _ in policy.iter_sync_parameters()]
+    if spec.rank == 0:
+        torch.save(result, out_dir / "fsdp_compile.pt")

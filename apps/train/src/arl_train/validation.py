@@ -127,10 +127,6 @@ def validate(config: AppConfig) -> AppConfig:
         if a.algorithm.kl_coef > 0 and not a.reference_path:
             _check_recorded_reference(t.resume_from, state.get("reference_path"), config.ray.address is None)
         _check_snapshot(t.resume_from)
-    if a.compile_layers:
-        ranks = max(config.resources.trainer_gpus, config.resources.trainer_cpu_ranks)
-        _require(ranks <= 1, "actor.compile_layers", a.compile_layers,
-                 f"is supported with one trainer rank only (this layout has {ranks}: FSDP2 is not measured with it yet)")
     # sync: the GPU transports need the trainer and the engines on CUDA
     s = config.sync
     _at_least(config, "sync", "bucket_mb", 1)

@@ -61,9 +61,9 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # (arl.trainer.offload): less GPU memory, slower by the PCIe time of moving them out and back.
     # With checkpointing only the checkpointed layers' inputs are saved (and offloaded). No-op off CUDA.
     activation_offload: bool = False
-    # CUDA, single-device backend: compile each decoder layer (torch.compile, dynamic shapes), fusing the
-    # norms, RoPE, SwiGLU and residual adds that run as separate memory-bound kernels eagerly. The first
-    # micro-batch pays the compile. No-op off CUDA; the FSDP2 backend rejects it (not measured there yet).
+    # CUDA, both backends: compile each decoder layer's forward (torch.compile, dynamic shapes), fusing
+    # the norms, RoPE, SwiGLU and residual adds that run as separate memory-bound kernels eagerly (under
+    # FSDP2 its gather/reshard hooks stay eager). The first micro-batch pays the compile. No-op off CUDA.
     compile_layers: bool = False
     # Logit elements (tokens × vocabulary) the chunked log-prob head holds at once.
     logprob_chunk_elements: int = 1 << 27

@@ -34,7 +34,13 @@ from arl.trainer.config import TrainerConfig
 from arl.trainer.distributed import DistributedSpec, init_distributed
 from arl.trainer.engine import PackedPolicy
 from arl.trainer.errors import ReferencePolicyError
-from arl.trainer.model import PackedCausalLM, apply_activation_checkpointing, decoder_layers, reset_rotary_buffers
+from arl.trainer.model import (
+    PackedCausalLM,
+    apply_activation_checkpointing,
+    compile_decoder_layers,
+    decoder_layers,
+    reset_rotary_buffers,
+)
 
 
 def _full_hf_state_dict(model_path: Path) -> dict[str, torch.Tensor]:
@@ -85,8 +91,6 @@ class FSDPPolicy(PackedPolicy):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        if config.compile_layers:
-            raise ValueError("compile_layers is supported by the single-device backend only (not measured under FSDP2 yet)")
         self.config = config
         self.spec = spec
         self.device = init_distributed(spec)
@@ -99,6 +103,8 @@ class FSDPPolicy(PackedPolicy):
         with torch.device("meta"):
             self.model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
         apply_activation_checkpointing(self.model, config.activation_checkpointing)
+        if config.compile_layers and self.device.type == "cuda":  # before sharding: FSDP2's hooks stay eager
+            compile_decoder_layers(self.model)
         self.packed = PackedCausalLM(self.model, temperature=config.temperature, chunk_elements=config.logprob_chunk_elements)
 
         mp = config.mixed_precision

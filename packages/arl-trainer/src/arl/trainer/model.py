@@ -54,10 +54,12 @@ def apply_activation_checkpointing(hf_model: torch.nn.Module, mode: Checkpointin
 
 
 def compile_decoder_layers(hf_model: torch.nn.Module) -> None:
-    """torch.compile every decoder layer in place (after checkpointing wrapped it; names unchanged).
+    """torch.compile every decoder layer's `forward` in place (after checkpointing wrapped it; names
+    unchanged). The method, not the module: hooks registered on the layer (FSDP2's all-gather before
+    the forward, its reshard after) stay outside the graph, so the same call serves both backends.
     Dynamic shapes: packed micro-batches differ in length, and each new length must not recompile."""
     for layer in decoder_layers(hf_model):
-        layer.compile(dynamic=True)
+        layer.forward = torch.compile(layer.forward, dynamic=True)
 
 
 def reset_rotary_buffers(model: torch.nn.Module, device: torch.device) -> None:
