@@ -30,6 +30,8 @@
 #   verify1    one GPU: the app colocated with vLLM (its end-of-run check by digests on the GPU), the
 #              weights-check cost (digests vs tensors) at 0.5B and 7B,
 #              then the GPU tests of arl-trainer and arl-sync
+#   sync7b     one GPU: the 7B sync into a vLLM replica on the same GPU (CUDA IPC) from arl-trainer's
+#              FSDP2 policy (gathered parameter by parameter), then from a plain bf16 state dict
 #   fsdpcompile  compile_layers under FSDP2 (every GPU, at most 2): its GPU tests, then eager vs compiled
 #              side by side at the 0.5B shape (32k-token micro-batches) and the 7B shape (16k, full
 #              checkpointing); needs only torch and the staged deps (no vLLM)
@@ -127,6 +129,14 @@ for phase in ${PHASES//,/ }; do
       timeout 500 python -m pytest -q -m gpu packages/arl-trainer/tests packages/arl-sync/tests -p no:cacheprovider \
         > "$LOG/trainer_sync_tests.log" 2>&1
       say "trainer+sync gpu tests exit $?" ;;
+    sync7b)
+      export CUDA_VISIBLE_DEVICES=0
+      for source in fsdp2 state-dict; do
+        mkdir -p "$LOG/sync7b_$source"
+        OUT=$LOG/sync7b_$source timeout 420 python packages/arl-rollout/benchmarks/sync_7b_vllm.py --source $source \
+          --rounds 5 > "$LOG/sync7b_$source.log" 2>&1
+        say "sync7b $source exit $?"
+      done ;;
     fsdpcompile)
       timeout 400 python -m pytest -q -m gpu packages/arl-trainer/tests/test_gpu.py -k compiled -p no:cacheprovider \
         > "$LOG/compile_tests.log" 2>&1
