@@ -7,7 +7,7 @@
 #   tail /tmp/arl-session/progress.log
 #
 # Copy results back without the run folders' model weights (a device call returns 64 MiB at most):
-#   cd /tmp && find arl-session -name "*.log" -o -name "*.json" | tar czf $OUT/logs.tgz -T -
+#   cd /tmp && find arl-session -name "*.log" -o -name "*.json" -o -name "*.jsonl" | tar czf $OUT/logs.tgz -T -
 #
 # phases (default all, in this order):
 #   rates      raw_vllm_rates.py: the small workload on GPU 0 beside the balanced one on GPU 1
@@ -32,6 +32,10 @@
 #              then the GPU tests of arl-trainer and arl-sync
 #   sync7b     one GPU: the 7B sync into a vLLM replica on the same GPU (CUDA IPC) from arl-trainer's
 #              FSDP2 policy (gathered parameter by parameter), then from a plain bf16 state dict
+#   offload8b  one GPU: optimizer_offload's GPU tests; the app colocated with the random Qwen3-8B shape
+#              (~7B parameters) on that GPU: trainer, AdamW state in host memory between steps, vLLM
+#              replica, CUDA IPC sync; then the 7B shape as one FSDP2 rank with fused AdamW, eager vs
+#              compile_layers (16k-token micro-batches, full checkpointing)
 #   fsdpcompile  compile_layers under FSDP2 (every GPU, at most 2): its GPU tests, then eager vs compiled
 #              side by side at the 0.5B shape (32k-token micro-batches) and the 7B shape (16k, full
 #              checkpointing); needs only torch and the staged deps (no vLLM)
@@ -137,6 +141,21 @@ for phase in ${PHASES//,/ }; do
           --rounds 5 > "$LOG/sync7b_$source.log" 2>&1
         say "sync7b $source exit $?"
       done ;;
+    offload8b)
+      export CUDA_VISIBLE_DEVICES=0
+      timeout 300 python -m pytest -q -m gpu packages/arl-trainer/tests/test_gpu.py -k optimizer_offload -p no:cacheprovider \
+        > "$LOG/offload_tests.log" 2>&1
+      say "offload tests exit $?"
+      timeout 600 python apps/train/__main__.py --config apps/bench/configs/h200x2.toml model.path=builtin:qwen3-8b-random \
+        resources.colocate=true rollout.gpu_memory_utilization=0.3 trainer.total_steps=3 actor.ppo_mini_batch_size=8 \
+        rollout.n=4 rollout.max_tokens=256 "data.source=builtin:longtail?median=128&p99_ratio=2&max=256" \
+        actor.activation_checkpointing=full actor.optimizer_offload=true actor.fused_optimizer=true \
+        output.dir=$LOG/offload8b > "$LOG/offload8b.log" 2>&1
+      say "offload8b exit $?"
+      mkdir -p "$LOG/fsdp_7b_one"
+      OUT=$LOG/fsdp_7b_one timeout 600 python packages/arl-trainer/benchmarks/train_7b_fsdp.py --shape 7b \
+        --configs 16384:full,16384:full:compile --fused-optimizer > "$LOG/fsdp_7b_one.log" 2>&1
+      say "fsdp 7b one rank exit $?" ;;
     fsdpcompile)
       timeout 400 python -m pytest -q -m gpu packages/arl-trainer/tests/test_gpu.py -k compiled -p no:cacheprovider \
         > "$LOG/compile_tests.log" 2>&1

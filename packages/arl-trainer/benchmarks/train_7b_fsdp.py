@@ -1,10 +1,14 @@
 """Benchmark (b): the FSDP2 trainer step at the Qwen2.5-7B shape on 2 GPUs, 8k-token rows.
 
     python packages/arl-trainer/benchmarks/train_7b_fsdp.py [--shape 7b|0.5b] [--configs 16384:full:compile,...]
+        [--fused-optimizer]
 
 `--configs`: token budget:checkpointing[:compile] per run (default: 16384:full, 8192:selective,
 8192:none, eager); `:compile` sets `compile_layers` (each decoder layer's forward compiled, FSDP2's
 hooks eager), so a list like `16384:full,16384:full:compile` measures the two side by side.
+`--fused-optimizer`: AdamW's fused step (`optim.fused`), whose update makes no full-size temporaries
+(the default multi-tensor step's square-root list alone is the size of the fp32 parameters): what lets
+the 7B shape's ~122 GB of fp32 weights, gradients and AdamW state train as one rank on one H200.
 
 One command, no torchrun: the script spawns one process per visible GPU (torch.multiprocessing via
 `arl.trainer.distributed.spawn_local`, NCCL). Random init on the meta device → sharded (no weights
@@ -52,7 +56,8 @@ def make_batch(vocab: int):
     return assemble_batch(samples, pad_token_id=0)
 
 
-def rank_main(spec, shape: str, max_tokens: int, checkpointing: str, compiled: bool, out_dir: str) -> None:
+def rank_main(spec, shape: str, max_tokens: int, checkpointing: str, compiled: bool, out_dir: str,
+              fused: bool = False) -> None:
     from arl.trainer import TrainerConfig
     from arl.trainer.algorithm_config import AlgorithmConfig
     from arl.trainer.config import OptimConfig
@@ -63,7 +68,7 @@ def rank_main(spec, shape: str, max_tokens: int, checkpointing: str, compiled: b
     try:
         policy = FSDPPolicy(
             qwen25_config(shape),
-            TrainerConfig(optim=OptimConfig(lr=1e-6), max_tokens_per_microbatch=max_tokens, algorithm=AlgorithmConfig(proximal_mode="bypass"),
+            TrainerConfig(optim=OptimConfig(lr=1e-6, fused=fused), max_tokens_per_microbatch=max_tokens, algorithm=AlgorithmConfig(proximal_mode="bypass"),
                           mixed_precision="bf16" if policy_device_is_cuda() else "none",
                           activation_checkpointing=checkpointing, compile_layers=compiled),
             spec, sync_dtype=torch.bfloat16,
@@ -119,18 +124,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", choices=["7b", "0.5b"], default="7b")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS)
+    parser.add_argument("--fused-optimizer", action="store_true")
     args = parser.parse_args()
     world = torch.cuda.device_count() if torch.cuda.is_available() else (2 if SMOKE else 0)
     if world < 1:
         raise SystemExit("no CUDA device (set ARL_BENCH_SMOKE=1 for a tiny CPU run)")
     world = min(world, 2)
     result = {"benchmark": "train_7b_fsdp", "shape": args.shape, "world_size": world, "rows": ROWS,
+              "fused_optimizer": args.fused_optimizer,
               "row_tokens": ROW_TOKENS, "torch": torch.__version__, "runs": {}}
     for max_tokens, ckpt, compiled in parse_configs(args.configs):
         name = f"fsdp2_{max_tokens}_{ckpt}" + ("_compiled" if compiled else "")
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                spawn_local(rank_main, world, args.shape, max_tokens, ckpt, compiled, tmp, timeout_s=300)
+                spawn_local(rank_main, world, args.shape, max_tokens, ckpt, compiled, tmp, args.fused_optimizer,
+                            timeout_s=300)
             except Exception as exc:  # a rank failed (OOM or other): its own report says which
                 print(f"{name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             ranks = [torch.load(p, weights_only=False) for p in sorted(Path(tmp).glob("rank*.pt"))]

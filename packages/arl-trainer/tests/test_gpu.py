@@ -128,3 +128,87 @@ def test_compiled_layers_under_fsdp2_match_eager_on_gpu(tiny_model_dir, tmp_path
         assert fused["loss"] == pytest.approx(eager["loss"], rel=2e-2, abs=1e-3)
         assert fused["grad_norm"] == pytest.approx(eager["grad_norm"], rel=2e-2)
     assert result["names_True"] == result["names_False"] and not any("_orig_mod" in n for n in result["names_True"])
+
+
+def _mid_model(path):
+    """A model large enough that its optimizer state dwarfs the step's stray allocations (~4M params)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
+                      tie_word_embeddings=True)
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_optimizer_offload_is_bit_identical_and_frees_the_state_on_gpu(tmp_path, fused):
+    """Between steps the offloading policy holds only its parameters; its updates equal the resident ones bit for bit."""
+    from arl.trainer import HFPolicy, TrainerConfig
+    from arl.trainer.config import OptimConfig
+
+    from trainer_helpers import random_batch
+
+    model = _mid_model(tmp_path / "model")
+    batch = random_batch(seed=3, vocab=4096)
+    rows = batch.input_ids.shape[0]
+    growth, policies = {}, {}
+    for offload in (False, True):
+        torch.cuda.synchronize()
+        policy = HFPolicy(model, TrainerConfig(max_tokens_per_microbatch=64, optimizer_offload=offload,
+                                               optim=OptimConfig(lr=1e-2, fused=fused)), device="cuda")
+        before = torch.cuda.memory_allocated()
+        metrics = [policy.train_step(batch, mini_batch_rows=rows // 2) for _ in range(3)]  # 2 updates per step
+        torch.cuda.synchronize()
+        growth[offload] = torch.cuda.memory_allocated() - before
+        policies[offload] = (policy, metrics)
+    resident, offloaded = policies[False][0], policies[True][0]
+    for (name, a), (_, b) in zip(resident.model.named_parameters(), offloaded.model.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    param_bytes = sum(p.numel() * p.element_size() for p in resident.model.parameters())
+    state = offloaded.optimizer_state
+    assert state is not None and state.on_host and state.nbytes >= 2 * param_bytes  # exp_avg + exp_avg_sq
+    assert growth[False] >= 2 * param_bytes + param_bytes  # resident: the state and the gradients stay
+    assert growth[True] < param_bytes // 8  # offloaded: neither stays
+    assert all(p.grad is None for p in offloaded.model.parameters())
+    last = policies[True][1][-1]
+    assert last["optimizer_state_gib"] * 2**30 == state.nbytes and last["optimizer_load_s"] > 0
+
+
+def test_optimizer_offload_checkpoint_resumes_on_gpu(tmp_path):
+    """A checkpoint saved while the state waits on the host resumes into the same next update."""
+    from arl.trainer import HFPolicy, TrainerConfig
+    from arl.trainer.config import OptimConfig
+
+    from trainer_helpers import random_batch
+
+    model = _mid_model(tmp_path / "model")
+    batch = random_batch(seed=4, vocab=4096)
+    cfg = TrainerConfig(max_tokens_per_microbatch=64, optimizer_offload=True, optim=OptimConfig(lr=1e-2))
+    first = HFPolicy(model, cfg, device="cuda")
+    first.train_step(batch, mini_batch_rows=batch.input_ids.shape[0])
+    assert first.optimizer_state.on_host
+    checkpoint = first.save(tmp_path / "ckpt", {"step": 1})
+    assert first.optimizer_state.on_host  # saving put it back where it was
+    resumed = HFPolicy(checkpoint, cfg, device="cuda")
+    resumed.load_optimizer(checkpoint)
+    for policy in (first, resumed):
+        policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0])
+    for (name, a), (_, b) in zip(first.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_optimizer_offload_under_fsdp2_is_bit_identical_on_gpu(tmp_path):
+    """FSDP2 (NCCL, every visible GPU up to 2), fused AdamW over DTensors: offloaded == resident."""
+    from arl.trainer.distributed import spawn_local
+
+    from trainer_helpers import fsdp_offload_vs_resident
+
+    model = _mid_model(tmp_path / "model")
+    spawn_local(fsdp_offload_vs_resident, min(torch.cuda.device_count(), 2), model, tmp_path, timeout_s=300)
+    result = torch.load(tmp_path / "fsdp_offload.pt", weights_only=False)
+    assert result["on_host_True"] and not result["on_host_False"]
+    for name, tensor in result["weights_False"].items():
+        assert torch.equal(tensor, result["weights_True"][name]), name
+    assert result["metrics_True"][-1]["optimizer_state_gib"] > 0

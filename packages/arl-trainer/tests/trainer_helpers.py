@@ -161,3 +161,22 @@ def fsdp_compiled_vs_eager(spec, model_dir, out_dir):
         result[f"names_{compiled}"] = [name for name, _ in policy.iter_sync_parameters()]
     if spec.rank == 0:
         torch.save(result, out_dir / "fsdp_compile.pt")
+
+
+def fsdp_offload_vs_resident(spec, model_dir, out_dir):
+    """One FSDP2 group (every visible GPU), fused AdamW: three steps with the optimizer state resident,
+    three from the same weights with `optimizer_offload`; rank 0 saves both runs' full weights and the
+    offload run's metrics."""
+    from arl.trainer.config import OptimConfig
+    from arl.trainer.fsdp import FSDPPolicy
+
+    batch = random_batch(seed=11)
+    result = {}
+    for offload in (False, True):
+        policy = FSDPPolicy(model_dir, TrainerConfig(max_tokens_per_microbatch=40, optimizer_offload=offload,
+                                                     optim=OptimConfig(lr=1e-2, fused=True)), spec)
+        result[f"metrics_{offload}"] = [policy.train_step(batch, mini_batch_rows=4) for _ in range(3)]
+        result[f"weights_{offload}"] = policy.state_dict_cpu()
+        result[f"on_host_{offload}"] = policy.optimizer_state is not None and policy.optimizer_state.on_host
+    if spec.rank == 0:
+        torch.save(result, out_dir / "fsdp_offload.pt")

@@ -96,6 +96,12 @@ class ActorConfig(_Section):
     # fusing the norms, RoPE, SwiGLU and residual adds (0.5B on an H200: 79.3k → 114.9k tokens/s on one
     # device, 66.7k → 82.1k under FSDP2). The first step pays the compile. No-op on CPU.
     compile_layers: bool = False
+    # CUDA: AdamW's state waits in pinned host memory between trainer steps and the gradients are
+    # dropped after each step, so between steps the trainer holds only its parameters (colocated: the
+    # replicas' KV cache gets the rest); costs the state's bytes over PCIe twice per step. No-op on CPU.
+    optimizer_offload: bool = False
+    # CUDA: AdamW's fused single-kernel step (no full-size temporaries in the update).
+    fused_optimizer: bool = False
     # The KL's reference policy (actor.algorithm.kl_coef > 0): an HF model folder. "" = the model the run
     # started from: model.path on a fresh run; on a resume, the reference_path its checkpoint recorded
     # (the original base model, never the checkpoint itself).

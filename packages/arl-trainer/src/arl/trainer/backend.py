@@ -21,6 +21,7 @@ from arl.trainer import reference
 from arl.trainer.config import TrainerConfig, compute_dtype
 from arl.trainer.engine import PackedPolicy
 from arl.trainer.model import PackedCausalLM, apply_activation_checkpointing, compile_decoder_layers
+from arl.trainer.optimizer import make_optimizer
 
 
 class HFPolicy(PackedPolicy):
@@ -55,8 +56,7 @@ class HFPolicy(PackedPolicy):
         if config.compile_layers and self.device.type == "cuda":
             compile_decoder_layers(self.model)
         self.packed = PackedCausalLM(self.model, temperature=config.temperature, chunk_elements=config.logprob_chunk_elements)
-        o = config.optim
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        self.optimizer = make_optimizer(self.model.parameters(), config.optim, self.device)
         self._init_shared()
 
     def _build_reference(self, reference_path: str | Path | None, param_dtype: torch.dtype) -> None:
@@ -78,7 +78,8 @@ class HFPolicy(PackedPolicy):
     def load_optimizer(self, checkpoint: Path) -> None:
         """Restore the optimizer and LR-schedule state saved by `save` (the weights come from the folder itself)."""
         state = torch.load(checkpoint / "optimizer.pt", map_location=self.device, weights_only=True)
-        self.optimizer.load_state_dict(state)
+        with self.optimizer_state_on_device():
+            self.optimizer.load_state_dict(state)
         if (checkpoint / "scheduler.pt").exists():
             from arl.trainer.schedule import load_lr_scheduler_state
 
@@ -94,7 +95,8 @@ class HFPolicy(PackedPolicy):
         for f in self.model_path.iterdir() if self.model_path else ():  # tokenizer files travel with the weights
             if f.is_file() and (f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")):
                 shutil.copy2(f, tmp / f.name)
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        with self.optimizer_state_on_device():
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
         (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
         if directory.exists():

@@ -15,6 +15,9 @@ class OptimConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
+    # CUDA: AdamW's fused single-kernel step (torch's `fused=True`): no full-size temporaries, unlike
+    # the default multi-tensor step, whose square-root list alone is the size of the parameters.
+    fused: bool = False
 
 
 class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -61,6 +64,11 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # (arl.trainer.offload): less GPU memory, slower by the PCIe time of moving them out and back.
     # With checkpointing only the checkpointed layers' inputs are saved (and offloaded). No-op off CUDA.
     activation_offload: bool = False
+    # CUDA: AdamW's state in pinned host memory between trainer steps (arl.trainer.optimizer), loaded
+    # before the step's first update and written back after its last, gradients dropped after the step:
+    # between steps the trainer holds only its parameters, so a colocated vLLM replica gets the memory
+    # for its KV cache. Costs the state's bytes over PCIe twice per step; updates are bit-identical.
+    optimizer_offload: bool = False
     # CUDA, both backends: compile each decoder layer's forward (torch.compile, dynamic shapes), fusing
     # the norms, RoPE, SwiGLU and residual adds that run as separate memory-bound kernels eagerly (under
     # FSDP2 its gather/reshard hooks stay eager). The first micro-batch pays the compile. No-op off CUDA.

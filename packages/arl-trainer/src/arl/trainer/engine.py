@@ -13,7 +13,8 @@ the distributed hooks (`_grad_sync`, `_clip_grad_norm`, `_all_reduce_`). One tra
    micro-batch under bf16 autocast where enabled, per-token loss, aggregate with the mini-batch's
    global denominators, backward (gradient sync only on the last micro-batch), clip, step. With
    `activation_offload` on CUDA the training forwards save their activations to pinned host memory
-   (`arl.trainer.offload`).
+   (`arl.trainer.offload`); with `optimizer_offload` the AdamW state waits in pinned host memory
+   between steps and the gradients are dropped after the last update (`arl.trainer.optimizer`).
 
 MoE models (`arl.trainer.router_replay`): given the batch's engine routes, every forward of the step
 (proximal, reference, each micro-batch and its backward, which recomputes checkpointed layers) runs under
@@ -41,6 +42,7 @@ from arl.trainer.flops import attention_width_and_layers, matmul_params, train_f
 from arl.trainer.kl import kl_estimate
 from arl.trainer.loss_agg import Denominators, aggregate
 from arl.trainer.offload import HostActivationOffload
+from arl.trainer.optimizer import HostOptimizerState
 from arl.trainer.packed import PackedMicroBatch, pack_rows, row_lengths
 from arl.trainer.packing import CostModel, plan_packing
 from arl.trainer.proximal import loglinear_proximal
@@ -71,6 +73,8 @@ class PackedPolicy:
     # the initial weights of a policy built from a module or a config).
     ref_packed: torch.nn.Module | None = None
     reference_path: Path | None = None
+    # The AdamW state's host copy under optimizer_offload on CUDA (set by `_init_shared`), else None.
+    optimizer_state: HostOptimizerState | None = None
 
     # ---- hooks a distributed backend overrides ----
     def _grad_sync(self, enabled: bool) -> None:
@@ -106,6 +110,12 @@ class PackedPolicy:
             key = "router_replay='rollout'" if cfg.router_replay == "rollout" else "router_aux_loss_coef > 0"
             raise RouterReplayError(f"{key} needs an MoE model; {type(self.model).__name__} has no MoE router")
         self._steps_done = 0
+        self.optimizer_state = (HostOptimizerState(self.optimizer)
+                                if cfg.optimizer_offload and self.device.type == "cuda" else None)
+
+    def optimizer_state_on_device(self) -> contextlib.AbstractContextManager[Any]:
+        """Inside the block the optimizer's state is on its device (checkpoints read and write it)."""
+        return self.optimizer_state.on_device() if self.optimizer_state is not None else contextlib.nullcontext()
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.compute_dtype is None:
@@ -266,6 +276,7 @@ class PackedPolicy:
         tokens = 0
         processed = 0  # tokens the model ran, dummy micro-batches included
         offloaded = 0  # bytes of saved activations sent to host memory (activation_offload)
+        state_load_s = 0.0  # optimizer state brought back from host memory (optimizer_offload)
         for start in range(0, n_rows, mini_batch_rows):
             t1 = time.perf_counter()
             rows = list(range(start, min(n_rows, start + mini_batch_rows)))
@@ -316,6 +327,10 @@ class PackedPolicy:
                     tokens += sum(lengths[r] for r in mb.rows)
             grad_norm = self._clip_grad_norm(cfg.optim.grad_clip)
             lr = self.optimizer.param_groups[0]["lr"]
+            if self.optimizer_state is not None and self.optimizer_state.on_host:
+                t_load = time.perf_counter()
+                self.optimizer_state.load()
+                state_load_s = time.perf_counter() - t_load
             self.optimizer.step()
             self.scheduler.step()
             t_update += time.perf_counter() - t1
@@ -325,6 +340,8 @@ class PackedPolicy:
             steps.append(merged)
         keys = set().union(*steps)
         out = {k: sum(s.get(k, 0.0) for s in steps) / len(steps) for k in keys}
+        if self.optimizer_state is not None:
+            out.update(self._release_update_memory(state_load_s))
         if proximal is None:
             proximal = made if self.world_size == 1 else self._all_reduce_(made.to(self.device)).cpu()
         # How far the rollout engine's log probs are from the trainer's for the same weights/tokens:
@@ -351,6 +368,14 @@ class PackedPolicy:
         out.update(self._routing_metrics(route_stats, routes is not None, aux_total, len(steps)))
         out.update(gap)
         return out
+
+    def _release_update_memory(self, state_load_s: float) -> dict[str, float]:
+        """optimizer_offload, after the step's last update: gradients dropped, AdamW state to host memory."""
+        self.optimizer.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        moved = self.optimizer_state.offload()  # type: ignore[union-attr]
+        return {"optimizer_offload_s": time.perf_counter() - t0, "optimizer_load_s": state_load_s,
+                "optimizer_state_gib": moved / 2**30}
 
     def _reference_phase(self, batch: TrainBatch, routes: torch.Tensor | None, proximal: torch.Tensor | None,
                          ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, float]]:

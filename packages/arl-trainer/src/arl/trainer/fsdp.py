@@ -41,6 +41,7 @@ from arl.trainer.model import (
     decoder_layers,
     reset_rotary_buffers,
 )
+from arl.trainer.optimizer import make_optimizer
 
 
 def _full_hf_state_dict(model_path: Path) -> dict[str, torch.Tensor]:
@@ -126,8 +127,7 @@ class FSDPPolicy(PackedPolicy):
         if config.algorithm.needs_ref_logp:
             self._build_reference(reference_path, hf_config, mesh, torch.bfloat16 if mp == "bf16" else torch.float32)
         self.model.train()
-        o = config.optim
-        self.optimizer = torch.optim.AdamW(self.packed.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        self.optimizer = make_optimizer(self.packed.parameters(), config.optim, self.device)
         self._init_shared()
         self.compute_dtype = torch.bfloat16 if mp == "bf16" else None  # applied by FSDP, not autocast
 
@@ -228,7 +228,8 @@ class FSDPPolicy(PackedPolicy):
         tmp = directory.with_name(directory.name + ".tmp")
         if self.rank == 0 and tmp.exists():
             shutil.rmtree(tmp)
-        save_sharded(self, tmp, trainer_state)  # barriers: the folder exists before any rank writes
+        with self.optimizer_state_on_device():
+            save_sharded(self, tmp, trainer_state)  # barriers: the folder exists before any rank writes
         export_hf(self, tmp)
         if self.rank == 0:
             for f in self.model_path.iterdir() if self.model_path else ():  # tokenizer files travel with the weights
@@ -246,4 +247,5 @@ class FSDPPolicy(PackedPolicy):
         RNG from its sharded state (the same interface as `HFPolicy.load_optimizer`); returns the trainer state."""
         from arl.trainer.checkpoint import load_sharded
 
-        return load_sharded(self, checkpoint)
+        with self.optimizer_state_on_device():
+            return load_sharded(self, checkpoint)

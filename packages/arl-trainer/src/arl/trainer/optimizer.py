@@ -1,0 +1,102 @@
+"""The optimizer both backends build (AdamW, fused on CUDA when asked) and, optionally, where its state
+lives between trainer steps.
+
+`optimizer_offload = true` keeps AdamW's state (two fp32 moments per parameter: half the trainer's
+memory under mixed precision) in pinned host memory between trainer steps. `HostOptimizerState`
+copies every CUDA state tensor out and frees its storage after a step, and before the next step's
+first `optimizer.step()` gives each tensor its storage back and copies the values in. The tensors
+themselves (and their DTensor wrappers under FSDP2) stay the optimizer's, so nothing else changes:
+the update is bit-identical. Between steps the trainer then holds only its parameters (gradients are
+dropped after the step), which is what lets a colocated vLLM replica take the memory back for its KV
+cache. The cost is the state's bytes over PCIe twice per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from arl.trainer.config import OptimConfig
+
+
+def make_optimizer(params: Iterable[torch.nn.Parameter], config: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW from `config`; `config.fused` uses the single-kernel CUDA implementation (no full-size
+    temporaries in the step, unlike the default multi-tensor one) where the parameters are on CUDA."""
+    fused = config.fused and device.type == "cuda"
+    return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
+                             **({"fused": True} if fused else {}))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor that owns the memory (a DTensor's local shard)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class HostOptimizerState:
+    """An optimizer's CUDA state tensors moved to pinned host memory and back (see the module docstring)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self._offloaded: list[tuple[torch.Tensor, torch.Tensor]] = []  # (state tensor, its host copy)
+        self._host: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}  # pinned buffers by (shape, dtype), reused
+        self.on_host = False
+
+    def _cuda_state(self) -> list[tuple[str, torch.Tensor]]:
+        out = []
+        for index, state in enumerate(self.optimizer.state.values()):
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and _local(value).is_cuda:
+                    out.append((f"state[{index}][{key!r}]", _local(value)))
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of state the last offload moved."""
+        return sum(host.numel() * host.element_size() for _, host in self._offloaded)
+
+    def offload(self) -> int:
+        """Copy the CUDA state to host memory and free its GPU storage; returns the bytes moved."""
+        if self.on_host:
+            return 0
+        tensors = self._cuda_state()
+        free = {k: list(v) for k, v in self._host.items()}
+        self._offloaded = []
+        for name, t in tensors:
+            if not t.is_contiguous() or t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+                raise ValueError(f"optimizer {name} does not own its storage alone (a view or a strided tensor): "
+                                 "optimizer_offload cannot free it")
+            key = (tuple(t.shape), t.dtype)
+            host = free[key].pop() if free.get(key) else torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            self._offloaded.append((t, host))
+        self._host = {}
+        for _, host in self._offloaded:
+            self._host.setdefault((tuple(host.shape), host.dtype), []).append(host)
+        torch.cuda.current_stream().synchronize()  # every copy landed before its source is freed
+        for t, _ in self._offloaded:
+            t.untyped_storage().resize_(0)
+        self.on_host = True
+        return self.nbytes
+
+    def load(self) -> int:
+        """Give every offloaded tensor its GPU storage back and copy its values in; returns the bytes."""
+        if not self.on_host:
+            return 0
+        for t, host in self._offloaded:
+            t.untyped_storage().resize_(host.numel() * host.element_size())
+            t.copy_(host, non_blocking=True)  # ordered before the optimizer step on the same stream
+        self.on_host = False
+        return self.nbytes
+
+    @contextlib.contextmanager
+    def on_device(self) -> Iterator[None]:
+        """The state on the GPU inside the block (checkpoint save / load); back to the host after if it was there."""
+        was_on_host = self.on_host
+        self.load()
+        try:
+            yield
+        finally:
+            if was_on_host:
+                self.offload()
