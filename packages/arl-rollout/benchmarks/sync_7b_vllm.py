@@ -32,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -107,7 +108,7 @@ class FSDP2Source:
     def parameters(self) -> list[torch.Tensor]:
         return [p for _, p in self.named]
 
-    def stream(self):
+    def stream(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self.policy.named_parameters_for_sync()  # a fresh gathering iterator per sync
 
 
