@@ -1,13 +1,16 @@
-"""`optimizer_offload` and `optim.fused` off CUDA: both are no-ops, so a CPU run trains exactly as before.
+"""`optimizer_offload` and `optim.fused`: no-ops off CUDA; `HostOptimizerState`'s freeing and restoring
+exercised on CPU state; a clear error for state it cannot free.
 
-What they do on CUDA (the state freed between steps, bit-identical updates, checkpoints while the state
-waits on the host, FSDP2's DTensor state) is asserted on a GPU in test_gpu.py.
+On CUDA (pinned host buffers, the real memory drop, fused AdamW, FSDP2's DTensor state) the same is
+asserted on a GPU in test_gpu.py.
 """
 
+import pytest
 import torch
 
 from arl.trainer import HFPolicy, TrainerConfig
 from arl.trainer.config import OptimConfig
+from arl.trainer.optimizer import HostOptimizerState
 
 from trainer_helpers import random_batch
 
@@ -28,3 +31,45 @@ def test_optimizer_offload_and_fused_are_noops_on_cpu(tiny_model_dir):
         weights.append({n: p.detach().clone() for n, p in policy.model.named_parameters()})
     for name, w in weights[0].items():
         assert torch.equal(w, weights[1][name]), name
+
+
+def _state_tensors(policy):
+    return [v for state in policy.optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+def test_host_optimizer_state_frees_and_restores_the_state_bit_for_bit(tiny_model_dir, tmp_path):
+    """The mechanism the backends use on CUDA, run on CPU state (moved to other CPU buffers): between
+    steps every state tensor's storage is freed and the gradients are gone; the updates, and a resume
+    from a checkpoint saved while the state is out, equal the resident run's bit for bit."""
+    batch = random_batch(seed=8)
+    cfg = TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none", max_tokens_per_microbatch=40)
+    resident, moved = HFPolicy(tiny_model_dir, cfg), HFPolicy(tiny_model_dir, cfg)
+    moved.optimizer_state = HostOptimizerState(moved.optimizer, device_type="cpu")
+    for _ in range(3):
+        resident.train_step(batch, mini_batch_rows=6)  # two updates per step
+        metrics = moved.train_step(batch, mini_batch_rows=6)
+        assert moved.optimizer_state.on_host and metrics["optimizer_state_gib"] > 0
+        assert all(t.untyped_storage().nbytes() == 0 for t in _state_tensors(moved))
+        assert all(p.grad is None for p in moved.model.parameters())
+    for (name, a), (_, b) in zip(resident.model.named_parameters(), moved.model.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+    checkpoint = moved.save(tmp_path / "ckpt", {"step": 3})
+    assert moved.optimizer_state.on_host  # saving brought the state back and returned it
+    resumed = HFPolicy(checkpoint, cfg)
+    resumed.load_optimizer(checkpoint)
+    for policy in (resident, resumed):
+        policy.train_step(batch, mini_batch_rows=6)
+    for (name, a), (_, b) in zip(resident.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_host_optimizer_state_refuses_state_that_shares_its_storage(tiny_model_dir):
+    policy = HFPolicy(tiny_model_dir, TrainerConfig(mixed_precision="none", max_tokens_per_microbatch=40))
+    policy.train_step(random_batch(seed=9), mini_batch_rows=12)
+    param = next(iter(policy.optimizer.state))
+    policy.optimizer.state[param]["exp_avg"] = torch.zeros(2 * param.numel())[: param.numel()].view_as(param)
+    state = HostOptimizerState(policy.optimizer, device_type="cpu")
+    with pytest.raises(ValueError, match=r"exp_avg.*does not own its storage alone"):
+        state.offload()
+    assert not state.on_host and all(t.untyped_storage().nbytes() > 0 for t in _state_tensors(policy))  # nothing freed

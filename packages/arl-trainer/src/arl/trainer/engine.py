@@ -330,7 +330,8 @@ class PackedPolicy:
             if self.optimizer_state is not None and self.optimizer_state.on_host:
                 t_load = time.perf_counter()
                 self.optimizer_state.load()
-                torch.cuda.current_stream(self.device).synchronize()  # the copies' time, not their enqueueing
+                if on_cuda:
+                    torch.cuda.current_stream(self.device).synchronize()  # the copies' time, not their enqueueing
                 state_load_s = time.perf_counter() - t_load
             self.optimizer.step()
             self.scheduler.step()

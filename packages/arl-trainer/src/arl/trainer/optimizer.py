@@ -37,17 +37,20 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class HostOptimizerState:
     """An optimizer's CUDA state tensors moved to pinned host memory and back (see the module docstring)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, *, device_type: str = "cuda") -> None:
+        """`device_type`: where the state to move lives (the backends: "cuda"; the CPU tests move CPU
+        state to other CPU buffers, which exercises the same freeing and restoring)."""
         self.optimizer = optimizer
+        self.device_type = device_type
         self._offloaded: list[tuple[torch.Tensor, torch.Tensor]] = []  # (state tensor, its host copy)
         self._host: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}  # pinned buffers by (shape, dtype), reused
         self.on_host = False
 
-    def _cuda_state(self) -> list[tuple[str, torch.Tensor]]:
+    def _device_state(self) -> list[tuple[str, torch.Tensor]]:
         out = []
         for index, state in enumerate(self.optimizer.state.values()):
             for key, value in state.items():
-                if isinstance(value, torch.Tensor) and _local(value).is_cuda:
+                if isinstance(value, torch.Tensor) and _local(value).device.type == self.device_type:
                     out.append((f"state[{index}][{key!r}]", _local(value)))
         return out
 
@@ -60,7 +63,8 @@ class HostOptimizerState:
         """Copy the CUDA state to host memory and free its GPU storage; returns the bytes moved."""
         if self.on_host:
             return 0
-        tensors = self._cuda_state()
+        tensors = self._device_state()
+        pinned = self.device_type == "cuda"
         free = {k: list(v) for k, v in self._host.items()}
         self._offloaded = []
         for name, t in tensors:
@@ -68,13 +72,14 @@ class HostOptimizerState:
                 raise ValueError(f"optimizer {name} does not own its storage alone (a view or a strided tensor): "
                                  "optimizer_offload cannot free it")
             key = (tuple(t.shape), t.dtype)
-            host = free[key].pop() if free.get(key) else torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host = free[key].pop() if free.get(key) else torch.empty(t.shape, dtype=t.dtype, pin_memory=pinned)
             host.copy_(t, non_blocking=True)
             self._offloaded.append((t, host))
         self._host = {}
         for _, host in self._offloaded:
             self._host.setdefault((tuple(host.shape), host.dtype), []).append(host)
-        torch.cuda.current_stream().synchronize()  # every copy landed before its source is freed
+        if pinned:
+            torch.cuda.current_stream().synchronize()  # every copy landed before its source is freed
         for t, _ in self._offloaded:
             t.untyped_storage().resize_(0)
         self.on_host = True
