@@ -35,7 +35,9 @@
 #   offload8b  one GPU: optimizer_offload's GPU tests; the app colocated with the random Qwen3-8B shape
 #              (~7B parameters) on that GPU: trainer, AdamW state in host memory between steps, vLLM
 #              replica, CUDA IPC sync; then the 7B shape as one FSDP2 rank with fused AdamW, eager vs
-#              compile_layers (16k-token micro-batches, full checkpointing)
+#              compile_layers (16k-token micro-batches, full checkpointing). MODEL_DTYPE (default
+#              float32: fp32 master weights; the 2026-12-01 run had the preset's bfloat16)
+#   resident8b the same app run with the AdamW state and gradients kept on the GPU (the baseline)
 #   fsdpcompile  compile_layers under FSDP2 (every GPU, at most 2): its GPU tests, then eager vs compiled
 #              side by side at the 0.5B shape (32k-token micro-batches) and the 7B shape (16k, full
 #              checkpointing); needs only torch and the staged deps (no vLLM)
@@ -55,6 +57,14 @@ compare() {  # name overrides...
     --colocated-overrides "$COLOCATED_OVERRIDES" --colocated-scale "$COLOCATED_SCALE" \
     --out "$LOG/bench_$name" "$@" > "$LOG/bench_$name.log" 2>&1
   say "compare $name exit $?"
+}
+coloc8b() {  # name overrides...: the app colocated on one GPU with the ~7B Qwen3-8B body, fused AdamW
+  local name=$1; shift
+  timeout 900 python apps/train/__main__.py --config apps/bench/configs/h200x2.toml model.path=builtin:qwen3-8b-random \
+    model.dtype=${MODEL_DTYPE:-float32} resources.colocate=true rollout.gpu_memory_utilization=0.3 trainer.total_steps=3 \
+    actor.ppo_mini_batch_size=8 rollout.n=4 rollout.max_tokens=256 "data.source=builtin:longtail?median=128&p99_ratio=2&max=256" \
+    actor.activation_checkpointing=full actor.fused_optimizer=true output.dir=$LOG/$name "$@" > "$LOG/$name.log" 2>&1
+  say "$name exit $?"
 }
 say "start: $PHASES"
 for phase in ${PHASES//,/ }; do
@@ -146,16 +156,12 @@ for phase in ${PHASES//,/ }; do
       timeout 300 python -m pytest -q -m gpu packages/arl-trainer/tests/test_gpu.py -k optimizer_offload -p no:cacheprovider \
         > "$LOG/offload_tests.log" 2>&1
       say "offload tests exit $?"
-      timeout 600 python apps/train/__main__.py --config apps/bench/configs/h200x2.toml model.path=builtin:qwen3-8b-random \
-        resources.colocate=true rollout.gpu_memory_utilization=0.3 trainer.total_steps=3 actor.ppo_mini_batch_size=8 \
-        rollout.n=4 rollout.max_tokens=256 "data.source=builtin:longtail?median=128&p99_ratio=2&max=256" \
-        actor.activation_checkpointing=full actor.optimizer_offload=true actor.fused_optimizer=true \
-        output.dir=$LOG/offload8b > "$LOG/offload8b.log" 2>&1
-      say "offload8b exit $?"
+      coloc8b offload8b actor.optimizer_offload=true
       mkdir -p "$LOG/fsdp_7b_one"
       OUT=$LOG/fsdp_7b_one timeout 600 python packages/arl-trainer/benchmarks/train_7b_fsdp.py --shape 7b \
         --configs 16384:full,16384:full:compile --fused-optimizer > "$LOG/fsdp_7b_one.log" 2>&1
       say "fsdp 7b one rank exit $?" ;;
+    resident8b) export CUDA_VISIBLE_DEVICES=0; coloc8b resident8b actor.optimizer_offload=false ;;
     fsdpcompile)
       timeout 400 python -m pytest -q -m gpu packages/arl-trainer/tests/test_gpu.py -k compiled -p no:cacheprovider \
         > "$LOG/compile_tests.log" 2>&1
