@@ -34,10 +34,11 @@
 #              FSDP2 policy (gathered parameter by parameter), then from a plain bf16 state dict
 #   offload8b  one GPU: optimizer_offload's GPU tests; the app colocated with the random Qwen3-8B shape
 #              (~7B parameters) on that GPU: trainer, AdamW state in host memory between steps, vLLM
-#              replica, CUDA IPC sync; then the 7B shape as one FSDP2 rank with fused AdamW, eager vs
-#              compile_layers (16k-token micro-batches, full checkpointing). MODEL_DTYPE (default
-#              float32: fp32 master weights; the 2026-12-01 run had the preset's bfloat16)
+#              replica, CUDA IPC sync. MODEL_DTYPE (default float32: fp32 master weights; the
+#              2026-12-01 run had the preset's bfloat16)
 #   resident8b the same app run with the AdamW state and gradients kept on the GPU (the baseline)
+#   fsdp7b1    one GPU: the 7B shape as one FSDP2 rank with fused AdamW, eager vs compile_layers
+#              (16k-token micro-batches, full checkpointing)
 #   fsdpcompile  compile_layers under FSDP2 (every GPU, at most 2): its GPU tests, then eager vs compiled
 #              side by side at the 0.5B shape (32k-token micro-batches) and the 7B shape (16k, full
 #              checkpointing); needs only torch and the staged deps (no vLLM)
@@ -156,12 +157,14 @@ for phase in ${PHASES//,/ }; do
       timeout 300 python -m pytest -q -m gpu packages/arl-trainer/tests/test_gpu.py -k optimizer_offload -p no:cacheprovider \
         > "$LOG/offload_tests.log" 2>&1
       say "offload tests exit $?"
-      coloc8b offload8b actor.optimizer_offload=true
+      coloc8b offload8b actor.optimizer_offload=true ;;
+    resident8b) export CUDA_VISIBLE_DEVICES=0; coloc8b resident8b actor.optimizer_offload=false ;;
+    fsdp7b1)
+      export CUDA_VISIBLE_DEVICES=0
       mkdir -p "$LOG/fsdp_7b_one"
       OUT=$LOG/fsdp_7b_one timeout 600 python packages/arl-trainer/benchmarks/train_7b_fsdp.py --shape 7b \
         --configs 16384:full,16384:full:compile --fused-optimizer > "$LOG/fsdp_7b_one.log" 2>&1
       say "fsdp 7b one rank exit $?" ;;
-    resident8b) export CUDA_VISIBLE_DEVICES=0; coloc8b resident8b actor.optimizer_offload=false ;;
     fsdpcompile)
       timeout 400 python -m pytest -q -m gpu packages/arl-trainer/tests/test_gpu.py -k compiled -p no:cacheprovider \
         > "$LOG/compile_tests.log" 2>&1

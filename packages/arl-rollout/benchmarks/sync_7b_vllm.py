@@ -46,13 +46,18 @@ from arl.rollout.engines.weights_digest import compare_digests  # noqa: E402
 from arl.sync import SyncConfig, WeightSender  # noqa: E402
 
 
-def write_config(directory: Path) -> None:
+def qwen25_7b_config(**extra: object):
+    """The transformers config of the Qwen2.5-7B shape (both sides build their model from it)."""
     from transformers import Qwen2Config
 
     c = QWEN25_7B
-    Qwen2Config(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["inter"],
-                num_hidden_layers=c["layers"], num_attention_heads=c["heads"], num_key_value_heads=c["kv_heads"],
-                max_position_embeddings=4096, tie_word_embeddings=False, torch_dtype="bfloat16").save_pretrained(directory)
+    return Qwen2Config(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["inter"],
+                       num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
+                       num_key_value_heads=c["kv_heads"], tie_word_embeddings=False, **extra)
+
+
+def write_config(directory: Path) -> None:
+    qwen25_7b_config(max_position_embeddings=4096, torch_dtype="bfloat16").save_pretrained(directory)
 
 
 def device_copy_gbps(nbytes: int) -> float:
@@ -90,17 +95,11 @@ class FSDP2Source:
 
     def __init__(self) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "arl-trainer" / "src"))
-        from transformers import Qwen2Config
-
         from arl.trainer import TrainerConfig
         from arl.trainer.distributed import DistributedSpec, free_port
         from arl.trainer.fsdp import FSDPPolicy
 
-        c = QWEN25_7B
-        hf_config = Qwen2Config(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["inter"],
-                                num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
-                                num_key_value_heads=c["kv_heads"], tie_word_embeddings=False)
-        self.policy = FSDPPolicy(hf_config, TrainerConfig(mixed_precision="bf16"),
+        self.policy = FSDPPolicy(qwen25_7b_config(), TrainerConfig(mixed_precision="bf16"),
                                  DistributedSpec("127.0.0.1", free_port(), 0, 1), sync_dtype=torch.bfloat16)
         self.named = list(self.policy.model.named_parameters())
         self.nbytes = sum(p.numel() for _, p in self.named) * 2  # sent as bf16

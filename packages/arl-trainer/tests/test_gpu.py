@@ -212,3 +212,21 @@ def test_optimizer_offload_under_fsdp2_is_bit_identical_on_gpu(tmp_path):
     for name, tensor in result["weights_False"].items():
         assert torch.equal(tensor, result["weights_True"][name]), name
     assert result["metrics_True"][-1]["optimizer_state_gib"] > 0
+
+
+def test_optimizer_offload_under_fsdp2_checkpoint_resumes_on_gpu(tmp_path):
+    """FSDP2 (every visible GPU up to 2): a sharded checkpoint saved while AdamW's state is on the host
+    resumes into the same next update, and saving leaves the state where it was."""
+    from arl.trainer.distributed import spawn_local
+
+    from trainer_helpers import fsdp_offload_checkpoint_resume
+
+    model = _mid_model(tmp_path / "model")
+    spawn_local(fsdp_offload_checkpoint_resume, min(torch.cuda.device_count(), 2), model, tmp_path, timeout_s=300)
+    result = torch.load(tmp_path / "fsdp_offload_ckpt.pt", weights_only=False)
+    assert result["on_host_before_save"] and result["on_host_after_save"]
+    assert result["trainer_state"]["step"] == 1 and result["trainer_state"]["version"] == 1
+    assert result["on_host_first"] and result["on_host_resumed"]
+    assert result["metrics_resumed"]["loss"] == result["metrics_first"]["loss"]
+    for name, tensor in result["weights_first"].items():
+        assert torch.equal(tensor, result["weights_resumed"][name]), name

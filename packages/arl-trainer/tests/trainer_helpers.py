@@ -180,3 +180,26 @@ def fsdp_offload_vs_resident(spec, model_dir, out_dir):
         result[f"on_host_{offload}"] = policy.optimizer_state is not None and policy.optimizer_state.on_host
     if spec.rank == 0:
         torch.save(result, out_dir / "fsdp_offload.pt")
+
+
+def fsdp_offload_checkpoint_resume(spec, model_dir, out_dir):
+    """FSDP2 with `optimizer_offload` and fused AdamW: one step, a checkpoint saved while the state waits
+    on the host, a second policy resumed from it; both then take the same step. Rank 0 saves both
+    policies' full weights and next-step metrics, and where the state was around the save."""
+    from arl.trainer.fsdp import FSDPPolicy
+
+    batch = random_batch(seed=12)
+    cfg = TrainerConfig(max_tokens_per_microbatch=40, optimizer_offload=True, optim=OptimConfig(lr=1e-2, fused=True))
+    first = FSDPPolicy(model_dir, cfg, spec)
+    first.train_step(batch, mini_batch_rows=4)
+    result = {"on_host_before_save": first.optimizer_state.on_host}
+    checkpoint = first.save(out_dir / "ckpt_offload", {"step": 1, "version": 1})
+    result["on_host_after_save"] = first.optimizer_state.on_host
+    resumed = FSDPPolicy(checkpoint, cfg, spec)
+    result["trainer_state"] = resumed.load_optimizer(checkpoint)
+    for label, policy in (("first", first), ("resumed", resumed)):
+        result[f"metrics_{label}"] = policy.train_step(batch, mini_batch_rows=4)
+        result[f"weights_{label}"] = policy.state_dict_cpu()
+        result[f"on_host_{label}"] = policy.optimizer_state.on_host
+    if spec.rank == 0:
+        torch.save(result, out_dir / "fsdp_offload_ckpt.pt")
