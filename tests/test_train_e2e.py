@@ -26,7 +26,8 @@ def test_short_async_run_syncs_weights_and_resumes_partial_rollouts(tmp_path):
             f"output.dir={tmp_path}",
         ]
     )
-    summary = run(config, log=lambda _: None)
+    lines: list[str] = []
+    summary = run(config, log=lines.append)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
 
     assert summary.steps == 4 and len(rows) == 4
@@ -46,6 +47,8 @@ def test_short_async_run_syncs_weights_and_resumes_partial_rollouts(tmp_path):
     assert summary.weights_equal_after_sync
     assert summary.weights_max_abs_diff == 0.0
     assert summary.probe_logprob_max_abs_diff < 1e-4
+    # ... and the run says so before writing its final checkpoint (which can still fail, e.g. a full disk)
+    assert "arl: engine weights equal to the trainer's at version 4" in lines
     assert (tmp_path / "reward.png").stat().st_size > 0
     assert (tmp_path / "checkpoint" / "model.safetensors").is_file()
     assert (tmp_path / "checkpoint" / "trainer_state.json").is_file()

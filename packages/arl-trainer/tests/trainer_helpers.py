@@ -203,3 +203,23 @@ def fsdp_offload_checkpoint_resume(spec, model_dir, out_dir):
         result[f"on_host_{label}"] = policy.optimizer_state.on_host
     if spec.rank == 0:
         torch.save(result, out_dir / "fsdp_offload_ckpt.pt")
+
+
+def fsdp_save_without_room_on_one_rank(spec, model_dir, out_dir):
+    """Two ranks save a checkpoint where rank 1 sees a full disk: both must raise `CheckpointError`
+    (no rank left in a collective); each writes what it raised to `raised_rank<r>.txt`."""
+    torch.set_num_threads(1)
+    import arl.trainer.checkpoint_space as space
+    from arl.trainer.errors import CheckpointError
+    from arl.trainer.fsdp import FSDPPolicy
+
+    policy = FSDPPolicy(model_dir, config(), spec)
+    policy.train_step(random_batch(seed=1), mini_batch_rows=4)
+    if spec.rank == 1:  # this rank's file system has a few bytes left
+        space.free_bytes = lambda directory: 4096
+    try:
+        policy.save(out_dir / "ckpt", {"step": 1})
+        raised = "nothing"
+    except CheckpointError as e:
+        raised = f"CheckpointError: {e}"
+    (out_dir / f"raised_rank{spec.rank}.txt").write_text(raised)

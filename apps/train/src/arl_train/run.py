@@ -190,6 +190,13 @@ def _verify_engine_weights(ray: Any, trainer: Any, rollout: Any, replicas: int, 
     }
 
 
+def _weights_check_line(check: dict[str, Any]) -> str:
+    if check["equal"]:
+        return f"arl: engine weights equal to the trainer's at version {check['version']}"
+    return (f"arl: engine weights differ from the trainer's at version {check['version']}: "
+            f"{', '.join(check['problems']) or 'probe log-prob diff %.3g' % check['probe_logprob_max_abs_diff']}")
+
+
 #: Sync phases in a step's metrics (seconds): the trainer's pause / transfer / resume around the
 #: engine side's receive / in-place load (the slowest worker), and in colocated mode sleep and wake.
 SYNC_PHASES = {
@@ -333,6 +340,7 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
                 save_checkpoint(out_dir / "checkpoints" / f"step_{row['step']}")
         rows = metrics.rows
         check = _verify_engine_weights(ray, trainer, rollout, layout.replicas, timeouts.step_s)
+        log(_weights_check_line(check))  # now, not only in the summary: the final checkpoint can still fail
         checkpoint = save_checkpoint(out_dir / "checkpoint")
         png = plot(rows, out_dir / "reward.png")
         tenth = max(1, len(rows) // 10)

@@ -86,19 +86,25 @@ class HFPolicy(PackedPolicy):
             load_lr_scheduler_state(self.scheduler, torch.load(checkpoint / "scheduler.pt", weights_only=False))
 
     def save(self, directory: Path, trainer_state: dict[str, Any]) -> Path:
-        """A checkpoint: an ordinary HF model folder (loadable by vLLM) + optimizer + trainer state."""
-        directory.mkdir(parents=True, exist_ok=True)
+        """A checkpoint: an ordinary HF model folder (loadable by vLLM) + optimizer + trainer state.
+        `CheckpointError` before writing anything if the disk cannot hold it; a failed write leaves
+        no partial folder, and any previous checkpoint at `directory` as it was."""
+        from arl.trainer.checkpoint_space import checkpoint_bytes, removed_on_failure, require_space
+
         tmp = directory.with_name(directory.name + ".tmp")
         if tmp.exists():
             shutil.rmtree(tmp)
-        self.model.save_pretrained(tmp)
-        for f in self.model_path.iterdir() if self.model_path else ():  # tokenizer files travel with the weights
-            if f.is_file() and (f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")):
-                shutil.copy2(f, tmp / f.name)
-        with self.optimizer_state_on_device():
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
+        require_space(tmp, checkpoint_bytes(self.model, self.optimizer))
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        with removed_on_failure(tmp):
+            self.model.save_pretrained(tmp)
+            for f in self.model_path.iterdir() if self.model_path else ():  # tokenizer files travel with the weights
+                if f.is_file() and (f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")):
+                    shutil.copy2(f, tmp / f.name)
+            with self.optimizer_state_on_device():
+                torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+            (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
         if directory.exists():
             shutil.rmtree(directory)
         tmp.rename(directory)

@@ -28,3 +28,8 @@ class RouterReplayError(TrainerError, ValueError):
 class ReferencePolicyError(TrainerError, ValueError):
     """The frozen reference policy of KL regularisation cannot be built or used (no reference held,
     or a reference model whose parameters do not match the policy's)."""
+
+
+class CheckpointError(TrainerError, OSError):
+    """A checkpoint cannot be written where it was asked for (e.g. not enough free disk for it); the
+    previous checkpoint in that place is left as it was."""

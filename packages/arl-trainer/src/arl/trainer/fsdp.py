@@ -219,18 +219,29 @@ class FSDPPolicy(PackedPolicy):
         (`dcp/`, RNG per rank, LR schedule, `trainer_state.json`; resumes on any world size) beside an
         ordinary HF folder at its root (config.json, fp32 model.safetensors, the tokenizer files), which
         vLLM and `FSDPPolicy` itself load. Written to `<name>.tmp` and renamed, so a crash mid-save
-        leaves the previous checkpoint intact."""
+        leaves the previous checkpoint intact. If the disk cannot hold it, every rank raises
+        `CheckpointError` before anything is written."""
         import shutil
 
         from arl.trainer.checkpoint import export_hf, save_sharded
+        from arl.trainer.checkpoint_space import checkpoint_bytes, removed_on_failure, shortfall_bytes, space_error
 
         directory = Path(directory)
         tmp = directory.with_name(directory.name + ".tmp")
         if self.rank == 0 and tmp.exists():
-            shutil.rmtree(tmp)
-        with self.optimizer_state_on_device():
-            save_sharded(self, tmp, trainer_state)  # barriers: the folder exists before any rank writes
-        export_hf(self, tmp)
+            shutil.rmtree(tmp)  # a crashed save's leftovers: gone before any rank measures the free space
+        dist.barrier()
+        # The sharded copy and the HF export: the weights twice. Every rank checks its own view of the
+        # disk and all decide together, so no rank is left waiting in a collective another one skipped.
+        need = checkpoint_bytes(self.model, self.optimizer, weight_copies=2)
+        shortfall = torch.tensor([shortfall_bytes(tmp, need)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(shortfall, op=dist.ReduceOp.MAX)
+        if shortfall.item():
+            raise space_error(tmp, need, int(shortfall.item()))
+        with removed_on_failure(tmp, remove=self.rank == 0):
+            with self.optimizer_state_on_device():
+                save_sharded(self, tmp, trainer_state)  # barriers: the folder exists before any rank writes
+            export_hf(self, tmp)
         if self.rank == 0:
             for f in self.model_path.iterdir() if self.model_path else ():  # tokenizer files travel with the weights
                 if f.is_file() and (f.name.startswith("tokenizer") or f.name in (
