@@ -230,3 +230,23 @@ def test_optimizer_offload_under_fsdp2_checkpoint_resumes_on_gpu(tmp_path):
     assert result["metrics_resumed"]["loss"] == result["metrics_first"]["loss"]
     for name, tensor in result["weights_first"].items():
         assert torch.equal(tensor, result["weights_resumed"][name]), name
+
+
+def test_host_arena_is_page_locked_exact_and_round_trips_on_gpu():
+    """The offload's host memory: one registered buffer of the state's size (no power-of-two rounding),
+    every view page-locked, device → host → device copies (non_blocking) bit for bit."""
+    from arl.trainer.host_arena import ALIGN_BYTES, HostArena
+
+    specs = [((3, 1000), torch.float32), ((), torch.float32), ((259, 7), torch.bfloat16)]
+    arena = HostArena(specs, pinned=True)
+    assert arena.nbytes < sum(torch.Size(s).numel() * d.itemsize for s, d in specs) + ALIGN_BYTES * len(specs)
+    assert all(v.is_pinned() for v in arena.views)
+    device = [torch.randn(s, device="cuda").to(d) for s, d in specs]
+    for t, v in zip(device, arena.views, strict=True):
+        v.copy_(t, non_blocking=True)
+    torch.cuda.synchronize()
+    back = [torch.empty_like(t) for t in device]
+    for b, v in zip(back, arena.views, strict=True):
+        b.copy_(v, non_blocking=True)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(device, back, strict=True))

@@ -73,3 +73,28 @@ def test_host_optimizer_state_refuses_state_that_shares_its_storage(tiny_model_d
     with pytest.raises(ValueError, match=r"exp_avg.*does not own its storage alone"):
         state.offload()
     assert not state.on_host and all(t.untyped_storage().nbytes() > 0 for t in _state_tensors(policy))  # nothing freed
+
+
+def test_host_arena_lays_tensors_out_exactly_and_is_reused_while_the_state_keeps_its_shapes(tiny_model_dir):
+    """One buffer of the state's bytes (each tensor at a page boundary, none overlapping), reused by
+    every offload while the state's shapes stay the same."""
+    from arl.trainer.host_arena import ALIGN_BYTES, HostArena
+
+    specs = [((3, 5), torch.float32), ((), torch.float32), ((7,), torch.bfloat16), ((2, 2), torch.float64)]
+    arena = HostArena(specs, pinned=False)
+    sizes = [torch.Size(s).numel() * d.itemsize for s, d in specs]
+    starts = [v.data_ptr() - arena.buffer.data_ptr() for v in arena.views]
+    assert all(s % ALIGN_BYTES == 0 for s in starts)
+    assert all(a + n <= b for a, n, b in zip(starts, sizes, starts[1:], strict=False))  # no overlap
+    assert arena.nbytes == starts[-1] + sizes[-1] and [tuple(v.shape) for v in arena.views] == [s for s, _ in specs]
+    assert arena.holds(specs) and not arena.holds(specs[:-1])
+
+    policy = HFPolicy(tiny_model_dir, TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none",
+                                                    max_tokens_per_microbatch=40))
+    policy.optimizer_state = HostOptimizerState(policy.optimizer, device_type="cpu")
+    batch = random_batch(seed=10)
+    policy.train_step(batch, mini_batch_rows=12)
+    first = policy.optimizer_state._arena
+    policy.train_step(batch, mini_batch_rows=12)
+    assert policy.optimizer_state._arena is first
+    assert first.nbytes < policy.optimizer_state.nbytes + ALIGN_BYTES * len(first.views)

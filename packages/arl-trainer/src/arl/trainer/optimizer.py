@@ -2,7 +2,8 @@
 lives between trainer steps.
 
 `optimizer_offload = true` keeps AdamW's state (two fp32 moments per parameter: half the trainer's
-memory under mixed precision) in pinned host memory between trainer steps. `HostOptimizerState`
+memory under mixed precision) in pinned host memory between trainer steps (one `HostArena` of exactly
+the state's size, not a rounded-up pinned block per tensor). `HostOptimizerState`
 copies every CUDA state tensor out and frees its storage after a step, and before the next step's
 first `optimizer.step()` gives each tensor its storage back and copies the values in. The tensors
 themselves (and their DTensor wrappers under FSDP2) stay the optimizer's, so nothing else changes:
@@ -19,6 +20,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from arl.trainer.config import OptimConfig
+from arl.trainer.host_arena import HostArena
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], config: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
@@ -43,7 +45,7 @@ class HostOptimizerState:
         self.optimizer = optimizer
         self.device_type = device_type
         self._offloaded: list[tuple[torch.Tensor, torch.Tensor]] = []  # (state tensor, its host copy)
-        self._host: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}  # pinned buffers by (shape, dtype), reused
+        self._arena: HostArena | None = None  # the host copies, one exact-size buffer, reused
         self.on_host = False
 
     def _device_state(self) -> list[tuple[str, torch.Tensor]]:
@@ -65,19 +67,17 @@ class HostOptimizerState:
             return 0
         tensors = self._device_state()
         pinned = self.device_type == "cuda"
-        free = {k: list(v) for k, v in self._host.items()}
-        self._offloaded = []
         for name, t in tensors:
             if not t.is_contiguous() or t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size():
                 raise ValueError(f"optimizer {name} does not own its storage alone (a view or a strided tensor): "
                                  "optimizer_offload cannot free it")
-            key = (tuple(t.shape), t.dtype)
-            host = free[key].pop() if free.get(key) else torch.empty(t.shape, dtype=t.dtype, pin_memory=pinned)
+        specs = [(tuple(t.shape), t.dtype) for _, t in tensors]
+        if self._arena is None or not self._arena.holds(specs):
+            self._arena = None  # the old layout's memory goes before the new is taken
+            self._arena = HostArena(specs, pinned=pinned)
+        self._offloaded = list(zip((t for _, t in tensors), self._arena.views, strict=True))
+        for t, host in self._offloaded:
             host.copy_(t, non_blocking=True)
-            self._offloaded.append((t, host))
-        self._host = {}
-        for _, host in self._offloaded:
-            self._host.setdefault((tuple(host.shape), host.dtype), []).append(host)
         if pinned:
             torch.cuda.current_stream().synchronize()  # every copy landed before its source is freed
         for t, _ in self._offloaded:
