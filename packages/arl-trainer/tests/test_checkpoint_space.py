@@ -5,7 +5,6 @@ FSDP2 (2 gloo ranks) one rank's full disk makes every rank raise, none waits in 
 
 import errno
 import json
-import shutil
 
 import pytest
 import torch
@@ -38,9 +37,20 @@ def _snapshot(folder):
 
 def test_the_estimate_bounds_what_a_save_writes(tiny_model_dir, tmp_path):
     policy = _trained(tiny_model_dir)
-    estimate = space.checkpoint_bytes(policy.model, policy.optimizer)
+    estimate = policy.checkpoint_nbytes()
     written = _folder_bytes(policy.save(tmp_path / "ckpt", {"step": 1}))
     assert estimate - space.OVERHEAD_BYTES <= written <= estimate  # tensors' bytes, plus headers and configs
+
+
+def test_the_estimate_before_the_first_step_bounds_the_checkpoints_after_it(tiny_model_dir, tmp_path):
+    """What a run checks at its start (no optimizer state yet) covers what its checkpoints write."""
+    policy = HFPolicy(tiny_model_dir, config())
+    before = policy.checkpoint_nbytes()
+    batch = random_batch(seed=5)
+    policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0])
+    written = _folder_bytes(policy.save(tmp_path / "ckpt", {"step": 1}))
+    assert before - space.OVERHEAD_BYTES <= written <= before
+    assert policy.checkpoint_nbytes() == pytest.approx(before, rel=1e-3)  # + AdamW's scalar step counts
 
 
 def test_a_save_that_cannot_fit_raises_before_writing_and_keeps_the_previous(tiny_model_dir, tmp_path, monkeypatch):
@@ -75,8 +85,9 @@ def test_a_write_that_fails_part_way_leaves_no_partial_folder(tiny_model_dir, tm
 
 def test_fsdp2_every_rank_raises_when_one_rank_has_no_room(tiny_model_dir, tmp_path):
     spawn_local(fsdp_save_without_room_on_one_rank, 2, tiny_model_dir, tmp_path, backend="gloo", timeout_s=120)
-    for rank in (0, 1):
-        raised = (tmp_path / f"raised_rank{rank}.txt").read_text()
-        assert raised.startswith("CheckpointError: checkpoint ") and "GiB short" in raised, (rank, raised)
+    estimate, written = map(int, (tmp_path / "sizes.txt").read_text().split())
+    assert estimate - space.OVERHEAD_BYTES <= written <= estimate  # the shards and the HF export, global sizes
+    raised = [(tmp_path / f"raised_rank{rank}.txt").read_text() for rank in (0, 1)]
+    assert raised[0].startswith("CheckpointError: checkpoint ") and "GiB short" in raised[0], raised
+    assert raised[1] == raised[0]  # the same sizes on both ranks: the shortfall was agreed on
     assert not (tmp_path / "ckpt.tmp").exists() and not (tmp_path / "ckpt").exists()
-    assert shutil.disk_usage(tmp_path).free > 0

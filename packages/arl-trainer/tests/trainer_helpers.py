@@ -206,8 +206,9 @@ def fsdp_offload_checkpoint_resume(spec, model_dir, out_dir):
 
 
 def fsdp_save_without_room_on_one_rank(spec, model_dir, out_dir):
-    """Two ranks save a checkpoint where rank 1 sees a full disk: both must raise `CheckpointError`
-    (no rank left in a collective); each writes what it raised to `raised_rank<r>.txt`."""
+    """Two ranks save a checkpoint that fits (rank 0 writes its estimated and written bytes to
+    `sizes.txt`), then one where rank 1 sees a full disk: both must raise `CheckpointError` (no rank
+    left in a collective); each writes what it raised to `raised_rank<r>.txt`."""
     torch.set_num_threads(1)
     import arl.trainer.checkpoint_space as space
     from arl.trainer.errors import CheckpointError
@@ -215,6 +216,10 @@ def fsdp_save_without_room_on_one_rank(spec, model_dir, out_dir):
 
     policy = FSDPPolicy(model_dir, config(), spec)
     policy.train_step(random_batch(seed=1), mini_batch_rows=4)
+    saved = policy.save(out_dir / "fits", {"step": 1})  # first one that fits: its size against the estimate
+    if spec.rank == 0:
+        written = sum(f.stat().st_size for f in saved.rglob("*") if f.is_file())
+        (out_dir / "sizes.txt").write_text(f"{policy.checkpoint_nbytes()} {written}")
     if spec.rank == 1:  # this rank's file system has a few bytes left
         space.free_bytes = lambda directory: 4096
     try:

@@ -418,6 +418,17 @@ class TrainerActor:
             return {}
         return await self.trainer.sync()
 
+    async def check_checkpoint_space(self, directory: str) -> int:
+        """Raise `CheckpointError` now if a checkpoint at `directory` would not fit on its disk, so a run
+        learns it at its start rather than after training; returns the bytes a checkpoint takes."""
+        from pathlib import Path
+
+        from arl.trainer.checkpoint_space import require_space
+
+        need = self.policy.checkpoint_nbytes()
+        require_space(Path(directory), need)
+        return need
+
     async def save_checkpoint(self, directory: str, extra_state: dict[str, int]) -> str:
         from pathlib import Path
 

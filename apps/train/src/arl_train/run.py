@@ -315,6 +315,7 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
         _check_followers(ray, following)
         replicas = ray.get(rollout.replica_info.remote(), timeout=60)
         log(f"arl: trainer {where}{f' + {len(followers)} follower rank(s)' if followers else ''} | replicas {replicas}")
+        ray.get(trainer.check_checkpoint_space.remote(str(out_dir / "checkpoint")), timeout=60)  # fail now, not at the end
         total = config.trainer.total_steps
 
         def save_checkpoint(directory: Path) -> str:

@@ -89,12 +89,12 @@ class HFPolicy(PackedPolicy):
         """A checkpoint: an ordinary HF model folder (loadable by vLLM) + optimizer + trainer state.
         `CheckpointError` before writing anything if the disk cannot hold it; a failed write leaves
         no partial folder, and any previous checkpoint at `directory` as it was."""
-        from arl.trainer.checkpoint_space import checkpoint_bytes, removed_on_failure, require_space
+        from arl.trainer.checkpoint_space import removed_on_failure, require_space
 
         tmp = directory.with_name(directory.name + ".tmp")
         if tmp.exists():
             shutil.rmtree(tmp)
-        require_space(tmp, checkpoint_bytes(self.model, self.optimizer))
+        require_space(tmp, self.checkpoint_nbytes())
         tmp.parent.mkdir(parents=True, exist_ok=True)
         with removed_on_failure(tmp):
             self.model.save_pretrained(tmp)

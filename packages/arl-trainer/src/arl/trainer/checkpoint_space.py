@@ -32,9 +32,13 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
 
 def checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, weight_copies: int = 1) -> int:
     """What a checkpoint of `model` and `optimizer` writes: `weight_copies` copies of the parameters
-    (the HF folder; FSDP2 adds its sharded copy) and every tensor of the optimizer's state."""
-    state = (v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))
-    return weight_copies * tensor_bytes(model.parameters()) + tensor_bytes(state) + OVERHEAD_BYTES
+    (the HF folder; FSDP2 adds its sharded copy) and every tensor of the optimizer's state. Before the
+    first step (no state yet) AdamW's two moments per trained parameter are counted, which is what
+    every later checkpoint holds: a run can check at its start that its checkpoints will fit."""
+    state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    state_bytes = tensor_bytes(state) if state else 2 * tensor_bytes(
+        p for group in optimizer.param_groups for p in group["params"])
+    return weight_copies * tensor_bytes(model.parameters()) + state_bytes + OVERHEAD_BYTES
 
 
 def _existing(path: Path) -> Path:

@@ -75,6 +75,8 @@ class PackedPolicy:
     reference_path: Path | None = None
     # The AdamW state's host copy under optimizer_offload on CUDA (set by `_init_shared`), else None.
     optimizer_state: HostOptimizerState | None = None
+    # Copies of the weights a checkpoint holds (FSDP2: its shards and the HF export).
+    checkpoint_weight_copies: int = 1
 
     # ---- hooks a distributed backend overrides ----
     def _grad_sync(self, enabled: bool) -> None:
@@ -116,6 +118,12 @@ class PackedPolicy:
     def optimizer_state_on_device(self) -> contextlib.AbstractContextManager[Any]:
         """Inside the block the optimizer's state is on its device (checkpoints read and write it)."""
         return self.optimizer_state.on_device() if self.optimizer_state is not None else contextlib.nullcontext()
+
+    def checkpoint_nbytes(self) -> int:
+        """Bytes a checkpoint of this policy writes (before the first step: what later ones will)."""
+        from arl.trainer.checkpoint_space import checkpoint_bytes
+
+        return checkpoint_bytes(self.model, self.optimizer, self.checkpoint_weight_copies)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.compute_dtype is None:

@@ -75,6 +75,8 @@ def _load_hf_weights(packed: torch.nn.Module, model_path: Path, rank: int, dtype
 
 
 class FSDPPolicy(PackedPolicy):
+    checkpoint_weight_copies = 2  # the sharded state and the HF export beside it
+
     def __init__(
         self,
         model: str | Path | Any,
@@ -224,16 +226,16 @@ class FSDPPolicy(PackedPolicy):
         import shutil
 
         from arl.trainer.checkpoint import export_hf, save_sharded
-        from arl.trainer.checkpoint_space import checkpoint_bytes, removed_on_failure, shortfall_bytes, space_error
+        from arl.trainer.checkpoint_space import removed_on_failure, shortfall_bytes, space_error
 
         directory = Path(directory)
         tmp = directory.with_name(directory.name + ".tmp")
         if self.rank == 0 and tmp.exists():
             shutil.rmtree(tmp)  # a crashed save's leftovers: gone before any rank measures the free space
         dist.barrier()
-        # The sharded copy and the HF export: the weights twice. Every rank checks its own view of the
-        # disk and all decide together, so no rank is left waiting in a collective another one skipped.
-        need = checkpoint_bytes(self.model, self.optimizer, weight_copies=2)
+        # Every rank checks its own view of the disk and all decide together, so no rank is left
+        # waiting in a collective another one skipped.
+        need = self.checkpoint_nbytes()
         shortfall = torch.tensor([shortfall_bytes(tmp, need)], dtype=torch.int64, device=self.device)
         dist.all_reduce(shortfall, op=dist.ReduceOp.MAX)
         if shortfall.item():
