@@ -73,7 +73,7 @@ class HostOptimizerState:
                                  "optimizer_offload cannot free it")
         specs = [(tuple(t.shape), t.dtype) for _, t in tensors]
         if self._arena is None or not self._arena.holds(specs):
-            self._arena = None  # the old layout's memory goes before the new is taken
+            self._offloaded, self._arena = [], None  # the old layout's memory goes before the new is taken
             self._arena = HostArena(specs, pinned=pinned)
         self._offloaded = list(zip((t for _, t in tensors), self._arena.views, strict=True))
         for t, host in self._offloaded:
