@@ -546,8 +546,10 @@ def build_tiny_model(
         torch.manual_seed(seed)
         if dtype == "float32":
             model = Qwen3ForCausalLM(config)
-        else:  # built in its own dtype: an 8B shape in float32 first would take 32 GB and minutes
-            model = Qwen3ForCausalLM._from_config(config, dtype=getattr(torch, dtype))
+        else:  # the large shapes, in their own dtype: drawn once, on every core (arl_train.random_init)
+            from arl_train.random_init import random_causal_lm
+
+            model = random_causal_lm(Qwen3ForCausalLM, config, getattr(torch, dtype), seed)
     model.generation_config = GenerationConfig(
         eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None
     )
