@@ -64,7 +64,8 @@ coloc8b() {  # name overrides...: the app colocated on one GPU with the ~7B Qwen
   timeout 900 python apps/train/__main__.py --config apps/bench/configs/h200x2.toml model.path=builtin:qwen3-8b-random \
     model.dtype=${MODEL_DTYPE:-float32} resources.colocate=true rollout.gpu_memory_utilization=0.3 trainer.total_steps=3 \
     actor.ppo_mini_batch_size=8 rollout.n=4 rollout.max_tokens=256 "data.source=builtin:longtail?median=128&p99_ratio=2&max=256" \
-    actor.activation_checkpointing=full actor.fused_optimizer=true output.dir=$LOG/$name "$@" > "$LOG/$name.log" 2>&1
+    actor.activation_checkpointing=full actor.fused_optimizer=true trainer.save_final=false output.dir=$LOG/$name "$@" \
+    > "$LOG/$name.log" 2>&1
   say "$name exit $?"
 }
 say "start: $PHASES"
@@ -128,7 +129,7 @@ for phase in ${PHASES//,/ }; do
         resources.colocate=true resources.trainer_gpus=2 rollout.replicas=2 rollout.gpu_memory_utilization=0.3 \
         trainer.total_steps=3 actor.ppo_mini_batch_size=8 rollout.n=4 rollout.max_tokens=256 \
         "data.source=builtin:longtail?median=128&p99_ratio=2&max=256" actor.activation_checkpointing=full \
-        output.dir=$LOG/sync8b > "$LOG/sync8b.log" 2>&1
+        trainer.save_final=false output.dir=$LOG/sync8b > "$LOG/sync8b.log" 2>&1
       say "sync8b exit $?" ;;
     verify1)
       export CUDA_VISIBLE_DEVICES=0

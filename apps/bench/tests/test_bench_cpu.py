@@ -42,6 +42,7 @@ def test_cpu_bench_and_simulator_agree(tmp_path):
         assert r["samples_per_s"] > 0 and r["tokens_per_s"] > 0 and r["generated_tokens_per_s"] > 0
         assert 0.0 <= r["trainer_idle_fraction"] <= 1.0 and 0.0 <= r["rollout_idle_fraction"] <= 1.0
         assert r["sync_s_per_step"] > 0 and r["weights_equal_after_sync"]
+    assert not list(out.glob("*/checkpoint"))  # throughput runs write no final checkpoint
     assert result["modes"]["colocated"]["staleness_mean"] == 0.0
     assert result["modes"]["colocated"]["speedup_over_colocated"] == 1.0
     assert math.isfinite(result["modes"]["d"]["speedup_over_colocated"])

@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"arl-train: details: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(format_summary(summary))
-    print(f"arl-train: metrics {summary.output_dir}/metrics.jsonl, plot {summary.plot}, checkpoint {summary.checkpoint}")
+    print(f"arl-train: metrics {summary.output_dir}/metrics.jsonl, plot {summary.plot}, "
+          f"checkpoint {summary.checkpoint or 'none (trainer.save_final = false)'}")
     if not summary.weights_equal_after_sync:
         print("arl-train: the engine's weights differ from the trainer's after the last sync", file=sys.stderr)
         return 1

@@ -133,6 +133,9 @@ class TrainerSection(_Section):
     total_steps: int = 150
     # Save a checkpoint every N steps into output.dir/checkpoints/step_N (0 = only at the end).
     save_every: int = 0
+    # Write output.dir/checkpoint when the run ends (false: throughput runs such as apps/bench's, which
+    # need none; a ~7B model with fp32 master weights writes ~84 GB).
+    save_final: bool = True
     # A checkpoint folder to resume from: weights, optimizer, step/version, the samples that were
     # queued, and the dataset position ("" = start fresh from model.path).
     resume_from: str = ""

@@ -315,7 +315,8 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
         _check_followers(ray, following)
         replicas = ray.get(rollout.replica_info.remote(), timeout=60)
         log(f"arl: trainer {where}{f' + {len(followers)} follower rank(s)' if followers else ''} | replicas {replicas}")
-        ray.get(trainer.check_checkpoint_space.remote(str(out_dir / "checkpoint")), timeout=60)  # fail now, not at the end
+        if config.trainer.save_final or config.trainer.save_every:  # no room: fail now, not at the end
+            ray.get(trainer.check_checkpoint_space.remote(str(out_dir / "checkpoint")), timeout=60)
         total = config.trainer.total_steps
 
         def save_checkpoint(directory: Path) -> str:
@@ -342,7 +343,7 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
         rows = metrics.rows
         check = _verify_engine_weights(ray, trainer, rollout, layout.replicas, timeouts.step_s)
         log(_weights_check_line(check))  # now, not only in the summary: the final checkpoint can still fail
-        checkpoint = save_checkpoint(out_dir / "checkpoint")
+        checkpoint = save_checkpoint(out_dir / "checkpoint") if config.trainer.save_final else ""
         png = plot(rows, out_dir / "reward.png")
         tenth = max(1, len(rows) // 10)
         summary = RunSummary(
