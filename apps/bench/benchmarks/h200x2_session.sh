@@ -37,6 +37,9 @@
 #              replica, CUDA IPC sync. MODEL_DTYPE (default float32: fp32 master weights; the
 #              2026-12-01 run had the preset's bfloat16)
 #   resident8b the same app run with the AdamW state and gradients kept on the GPU (the baseline)
+#   sleep2     offload8b's run with vLLM sleep level 2: the replica drops its weights instead of moving
+#              them to host memory, since every sync overwrites them (against offload8b's sleep and
+#              wake_weights times; the end-of-run digest check says whether anything was lost)
 #   fsdp7b1    one GPU: the 7B shape as one FSDP2 rank with fused AdamW, eager vs compile_layers
 #              (16k-token micro-batches, full checkpointing)
 #   fsdpcompile  compile_layers under FSDP2 (every GPU, at most 2): its GPU tests, then eager vs compiled
@@ -160,6 +163,7 @@ for phase in ${PHASES//,/ }; do
       say "offload tests exit $?"
       coloc8b offload8b actor.optimizer_offload=true ;;
     resident8b) export CUDA_VISIBLE_DEVICES=0; coloc8b resident8b actor.optimizer_offload=false ;;
+    sleep2) export CUDA_VISIBLE_DEVICES=0; coloc8b sleep2_8b actor.optimizer_offload=true rollout.sleep_level=2 ;;
     fsdp7b1)
       export CUDA_VISIBLE_DEVICES=0
       mkdir -p "$LOG/fsdp_7b_one"
