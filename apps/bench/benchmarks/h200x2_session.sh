@@ -9,7 +9,7 @@
 # Copy results back without the run folders' model weights (a device call returns 64 MiB at most):
 #   cd /tmp && find arl-session -name "*.log" -o -name "*.json" -o -name "*.jsonl" | tar czf $OUT/logs.tgz -T -
 #
-# phases (default all, in this order):
+# phases (default: what has not run yet on two GPUs, sync8b,longcompare,coloc2,tp2; any list in any order):
 #   rates      raw_vllm_rates.py: the small workload on GPU 0 beside the balanced one on GPU 1
 #   trainer    arl-trainer's GPU tests on GPU 0 beside the activation-offload and KL-reference benchmarks on GPU 1
 #   small      apps/bench compare, colocated vs mode d, random Qwen3-0.6B shape (configs/h200x2.toml)
@@ -42,12 +42,14 @@
 #              wake_weights times; the end-of-run digest check says whether anything was lost)
 #   fsdp7b1    one GPU: the 7B shape as one FSDP2 rank with fused AdamW, eager vs compile_layers
 #              (16k-token micro-batches, full checkpointing)
+#   tp2        apps/train/benchmarks/gpu_app_smoke.sh tp2: one replica over two GPUs (vLLM "mp"
+#              executor), every TP worker receiving the full tensors
 #   fsdpcompile  compile_layers under FSDP2 (every GPU, at most 2): its GPU tests, then eager vs compiled
 #              side by side at the 0.5B shape (32k-token micro-batches) and the 7B shape (16k, full
 #              checkpointing); needs only torch and the staged deps (no vLLM)
 set -u
 LOG=${1:-/tmp/arl-session}
-PHASES=${2:-rates,trainer,small,fsdp,balanced,longprompt}
+PHASES=${2:-sync8b,longcompare,coloc2,tp2}
 LONG_PROMPT=("data.source=builtin:longtail?median=659&p99_ratio=6.27&max=7168&prompt_words=340" rollout.max_tokens=7168)
 mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -163,6 +165,9 @@ for phase in ${PHASES//,/ }; do
       say "offload tests exit $?"
       coloc8b offload8b actor.optimizer_offload=true ;;
     resident8b) export CUDA_VISIBLE_DEVICES=0; coloc8b resident8b actor.optimizer_offload=false ;;
+    tp2)
+      OUT=$LOG/tp2 BUDGET_S=420 bash apps/train/benchmarks/gpu_app_smoke.sh tp2 > "$LOG/tp2.log" 2>&1
+      say "tp2 exit $?" ;;
     sleep2) export CUDA_VISIBLE_DEVICES=0; coloc8b sleep2_8b actor.optimizer_offload=true rollout.sleep_level=2 ;;
     fsdp7b1)
       export CUDA_VISIBLE_DEVICES=0
