@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
+from arl.sync.plan import align_up
+
 #: Every tensor starts on a page boundary (DMA-friendly; a few KiB over a state of GiBs).
 ALIGN_BYTES = 4096
 
@@ -38,19 +40,20 @@ class HostArena:
 
     def __init__(self, specs: Sequence[tuple[tuple[int, ...], torch.dtype]], *, pinned: bool) -> None:
         self.specs = [(tuple(shape), dtype) for shape, dtype in specs]
+        sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in self.specs]
         offsets, pos = [], 0
-        for shape, dtype in self.specs:
-            pos = -(-pos // ALIGN_BYTES) * ALIGN_BYTES
+        for size in sizes:
+            pos = align_up(pos, ALIGN_BYTES)
             offsets.append(pos)
-            pos += math.prod(shape) * dtype.itemsize
+            pos += size
         self.nbytes = pos
         self.buffer = torch.empty(max(pos, 1), dtype=torch.uint8)
         self.pinned = pinned
         if pinned:
             _register(self.buffer)
             weakref.finalize(self, _unregister, self.buffer)
-        self.views = [self.buffer[o:o + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
-                      for o, (shape, dtype) in zip(offsets, self.specs, strict=True)]
+        self.views = [self.buffer[o:o + size].view(dtype).view(shape)
+                      for o, size, (shape, dtype) in zip(offsets, sizes, self.specs, strict=True)]
 
     def holds(self, specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> bool:
         """Whether this arena is laid out for exactly these tensors (then it is reused)."""
