@@ -32,10 +32,13 @@
 #              then the GPU tests of arl-trainer and arl-sync
 #   sync7b     one GPU: the 7B sync into a vLLM replica on the same GPU (CUDA IPC) from arl-trainer's
 #              FSDP2 policy (gathered parameter by parameter), then from a plain bf16 state dict
-#   offload8b  one GPU: optimizer_offload's GPU tests; the app colocated with the random Qwen3-8B shape
-#              (~7B parameters) on that GPU: trainer, AdamW state in host memory between steps, vLLM
-#              replica, CUDA IPC sync. MODEL_DTYPE (default float32: fp32 master weights; the
-#              2026-12-01 run had the preset's bfloat16)
+#   offloadbench  one GPU, no vLLM: optimizer_offload's and HostArena's GPU tests, then
+#              optimizer_offload.py (7B shape: state resident vs offloaded vs offloaded with the prefetch)
+#              and host_state_memory.py (pinned tensors vs HostArena, its pages touched first or not)
+#   offload8b  one GPU: the app colocated with the random Qwen3-8B shape (~7B parameters) on that GPU:
+#              trainer, AdamW state in host memory between steps (prefetched back during the forward
+#              and backward), vLLM replica, CUDA IPC sync. MODEL_DTYPE (default float32: fp32 master
+#              weights; the 2026-12-01 run had the preset's bfloat16)
 #   resident8b the same app run with the AdamW state and gradients kept on the GPU (the baseline)
 #   sleep2     offload8b's run with vLLM sleep level 2: the replica drops its weights instead of moving
 #              them to host memory, since every sync overwrites them (against offload8b's sleep and
@@ -158,12 +161,16 @@ for phase in ${PHASES//,/ }; do
           --rounds 5 > "$LOG/sync7b_$source.log" 2>&1
         say "sync7b $source exit $?"
       done ;;
-    offload8b)
-      export CUDA_VISIBLE_DEVICES=0
-      timeout 300 python -m pytest -q -m gpu packages/arl-trainer/tests/test_gpu.py -k optimizer_offload -p no:cacheprovider \
-        > "$LOG/offload_tests.log" 2>&1
+    offloadbench)
+      export CUDA_VISIBLE_DEVICES=0 OUT=$LOG/offloadbench; mkdir -p "$OUT"
+      timeout 300 python -m pytest -q -m gpu packages/arl-trainer/tests/test_gpu.py -k "optimizer_offload or host_arena" \
+        -p no:cacheprovider > "$LOG/offload_tests.log" 2>&1
       say "offload tests exit $?"
-      coloc8b offload8b actor.optimizer_offload=true ;;
+      timeout 420 python packages/arl-trainer/benchmarks/optimizer_offload.py > "$LOG/optimizer_offload.log" 2>&1
+      say "optimizer_offload.py exit $?"
+      timeout 200 python packages/arl-trainer/benchmarks/host_state_memory.py --layers 4 > "$LOG/host_state_memory.log" 2>&1
+      say "host_state_memory.py exit $?" ;;
+    offload8b) export CUDA_VISIBLE_DEVICES=0; coloc8b offload8b actor.optimizer_offload=true ;;
     resident8b) export CUDA_VISIBLE_DEVICES=0; coloc8b resident8b actor.optimizer_offload=false ;;
     tp2)
       OUT=$LOG/tp2 BUDGET_S=420 bash apps/train/benchmarks/gpu_app_smoke.sh tp2 > "$LOG/tp2.log" 2>&1

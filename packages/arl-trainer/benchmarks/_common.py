@@ -104,3 +104,21 @@ def emit(name: str, result: dict) -> None:
 def percentile(values: list[int], q: float) -> int:
     s = sorted(values)
     return s[min(len(s) - 1, math.floor(q * len(s)))]
+
+
+def fixed_length_batch(rows: int, length: int, prompt: int, vocab: int):
+    """A GRPO-shaped `TrainBatch` of `rows` rows of exactly `length` tokens (`prompt` of them the
+    prompt): groups of up to 8 responses per prompt, random ids (seed 0), rewards 0/1 alternating."""
+    from arl.queue.types import Response, Sample
+    from arl.trainer import assemble_batch
+
+    g = torch.Generator().manual_seed(0)
+    n = length - prompt
+    samples = []
+    for i in range(0, rows, 8):
+        responses = [Response(response_ids=torch.randint(0, vocab, (n,), generator=g).tolist(), response_mask=[1] * n,
+                              response_logprobs=[-1.0] * n, weight_versions=[0] * n, reward=float(j % 2))
+                     for j in range(min(8, rows - i))]
+        samples.append(Sample(uid=str(i), prompt_ids=torch.randint(0, vocab, (prompt,), generator=g).tolist(),
+                              responses=responses, start_version=0, end_version=0))
+    return assemble_batch(samples, pad_token_id=0)

@@ -21,27 +21,12 @@ import time
 
 import _common  # noqa: F401  (sys.path for arl.*)
 import torch
-from _common import SMOKE, bench_device, emit, empty_cache, is_oom, qwen25_config, sync
+from _common import SMOKE, bench_device, emit, empty_cache, fixed_length_batch, is_oom, qwen25_config, sync
 
 ROWS, LENGTH, BUDGET = (4, 256, 512) if SMOKE else (16, 4096, 16384)
 STEPS = 1 if SMOKE else 2
 
 
-def make_batch(vocab: int):
-    from arl.queue.types import Response, Sample
-    from arl.trainer import assemble_batch
-
-    g = torch.Generator().manual_seed(0)
-    prompt = 64
-    samples = []
-    for i in range(0, ROWS, 8):  # groups of up to 8 responses per prompt (GRPO), rewards 0/1 alternating
-        n = LENGTH - prompt
-        responses = [Response(response_ids=torch.randint(0, vocab, (n,), generator=g).tolist(), response_mask=[1] * n,
-                              response_logprobs=[-1.0] * n, weight_versions=[0] * n, reward=float(j % 2))
-                     for j in range(min(8, ROWS - i))]
-        samples.append(Sample(uid=str(i), prompt_ids=torch.randint(0, vocab, (prompt,), generator=g).tolist(),
-                              responses=responses, start_version=0, end_version=0))
-    return assemble_batch(samples, pad_token_id=0)
 
 
 def bench(cfg, batch, device, checkpointing: str, offload: bool) -> dict:
@@ -77,7 +62,7 @@ def bench(cfg, batch, device, checkpointing: str, offload: bool) -> dict:
 def main() -> None:
     device = bench_device()
     cfg = qwen25_config("0.5b", max_len=LENGTH)
-    batch = make_batch(cfg.vocab_size)
+    batch = fixed_length_batch(ROWS, LENGTH, 64, cfg.vocab_size)
     result = {"benchmark": "activation_offload", "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "rows": ROWS, "row_tokens": LENGTH, "max_tokens_per_microbatch": BUDGET,
               "runs": {}, "ratios_on_over_off": {}}

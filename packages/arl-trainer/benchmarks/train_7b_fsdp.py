@@ -31,7 +31,7 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import _common  # noqa: F401,E402
 import torch  # noqa: E402
-from _common import SMOKE, emit, is_oom, matmul_tflops, qwen25_config  # noqa: E402
+from _common import SMOKE, emit, fixed_length_batch, is_oom, matmul_tflops, qwen25_config  # noqa: E402
 
 ROW_TOKENS = 512 if SMOKE else 8192
 ROWS = 8 if SMOKE else 16
@@ -39,21 +39,6 @@ STEPS = 1 if SMOKE else 2
 DEFAULT_CONFIGS = "1024:full" if SMOKE else "16384:full,8192:selective,8192:none"
 
 
-def make_batch(vocab: int):
-    from arl.queue.types import Response, Sample
-    from arl.trainer import assemble_batch
-
-    g = torch.Generator().manual_seed(0)
-    prompt = 256 if not SMOKE else 32
-    samples = []
-    for i in range(0, ROWS, 8):
-        responses = [Response(response_ids=torch.randint(0, vocab, (ROW_TOKENS - prompt,), generator=g).tolist(),
-                              response_mask=[1] * (ROW_TOKENS - prompt), response_logprobs=[-1.0] * (ROW_TOKENS - prompt),
-                              weight_versions=[0] * (ROW_TOKENS - prompt), reward=float(j % 2))
-                     for j in range(min(8, ROWS - i))]
-        samples.append(Sample(uid=str(i), prompt_ids=torch.randint(0, vocab, (prompt,), generator=g).tolist(),
-                              responses=responses, start_version=0, end_version=0))
-    return assemble_batch(samples, pad_token_id=0)
 
 
 def rank_main(spec, shape: str, max_tokens: int, checkpointing: str, compiled: bool, out_dir: str,
@@ -75,7 +60,7 @@ def rank_main(spec, shape: str, max_tokens: int, checkpointing: str, compiled: b
         )
         device = policy.device
         result["bf16_matmul_tflops"] = matmul_tflops(device)
-        batch = make_batch(policy.model.config.vocab_size)
+        batch = fixed_length_batch(ROWS, ROW_TOKENS, 32 if SMOKE else 256, policy.model.config.vocab_size)
         rows = batch.input_ids.shape[0]
         policy.train_step(batch, mini_batch_rows=rows)  # warm-up
         steps = []

@@ -142,9 +142,11 @@ def _mid_model(path):
     return path
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_optimizer_offload_is_bit_identical_and_frees_the_state_on_gpu(tmp_path, fused):
-    """Between steps the offloading policy holds only its parameters; its updates equal the resident ones bit for bit."""
+@pytest.mark.parametrize(("fused", "prefetch"), [(False, True), (True, True), (True, False)])
+def test_optimizer_offload_is_bit_identical_and_frees_the_state_on_gpu(tmp_path, fused, prefetch):
+    """Between steps the offloading policy holds only its parameters; its updates equal the resident
+    ones bit for bit, with the state's copies back on their own stream beside the forward and backward
+    (prefetch) or right before the update; the update waits at most as long as those copies took."""
     from arl.trainer import HFPolicy, TrainerConfig
     from arl.trainer.config import OptimConfig
 
@@ -157,7 +159,8 @@ def test_optimizer_offload_is_bit_identical_and_frees_the_state_on_gpu(tmp_path,
     for offload in (False, True):
         torch.cuda.synchronize()
         policy = HFPolicy(model, TrainerConfig(max_tokens_per_microbatch=64, optimizer_offload=offload,
-                                               optim=OptimConfig(lr=1e-2, fused=fused)), device="cuda")
+                                               optimizer_prefetch=prefetch, optim=OptimConfig(lr=1e-2, fused=fused)),
+                          device="cuda")
         before = torch.cuda.memory_allocated()
         metrics = [policy.train_step(batch, mini_batch_rows=rows // 2) for _ in range(3)]  # 2 updates per step
         torch.cuda.synchronize()
@@ -174,6 +177,7 @@ def test_optimizer_offload_is_bit_identical_and_frees_the_state_on_gpu(tmp_path,
     assert all(p.grad is None for p in offloaded.model.parameters())
     last = policies[True][1][-1]
     assert last["optimizer_state_gib"] * 2**30 == state.nbytes and last["optimizer_load_s"] > 0
+    assert 0 <= last["optimizer_load_wait_s"] <= last["optimizer_load_s"] + 1e-4
 
 
 def test_optimizer_offload_checkpoint_resumes_on_gpu(tmp_path):

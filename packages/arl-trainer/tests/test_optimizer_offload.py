@@ -37,18 +37,22 @@ def _state_tensors(policy):
     return [v for state in policy.optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
 
 
-def test_host_optimizer_state_frees_and_restores_the_state_bit_for_bit(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_host_optimizer_state_frees_and_restores_the_state_bit_for_bit(tiny_model_dir, tmp_path, prefetch):
     """The mechanism the backends use on CUDA, run on CPU state (moved to other CPU buffers): between
     steps every state tensor's storage is freed and the gradients are gone; the updates, and a resume
-    from a checkpoint saved while the state is out, equal the resident run's bit for bit."""
+    from a checkpoint saved while the state is out, equal the resident run's bit for bit, whether the
+    state comes back as the step's first forward begins (prefetch) or right before the update."""
     batch = random_batch(seed=8)
-    cfg = TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none", max_tokens_per_microbatch=40)
+    cfg = TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none", max_tokens_per_microbatch=40,
+                        optimizer_prefetch=prefetch)
     resident, moved = HFPolicy(tiny_model_dir, cfg), HFPolicy(tiny_model_dir, cfg)
     moved.optimizer_state = HostOptimizerState(moved.optimizer, device_type="cpu")
     for _ in range(3):
         resident.train_step(batch, mini_batch_rows=6)  # two updates per step
         metrics = moved.train_step(batch, mini_batch_rows=6)
         assert moved.optimizer_state.on_host and metrics["optimizer_state_gib"] > 0
+        assert metrics["optimizer_load_wait_s"] == 0.0  # CPU copies are synchronous: nothing to wait for
         assert all(t.untyped_storage().nbytes() == 0 for t in _state_tensors(moved))
         assert all(p.grad is None for p in moved.model.parameters())
     for (name, a), (_, b) in zip(resident.model.named_parameters(), moved.model.named_parameters(), strict=True):
@@ -98,3 +102,23 @@ def test_host_arena_lays_tensors_out_exactly_and_is_reused_while_the_state_keeps
     policy.train_step(batch, mini_batch_rows=12)
     assert policy.optimizer_state._arena is first
     assert first.nbytes < policy.optimizer_state.nbytes + ALIGN_BYTES * len(first.views)
+
+
+def test_prefetched_state_is_in_place_before_the_update_and_a_second_prefetch_is_a_noop(tiny_model_dir):
+    """`prefetch` gives every tensor its storage and values back at once; `load` after it (the update)
+    and a repeated `prefetch` move nothing again; the state stays "on the host" for `offload` until loaded."""
+    policy = HFPolicy(tiny_model_dir, TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none",
+                                                    max_tokens_per_microbatch=40))
+    policy.train_step(random_batch(seed=11), mini_batch_rows=12)
+    expected = [t.clone() for t in _state_tensors(policy)]
+    state = HostOptimizerState(policy.optimizer, device_type="cpu")
+    state.offload()
+    state.prefetch()
+    assert state.prefetching and state.on_host
+    assert all(torch.equal(a, b) for a, b in zip(_state_tensors(policy), expected, strict=True))
+    host_views = [host for _, host in state._offloaded]
+    for host in host_views:  # a second prefetch would copy these in again
+        host.fill_(float("nan"))
+    state.prefetch()
+    assert state.load() == state.nbytes and not state.on_host and not state.prefetching
+    assert all(torch.equal(a, b) for a, b in zip(_state_tensors(policy), expected, strict=True))

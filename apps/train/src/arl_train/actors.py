@@ -305,6 +305,7 @@ class TrainerActor:
             activation_offload=actor.activation_offload,
             compile_layers=actor.compile_layers,
             optimizer_offload=actor.optimizer_offload,
+            optimizer_prefetch=actor.optimizer_prefetch,
             algorithm=actor.algorithm,
             peak_tflops=actor.peak_tflops,
             router_replay=actor.router_replay,

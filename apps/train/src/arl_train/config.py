@@ -100,6 +100,9 @@ class ActorConfig(_Section):
     # dropped after each step, so between steps the trainer holds only its parameters (colocated: the
     # replicas' KV cache gets the rest); costs the state's bytes over PCIe twice per step. No-op on CPU.
     optimizer_offload: bool = False
+    # With optimizer_offload: the state comes back beside the first forward and backward of the step
+    # (hiding the copy; their peak then includes the state); false: right before the update.
+    optimizer_prefetch: bool = True
     # CUDA: AdamW's fused single-kernel step (no full-size temporaries in the update).
     fused_optimizer: bool = False
     # The KL's reference policy (actor.algorithm.kl_coef > 0): an HF model folder. "" = the model the run

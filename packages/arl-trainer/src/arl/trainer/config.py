@@ -69,6 +69,11 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # between steps the trainer holds only its parameters, so a colocated vLLM replica gets the memory
     # for its KV cache. Costs the state's bytes over PCIe twice per step; updates are bit-identical.
     optimizer_offload: bool = False
+    # With optimizer_offload: the state starts back to the GPU when the step's first forward begins, on
+    # a copy stream beside the forward and backward passes, so the update waits for little or none of it
+    # (those passes' peak then includes the state, as without the offload). False: copied back right
+    # before the update (the lower peak, the copy time exposed).
+    optimizer_prefetch: bool = True
     # CUDA, both backends: compile each decoder layer's forward (torch.compile, dynamic shapes), fusing
     # the norms, RoPE, SwiGLU and residual adds that run as separate memory-bound kernels eagerly (under
     # FSDP2 its gather/reshard hooks stay eager). The first micro-batch pays the compile. No-op off CUDA.

@@ -284,7 +284,6 @@ class PackedPolicy:
         tokens = 0
         processed = 0  # tokens the model ran, dummy micro-batches included
         offloaded = 0  # bytes of saved activations sent to host memory (activation_offload)
-        state_load_s = 0.0  # optimizer state brought back from host memory (optimizer_offload)
         for start in range(0, n_rows, mini_batch_rows):
             t1 = time.perf_counter()
             rows = list(range(start, min(n_rows, start + mini_batch_rows)))
@@ -292,6 +291,8 @@ class PackedPolicy:
             mbs, pack_stats = self._microbatches(batch, rows)
             mini_tokens = sum(lengths[r] for r in rows)  # all ranks': the aux loss's token weights sum to 1
             self.optimizer.zero_grad(set_to_none=True)
+            if self.optimizer_state is not None and self.config.optimizer_prefetch:
+                self.optimizer_state.prefetch()  # AdamW's state comes back beside this forward and backward
             loss_total = 0.0
             mb_metrics: list[dict[str, float]] = []
             for i, mb in enumerate(mbs):
@@ -335,12 +336,8 @@ class PackedPolicy:
                     tokens += sum(lengths[r] for r in mb.rows)
             grad_norm = self._clip_grad_norm(cfg.optim.grad_clip)
             lr = self.optimizer.param_groups[0]["lr"]
-            if self.optimizer_state is not None and self.optimizer_state.on_host:
-                t_load = time.perf_counter()
-                self.optimizer_state.load()
-                if on_cuda:
-                    torch.cuda.current_stream(self.device).synchronize()  # the copies' time, not their enqueueing
-                state_load_s = time.perf_counter() - t_load
+            if self.optimizer_state is not None:
+                self.optimizer_state.load()  # the update waits for the state's copies (the host does not)
             self.optimizer.step()
             self.scheduler.step()
             t_update += time.perf_counter() - t1
@@ -351,7 +348,7 @@ class PackedPolicy:
         keys = set().union(*steps)
         out = {k: sum(s.get(k, 0.0) for s in steps) / len(steps) for k in keys}
         if self.optimizer_state is not None:
-            out.update(self._release_update_memory(state_load_s))
+            out.update(self._release_update_memory())
         if proximal is None:
             proximal = made if self.world_size == 1 else self._all_reduce_(made.to(self.device)).cpu()
         # How far the rollout engine's log probs are from the trainer's for the same weights/tokens:
@@ -379,13 +376,18 @@ class PackedPolicy:
         out.update(gap)
         return out
 
-    def _release_update_memory(self, state_load_s: float) -> dict[str, float]:
-        """optimizer_offload, after the step's last update: gradients dropped, AdamW state to host memory."""
+    def _release_update_memory(self) -> dict[str, float]:
+        """optimizer_offload, after the step's last update: gradients dropped, AdamW state to host memory.
+        Metrics: the state's way back (`optimizer_load_s`, its copies; `optimizer_load_wait_s`, what of
+        it the update waited for: 0 when the prefetch hid it), the way out, and the state's size."""
+        state = self.optimizer_state
+        assert state is not None
         self.optimizer.zero_grad(set_to_none=True)
+        load_s, wait_s = state.load_times()
         t0 = time.perf_counter()
-        moved = self.optimizer_state.offload()  # type: ignore[union-attr]
-        return {"optimizer_offload_s": time.perf_counter() - t0, "optimizer_load_s": state_load_s,
-                "optimizer_state_gib": moved / 2**30}
+        moved = state.offload()
+        return {"optimizer_offload_s": time.perf_counter() - t0, "optimizer_load_s": load_s,
+                "optimizer_load_wait_s": wait_s, "optimizer_state_gib": moved / 2**30}
 
     def _reference_phase(self, batch: TrainBatch, routes: torch.Tensor | None, proximal: torch.Tensor | None,
                          ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, float]]:

@@ -23,6 +23,12 @@ from arl.sync.plan import align_up
 ALIGN_BYTES = 4096
 
 
+def _touch_pages(buffer: torch.Tensor) -> None:
+    """Fault the buffer's pages in on every intra-op thread (torch's fill is parallel); registering
+    untouched memory faults them in one by one inside the driver call, on one thread."""
+    buffer.zero_()
+
+
 def _register(buffer: torch.Tensor) -> None:
     err = int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel(), 0))
     if err != 0:
@@ -36,9 +42,11 @@ def _unregister(buffer: torch.Tensor) -> None:
 
 class HostArena:
     """Host memory for tensors of `specs` ((shape, dtype) each), back to back at `ALIGN_BYTES`
-    boundaries; `pinned`: page-locked for the GPU (CUDA only). `views[i]` is tensor i's place."""
+    boundaries; `pinned`: page-locked for the GPU (CUDA only), `touch_first`: its pages faulted in on
+    every core before the registration (see `_touch_pages`). `views[i]` is tensor i's place."""
 
-    def __init__(self, specs: Sequence[tuple[tuple[int, ...], torch.dtype]], *, pinned: bool) -> None:
+    def __init__(self, specs: Sequence[tuple[tuple[int, ...], torch.dtype]], *, pinned: bool,
+                 touch_first: bool = True) -> None:
         self.specs = [(tuple(shape), dtype) for shape, dtype in specs]
         sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in self.specs]
         offsets, pos = [], 0
@@ -50,6 +58,8 @@ class HostArena:
         self.buffer = torch.empty(max(pos, 1), dtype=torch.uint8)
         self.pinned = pinned
         if pinned:
+            if touch_first:
+                _touch_pages(self.buffer)
             _register(self.buffer)
             weakref.finalize(self, _unregister, self.buffer)
         self.views = [self.buffer[o:o + size].view(dtype).view(shape)

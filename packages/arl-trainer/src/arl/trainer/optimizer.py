@@ -9,12 +9,16 @@ first `optimizer.step()` gives each tensor its storage back and copies the value
 themselves (and their DTensor wrappers under FSDP2) stay the optimizer's, so nothing else changes:
 the update is bit-identical. Between steps the trainer then holds only its parameters (gradients are
 dropped after the step), which is what lets a colocated vLLM replica take the memory back for its KV
-cache. The cost is the state's bytes over PCIe twice per step.
+cache. The cost is the state's bytes over PCIe twice per step; the way back can be hidden: `prefetch()`
+starts it on a copy stream of its own when the step's first forward begins, so it runs beside the
+forward and backward passes and the update waits only for what is left (the peak of those passes
+then includes the state, as it would without the offload).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -46,7 +50,12 @@ class HostOptimizerState:
         self.device_type = device_type
         self._offloaded: list[tuple[torch.Tensor, torch.Tensor]] = []  # (state tensor, its host copy)
         self._arena: HostArena | None = None  # the host copies, one exact-size buffer, reused
+        self._copy_stream: torch.cuda.Stream | None = None  # the prefetch's, created on first use
+        self._incoming: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # a prefetch's start/end
+        self._wait: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # the update's wait for it
+        self._cpu_load_s = 0.0  # device_type "cpu": the copies are synchronous, timed on the host
         self.on_host = False
+        self.prefetching = False
 
     def _device_state(self) -> list[tuple[str, torch.Tensor]]:
         out = []
@@ -85,15 +94,58 @@ class HostOptimizerState:
         self.on_host = True
         return self.nbytes
 
-    def load(self) -> int:
-        """Give every offloaded tensor its GPU storage back and copy its values in; returns the bytes."""
-        if not self.on_host:
-            return 0
+    def prefetch(self) -> None:
+        """Start the state's way back: every tensor gets its storage now and its values are copied in on
+        the copy stream, beside whatever the compute stream runs next; `load()` makes the compute stream
+        wait for them. A no-op unless the state is on the host and not already coming back."""
+        if not self.on_host or self.prefetching:
+            return
         for t, host in self._offloaded:
             t.untyped_storage().resize_(host.numel() * host.element_size())
-            t.copy_(host, non_blocking=True)  # ordered before the optimizer step on the same stream
-        self.on_host = False
+        self.prefetching = True
+        if self.device_type != "cuda":
+            t0 = time.perf_counter()
+            for t, host in self._offloaded:
+                t.copy_(host)
+            self._cpu_load_s = time.perf_counter() - t0
+            return
+        compute = torch.cuda.current_stream()
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device=compute.device)
+        # The fresh storage may be blocks the compute stream freed and still has kernels queued on:
+        # the copies start after those.
+        self._copy_stream.wait_stream(compute)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(self._copy_stream):
+            start.record()
+            for t, host in self._offloaded:
+                t.copy_(host, non_blocking=True)
+            end.record()
+        self._incoming = (start, end)
+
+    def load(self) -> int:
+        """The state on the GPU for the compute stream's next kernels (prefetched or not): the compute
+        stream waits for the copies, the host does not. Returns the bytes."""
+        if not self.on_host:
+            return 0
+        self.prefetch()
+        if self._incoming is not None:
+            compute = torch.cuda.current_stream()
+            before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            before.record(compute)
+            compute.wait_event(self._incoming[1])
+            after.record(compute)
+            self._wait = (before, after)
+        self.on_host = self.prefetching = False
         return self.nbytes
+
+    def load_times(self) -> tuple[float, float]:
+        """Of the last `load()`: (seconds the copies took, seconds the compute stream waited for them:
+        0 when a prefetch hid them all). Waits for both to be known."""
+        if self._incoming is None or self._wait is None:
+            return self._cpu_load_s, 0.0
+        self._wait[1].synchronize()
+        return self._incoming[0].elapsed_time(self._incoming[1]) / 1e3, self._wait[0].elapsed_time(self._wait[1]) / 1e3
 
     @contextlib.contextmanager
     def on_device(self) -> Iterator[None]:
