@@ -39,7 +39,8 @@
 #              trainer, AdamW state in host memory between steps (prefetched back during the forward
 #              and backward), vLLM replica, CUDA IPC sync. MODEL_DTYPE (default float32: fp32 master
 #              weights; the 2026-12-01 run had the preset's bfloat16)
-#   resident8b the same app run with the AdamW state and gradients kept on the GPU (the baseline)
+#   resident8b the same app run with the AdamW state and gradients kept on the GPU (the baseline: on one
+#              H200 it runs out of memory when the replica's KV cache wakes, 2026-12-02)
 #   sleep2     offload8b's run with vLLM sleep level 2: the replica drops its weights instead of moving
 #              them to host memory, since every sync overwrites them (against offload8b's sleep and
 #              wake_weights times; the end-of-run digest check says whether anything was lost)

@@ -13,7 +13,9 @@ backward). After a warm-up step (it allocates the pinned buffer), per run: step 
 way back (`optimizer_load_s`) and what of it the update waited for (`optimizer_load_wait_s`), the way
 out, the peak during the step, the memory held between steps, and the loss (equal in all three: the
 updates are bit-identical). The ratios: each offload's extra step time over the resident step, and
-the share of the way back the prefetch hid. One JSON block; $OUT/optimizer_offload.json.
+the share of the way back the prefetch hid; each run's largest loss difference to the first run's
+(`--runs resident,resident,...` repeats a run to show the backward's own run-to-run noise). One JSON
+block; $OUT/optimizer_offload.json.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def run(name: str, args: argparse.Namespace, device: torch.device) -> dict:
         t = time.perf_counter()
         metrics = policy.train_step(batch, mini_batch_rows=rows)
         sync(device)
+        if args.empty_cache_between_steps and device.type == "cuda":
+            torch.cuda.empty_cache()  # what the colocated app does before its replica wakes
         if i:
             seconds.append(time.perf_counter() - t)
             steps.append(metrics)
@@ -84,19 +88,35 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--row-tokens", type=int, default=4096)
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--empty-cache-between-steps", action="store_true",
+                   help="hand the cached blocks back to the driver after each step, as the colocated app does")
+    p.add_argument("--runs", default=",".join(RUNS),
+                   help="which runs, in order; a name may repeat (resident,resident: how far two identical runs differ)")
     args = p.parse_args()
+    runs = args.runs.split(",")
+    if unknown := sorted(set(runs) - set(RUNS)):
+        raise SystemExit(f"--runs: unknown {unknown}; choose from {list(RUNS)}")
     if SMOKE:
         args.rows, args.row_tokens, args.steps = 2, 256, 1
     device = bench_device()
     result: dict = {"shape": args.shape, "layers": args.layers, "tokens_per_step": args.rows * args.row_tokens}
-    for name in RUNS:
-        result[name] = run(name, args, device)
-    base = result["resident"]["step_s"]
-    for name in ("offload", "offload_prefetch"):
-        r = result[name]
-        r["extra_step_s_over_resident"] = r["step_s"] - base
-        r["load_hidden_fraction"] = 1 - r["optimizer_load_wait_s"] / r["optimizer_load_s"] if r["optimizer_load_s"] else 0.0
-    result["same_losses"] = len({tuple(result[n]["losses"]) for n in RUNS}) == 1
+    keys = []
+    for name in runs:
+        key = name if name not in keys else f"{name}#{keys.count(name) + 1}"
+        keys.append(key)
+        result[key] = run(name, args, device)
+    base = result["resident"]["step_s"] if "resident" in result else None
+    for key in keys:
+        r = result[key]
+        if r["optimizer_state_gib"] and base is not None:
+            r["extra_step_s_over_resident"] = r["step_s"] - base
+        if r["optimizer_load_s"]:
+            r["load_hidden_fraction"] = 1 - r["optimizer_load_wait_s"] / r["optimizer_load_s"]
+    # Each run's losses against the first run's (bf16 backward kernels need not be deterministic, so
+    # repeating a run says how large a difference means nothing).
+    first = result[keys[0]]["losses"]
+    result["max_loss_diff_to_first_run"] = {k: max(abs(a - b) for a, b in zip(result[k]["losses"], first, strict=True))
+                                            for k in keys[1:]}
     emit("optimizer_offload", result)
 
 
