@@ -27,8 +27,6 @@ ROWS, LENGTH, BUDGET = (4, 256, 512) if SMOKE else (16, 4096, 16384)
 STEPS = 1 if SMOKE else 2
 
 
-
-
 def bench(cfg, batch, device, checkpointing: str, offload: bool) -> dict:
     from transformers import Qwen2ForCausalLM
 

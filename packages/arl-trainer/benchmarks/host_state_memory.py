@@ -7,8 +7,9 @@ The state `optimizer_offload` moves: two fp32 moments per parameter of the Qwen2
 (a) what the offload did before, `torch.empty(shape, pin_memory=True)` per tensor (torch's pinned
 allocator rounds each to a power of two), and (b) `HostArena` (one exact-size buffer registered with
 `cudaHostRegister`), allocated twice: registered as it comes (the driver faults its pages in) and with
-its pages touched on every core first (the default; the one whose copies are measured). Per way: seconds to allocate, host bytes page-locked (a: the allocator's own
-count; b: the buffer), and GB/s of the device→host and host→device copies of the whole state
+its pages touched on every core first (the default; the one whose copies are measured). Per way:
+seconds to allocate, host bytes page-locked (a: the allocator's own count; b: the buffer), and GB/s of
+the device→host and host→device copies of the whole state
 (non_blocking, one stream, as the offload does); the arena's round trip is checked bit for bit.
 One JSON block; $OUT/host_state_memory.json.
 """
@@ -89,8 +90,8 @@ def main() -> None:
         t.copy_(view, non_blocking=True)
     torch.cuda.synchronize()
     round_trip = all(torch.equal(t, ref) for t, ref in zip(device_tensors, reference, strict=False))
-    result["arena"] = {"alloc_s": alloc_s, "alloc_untouched_s": untouched_s, "locked_gib": arena.nbytes / 2**30, "d2h_gbps": nbytes / d2h_s / 1e9,
-                       "h2d_gbps": nbytes / h2d_s / 1e9, "views_pinned": all(v.is_pinned() for v in arena.views[:8]),
+    result["arena"] = {"alloc_s": alloc_s, "alloc_untouched_s": untouched_s, "locked_gib": arena.nbytes / 2**30,
+                       "d2h_gbps": nbytes / d2h_s / 1e9, "h2d_gbps": nbytes / h2d_s / 1e9, "views_pinned": all(v.is_pinned() for v in arena.views[:8]),
                        "round_trip_equal": round_trip}
     a, b = result["pinned_per_tensor"], result["arena"]
     result["ratios"] = {"locked_per_tensor_over_arena": a["locked_gib"] / b["locked_gib"],

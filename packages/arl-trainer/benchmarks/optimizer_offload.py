@@ -11,8 +11,9 @@ side in one process, each from the same weights and batch: (a) the state residen
 (c) `optimizer_offload` with the prefetch (the default: the copy back runs beside the forward and
 backward). After a warm-up step (it allocates the pinned buffer), per run: step seconds, the state's
 way back (`optimizer_load_s`) and what of it the update waited for (`optimizer_load_wait_s`), the way
-out, the peak during the step, the memory held between steps, and the loss (equal in all three: the
-updates are bit-identical). The ratios: each offload's extra step time over the resident step, and
+out, the peak during the step, the memory held between steps, and the losses (the updates are
+bit-identical by construction, but the bf16 backward is not deterministic from run to run, so they
+agree to within that noise). The ratios: each offload's extra step time over the resident step, and
 the share of the way back the prefetch hid; each run's largest loss difference to the first run's
 (`--runs resident,resident,...` repeats a run to show the backward's own run-to-run noise). One JSON
 block; $OUT/optimizer_offload.json.
@@ -56,23 +57,23 @@ def run(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     batch = fixed_length_batch(args.rows, args.row_tokens, 128, config.vocab_size)
     rows = batch.input_ids.shape[0]
     out: dict = {"parameters_b": sum(p.numel() for p in policy.model.parameters()) / 1e9}
-    steps, seconds, held = [], [], []
+    steps, seconds = [], []
     for i in range(args.steps + 1):  # step 0: the warm-up (first optimizer state, pinned buffer)
         sync(device)
         t = time.perf_counter()
         metrics = policy.train_step(batch, mini_batch_rows=rows)
         sync(device)
         if args.empty_cache_between_steps and device.type == "cuda":
-            torch.cuda.empty_cache()  # what the colocated app does before its replica wakes
+            torch.cuda.empty_cache()  # what the colocated app does before its replica wakes (inside the step's time)
         if i:
             seconds.append(time.perf_counter() - t)
             steps.append(metrics)
-            held.append(torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0)
+    held_gib = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0  # after the last step
     mean = lambda key: sum(s.get(key, 0.0) for s in steps) / len(steps)  # noqa: E731
     out.update(step_s=sum(seconds) / len(seconds), step_s_each=seconds, update_s=mean("update_s"),
                optimizer_load_s=mean("optimizer_load_s"), optimizer_load_wait_s=mean("optimizer_load_wait_s"),
                optimizer_offload_s=mean("optimizer_offload_s"), optimizer_state_gib=mean("optimizer_state_gib"),
-               peak_mem_update_gib=mean("peak_mem_update_gib"), held_between_steps_gib=held[-1],
+               peak_mem_update_gib=mean("peak_mem_update_gib"), held_between_steps_gib=held_gib,
                losses=[s["loss"] for s in steps])
     del policy, model
     gc.collect()

@@ -39,8 +39,6 @@ STEPS = 1 if SMOKE else 2
 DEFAULT_CONFIGS = "1024:full" if SMOKE else "16384:full,8192:selective,8192:none"
 
 
-
-
 def rank_main(spec, shape: str, max_tokens: int, checkpointing: str, compiled: bool, out_dir: str,
               fused: bool = False) -> None:
     from arl.trainer import TrainerConfig
