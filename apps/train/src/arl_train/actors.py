@@ -404,10 +404,12 @@ class TrainerActor:
         return metrics
 
     async def placement(self) -> dict[str, Any]:
-        """Where this rank runs: its device, CUDA_VISIBLE_DEVICES and the sender's address."""
+        """Where this rank runs: its device, CUDA_VISIBLE_DEVICES, its CUDA allocator setting and the
+        sender's address."""
         return {
             "device": str(getattr(self.policy, "device", "")),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "cuda_alloc_conf": os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
             "sync_address": self.publisher.address if self.publisher is not None else "",
             "rank": self.rank.rank,
             "world_size": self.rank.world_size,

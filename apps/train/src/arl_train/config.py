@@ -105,6 +105,10 @@ class ActorConfig(_Section):
     optimizer_prefetch: bool = True
     # CUDA: AdamW's fused single-kernel step (no full-size temporaries in the update).
     fused_optimizer: bool = False
+    # CUDA trainer ranks: PyTorch's allocator maps pages into growing segments (expandable_segments)
+    # instead of fixed cudaMalloc blocks, so what one phase of a step frees serves the next
+    # (arl_train.allocator). An allocator setting of your own that names expandable_segments wins.
+    expandable_segments: bool = True
     # The KL's reference policy (actor.algorithm.kl_coef > 0): an HF model folder. "" = the model the run
     # started from: model.path on a fresh run; on a resume, the reference_path its checkpoint recorded
     # (the original base model, never the checkpoint itself).

@@ -120,11 +120,15 @@ def _start_trainer(ray: Any, config: AppConfig, layout: Any, reservation: Any, m
     """The trainer ranks (one actor each, all constructed at once: they meet in one rendezvous);
     returns rank 0, the follower actors and their `follow` calls."""
     from arl_train.actors import TrainerActor
+    from arl_train.allocator import trainer_allocator_env
     from arl_train.placement import trainer_ranks
 
+    # Ray merges these variables into the run's own (`_environment`) for the trainer ranks alone.
+    env = trainer_allocator_env(config.actor.expandable_segments) if layout.trainer_gpus else {}
+    extra = {"runtime_env": {"env_vars": env}} if env else {}
     actors = [
         ray.remote(TrainerActor)
-        .options(**reservation.trainer_options(r.rank))
+        .options(**reservation.trainer_options(r.rank), **extra)
         .remote(config, str(model_path), queue, rollout, resume_state, r)
         for r in trainer_ranks(layout)
     ]
