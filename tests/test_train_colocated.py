@@ -28,7 +28,7 @@ def _run(tmp_path, *overrides, log=lambda _: None):
 
 
 def test_colocated_run_takes_turns_trains_and_syncs(tmp_path):
-    summary, rows = _run(tmp_path)
+    summary, rows = _run(tmp_path, "trainer.profile_step=2")
 
     assert summary.layout["colocate"] and summary.layout["transport"] == "cpu"
     assert summary.steps == 3 and summary.samples_consumed == 12
@@ -47,6 +47,9 @@ def test_colocated_run_takes_turns_trains_and_syncs(tmp_path):
     assert summary.weights_equal_after_sync and summary.weights_max_abs_diff == 0.0
     assert summary.probe_logprob_max_abs_diff < 1e-4
     assert summary.rollout["engine_versions"] == [3]
+    # trainer.profile_step: step 2 alone was recorded, as an ops table and a Chrome trace.
+    assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["step_2.json", "step_2.txt"]
+    assert "aten::mm" in (tmp_path / "profile" / "step_2.txt").read_text()
 
 
 def test_two_colocated_ranks_each_sync_the_replica_beside_them(tmp_path):

@@ -38,7 +38,8 @@
 #   alloc8b    one GPU: the allocator's expandable segments for the trainer ranks, side by side: first
 #              optimizer_offload.py (no vLLM) at the app's batch (32 rows of 192 tokens, the cache
 #              emptied between steps) with expandable segments off and on, then offload8b's app run
-#              with actor.expandable_segments=false and with the default (true)
+#              with the default (actor.expandable_segments=false) and with true
+#   profile8b  one GPU: offload8b's app run with its second step under torch.profiler (trainer.profile_step)
 #   offload8b  one GPU: the app colocated with the random Qwen3-8B shape (~7B parameters) on that GPU:
 #              trainer, AdamW state in host memory between steps (prefetched back during the forward
 #              and backward), vLLM replica, CUDA IPC sync. MODEL_DTYPE (default float32: fp32 master
@@ -187,6 +188,7 @@ for phase in ${PHASES//,/ }; do
       OUT=$LOG/fsdp_7b_one timeout 600 python packages/arl-trainer/benchmarks/train_7b_fsdp.py --shape 7b \
         --configs 16384:full,16384:full:compile --fused-optimizer > "$LOG/fsdp_7b_one.log" 2>&1
       say "fsdp 7b one rank exit $?" ;;
+    profile8b) export CUDA_VISIBLE_DEVICES=0; coloc8b profile8b actor.optimizer_offload=true trainer.profile_step=2 ;;
     alloc8b)
       export CUDA_VISIBLE_DEVICES=0
       for alloc in False True; do
@@ -196,8 +198,8 @@ for phase in ${PHASES//,/ }; do
           --empty-cache-between-steps --runs resident,offload_prefetch > "$LOG/alloc_bench_$alloc.log" 2>&1
         say "optimizer_offload expandable_segments:$alloc exit $?"
       done
-      coloc8b alloc8b_fixed actor.optimizer_offload=true actor.expandable_segments=false
-      coloc8b alloc8b_expandable actor.optimizer_offload=true ;;
+      coloc8b alloc8b_fixed actor.optimizer_offload=true
+      coloc8b alloc8b_expandable actor.optimizer_offload=true actor.expandable_segments=true ;;
     fsdpcompile)
       timeout 400 python -m pytest -q -m gpu packages/arl-trainer/tests/test_gpu.py -k compiled -p no:cacheprovider \
         > "$LOG/compile_tests.log" 2>&1

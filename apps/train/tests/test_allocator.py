@@ -30,9 +30,9 @@ def test_off_adds_nothing():
     assert trainer_allocator_env(False, {}) == {}
 
 
-def test_on_by_default_and_settable_from_the_config():
-    assert load_config().actor.expandable_segments is True
-    assert load_config(overrides=["actor.expandable_segments=false"]).actor.expandable_segments is False
+def test_off_by_default_and_settable_from_the_config():
+    assert load_config().actor.expandable_segments is False
+    assert load_config(overrides=["actor.expandable_segments=true"]).actor.expandable_segments is True
 
 
 class _Env:

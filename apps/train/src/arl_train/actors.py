@@ -395,7 +395,16 @@ class TrainerActor:
         return await asyncio.to_thread(follow, self.policy, self.publisher, self.after_step)
 
     async def train_step(self) -> dict[str, Any]:
-        metrics = await self.trainer.train_step()
+        step = self.trainer.step + 1
+        if step == self.config.trainer.profile_step:
+            from pathlib import Path
+
+            from arl.trainer.profiling import profiled_step
+
+            with profiled_step(Path(self.config.output.dir) / "profile", step):
+                metrics = await self.trainer.train_step()
+        else:
+            metrics = await self.trainer.train_step()
         if self.colocated is not None:
             timings = self.colocated.pop_timings()
             metrics.update(timings)

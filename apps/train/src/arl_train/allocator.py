@@ -3,14 +3,16 @@
 PyTorch's default allocator reserves fixed segments (one `cudaMalloc` each) and reuses a freed block only
 for requests that fit inside it. A trainer step changes shape all the time (packed micro-batches of
 different lengths, the optimizer state coming back from host memory, in colocated mode its cache handed
-back to the replicas before every wake), so freed blocks pile up that later requests cannot use, and
-every fresh segment is a synchronous driver call. Expandable segments map physical pages into one
-growing virtual range instead, so what one phase frees serves the next (the peers turn them on for their
-trainers: SkyRL, NeMo-RL).
+back to the replicas before every wake), so freed blocks pile up that later requests cannot use.
+Expandable segments map physical pages into one growing virtual range instead, so what one phase frees
+serves the next (the peers turn them on for their trainers against fragmentation out-of-memory errors:
+SkyRL, NeMo-RL). arl leaves them off unless `actor.expandable_segments` asks: on one H200 they made
+the colocated 8B step no faster (5.09 vs 5.15 s per step, apps/train/README.md).
 
 Only the trainer ranks get them: vLLM's sleep mode cannot allocate its pool from expandable segments,
 and the replicas are other processes. The trainer never exports its memory by CUDA IPC (a receiver
-exports its staging buffer and the trainer writes into it), which expandable segments would not allow.
+exports its staging buffer and the trainer writes into it), which the peers turn expandable segments
+off around (SkyRL).
 """
 
 from __future__ import annotations

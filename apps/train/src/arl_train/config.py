@@ -106,9 +106,11 @@ class ActorConfig(_Section):
     # CUDA: AdamW's fused single-kernel step (no full-size temporaries in the update).
     fused_optimizer: bool = False
     # CUDA trainer ranks: PyTorch's allocator maps pages into growing segments (expandable_segments)
-    # instead of fixed cudaMalloc blocks, so what one phase of a step frees serves the next
-    # (arl_train.allocator). An allocator setting of your own that names expandable_segments wins.
-    expandable_segments: bool = True
+    # instead of fixed cudaMalloc blocks, the peers' remedy for fragmentation out-of-memory errors
+    # (arl_train.allocator; the replicas keep the default, vLLM's sleep mode needs it). Off by default:
+    # on one H200 it made the colocated 8B step no faster (5.09 -> 5.15 s). An allocator setting of
+    # your own that names expandable_segments wins.
+    expandable_segments: bool = False
     # The KL's reference policy (actor.algorithm.kl_coef > 0): an HF model folder. "" = the model the run
     # started from: model.path on a fresh run; on a resume, the reference_path its checkpoint recorded
     # (the original base model, never the checkpoint itself).
@@ -143,6 +145,9 @@ class TrainerSection(_Section):
     # Write output.dir/checkpoint when the run ends (false: throughput runs such as apps/bench's, which
     # need none; a ~7B model with fp32 master weights writes ~84 GB).
     save_final: bool = True
+    # Record this step (1-based) of trainer rank 0 under torch.profiler into output.dir/profile/: the
+    # ops by device time and a Chrome trace (arl.trainer.profiling); 0 = none.
+    profile_step: int = 0
     # A checkpoint folder to resume from: weights, optimizer, step/version, the samples that were
     # queued, and the dataset position ("" = start fresh from model.path).
     resume_from: str = ""

@@ -113,6 +113,7 @@ def validate(config: AppConfig) -> AppConfig:
     t = config.trainer
     _at_least(config, "trainer", "total_steps", 1)
     _at_least(config, "trainer", "save_every", 0)
+    _at_least(config, "trainer", "profile_step", 0)
     _positive(config, "trainer", "batch_timeout_s")
     if t.resume_from:
         state_file = Path(t.resume_from) / "trainer_state.json"
