@@ -11,8 +11,10 @@ while it trains (`colocated`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from arl.rollout.budget import Budget, compute_budget
@@ -395,15 +397,12 @@ class TrainerActor:
         return await asyncio.to_thread(follow, self.policy, self.publisher, self.after_step)
 
     async def train_step(self) -> dict[str, Any]:
+        from arl.trainer.profiling import profiled_step
+
         step = self.trainer.step + 1
-        if step == self.config.trainer.profile_step:
-            from pathlib import Path
-
-            from arl.trainer.profiling import profiled_step
-
-            with profiled_step(Path(self.config.output.dir) / "profile", step):
-                metrics = await self.trainer.train_step()
-        else:
+        recording = (profiled_step(Path(self.config.output.dir) / "profile", step)
+                     if step == self.config.trainer.profile_step else contextlib.nullcontext())
+        with recording:
             metrics = await self.trainer.train_step()
         if self.colocated is not None:
             timings = self.colocated.pop_timings()
