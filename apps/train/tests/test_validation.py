@@ -21,6 +21,7 @@ CASES = [
     ("async_training.max_version_lag=-2", "async_training.max_version_lag"),
     ("actor.ppo_mini_batch_size=0", "actor.ppo_mini_batch_size"),
     ("actor.lr=0", "actor.lr"),
+    ("actor.optimizer_prefetch_inflight_mb=-1", "actor.optimizer_prefetch_inflight_mb"),
     ("actor.algorithm.clip_ratio_low=1.5", "clip_ratio_low"),
     ("actor.device=tpu", "actor.device"),
     ("rollout.replicas=0", "rollout.replicas"),

@@ -142,11 +142,13 @@ def _mid_model(path):
     return path
 
 
-@pytest.mark.parametrize(("fused", "prefetch"), [(False, True), (True, True), (True, False)])
-def test_optimizer_offload_is_bit_identical_and_frees_the_state_on_gpu(tmp_path, fused, prefetch):
+@pytest.mark.parametrize(("fused", "prefetch", "inflight_mb"),
+                         [(False, True, 256), (True, True, 1), (True, True, 0), (True, False, 256)])
+def test_optimizer_offload_is_bit_identical_and_frees_the_state_on_gpu(tmp_path, fused, prefetch, inflight_mb):
     """Between steps the offloading policy holds only its parameters; its updates equal the resident
     ones bit for bit, with the state's copies back on their own stream beside the forward and backward
-    (prefetch) or right before the update; the update waits at most as long as those copies took."""
+    (prefetch: paced by a thread, 1 MiB in flight making many groups, or all queued at once) or right
+    before the update; the update waits at most as long as those copies took."""
     from arl.trainer import HFPolicy, TrainerConfig
     from arl.trainer.config import OptimConfig
 
@@ -159,7 +161,8 @@ def test_optimizer_offload_is_bit_identical_and_frees_the_state_on_gpu(tmp_path,
     for offload in (False, True):
         torch.cuda.synchronize()
         policy = HFPolicy(model, TrainerConfig(max_tokens_per_microbatch=64, optimizer_offload=offload,
-                                               optimizer_prefetch=prefetch, optim=OptimConfig(lr=1e-2, fused=fused)),
+                                               optimizer_prefetch=prefetch, optimizer_prefetch_inflight_mb=inflight_mb,
+                                               optim=OptimConfig(lr=1e-2, fused=fused)),
                           device="cuda")
         before = torch.cuda.memory_allocated()
         metrics = [policy.train_step(batch, mini_batch_rows=rows // 2) for _ in range(3)]  # 2 updates per step

@@ -10,7 +10,7 @@ import torch
 
 from arl.trainer import HFPolicy, TrainerConfig
 from arl.trainer.config import OptimConfig
-from arl.trainer.optimizer import HostOptimizerState
+from arl.trainer.optimizer import HostOptimizerState, copy_groups
 
 from trainer_helpers import random_batch
 
@@ -122,3 +122,19 @@ def test_prefetched_state_is_in_place_before_the_update_and_a_second_prefetch_is
     state.prefetch()
     assert state.load() == state.nbytes and not state.on_host and not state.prefetching
     assert all(torch.equal(a, b) for a, b in zip(_state_tensors(policy), expected, strict=True))
+
+
+def test_copy_groups_pace_the_prefetch_by_bytes():
+    """The paced prefetch's groups: consecutive, every tensor once, each reaching the group size (a larger
+    tensor alone), the rest last; size 0 queues everything at once."""
+    sizes = [10, 10, 30, 5, 5, 5, 100, 1]
+    groups = copy_groups(sizes, 20)
+    assert [list(g) for g in groups] == [[0, 1], [2], [3, 4, 5, 6], [7]]
+    assert [i for g in groups for i in g] == list(range(len(sizes)))
+    assert [list(g) for g in copy_groups(sizes, 0)] == [list(range(len(sizes)))]
+    assert copy_groups([], 20) == [] and copy_groups([], 0) == []
+
+
+def test_a_negative_prefetch_pace_is_refused_by_name():
+    with pytest.raises(ValueError, match="optimizer_prefetch_inflight_mb"):
+        TrainerConfig(optimizer_prefetch_inflight_mb=-1)

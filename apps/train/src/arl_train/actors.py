@@ -308,6 +308,7 @@ class TrainerActor:
             compile_layers=actor.compile_layers,
             optimizer_offload=actor.optimizer_offload,
             optimizer_prefetch=actor.optimizer_prefetch,
+            optimizer_prefetch_inflight_mb=actor.optimizer_prefetch_inflight_mb,
             algorithm=actor.algorithm,
             peak_tflops=actor.peak_tflops,
             router_replay=actor.router_replay,

@@ -103,6 +103,10 @@ class ActorConfig(_Section):
     # With optimizer_offload: the state comes back beside the first forward and backward of the step
     # (hiding the copy; their peak then includes the state); false: right before the update.
     optimizer_prefetch: bool = True
+    # The prefetch's pace: at most this many MiB of its copies queued at once, so a mid-step device
+    # synchronization (a kernel's first launch for a new shape) waits for that much, not the whole
+    # state; 0: all at once (arl-trainer's README has the measurement).
+    optimizer_prefetch_inflight_mb: int = 256
     # CUDA: AdamW's fused single-kernel step (no full-size temporaries in the update).
     fused_optimizer: bool = False
     # CUDA trainer ranks: PyTorch's allocator maps pages into growing segments (expandable_segments)

@@ -86,6 +86,7 @@ def validate(config: AppConfig) -> AppConfig:
     for key in ("lr", "grad_clip"):
         _positive(config, "actor", key)
     _at_least(config, "actor", "max_tokens_per_microbatch", 1)
+    _at_least(config, "actor", "optimizer_prefetch_inflight_mb", 0)
     # actor.algorithm validates its own ranges when it is built (AlgorithmConfig.__post_init__).
     if a.reference_path:
         _require(a.algorithm.kl_coef > 0, "actor.reference_path", a.reference_path,

@@ -74,6 +74,11 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # (those passes' peak then includes the state, as without the offload). False: copied back right
     # before the update (the lower peak, the copy time exposed).
     optimizer_prefetch: bool = True
+    # The prefetch's pace: at most this many MiB of its copies queued at once (a thread queues the next
+    # as earlier ones land), so a device-wide synchronization mid-step (a matmul kernel's first launch
+    # for a new shape, cudaFree) waits for that much copying instead of the whole state. 0: all queued
+    # at once.
+    optimizer_prefetch_inflight_mb: int = 256
     # CUDA, both backends: compile each decoder layer's forward (torch.compile, dynamic shapes), fusing
     # the norms, RoPE, SwiGLU and residual adds that run as separate memory-bound kernels eagerly (under
     # FSDP2 its gather/reshard hooks stay eager). The first micro-batch pays the compile. No-op off CUDA.
@@ -88,6 +93,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"max_tokens_per_microbatch must be >= 1, got {self.max_tokens_per_microbatch}")
         if self.logprob_chunk_elements < 1:
             raise ValueError(f"logprob_chunk_elements must be >= 1, got {self.logprob_chunk_elements}")
+        if self.optimizer_prefetch_inflight_mb < 0:
+            raise ValueError(f"optimizer_prefetch_inflight_mb must be >= 0, got {self.optimizer_prefetch_inflight_mb}")
         if self.router_aux_loss_coef < 0:
             raise ValueError(f"router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef}")
         if self.router_replay_gap_every < 0:

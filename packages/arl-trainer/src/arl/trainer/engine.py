@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from arl.trainer.algorithm_config import COUNT_METRICS, compute_token_loss, merge_loss_metrics
 from arl.trainer.algorithms import masked_mean
@@ -112,8 +113,10 @@ class PackedPolicy:
             key = "router_replay='rollout'" if cfg.router_replay == "rollout" else "router_aux_loss_coef > 0"
             raise RouterReplayError(f"{key} needs an MoE model; {type(self.model).__name__} has no MoE router")
         self._steps_done = 0
-        self.optimizer_state = (HostOptimizerState(self.optimizer)
-                                if cfg.optimizer_offload and self.device.type == "cuda" else None)
+        self.optimizer_state = None
+        if cfg.optimizer_offload and self.device.type == "cuda":
+            self.optimizer_state = HostOptimizerState(
+                self.optimizer, inflight_bytes=cfg.optimizer_prefetch_inflight_mb << 20)
 
     def optimizer_state_on_device(self) -> contextlib.AbstractContextManager[Any]:
         """Inside the block the optimizer's state is on its device (checkpoints read and write it)."""
@@ -262,10 +265,13 @@ class PackedPolicy:
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
-        proximal = self._proximal(batch, routes)
+        # Named ranges (arl.*): a profiled step (arl.trainer.profiling) reads by phase, host and device.
+        with record_function("arl.proximal"):
+            proximal = self._proximal(batch, routes)
         t_prox = time.perf_counter() - t0
         peak_prox = torch.cuda.max_memory_allocated(self.device) if on_cuda else 0
-        ref_logp, token_kl, ref_metrics = self._reference_phase(batch, routes, proximal)
+        with record_function("arl.reference"):
+            ref_logp, token_kl, ref_metrics = self._reference_phase(batch, routes, proximal)
         # Per trajectory (its segments count once in the group statistics), broadcast to its rows;
         # with KL in the reward, each trajectory's reward first loses kl_coef × its summed token KL.
         adv_rows = trajectory_advantages(batch, estimator=alg.advantage_estimator, token_kl=token_kl,
@@ -292,14 +298,16 @@ class PackedPolicy:
             mini_tokens = sum(lengths[r] for r in rows)  # all ranks': the aux loss's token weights sum to 1
             self.optimizer.zero_grad(set_to_none=True)
             if self.optimizer_state is not None and self.config.optimizer_prefetch:
-                self.optimizer_state.prefetch()  # AdamW's state comes back beside this forward and backward
+                with record_function("arl.optimizer_prefetch"):
+                    self.optimizer_state.prefetch()  # AdamW's state comes back beside this forward and backward
             loss_total = 0.0
             mb_metrics: list[dict[str, float]] = []
             for i, mb in enumerate(mbs):
                 self._grad_sync(i == len(mbs) - 1)
                 # Backward inside the context: recomputed (checkpointed) layers must route as the forward did.
                 with self._routing(mb, routes, keep_for_aux=aux_coef > 0) as rstats:
-                    with self._offload() as hooks:  # saved activations to host (activation_offload on CUDA)
+                    # activation_offload on CUDA: the forward's saved activations go to host memory
+                    with self._offload() as hooks, record_function("arl.forward"):
                         logp, entropy = self._forward(mb)
                     offloaded += hooks.offloaded_bytes if hooks is not None else 0
                     rstats.recording = False
@@ -327,19 +335,21 @@ class PackedPolicy:
                         aux_total += float(aux.detach())
                     # Ranks' gradients are averaged by the data-parallel reduction; the denominators are global,
                     # so scale by the world size to make that average a sum.
-                    (loss * self.world_size).backward()
+                    with record_function("arl.backward"):
+                        (loss * self.world_size).backward()
                 route_stats.merge(rstats)
                 loss_total += float(loss.detach())
                 processed += mb.num_tokens
                 if mb.rows:
                     flops += train_flops(self._n_matmul, [lengths[r] for r in mb.rows], *self._attn)
                     tokens += sum(lengths[r] for r in mb.rows)
-            grad_norm = self._clip_grad_norm(cfg.optim.grad_clip)
-            lr = self.optimizer.param_groups[0]["lr"]
-            if self.optimizer_state is not None:
-                self.optimizer_state.load()  # the update waits for the state's copies (the host does not)
-            self.optimizer.step()
-            self.scheduler.step()
+            with record_function("arl.optimizer_step"):
+                grad_norm = self._clip_grad_norm(cfg.optim.grad_clip)
+                lr = self.optimizer.param_groups[0]["lr"]
+                if self.optimizer_state is not None:
+                    self.optimizer_state.load()  # the update waits for the state's copies (the host does not)
+                self.optimizer.step()
+                self.scheduler.step()
             t_update += time.perf_counter() - t1
             merged = self._merge_ranks(merge_loss_metrics(mb_metrics), loss_total)
             merged.update(grad_norm=float(grad_norm), lr=lr, pack_fill=pack_stats["pack_fill"],
@@ -348,7 +358,8 @@ class PackedPolicy:
         keys = set().union(*steps)
         out = {k: sum(s.get(k, 0.0) for s in steps) / len(steps) for k in keys}
         if self.optimizer_state is not None:
-            out.update(self._release_update_memory())
+            with record_function("arl.optimizer_offload"):
+                out.update(self._release_update_memory())
         if proximal is None:
             proximal = made if self.world_size == 1 else self._all_reduce_(made.to(self.device)).cpu()
         # How far the rollout engine's log probs are from the trainer's for the same weights/tokens:

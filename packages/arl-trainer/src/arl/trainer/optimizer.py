@@ -13,13 +13,22 @@ cache. The cost is the state's bytes over PCIe twice per step; the way back can 
 starts it on a copy stream of its own when the step's first forward begins, so it runs beside the
 forward and backward passes and the update waits only for what is left (the peak of those passes
 then includes the state, as it would without the offload).
+
+The prefetch is paced: a thread of its own queues the copies in groups, keeping at most
+`inflight_bytes` queued, the next group as an earlier one lands. Anything that synchronizes the whole
+device mid-step then waits for that much copying, not for the whole state. The first launch of a
+kernel for a new matmul shape does (the colocated 8B app on an H200, its batch's length new every
+step: the head's first backward matmul held the host 780 ms, the compute stream idle, until the 1,194
+queued copies had landed; `CUDA_MODULE_LOADING=EAGER` did not avoid it), and so does cudaFree.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
@@ -40,14 +49,40 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+#: How long `load()` waits for the pacing thread to have queued every copy before it calls the prefetch hung.
+PACER_JOIN_TIMEOUT_S = 600.0
+
+
+def copy_groups(nbytes: Sequence[int], group_bytes: int) -> list[range]:
+    """Consecutive index ranges of tensors whose sizes are `nbytes`, each reaching `group_bytes` (a
+    larger tensor alone; the last group what is left). `group_bytes <= 0`: one group of everything."""
+    if group_bytes <= 0:
+        return [range(len(nbytes))] if nbytes else []
+    groups, start, size = [], 0, 0
+    for index, n in enumerate(nbytes):
+        size += n
+        if size >= group_bytes:
+            groups.append(range(start, index + 1))
+            start, size = index + 1, 0
+    if start < len(nbytes):
+        groups.append(range(start, len(nbytes)))
+    return groups
+
+
 class HostOptimizerState:
     """An optimizer's CUDA state tensors moved to pinned host memory and back (see the module docstring)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, device_type: str = "cuda") -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, *, device_type: str = "cuda",
+                 inflight_bytes: int = 256 << 20) -> None:
         """`device_type`: where the state to move lives (the backends: "cuda"; the CPU tests move CPU
-        state to other CPU buffers, which exercises the same freeing and restoring)."""
+        state to other CPU buffers, which exercises the same freeing and restoring). `inflight_bytes`:
+        the prefetch's pace, the most bytes of copies queued at once (0: all at once)."""
         self.optimizer = optimizer
         self.device_type = device_type
+        self.inflight_bytes = inflight_bytes
+        self._pacer: threading.Thread | None = None  # queues a paced prefetch's copies
+        self._pacer_error: BaseException | None = None
+        self._pacer_join_s = 0.0  # the host's wait in load() for the pacer to queue the last copies
         self._offloaded: list[tuple[torch.Tensor, torch.Tensor]] = []  # (state tensor, its host copy)
         self._arena: HostArena | None = None  # the host copies, one exact-size buffer, reused
         self._copy_stream: torch.cuda.Stream | None = None  # the prefetch's, created on first use
@@ -116,12 +151,50 @@ class HostOptimizerState:
         # the copies start after those.
         self._copy_stream.wait_stream(compute)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(self._copy_stream):
-            start.record()
-            for t, host in self._offloaded:
-                t.copy_(host, non_blocking=True)
-            end.record()
+        start.record(self._copy_stream)
         self._incoming = (start, end)
+        if self.inflight_bytes <= 0:
+            self._queue_copies(self._offloaded, end)
+            return
+        # Two groups of half the pace in flight: one lands while the next is queued behind it.
+        sizes = [host.numel() * host.element_size() for _, host in self._offloaded]
+        groups = [[self._offloaded[i] for i in g] for g in copy_groups(sizes, self.inflight_bytes // 2)]
+        self._pacer_error = None
+        self._pacer = threading.Thread(target=self._paced_copies, args=(groups, end), daemon=True,
+                                       name="arl-optimizer-prefetch")
+        self._pacer.start()
+
+    def _queue_copies(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], landed: torch.cuda.Event) -> None:
+        assert self._copy_stream is not None
+        with torch.cuda.stream(self._copy_stream):
+            for t, host in pairs:
+                t.copy_(host, non_blocking=True)
+            landed.record()
+
+    def _paced_copies(self, groups: list[list[tuple[torch.Tensor, torch.Tensor]]], end: torch.cuda.Event) -> None:
+        """The pacing thread: queue each group once at most one earlier group is still in flight."""
+        try:
+            queued: collections.deque[torch.cuda.Event] = collections.deque()
+            for group in groups:
+                if len(queued) == 2:
+                    queued.popleft().synchronize()  # (releases the GIL; blocking: no spinning core)
+                queued.append(torch.cuda.Event(blocking=True))
+                self._queue_copies(group, queued[-1])
+            end.record(self._copy_stream)
+        except BaseException as error:  # re-raised by load(), on the trainer's thread
+            self._pacer_error = error
+
+    def _join_pacer(self) -> None:
+        if self._pacer is None:
+            return
+        t0 = time.perf_counter()
+        self._pacer.join(PACER_JOIN_TIMEOUT_S)
+        self._pacer_join_s = time.perf_counter() - t0
+        if self._pacer.is_alive():
+            raise RuntimeError(f"optimizer_offload: the prefetch queued no copy for {PACER_JOIN_TIMEOUT_S:.0f} s")
+        self._pacer = None
+        if self._pacer_error is not None:
+            raise RuntimeError("optimizer_offload: the prefetch's copies failed") from self._pacer_error
 
     def load(self) -> int:
         """The state on the GPU for the compute stream's next kernels (prefetched or not): the compute
@@ -129,6 +202,8 @@ class HostOptimizerState:
         if not self.on_host:
             return 0
         self.prefetch()
+        self._pacer_join_s = 0.0
+        self._join_pacer()  # every copy queued (all but the last group's landed) before the stream waits
         if self._incoming is not None:
             compute = torch.cuda.current_stream()
             before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -140,12 +215,14 @@ class HostOptimizerState:
         return self.nbytes
 
     def load_times(self) -> tuple[float, float]:
-        """Of the last `load()`: (seconds the copies took, seconds the compute stream waited for them:
+        """Of the last `load()`: (seconds the copies took, seconds the update waited for them: the host's
+        wait for a paced prefetch's last copies to be queued plus the compute stream's for them to land;
         0 when a prefetch hid them all). Waits for both to be known."""
         if self._incoming is None or self._wait is None:
             return self._cpu_load_s, 0.0
         self._wait[1].synchronize()
-        return self._incoming[0].elapsed_time(self._incoming[1]) / 1e3, self._wait[0].elapsed_time(self._wait[1]) / 1e3
+        waited = self._pacer_join_s + self._wait[0].elapsed_time(self._wait[1]) / 1e3
+        return self._incoming[0].elapsed_time(self._incoming[1]) / 1e3, waited
 
     @contextlib.contextmanager
     def on_device(self) -> Iterator[None]:
