@@ -40,6 +40,8 @@
 #              emptied between steps) with expandable segments off and on, then offload8b's app run
 #              with the default (actor.expandable_segments=false) and with true
 #   profile8b  one GPU: offload8b's app run with its second step under torch.profiler (trainer.profile_step)
+#   pace8b     one GPU: offload8b's app run with the prefetch's copies all queued at once
+#              (actor.optimizer_prefetch_inflight_mb=0), then paced (the default, 256 MiB)
 #   offload8b  one GPU: the app colocated with the random Qwen3-8B shape (~7B parameters) on that GPU:
 #              trainer, AdamW state in host memory between steps (prefetched back during the forward
 #              and backward), vLLM replica, CUDA IPC sync. MODEL_DTYPE (default float32: fp32 master
@@ -189,6 +191,10 @@ for phase in ${PHASES//,/ }; do
         --configs 16384:full,16384:full:compile --fused-optimizer > "$LOG/fsdp_7b_one.log" 2>&1
       say "fsdp 7b one rank exit $?" ;;
     profile8b) export CUDA_VISIBLE_DEVICES=0; coloc8b profile8b actor.optimizer_offload=true trainer.profile_step=2 ;;
+    pace8b)
+      export CUDA_VISIBLE_DEVICES=0
+      coloc8b pace8b_at_once actor.optimizer_offload=true actor.optimizer_prefetch_inflight_mb=0
+      coloc8b pace8b_paced actor.optimizer_offload=true ;;
     alloc8b)
       export CUDA_VISIBLE_DEVICES=0
       for alloc in False True; do

@@ -94,7 +94,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.logprob_chunk_elements < 1:
             raise ValueError(f"logprob_chunk_elements must be >= 1, got {self.logprob_chunk_elements}")
         if self.optimizer_prefetch_inflight_mb < 0:
-            raise ValueError(f"optimizer_prefetch_inflight_mb must be >= 0, got {self.optimizer_prefetch_inflight_mb}")
+            raise ValueError("optimizer_prefetch_inflight_mb must be >= 0, "
+                             f"got {self.optimizer_prefetch_inflight_mb}")
         if self.router_aux_loss_coef < 0:
             raise ValueError(f"router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef}")
         if self.router_replay_gap_every < 0:

@@ -299,7 +299,7 @@ class PackedPolicy:
             self.optimizer.zero_grad(set_to_none=True)
             if self.optimizer_state is not None and self.config.optimizer_prefetch:
                 with record_function("arl.optimizer_prefetch"):
-                    self.optimizer_state.prefetch()  # AdamW's state comes back beside this forward and backward
+                    self.optimizer_state.prefetch()  # AdamW's state comes back beside the forward and backward
             loss_total = 0.0
             mb_metrics: list[dict[str, float]] = []
             for i, mb in enumerate(mbs):

@@ -49,7 +49,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-#: How long `load()` waits for the pacing thread to have queued every copy before it calls the prefetch hung.
+#: How long `load()` waits for the pacing thread to queue every copy before it calls the prefetch hung.
 PACER_JOIN_TIMEOUT_S = 600.0
 
 
@@ -171,7 +171,8 @@ class HostOptimizerState:
                 t.copy_(host, non_blocking=True)
             landed.record()
 
-    def _paced_copies(self, groups: list[list[tuple[torch.Tensor, torch.Tensor]]], end: torch.cuda.Event) -> None:
+    def _paced_copies(self, groups: list[list[tuple[torch.Tensor, torch.Tensor]]],
+                      end: torch.cuda.Event) -> None:
         """The pacing thread: queue each group once at most one earlier group is still in flight."""
         try:
             queued: collections.deque[torch.cuda.Event] = collections.deque()
@@ -191,7 +192,8 @@ class HostOptimizerState:
         self._pacer.join(PACER_JOIN_TIMEOUT_S)
         self._pacer_join_s = time.perf_counter() - t0
         if self._pacer.is_alive():
-            raise RuntimeError(f"optimizer_offload: the prefetch queued no copy for {PACER_JOIN_TIMEOUT_S:.0f} s")
+            raise RuntimeError(f"optimizer_offload: the prefetch had not queued all its copies after "
+                               f"{PACER_JOIN_TIMEOUT_S:.0f} s")
         self._pacer = None
         if self._pacer_error is not None:
             raise RuntimeError("optimizer_offload: the prefetch's copies failed") from self._pacer_error
