@@ -185,18 +185,20 @@ class HostOptimizerState:
         except BaseException as error:  # re-raised by load(), on the trainer's thread
             self._pacer_error = error
 
-    def _join_pacer(self) -> None:
+    def _join_pacer(self) -> float:
+        """Wait for a paced prefetch to have queued every copy; returns the seconds the host waited."""
         if self._pacer is None:
-            return
+            return 0.0
         t0 = time.perf_counter()
         self._pacer.join(PACER_JOIN_TIMEOUT_S)
-        self._pacer_join_s = time.perf_counter() - t0
+        waited = time.perf_counter() - t0
         if self._pacer.is_alive():
             raise RuntimeError(f"optimizer_offload: the prefetch had not queued all its copies after "
                                f"{PACER_JOIN_TIMEOUT_S:.0f} s")
         self._pacer = None
         if self._pacer_error is not None:
             raise RuntimeError("optimizer_offload: the prefetch's copies failed") from self._pacer_error
+        return waited
 
     def load(self) -> int:
         """The state on the GPU for the compute stream's next kernels (prefetched or not): the compute
@@ -204,8 +206,8 @@ class HostOptimizerState:
         if not self.on_host:
             return 0
         self.prefetch()
-        self._pacer_join_s = 0.0
-        self._join_pacer()  # every copy queued (all but the last group's landed) before the stream waits
+        # Every copy queued (all but the last group's landed) before the compute stream waits for the end.
+        self._pacer_join_s = self._join_pacer()
         if self._incoming is not None:
             compute = torch.cuda.current_stream()
             before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
