@@ -42,6 +42,9 @@
 #   profile8b  one GPU: offload8b's app run with its second step under torch.profiler (trainer.profile_step)
 #   pace8b     one GPU: offload8b's app run with the prefetch's copies all queued at once
 #              (actor.optimizer_prefetch_inflight_mb=0), then paced (the default, 256 MiB)
+#   overlap8b  one GPU: pace8b's paced run with the state's way out inside the trainer step
+#              (actor.optimizer_offload_overlap=false), then beside the sync (the default), then that
+#              with vLLM sleep level 2
 #   offload8b  one GPU: the app colocated with the random Qwen3-8B shape (~7B parameters) on that GPU:
 #              trainer, AdamW state in host memory between steps (prefetched back during the forward
 #              and backward), vLLM replica, CUDA IPC sync. MODEL_DTYPE (default float32: fp32 master
@@ -195,6 +198,11 @@ for phase in ${PHASES//,/ }; do
       export CUDA_VISIBLE_DEVICES=0
       coloc8b pace8b_at_once actor.optimizer_offload=true actor.optimizer_prefetch_inflight_mb=0
       coloc8b pace8b_paced actor.optimizer_offload=true ;;
+    overlap8b)
+      export CUDA_VISIBLE_DEVICES=0
+      coloc8b overlap8b_in_step actor.optimizer_offload=true actor.optimizer_offload_overlap=false
+      coloc8b overlap8b_beside_sync actor.optimizer_offload=true
+      coloc8b overlap8b_sleep2 actor.optimizer_offload=true rollout.sleep_level=2 ;;
     alloc8b)
       export CUDA_VISIBLE_DEVICES=0
       for alloc in False True; do

@@ -63,3 +63,27 @@ async def test_one_step_sleeps_after_the_batch_and_wakes_around_the_sync():
                         ("wake_up", ["kv_cache"]), ("resume", 0)]
     assert log[-1] == ("resume", 0) and not control.asleep
     assert set(control.pop_timings()) == {"colocated_sleep_s", "colocated_wake_weights_s", "colocated_wake_kv_s"}
+
+
+async def test_the_trainers_memory_still_on_its_way_out_is_settled_and_released_before_the_kv_cache_wakes():
+    """One trainer rank with an overlapped optimizer offload: its copies run beside the weight wake and
+    the transfer; the control settles them, then releases the freed memory, then wakes the KV cache."""
+    log = []
+    inner = _Inner(log)
+
+    def settle():
+        log.append(("settle_trainer_memory",))
+        return 0.25
+
+    control = ColocatedControl(inner, _RolloutActorHandle(log), sleep_level=2, timeout_s=5,
+                               release_trainer_memory=lambda: log.append(("release_trainer_memory",)),
+                               settle_trainer_memory=settle)
+    source = ColocatedSource(inner, control, required=3)
+    await source.get_batch(3)
+    await control.pause()
+    await control.update_weights("tcp://x", b"{}", 1)
+    await control.resume(0)
+    assert log[1:] == [("sleep", 2), ("pause",), ("release_trainer_memory",), ("wake_up", ["weights"]),
+                       ("update_weights", 1), ("settle_trainer_memory",), ("release_trainer_memory",),
+                       ("wake_up", ["kv_cache"]), ("resume", 0)]
+    assert control.pop_timings()["colocated_offload_wait_s"] == 0.25

@@ -183,6 +183,58 @@ def test_optimizer_offload_is_bit_identical_and_frees_the_state_on_gpu(tmp_path,
     assert 0 <= last["optimizer_load_wait_s"] <= last["optimizer_load_s"] + 1e-4
 
 
+@pytest.mark.parametrize("inflight_mb", [256, 0])
+def test_overlapped_optimizer_offload_holds_the_state_until_settled_and_is_bit_identical_on_gpu(tmp_path, inflight_mb):
+    """`optimizer_offload_overlap`: a step returns with the state's copies to the host queued (paced, or
+    all at once) and its GPU storage still held; `settle_optimizer_offload()` waits for them and frees
+    at least the state's bytes. The updates equal the resident ones bit for bit, whether a step is
+    settled (the colocated app) or the next step settles it itself, and a checkpoint saved while the
+    copies are under way resumes to the same next update."""
+    from arl.trainer import HFPolicy, TrainerConfig
+    from arl.trainer.config import OptimConfig
+
+    from trainer_helpers import random_batch
+
+    model = _mid_model(tmp_path / "model")
+    batch = random_batch(seed=4, vocab=4096)
+    rows = batch.input_ids.shape[0]
+    base = dict(max_tokens_per_microbatch=64, optim=OptimConfig(lr=1e-2, fused=True))
+    resident = HFPolicy(model, TrainerConfig(**base), device="cuda")
+    cfg = TrainerConfig(**base, optimizer_offload=True, optimizer_offload_overlap=True,
+                        optimizer_prefetch_inflight_mb=inflight_mb)
+    overlapped = HFPolicy(model, cfg, device="cuda")
+    state = overlapped.optimizer_state
+    for step in range(3):
+        resident.train_step(batch, mini_batch_rows=rows // 2)
+        overlapped.train_step(batch, mini_batch_rows=rows // 2)
+        assert state.on_host and state.leaving
+        assert all(t.untyped_storage().nbytes() > 0 for t, _ in state._offloaded)
+        if step == 1:
+            continue  # left for the next step's prefetch to settle
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        waited = overlapped.settle_optimizer_offload()
+        assert not state.leaving and before - torch.cuda.memory_allocated() >= state.nbytes
+        assert all(t.untyped_storage().nbytes() == 0 for t, _ in state._offloaded)
+        copy_s, settle_s = state.offload_times()
+        assert copy_s > 0 and settle_s == waited >= 0
+        assert overlapped.settle_optimizer_offload() == 0.0  # nothing left under way
+    for (name, a), (_, b) in zip(resident.model.named_parameters(), overlapped.model.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+    overlapped.train_step(batch, mini_batch_rows=rows // 2)
+    resident.train_step(batch, mini_batch_rows=rows // 2)
+    assert state.leaving
+    checkpoint = overlapped.save(tmp_path / "ckpt", {"step": 4})
+    assert state.on_host and not state.leaving  # saving settled, brought the state back and sent it out again
+    resumed = HFPolicy(checkpoint, cfg, device="cuda")
+    resumed.load_optimizer(checkpoint)
+    for policy in (resident, resumed):
+        policy.train_step(batch, mini_batch_rows=rows // 2)
+    for (name, a), (_, b) in zip(resident.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_optimizer_offload_checkpoint_resumes_on_gpu(tmp_path):
     """A checkpoint saved while the state waits on the host resumes into the same next update."""
     from arl.trainer import HFPolicy, TrainerConfig

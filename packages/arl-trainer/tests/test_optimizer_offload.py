@@ -138,3 +138,18 @@ def test_copy_groups_pace_the_prefetch_by_bytes():
 def test_a_negative_prefetch_pace_is_refused_by_name():
     with pytest.raises(ValueError, match="optimizer_prefetch_inflight_mb"):
         TrainerConfig(optimizer_prefetch_inflight_mb=-1)
+
+
+def test_an_overlapped_offload_off_cuda_is_synchronous_and_has_nothing_to_settle(tiny_model_dir):
+    """`optimizer_offload_overlap` queues CUDA copies; CPU state's copies are synchronous, so the step
+    returns with the storage already freed and `settle_optimizer_offload` waits for nothing."""
+    cfg = TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none", max_tokens_per_microbatch=40,
+                        optimizer_offload_overlap=True)
+    policy = HFPolicy(tiny_model_dir, cfg)
+    assert policy.settle_optimizer_offload() == 0.0  # no offload at all (CPU: optimizer_state is None)
+    policy.optimizer_state = HostOptimizerState(policy.optimizer, device_type="cpu")
+    policy.train_step(random_batch(seed=12), mini_batch_rows=6)
+    state = policy.optimizer_state
+    assert state.on_host and not state.leaving
+    assert all(t.untyped_storage().nbytes() == 0 for t in _state_tensors(policy))
+    assert policy.settle_optimizer_offload() == 0.0 and state.offload_times() == (0.0, 0.0)

@@ -291,6 +291,16 @@ class TrainerActor:
         cfg = self.config = config
         timeouts = run_timeouts(cfg)
         at, actor = cfg.async_training, cfg.actor
+        from arl_train.colocated import ColocatedControl, ColocatedSource
+        from arl_train.placement import TrainerRank, layout_of, sender_host
+
+        layout = layout_of(cfg)
+        self.rank = rank or TrainerRank()  # the data-parallel seam: rank / world / rendezvous address
+        # Colocated on one rank: the state's way out runs beside the replica's weight wake and the sync,
+        # settled before its KV cache wakes (ColocatedControl). FSDP ranks offload before the sync, since
+        # they free their memory together after each step (trainer_group.release_memory_together).
+        offload_overlap = (actor.optimizer_offload and actor.optimizer_offload_overlap and layout.colocate
+                           and self.rank.world_size == 1)
         tcfg = TrainerConfig(
             ppo_mini_batch_size=actor.ppo_mini_batch_size,
             require_batches=at.require_batches,
@@ -309,19 +319,15 @@ class TrainerActor:
             optimizer_offload=actor.optimizer_offload,
             optimizer_prefetch=actor.optimizer_prefetch,
             optimizer_prefetch_inflight_mb=actor.optimizer_prefetch_inflight_mb,
+            optimizer_offload_overlap=offload_overlap,
             algorithm=actor.algorithm,
             peak_tflops=actor.peak_tflops,
             router_replay=actor.router_replay,
             router_aux_loss_coef=actor.router_aux_loss_coef,
             router_replay_gap_every=actor.router_replay_gap_every,
         )
-        from arl_train.colocated import ColocatedControl, ColocatedSource
-        from arl_train.placement import TrainerRank, layout_of, sender_host
-
-        layout = layout_of(cfg)
         # The KL's reference: recorded in every checkpoint so a resumed run keeps the original base model.
         self.reference_path = reference_path_of(cfg, model_path, resume_state)
-        self.rank = rank or TrainerRank()  # the data-parallel seam: rank / world / rendezvous address
         self.follower = self.rank.rank > 0  # ranks 1.. only follow rank 0's collectives (trainer_group)
         self.trainer = None
         self.publisher = None
@@ -370,7 +376,9 @@ class TrainerActor:
         control: Any = _RolloutHandle(rollout_handle, timeouts.pause_rpc_s, publisher)
         self.colocated: ColocatedControl | None = None
         if layout.colocate:  # take turns: replicas sleep while this trainer runs
-            self.colocated = ColocatedControl(control, rollout_handle, cfg.rollout.sleep_level, RPC_TIMEOUT_S)
+            self.colocated = ColocatedControl(
+                control, rollout_handle, cfg.rollout.sleep_level, RPC_TIMEOUT_S,
+                settle_trainer_memory=self.policy.settle_optimizer_offload if offload_overlap else None)
             source = ColocatedSource(source, self.colocated, at.require_batches * actor.ppo_mini_batch_size)
             control = self.colocated
         self.trainer = Trainer(

@@ -5,7 +5,9 @@ holds them the replicas go to sleep (vLLM releases its KV cache and moves its we
 `rollout.sleep_level`), the trainer runs its update on the freed GPU, the replicas wake their weight
 memory, the new weights arrive (CUDA IPC: the trainer rank writes into each replica's staging buffer
 on the shared GPU; with one replica per trainer GPU every rank feeds its own, see `trainer_group`),
-the KV cache comes back and generation resumes for the next step.
+the KV cache comes back and generation resumes for the next step. With `actor.optimizer_offload` on one
+trainer rank, the AdamW state's way out to host memory runs beside the weight wake and the transfer,
+and the trainer frees its memory just before the KV cache wakes (`settle_trainer_memory`).
 
 `placement.resolve` makes colocated runs synchronous (staleness 0, one sync per step, no partial
 rollout), so when the trainer has its batch no generation is in flight. The two wrappers slot into the
@@ -40,12 +42,17 @@ class ColocatedControl:
     """`RolloutControl` that wakes the sleeping replicas around the weight transfer."""
 
     def __init__(self, inner: Any, rollout_handle: Any, sleep_level: int, timeout_s: float,
-                 release_trainer_memory: Callable[[], None] = release_cached_gpu_memory) -> None:
+                 release_trainer_memory: Callable[[], None] = release_cached_gpu_memory,
+                 settle_trainer_memory: Callable[[], float] | None = None) -> None:
+        """`settle_trainer_memory`: the trainer's memory still on its way out when the sync starts (the
+        optimizer state's overlapped offload): called before the KV cache wakes, returns the seconds
+        it waited (`colocated_offload_wait_s`); that memory is then released too."""
         self.inner = inner
         self.rollout = rollout_handle
         self.sleep_level = sleep_level
         self.timeout_s = timeout_s
         self.release_trainer_memory = release_trainer_memory
+        self.settle_trainer_memory = settle_trainer_memory
         self.asleep = False
         self._timings: dict[str, float] = {}
 
@@ -72,6 +79,9 @@ class ColocatedControl:
 
     async def resume(self, queued_samples: int) -> None:
         if self.asleep:
+            if self.settle_trainer_memory is not None:  # the KV cache takes the memory it frees
+                self._timings["colocated_offload_wait_s"] = self.settle_trainer_memory()
+                self.release_trainer_memory()
             await self._wake(["kv_cache"], "colocated_wake_kv_s")
             self.asleep = False
         await self.inner.resume(queued_samples)

@@ -213,6 +213,7 @@ SYNC_PHASES = {
     "total": "sync_s",
     "sleep": "colocated_sleep_s",
     "wake_weights": "colocated_wake_weights_s",
+    "offload_wait": "colocated_offload_wait_s",
     "wake_kv": "colocated_wake_kv_s",
 }
 

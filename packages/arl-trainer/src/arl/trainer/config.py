@@ -79,6 +79,11 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # for a new shape, cudaFree) waits for that much copying instead of the whole state. 0: all queued
     # at once.
     optimizer_prefetch_inflight_mb: int = 256
+    # With optimizer_offload on CUDA: the step's way out is only queued (paced like the prefetch) and
+    # the step returns before it lands; `settle_optimizer_offload()` frees the state's GPU memory once
+    # the caller needs it (the colocated app: before the replica's KV cache wakes, so the copies run
+    # beside the replica's weight wake and the sync). Anything touching the state next settles first.
+    optimizer_offload_overlap: bool = False
     # CUDA, both backends: compile each decoder layer's forward (torch.compile, dynamic shapes), fusing
     # the norms, RoPE, SwiGLU and residual adds that run as separate memory-bound kernels eagerly (under
     # FSDP2 its gather/reshard hooks stay eager). The first micro-batch pays the compile. No-op off CUDA.

@@ -118,6 +118,11 @@ class PackedPolicy:
             self.optimizer_state = HostOptimizerState(
                 self.optimizer, inflight_bytes=cfg.optimizer_prefetch_inflight_mb << 20)
 
+    def settle_optimizer_offload(self) -> float:
+        """With `optimizer_offload_overlap`: wait for the last step's way out to land and free the state's
+        GPU storage (into the caching allocator). Returns the seconds waited (0: nothing under way)."""
+        return self.optimizer_state.settle() if self.optimizer_state is not None else 0.0
+
     def optimizer_state_on_device(self) -> contextlib.AbstractContextManager[Any]:
         """Inside the block the optimizer's state is on its device (checkpoints read and write it)."""
         return self.optimizer_state.on_device() if self.optimizer_state is not None else contextlib.nullcontext()
@@ -390,13 +395,15 @@ class PackedPolicy:
     def _release_update_memory(self) -> dict[str, float]:
         """optimizer_offload, after the step's last update: gradients dropped, AdamW state to host memory.
         Metrics: the state's way back (`optimizer_load_s`, its copies; `optimizer_load_wait_s`, what of
-        it the update waited for: 0 when the prefetch hid it), the way out, and the state's size."""
+        it the update waited for: 0 when the prefetch hid it), the way out (`optimizer_offload_s`, the
+        host's time in it: with `optimizer_offload_overlap` only the queuing, `settle_optimizer_offload`
+        returns the rest), and the state's size."""
         state = self.optimizer_state
         assert state is not None
         self.optimizer.zero_grad(set_to_none=True)
         load_s, wait_s = state.load_times()
         t0 = time.perf_counter()
-        moved = state.offload()
+        moved = state.offload(overlap=self.config.optimizer_offload_overlap)
         return {"optimizer_offload_s": time.perf_counter() - t0, "optimizer_load_s": load_s,
                 "optimizer_load_wait_s": wait_s, "optimizer_state_gib": moved / 2**30}
 

@@ -20,6 +20,12 @@ device mid-step then waits for that much copying, not for the whole state. The f
 kernel for a new matmul shape does (the colocated 8B app on an H200, its batch's length new every
 step: the head's first backward matmul held the host 780 ms, the compute stream idle, until the 1,194
 queued copies had landed; `CUDA_MODULE_LOADING=EAGER` did not avoid it), and so does cudaFree.
+
+The way out can overlap too (`offload(overlap=True)`): the same pacing thread queues the copies to the
+host and `offload` returns at once; the state's GPU storage is freed by `settle()`, which the caller
+runs once it needs that memory, and which anything touching the state next runs first. The colocated
+app settles just before the replica's KV cache wakes, so the copies run beside the replica's weight
+wake and the weight sync instead of before them.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-#: How long `load()` waits for the pacing thread to queue every copy before it calls the prefetch hung.
+#: How long `load()` and `settle()` wait for the pacing thread to queue every copy before they call it hung.
 PACER_JOIN_TIMEOUT_S = 600.0
 
 
@@ -80,17 +86,20 @@ class HostOptimizerState:
         self.optimizer = optimizer
         self.device_type = device_type
         self.inflight_bytes = inflight_bytes
-        self._pacer: threading.Thread | None = None  # queues a paced prefetch's copies
+        self._pacer: threading.Thread | None = None  # queues a paced prefetch's (or an overlapped offload's) copies
         self._pacer_error: BaseException | None = None
         self._pacer_join_s = 0.0  # the host's wait in load() for the pacer to queue the last copies
         self._offloaded: list[tuple[torch.Tensor, torch.Tensor]] = []  # (state tensor, its host copy)
         self._arena: HostArena | None = None  # the host copies, one exact-size buffer, reused
         self._copy_stream: torch.cuda.Stream | None = None  # the prefetch's, created on first use
         self._incoming: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # a prefetch's start/end
+        self._outgoing: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # an overlapped offload's
+        self._settle_s = 0.0  # the host's wait in the last settle()
         self._wait: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # the update's wait for it
         self._cpu_load_s = 0.0  # device_type "cpu": the copies are synchronous, timed on the host
         self.on_host = False
         self.prefetching = False
+        self.leaving = False  # an overlapped offload's copies queued, the GPU storage not yet freed
 
     def _device_state(self) -> list[tuple[str, torch.Tensor]]:
         out = []
@@ -105,8 +114,11 @@ class HostOptimizerState:
         """Bytes of state the last offload moved."""
         return sum(host.numel() * host.element_size() for _, host in self._offloaded)
 
-    def offload(self) -> int:
-        """Copy the CUDA state to host memory and free its GPU storage; returns the bytes moved."""
+    def offload(self, *, overlap: bool = False) -> int:
+        """Copy the CUDA state to host memory and free its GPU storage; returns the bytes moved.
+        `overlap` (CUDA): queue the copies, paced, on the copy stream and return at once; `settle()`
+        frees the storage once they have landed."""
+        self.settle()
         if self.on_host:
             return 0
         tensors = self._device_state()
@@ -120,19 +132,49 @@ class HostOptimizerState:
             self._offloaded, self._arena = [], None  # the old layout's memory goes before the new is taken
             self._arena = HostArena(specs, pinned=pinned)
         self._offloaded = list(zip((t for _, t in tensors), self._arena.views, strict=True))
+        self.on_host = True
+        if pinned and overlap:
+            self._outgoing = self._start_copies([(host, t) for t, host in self._offloaded])
+            self.leaving = True
+            return self.nbytes
         for t, host in self._offloaded:
             host.copy_(t, non_blocking=True)
         if pinned:
             torch.cuda.current_stream().synchronize()  # every copy landed before its source is freed
+        self._free_device_storage()
+        return self.nbytes
+
+    def _free_device_storage(self) -> None:
         for t, _ in self._offloaded:
             t.untyped_storage().resize_(0)
-        self.on_host = True
-        return self.nbytes
+
+    def settle(self) -> float:
+        """Finish an overlapped offload: wait for its copies to land, then free the state's GPU storage
+        (into the caching allocator: `torch.cuda.empty_cache()` hands it to the driver). Returns the
+        seconds the host waited; 0 when no offload was under way."""
+        if not self.leaving:
+            return 0.0
+        t0 = time.perf_counter()
+        self._join_pacer()
+        assert self._outgoing is not None
+        self._outgoing[1].synchronize()
+        self._free_device_storage()
+        self.leaving = False
+        self._settle_s = time.perf_counter() - t0
+        return self._settle_s
+
+    def offload_times(self) -> tuple[float, float]:
+        """Of the last overlapped offload, once settled: (seconds its copies took, seconds `settle()`
+        waited for them). (0, 0) for an offload that was not overlapped (its call's time is the cost)."""
+        if self._outgoing is None or self.leaving:
+            return 0.0, 0.0
+        return self._outgoing[0].elapsed_time(self._outgoing[1]) / 1e3, self._settle_s
 
     def prefetch(self) -> None:
         """Start the state's way back: every tensor gets its storage now and its values are copied in on
         the copy stream, beside whatever the compute stream runs next; `load()` makes the compute stream
         wait for them. A no-op unless the state is on the host and not already coming back."""
+        self.settle()
         if not self.on_host or self.prefetching:
             return
         for t, host in self._offloaded:
@@ -144,31 +186,36 @@ class HostOptimizerState:
                 t.copy_(host)
             self._cpu_load_s = time.perf_counter() - t0
             return
+        self._incoming = self._start_copies(self._offloaded)
+
+    def _start_copies(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        """Queue `dst.copy_(src)` for each (dst, src) on the copy stream, paced by a thread unless
+        `inflight_bytes` is 0; returns the events recorded before the first copy and after the last."""
         compute = torch.cuda.current_stream()
         if self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(device=compute.device)
-        # The fresh storage may be blocks the compute stream freed and still has kernels queued on:
-        # the copies start after those.
+        # The copies start after the compute stream's queued work: a prefetch's fresh storage may be
+        # blocks it freed and still has kernels queued on; an offload's sources are the update's output.
         self._copy_stream.wait_stream(compute)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(self._copy_stream)
-        self._incoming = (start, end)
         if self.inflight_bytes <= 0:
-            self._queue_copies(self._offloaded, end)
-            return
+            self._queue_copies(pairs, end)
+            return start, end
         # Two groups of half the pace in flight: one lands while the next is queued behind it.
-        sizes = [host.numel() * host.element_size() for _, host in self._offloaded]
-        groups = [[self._offloaded[i] for i in g] for g in copy_groups(sizes, self.inflight_bytes // 2)]
+        sizes = [src.numel() * src.element_size() for _, src in pairs]
+        groups = [[pairs[i] for i in g] for g in copy_groups(sizes, self.inflight_bytes // 2)]
         self._pacer_error = None
         self._pacer = threading.Thread(target=self._paced_copies, args=(groups, end), daemon=True,
-                                       name="arl-optimizer-prefetch")
+                                       name="arl-optimizer-copies")
         self._pacer.start()
+        return start, end
 
     def _queue_copies(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], landed: torch.cuda.Event) -> None:
         assert self._copy_stream is not None
         with torch.cuda.stream(self._copy_stream):
-            for t, host in pairs:
-                t.copy_(host, non_blocking=True)
+            for dst, src in pairs:
+                dst.copy_(src, non_blocking=True)
             landed.record()
 
     def _paced_copies(self, groups: list[list[tuple[torch.Tensor, torch.Tensor]]],
@@ -186,18 +233,18 @@ class HostOptimizerState:
             self._pacer_error = error
 
     def _join_pacer(self) -> float:
-        """Wait for a paced prefetch to have queued every copy; returns the seconds the host waited."""
+        """Wait for the pacing thread to have queued every copy; returns the seconds the host waited."""
         if self._pacer is None:
             return 0.0
         t0 = time.perf_counter()
         self._pacer.join(PACER_JOIN_TIMEOUT_S)
         waited = time.perf_counter() - t0
         if self._pacer.is_alive():
-            raise RuntimeError(f"optimizer_offload: the prefetch had not queued all its copies after "
+            raise RuntimeError(f"optimizer_offload: the state's copies had not all been queued after "
                                f"{PACER_JOIN_TIMEOUT_S:.0f} s")
         self._pacer = None
         if self._pacer_error is not None:
-            raise RuntimeError("optimizer_offload: the prefetch's copies failed") from self._pacer_error
+            raise RuntimeError("optimizer_offload: the state's copies failed") from self._pacer_error
         return waited
 
     def load(self) -> int:
