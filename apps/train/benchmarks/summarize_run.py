@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 PHASES = ("sync_s", "sync_pause_s", "sync_transfer_s", "sync_receive_s", "sync_load_s", "sync_reset_cache_s",
-          "sync_resume_s", "colocated_sleep_s", "colocated_wake_weights_s", "colocated_offload_wait_s", "colocated_wake_kv_s")
+          "sync_resume_s", "colocated_sleep_s", "colocated_wake_weights_s", "colocated_offload_wait_s",
+          "colocated_wake_kv_s")
 
 
 def main() -> None:

@@ -153,3 +153,26 @@ def test_an_overlapped_offload_off_cuda_is_synchronous_and_has_nothing_to_settle
     assert state.on_host and not state.leaving
     assert all(t.untyped_storage().nbytes() == 0 for t in _state_tensors(policy))
     assert policy.settle_optimizer_offload() == 0.0 and state.offload_times() == (0.0, 0.0)
+
+
+def test_a_failed_overlapped_offload_leaves_the_state_on_the_device(tiny_model_dir, monkeypatch):
+    """If the way out's copies fail, `settle` re-raises and the state stays where it is whole: on the
+    device (its storage was never freed), not half on the host."""
+    policy = HFPolicy(tiny_model_dir, TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none",
+                                                    max_tokens_per_microbatch=40))
+    policy.train_step(random_batch(seed=13), mini_batch_rows=12)
+    expected = [t.clone() for t in _state_tensors(policy)]
+    state = HostOptimizerState(policy.optimizer, device_type="cpu")
+    state.offload()
+    state.load()
+    state.leaving, state.on_host = True, True  # as an overlapped offload leaves it, before settle
+
+    def failed_copies():
+        raise RuntimeError("copy failed")
+
+    monkeypatch.setattr(state, "_join_pacer", failed_copies)
+    with pytest.raises(RuntimeError, match="copy failed"):
+        state.settle()
+    assert not state.on_host and not state.leaving
+    assert all(torch.equal(a, b) for a, b in zip(_state_tensors(policy), expected, strict=True))
+    assert state.offload() == state.nbytes  # and can go out again

@@ -91,7 +91,7 @@ class HostOptimizerState:
         self._pacer_join_s = 0.0  # the host's wait in load() for the pacer to queue the last copies
         self._offloaded: list[tuple[torch.Tensor, torch.Tensor]] = []  # (state tensor, its host copy)
         self._arena: HostArena | None = None  # the host copies, one exact-size buffer, reused
-        self._copy_stream: torch.cuda.Stream | None = None  # the prefetch's, created on first use
+        self._copy_stream: torch.cuda.Stream | None = None  # the state's copies', created on first use
         self._incoming: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # a prefetch's start/end
         self._outgoing: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # an overlapped offload's
         self._settle_s = 0.0  # the host's wait in the last settle()
@@ -155,11 +155,15 @@ class HostOptimizerState:
         if not self.leaving:
             return 0.0
         t0 = time.perf_counter()
-        self._join_pacer()
-        assert self._outgoing is not None
-        self._outgoing[1].synchronize()
-        self._free_device_storage()
         self.leaving = False
+        try:
+            self._join_pacer()
+            assert self._outgoing is not None
+            self._outgoing[1].synchronize()
+        except BaseException:
+            self.on_host = False  # the host copy is incomplete; the GPU storage, still held, has the state
+            raise
+        self._free_device_storage()
         self._settle_s = time.perf_counter() - t0
         return self._settle_s
 
@@ -188,7 +192,8 @@ class HostOptimizerState:
             return
         self._incoming = self._start_copies(self._offloaded)
 
-    def _start_copies(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    def _start_copies(self, pairs: list[tuple[torch.Tensor, torch.Tensor]],
+                      ) -> tuple[torch.cuda.Event, torch.cuda.Event]:
         """Queue `dst.copy_(src)` for each (dst, src) on the copy stream, paced by a thread unless
         `inflight_bytes` is 0; returns the events recorded before the first copy and after the last."""
         compute = torch.cuda.current_stream()
