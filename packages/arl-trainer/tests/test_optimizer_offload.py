@@ -104,14 +104,19 @@ def test_host_arena_lays_tensors_out_exactly_and_is_reused_while_the_state_keeps
     assert first.nbytes < policy.optimizer_state.nbytes + ALIGN_BYTES * len(first.views)
 
 
+def _trained_policy_and_its_state(tiny_model_dir, seed):
+    """A policy after one step, a copy of its optimizer state, and a `HostOptimizerState` over it (CPU)."""
+    policy = HFPolicy(tiny_model_dir, TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none",
+                                                    max_tokens_per_microbatch=40))
+    policy.train_step(random_batch(seed=seed), mini_batch_rows=12)
+    expected = [t.clone() for t in _state_tensors(policy)]
+    return policy, expected, HostOptimizerState(policy.optimizer, device_type="cpu")
+
+
 def test_prefetched_state_is_in_place_before_the_update_and_a_second_prefetch_is_a_noop(tiny_model_dir):
     """`prefetch` gives every tensor its storage and values back at once; `load` after it (the update)
     and a repeated `prefetch` move nothing again; the state stays "on the host" for `offload` until loaded."""
-    policy = HFPolicy(tiny_model_dir, TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none",
-                                                    max_tokens_per_microbatch=40))
-    policy.train_step(random_batch(seed=11), mini_batch_rows=12)
-    expected = [t.clone() for t in _state_tensors(policy)]
-    state = HostOptimizerState(policy.optimizer, device_type="cpu")
+    policy, expected, state = _trained_policy_and_its_state(tiny_model_dir, seed=11)
     state.offload()
     state.prefetch()
     assert state.prefetching and state.on_host
@@ -158,11 +163,7 @@ def test_an_overlapped_offload_off_cuda_is_synchronous_and_has_nothing_to_settle
 def test_a_failed_overlapped_offload_leaves_the_state_on_the_device(tiny_model_dir, monkeypatch):
     """If the way out's copies fail, `settle` re-raises and the state stays where it is whole: on the
     device (its storage was never freed), not half on the host."""
-    policy = HFPolicy(tiny_model_dir, TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none",
-                                                    max_tokens_per_microbatch=40))
-    policy.train_step(random_batch(seed=13), mini_batch_rows=12)
-    expected = [t.clone() for t in _state_tensors(policy)]
-    state = HostOptimizerState(policy.optimizer, device_type="cpu")
+    policy, expected, state = _trained_policy_and_its_state(tiny_model_dir, seed=13)
     state.offload()
     state.load()
     state.leaving, state.on_host = True, True  # as an overlapped offload leaves it, before settle
