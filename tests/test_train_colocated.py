@@ -55,8 +55,11 @@ def test_colocated_run_takes_turns_trains_and_syncs(tmp_path):
 def test_two_colocated_ranks_each_sync_the_replica_beside_them(tmp_path):
     """Two FSDP2 trainer ranks (gloo) and two replicas taking turns, one replica per rank: every rank
     sends the gathered weights to its own replica (`per_rank_sync`, CUDA IPC on GPUs; the CPU
-    transport here), and both replicas end holding the trainer's weights."""
-    summary, rows = _run(tmp_path, "resources.trainer_cpu_ranks=2", "rollout.replicas=2", "rollout.engine=torch")
+    transport here), and both replicas end holding the trainer's weights. With `optimizer_offload`
+    every rank settles its state's way out before the KV caches wake (on the CPU there is no CUDA
+    state to move: the settle runs, through every rank, and waits for nothing)."""
+    summary, rows = _run(tmp_path, "resources.trainer_cpu_ranks=2", "rollout.replicas=2", "rollout.engine=torch",
+                         "actor.optimizer_offload=true")
 
     assert summary.layout["colocate"] and summary.layout["trainer_cpu_ranks"] == 2
     assert summary.steps == 3 and summary.samples_consumed == 12
@@ -67,6 +70,7 @@ def test_two_colocated_ranks_each_sync_the_replica_beside_them(tmp_path):
     assert sources[0] == summary.trainer["sync_address"]
     assert summary.rollout["engine_versions"] == [3, 3]
     assert summary.weights_equal_after_sync and summary.weights_max_abs_diff == 0.0, summary.weights_problems
+    assert all(r["colocated_offload_wait_s"] >= 0.0 for r in rows)
 
 
 def test_a_dead_replica_fails_a_per_rank_colocated_run_by_name(tmp_path):

@@ -22,3 +22,25 @@ def kl_group(spec, model_dir, out_dir):
     ref = leader.reference_log_probs(batch)
     leader.stop()
     torch.save({"metrics": metrics, "ref": ref}, out_dir / "leader.pt")
+
+
+def settle_group(spec, model_dir, out_dir):
+    """Rank 0 leads a training step, then settles the optimizer state's way out on every rank (as the
+    colocated app does before the KV caches wake); each rank records its own settles."""
+    torch.set_num_threads(1)
+    from arl.trainer import TrainerConfig
+    from arl.trainer.fsdp import FSDPPolicy
+    from arl_train.trainer_group import LeaderPolicy, follow, probe_batch
+
+    policy = FSDPPolicy(model_dir, TrainerConfig(mixed_precision="none"), spec)
+    settled = []
+    own_settle = policy.settle_optimizer_offload
+    policy.settle_optimizer_offload = lambda: settled.append(spec.rank) or own_settle()
+    if spec.rank > 0:
+        counts = follow(policy)
+    else:
+        leader = LeaderPolicy(policy)
+        leader.train_step(probe_batch([1, 2, 3, 4], [5, 6, 7, 8, 9]), mini_batch_rows=1)
+        counts = {"waited_s": leader.settle_optimizer_offload()}
+        leader.stop()
+    torch.save({"counts": counts, "settled": settled}, out_dir / f"settle_rank{spec.rank}.pt")

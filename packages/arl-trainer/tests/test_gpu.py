@@ -259,7 +259,8 @@ def test_optimizer_offload_checkpoint_resumes_on_gpu(tmp_path):
 
 
 def test_optimizer_offload_under_fsdp2_is_bit_identical_on_gpu(tmp_path):
-    """FSDP2 (NCCL, every visible GPU up to 2), fused AdamW over DTensors: offloaded == resident."""
+    """FSDP2 (NCCL, every visible GPU up to 2), fused AdamW over DTensors: offloaded == resident, the
+    way out inside the step or beside the weight gathers that follow it (`optimizer_offload_overlap`)."""
     from arl.trainer.distributed import spawn_local
 
     from trainer_helpers import fsdp_offload_vs_resident
@@ -267,10 +268,12 @@ def test_optimizer_offload_under_fsdp2_is_bit_identical_on_gpu(tmp_path):
     model = _mid_model(tmp_path / "model")
     spawn_local(fsdp_offload_vs_resident, min(torch.cuda.device_count(), 2), model, tmp_path, timeout_s=300)
     result = torch.load(tmp_path / "fsdp_offload.pt", weights_only=False)
-    assert result["on_host_True"] and not result["on_host_False"]
-    for name, tensor in result["weights_False"].items():
-        assert torch.equal(tensor, result["weights_True"][name]), name
-    assert result["metrics_True"][-1]["optimizer_state_gib"] > 0
+    assert result["on_host_offload"] and result["on_host_overlap"] and not result["on_host_resident"]
+    assert result["leaving_overlap"] == [True] * 3 and result["leaving_offload"] == [False] * 3
+    for mode in ("offload", "overlap"):
+        for name, tensor in result["weights_resident"].items():
+            assert torch.equal(tensor, result[f"weights_{mode}"][name]), (mode, name)
+        assert result[f"metrics_{mode}"][-1]["optimizer_state_gib"] > 0
 
 
 def test_optimizer_offload_under_fsdp2_checkpoint_resumes_on_gpu(tmp_path):

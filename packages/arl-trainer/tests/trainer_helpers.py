@@ -164,20 +164,30 @@ def fsdp_compiled_vs_eager(spec, model_dir, out_dir):
 
 
 def fsdp_offload_vs_resident(spec, model_dir, out_dir):
-    """One FSDP2 group (every visible GPU), fused AdamW: three steps with the optimizer state resident,
-    three from the same weights with `optimizer_offload`; rank 0 saves both runs' full weights and the
-    offload run's metrics."""
+    """One FSDP2 group (every visible GPU), fused AdamW, three steps from the same weights each way:
+    the optimizer state resident, offloaded in the step, and offloaded beside the next weight gathers
+    (`optimizer_offload_overlap`: every step's copies still in flight while a whole sync's gathers run,
+    as in the colocated app, then settled). Rank 0 saves every run's full weights and metrics."""
     from arl.trainer.config import OptimConfig
     from arl.trainer.fsdp import FSDPPolicy
 
     batch = random_batch(seed=11)
     result = {}
-    for offload in (False, True):
-        policy = FSDPPolicy(model_dir, TrainerConfig(max_tokens_per_microbatch=40, optimizer_offload=offload,
-                                                     optim=OptimConfig(lr=1e-2, fused=True)), spec)
-        result[f"metrics_{offload}"] = [policy.train_step(batch, mini_batch_rows=4) for _ in range(3)]
-        result[f"weights_{offload}"] = policy.state_dict_cpu()
-        result[f"on_host_{offload}"] = policy.optimizer_state is not None and policy.optimizer_state.on_host
+    for mode in ("resident", "offload", "overlap"):
+        policy = FSDPPolicy(model_dir, TrainerConfig(
+            max_tokens_per_microbatch=40, optimizer_offload=mode != "resident",
+            optimizer_offload_overlap=mode == "overlap", optim=OptimConfig(lr=1e-2, fused=True)), spec)
+        metrics, leaving = [], []
+        for _ in range(3):
+            metrics.append(policy.train_step(batch, mini_batch_rows=4))
+            state = policy.optimizer_state
+            leaving.append(state is not None and state.leaving)
+            policy.drain_sync_parameters()  # the sync's gathers, beside the state's way out
+            policy.settle_optimizer_offload()
+        result[f"metrics_{mode}"] = metrics
+        result[f"leaving_{mode}"] = leaving
+        result[f"weights_{mode}"] = policy.state_dict_cpu()
+        result[f"on_host_{mode}"] = policy.optimizer_state is not None and policy.optimizer_state.on_host
     if spec.rank == 0:
         torch.save(result, out_dir / "fsdp_offload.pt")
 

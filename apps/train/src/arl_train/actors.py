@@ -296,11 +296,9 @@ class TrainerActor:
 
         layout = layout_of(cfg)
         self.rank = rank or TrainerRank()  # the data-parallel seam: rank / world / rendezvous address
-        # Colocated on one rank: the state's way out runs beside the replica's weight wake and the sync,
-        # settled before its KV cache wakes (ColocatedControl). FSDP ranks offload before the sync, since
-        # they free their memory together after each step (trainer_group.release_memory_together).
-        offload_overlap = (actor.optimizer_offload and actor.optimizer_offload_overlap and layout.colocate
-                           and self.rank.world_size == 1)
+        # Colocated: the state's way out runs beside the replicas' weight wake and the sync, settled before
+        # their KV caches wake (ColocatedControl; FSDP ranks all together, trainer_group.settle_memory_together).
+        offload_overlap = actor.optimizer_offload and actor.optimizer_offload_overlap and layout.colocate
         tcfg = TrainerConfig(
             ppo_mini_batch_size=actor.ppo_mini_batch_size,
             require_batches=at.require_batches,

@@ -5,9 +5,9 @@ holds them the replicas go to sleep (vLLM releases its KV cache and moves its we
 `rollout.sleep_level`), the trainer runs its update on the freed GPU, the replicas wake their weight
 memory, the new weights arrive (CUDA IPC: the trainer rank writes into each replica's staging buffer
 on the shared GPU; with one replica per trainer GPU every rank feeds its own, see `trainer_group`),
-the KV cache comes back and generation resumes for the next step. With `actor.optimizer_offload` on one
-trainer rank, the AdamW state's way out to host memory runs beside the weight wake and the transfer,
-and the trainer frees its memory just before the KV cache wakes (`settle_trainer_memory`).
+the KV cache comes back and generation resumes for the next step. With `actor.optimizer_offload`, the
+AdamW state's way out to host memory runs beside the weight wake and the transfer, and the trainer
+(every rank of an FSDP group) frees its memory just before the KV cache wakes (`settle_trainer_memory`).
 
 `placement.resolve` makes colocated runs synchronous (staleness 0, one sync per step, no partial
 rollout), so when the trainer has its batch no generation is in flight. The two wrappers slot into the

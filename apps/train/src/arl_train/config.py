@@ -107,9 +107,9 @@ class ActorConfig(_Section):
     # synchronization (a kernel's first launch for a new shape) waits for that much, not the whole
     # state; 0: all at once (arl-trainer's README has the measurement).
     optimizer_prefetch_inflight_mb: int = 256
-    # With optimizer_offload, colocated on one trainer rank: the state's way out runs beside the
-    # replicas' weight wake and the sync, and completes before their KV cache wakes; false: it finishes
-    # inside the trainer step. (FSDP ranks always finish it in the step: they free memory together.)
+    # With optimizer_offload, colocated: the state's way out runs beside the replicas' weight wake and
+    # the sync, and completes (on every trainer rank) before their KV caches wake; false: it finishes
+    # inside the trainer step.
     optimizer_offload_overlap: bool = True
     # CUDA: AdamW's fused single-kernel step (no full-size temporaries in the update).
     fused_optimizer: bool = False

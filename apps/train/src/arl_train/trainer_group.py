@@ -10,7 +10,9 @@ weights check and probe — goes through `LeaderPolicy`, which first broadcasts 
 command (with the step's whole batch: `PackedPolicy.train_step` wants the same batch on every rank and
 takes its share of the balanced packing plan itself), then runs its own part. Ranks 1.. sit in
 `follow`, running the same command on their shard until rank 0 sends "stop". The driver therefore
-talks to rank 0 only, and watches the followers' `follow` calls for failures.
+talks to rank 0 only, and watches the followers' `follow` calls for failures. Colocated ranks also
+free GPU memory together when rank 0 says so: after each step (`release_memory_together`) and, with
+an overlapped optimizer offload, once its copies have landed (`settle_memory_together`).
 
 Weights leave the group one of two ways. Split layouts: rank 0 alone sends (to every replica) and
 the other ranks only take part in the gathers. Colocated layouts with one replica per trainer GPU:
@@ -21,6 +23,7 @@ rollout side which sender each replica joins.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +71,15 @@ class LeaderPolicy:
         if self.after_step is not None:
             self.after_step()
         return metrics
+
+    def settle_optimizer_offload(self) -> float:
+        """Colocated, with the optimizer state's overlapped offload: every rank settles its way out and
+        hands the memory back (`settle_memory_together`) before the replicas' KV caches wake. Returns
+        rank 0's wait, which includes the slowest rank's (the barrier)."""
+        _broadcast(("settle",))
+        t0 = time.perf_counter()
+        settle_memory_together(self.inner)
+        return time.perf_counter() - t0
 
     def named_parameters_for_sync(self) -> Any:
         if not self.followers_send:
@@ -156,6 +168,14 @@ def release_memory_together() -> None:
     dist.barrier()
 
 
+def settle_memory_together(policy: Any) -> None:
+    """Colocated ranks, just before the replicas' KV caches wake: every rank waits for its optimizer
+    state's overlapped way out to land, frees that GPU memory and hands it back with the rest of its
+    cached blocks; the barrier keeps rank 0 from waking the replicas before all have."""
+    policy.settle_optimizer_offload()
+    release_memory_together()
+
+
 def follow(policy: Any, publisher: WeightPublisher | None = None,
            after_step: Callable[[], None] | None = None) -> dict[str, int]:
     """A follower rank's loop: run rank 0's commands on this shard until "stop"; returns counts.
@@ -174,6 +194,8 @@ def follow(policy: Any, publisher: WeightPublisher | None = None,
             policy.train_step(batch, rows, routes=routes)
             if after_step is not None:
                 after_step()
+        elif op == "settle":
+            settle_memory_together(policy)
         elif op == "sync":
             policy.drain_sync_parameters()
         elif op == "send":
