@@ -15,7 +15,9 @@ Response lengths are lognormal (median 659, p99 4,132: p99/median 6.27), exact t
 `small` = qwen3-0.6b-random (generation dominates: the split halves decode capacity, ideal ≤ 1);
 `balanced` = qwen3-1.7b-random (measured on an H200: its t / g_cont is 2.1, the small shape's 1.9,
 so it is not balanced after all); `long-prompt` = the small shape with 1,024-token prompts, which the
-trainer runs over and the engine only prefills, as agentic contexts are: t per response token ≈ g_cont.
+trainer runs over and the engine only prefills, as agentic contexts are (measured: t per response
+token 1.19 × g_cont); `long-prompt-kl` = that with GRPO's KL loss to a reference policy, whose extra
+forward brings t to about g_cont, where the ideal is highest.
 t is reported per trained token (`t`) and per response token (`t_response`, the formula's unit).
 The small workload also sweeps decode tokens/s vs batch size (fixed 256-token requests), printed as
 the [decode] table of apps/bench/calibration/h200.toml, with t as [train].
@@ -47,6 +49,10 @@ WORKLOADS = {
     # Agentic rollouts carry long contexts (tool output, history) that the trainer runs over but the
     # engine only prefills: the training cost per generated token rises towards the decode cost.
     "long-prompt": {"shape": "qwen3-0.6b-random", "requests": 512, "sweep": False, "prompt_len": 1024},
+    # The same with GRPO's KL loss to the reference policy (verl's recipe: kl_coef 0.001 beside the
+    # recomputed proximal log probs): one more forward per step lowers t towards g_cont.
+    "long-prompt-kl": {"shape": "qwen3-0.6b-random", "requests": 512, "sweep": False, "prompt_len": 1024,
+                       "kl_coef": 0.001},
 }
 MEDIAN, P99 = 659, 4132
 
@@ -131,14 +137,16 @@ async def measure_vllm(model: Path, targets: list[int], batch: int, sweep: bool,
     }
 
 
-def measure_train(model: Path, targets: list[int], prompt_len: int, args) -> dict:
+def measure_train(model: Path, targets: list[int], prompt_len: int, args, kl_coef: float = 0.0) -> dict:
     import torch
 
     from arl.queue.types import Response, Sample
     from arl.trainer import HFPolicy, TrainerConfig, assemble_batch
+    from arl.trainer.algorithm_config import AlgorithmConfig
 
     n = args.n
-    config = TrainerConfig(ppo_mini_batch_size=args.train_prompts)
+    # (the reference is the policy's initial weights: HFPolicy's copy when kl_coef > 0)
+    config = TrainerConfig(ppo_mini_batch_size=args.train_prompts, algorithm=AlgorithmConfig(kl_coef=kl_coef))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     policy = HFPolicy(model, config, device=device, dtype="bfloat16" if device == "cuda" else "float32")
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -232,9 +240,10 @@ def main() -> int:
             model = build_builtin_model(spec["shape"], Path(tmp) / "model", seed=0)
             build_s = time.perf_counter() - t0
             gen = asyncio.run(measure_vllm(model, targets, args.batch, spec["sweep"], spec["prompt_len"], args))
-            train = measure_train(model, targets, spec["prompt_len"], args)
+            train = measure_train(model, targets, spec["prompt_len"], args, kl_coef=spec.get("kl_coef", 0.0))
         row = {
             "shape": spec["shape"], "requests": len(targets), "prompt_len": spec["prompt_len"], "build_s": build_s,
+            "kl_coef": spec.get("kl_coef", 0.0),
             "length_median": sorted(targets)[len(targets) // 2],
             "length_p99": sorted(targets)[min(len(targets) - 1, math.ceil(0.99 * len(targets)) - 1)],
             **gen, "t": train["t"], "t_response": train["t_response"], "t_padded": train["t_padded"],
