@@ -20,8 +20,9 @@
 #   measure    side by side, one GPU each: the profiled 0.5B trainer step then long-prompt raw rates
 #              (GPU 0); arl-trainer's GPU tests, the LM-head benchmark and the CUDA IPC sweep (GPU 1);
 #              one after the other on a one-GPU machine
-#   longcompare  the long-prompt compare alone (its raw rates come from `measure`)
-#   coloc2     the small and long-prompt compares against colocated on both GPUs (two FSDP2 trainer
+#   longcompare  the long-prompt compare with GRPO's KL loss to a reference (kl_coef 0.001, the workload
+#              whose measured ideal is highest: 1.30–1.40×), then without it (1.25–1.29×)
+#   coloc2     the small and long-prompt (KL) compares against colocated on both GPUs (two FSDP2 trainer
 #              ranks, two replicas, each rank syncing the replica on its GPU by CUDA IPC) instead of
 #              one GPU counted twice
 #   sync8b     the app colocated on both GPUs with the random Qwen3-8B shape (FSDP2, 2 ranks): each rank
@@ -65,6 +66,7 @@ set -u
 LOG=${1:-/tmp/arl-session}
 PHASES=${2:-sync8b,longcompare,coloc2,tp2}
 LONG_PROMPT=("data.source=builtin:longtail?median=659&p99_ratio=6.27&max=7168&prompt_words=340" rollout.max_tokens=7168)
+LONG_PROMPT_KL=("${LONG_PROMPT[@]}" actor.algorithm.kl_coef=0.001)  # raw_vllm_rates' long-prompt-kl
 mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 say() { echo "$(date +%T) $*" >> "$LOG/progress.log"; }
@@ -137,11 +139,13 @@ for phase in ${PHASES//,/ }; do
         say "rates long-prompt exit $?"
       }
       if [ "$gpu1" = 1 ]; then (chain1) & (chain0) & wait; else (chain1); (chain0); fi ;;
-    longcompare) compare long_prompt "${LONG_PROMPT[@]}" ;;
+    longcompare)
+      compare long_prompt_kl "${LONG_PROMPT_KL[@]}"
+      compare long_prompt "${LONG_PROMPT[@]}" ;;
     coloc2)
       COLOCATED_OVERRIDES="resources.trainer_gpus=2 rollout.replicas=2" COLOCATED_SCALE=1
       compare coloc2_small
-      compare coloc2_long_prompt "${LONG_PROMPT[@]}"
+      compare coloc2_long_prompt_kl "${LONG_PROMPT_KL[@]}"
       COLOCATED_OVERRIDES=actor.ppo_mini_batch_size=8 COLOCATED_SCALE=2 ;;
     sync8b)
       timeout 900 python apps/train/__main__.py --config apps/bench/configs/h200x2.toml model.path=builtin:qwen3-8b-random \
