@@ -16,7 +16,7 @@
 #   fsdp       train_7b_fsdp.py (FSDP2, Qwen2.5-7B shape, 8k rows) and the app's two-rank FSDP2 test
 #   balanced   the same compare on the random Qwen3-1.7B shape
 #   longprompt raw rates of the long-prompt workload (GPU 0), then the compare with ~1,000-token prompts
-#              (340 words of the tiny tokenizer, ~3 tokens each): the workload whose ideal is ~1.4×
+#              (340 words of the tiny tokenizer, ~3 tokens each): measured ideal 1.23–1.29× (with the KL loss 1.30–1.40×: longcompare)
 #   measure    side by side, one GPU each: the profiled 0.5B trainer step then long-prompt raw rates
 #              (GPU 0); arl-trainer's GPU tests, the LM-head benchmark and the CUDA IPC sweep (GPU 1);
 #              one after the other on a one-GPU machine
