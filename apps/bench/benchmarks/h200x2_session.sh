@@ -9,7 +9,7 @@
 # Copy results back without the run folders' model weights (a device call returns 64 MiB at most):
 #   cd /tmp && find arl-session -name "*.log" -o -name "*.json" -o -name "*.jsonl" | tar czf $OUT/logs.tgz -T -
 #
-# phases (default: what has not run yet on two GPUs, sync8b,longcompare,coloc2,tp2; any list in any order):
+# phases (default: what has not run yet on two GPUs, longcompare,sync8b,coloc2,tp2; any list in any order; the first is #14's balanced-workload aim):
 #   rates      raw_vllm_rates.py: the small workload on GPU 0 beside the balanced one on GPU 1
 #   trainer    arl-trainer's GPU tests on GPU 0 beside the activation-offload and KL-reference benchmarks on GPU 1
 #   small      apps/bench compare, colocated vs mode d, random Qwen3-0.6B shape (configs/h200x2.toml)
@@ -64,7 +64,7 @@
 #              checkpointing); needs only torch and the staged deps (no vLLM)
 set -u
 LOG=${1:-/tmp/arl-session}
-PHASES=${2:-sync8b,longcompare,coloc2,tp2}
+PHASES=${2:-longcompare,sync8b,coloc2,tp2}
 LONG_PROMPT=("data.source=builtin:longtail?median=659&p99_ratio=6.27&max=7168&prompt_words=340" rollout.max_tokens=7168)
 LONG_PROMPT_KL=("${LONG_PROMPT[@]}" actor.algorithm.kl_coef=0.001)  # raw_vllm_rates' long-prompt-kl
 mkdir -p "$LOG"
