@@ -9,7 +9,8 @@
 # Copy results back without the run folders' model weights (a device call returns 64 MiB at most):
 #   cd /tmp && find arl-session -name "*.log" -o -name "*.json" -o -name "*.jsonl" | tar czf $OUT/logs.tgz -T -
 #
-# phases (default: what has not run yet on two GPUs, longcompare,sync8b,coloc2,tp2; any list in any order; the first is #14's balanced-workload aim):
+# phases (default: what has not run yet on two GPUs, longcompare,sync8b,coloc2,tp2, #14's balanced-workload
+# aim first; any list in any order):
 #   rates      raw_vllm_rates.py: the small workload on GPU 0 beside the balanced one on GPU 1
 #   trainer    arl-trainer's GPU tests on GPU 0 beside the activation-offload and KL-reference benchmarks on GPU 1
 #   small      apps/bench compare, colocated vs mode d, random Qwen3-0.6B shape (configs/h200x2.toml)
