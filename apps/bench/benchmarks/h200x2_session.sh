@@ -17,12 +17,13 @@
 #   fsdp       train_7b_fsdp.py (FSDP2, Qwen2.5-7B shape, 8k rows) and the app's two-rank FSDP2 test
 #   balanced   the same compare on the random Qwen3-1.7B shape
 #   longprompt raw rates of the long-prompt workload (GPU 0), then the compare with ~1,000-token prompts
-#              (340 words of the tiny tokenizer, ~3 tokens each): measured ideal 1.23–1.29× (with the KL loss 1.30–1.40×: longcompare)
+#              (340 words of the tiny tokenizer, ~3 tokens each): measured ideal 1.23–1.29×
+#              (1.30–1.40× with the KL loss: longcompare)
 #   measure    side by side, one GPU each: the profiled 0.5B trainer step then long-prompt raw rates
 #              (GPU 0); arl-trainer's GPU tests, the LM-head benchmark and the CUDA IPC sweep (GPU 1);
 #              one after the other on a one-GPU machine
 #   longcompare  the long-prompt compare with GRPO's KL loss to a reference (kl_coef 0.001, the workload
-#              whose measured ideal is highest: 1.30–1.40×), then without it (1.25–1.29×)
+#              whose measured ideal is highest: 1.30–1.40×), then without it (1.23–1.29×)
 #   coloc2     the small and long-prompt (KL) compares against colocated on both GPUs (two FSDP2 trainer
 #              ranks, two replicas, each rank syncing the replica on its GPU by CUDA IPC) instead of
 #              one GPU counted twice

@@ -198,18 +198,11 @@ def measure_train(model: Path, targets: list[int], prompt_len: int, args, kl_coe
 
 def run_isolated(name: str) -> dict:
     """One workload's row, measured by this script in a fresh process (the same arguments otherwise)."""
-    argv, skip = [], False
-    for arg in sys.argv[1:]:  # drop --workloads (both spellings); the child gets one workload
-        if skip:
-            skip = False
-        elif arg == "--workloads":
-            skip = True
-        elif not arg.startswith("--workloads="):
-            argv.append(arg)
     with tempfile.TemporaryDirectory() as tmp:
         answer = Path(tmp) / "row.json"
-        subprocess.run([sys.executable, __file__, *argv, "--workloads", name, "--no-isolate", "--result-file", str(answer)],
-                       check=True)
+        # argparse keeps an option's last value: the appended --workloads and --no-isolate win.
+        subprocess.run([sys.executable, __file__, *sys.argv[1:], "--workloads", name, "--no-isolate",
+                        "--result-file", str(answer)], check=True)
         return json.loads(answer.read_text())
 
 
