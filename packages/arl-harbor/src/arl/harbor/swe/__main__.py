@@ -1,0 +1,79 @@
+"""Command line: `python -m arl.harbor.swe {build,verify}`.
+
+  build  --out <set> [--packages a,b] [--max-per-package N] [--max-candidates N] [--jobs N] [--seed S]
+         [--cache .cache/swe] [--python /usr/bin/python3.11]
+  verify <set> [--ids a,b] [--jobs N]     (exit 1 when a task fails a check)
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from arl.harbor.swe.build import build
+from arl.harbor.swe.packages import select
+from arl.harbor.swe.venvs import DEBIAN_PYTHON
+from arl.harbor.swe.verify import verify_set
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _csv(text: str | None) -> list[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m arl.harbor.swe", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build a task set from the pinned packages' sdists")
+    b.add_argument("--out", required=True, type=Path, help="the task set folder (created)")
+    b.add_argument("--packages", help="comma-separated package names (default: all pinned ones)")
+    b.add_argument("--max-per-package", type=int, default=20)
+    b.add_argument("--max-candidates", type=int, default=600, help="triples looked at per package, at most")
+    b.add_argument("--jobs", type=int, default=2)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--cache", type=Path, default=Path(".cache/swe"))
+    b.add_argument("--python", default=DEBIAN_PYTHON, help="the interpreter of the test venvs (Debian's)")
+    v = sub.add_parser("verify", help="check oracle / untouched / edited-tests rewards on the host")
+    v.add_argument("set", type=Path)
+    v.add_argument("--ids", help="comma-separated task ids (default: all)")
+    v.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    if args.cmd == "build":
+        if args.max_per_package < 1 or args.jobs < 1:
+            parser.error("--max-per-package and --jobs must be at least 1")
+        try:
+            specs = select(_csv(args.packages))
+        except ValueError as e:
+            parser.error(str(e))
+        if not Path(args.python).is_file():
+            parser.error(f"--python {args.python} does not exist (Debian's python3.11 is expected)")
+        command = "python -m arl.harbor.swe " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+        summary = build(specs, args.out.resolve(), args.cache.resolve(), max_per_package=args.max_per_package,
+                        max_candidates=args.max_candidates, jobs=args.jobs, seed=args.seed, python=args.python,
+                        command=command, log=_log)
+        for p in summary["packages"]:
+            _log(f"{p['package']} {p['version']}: kept {p['kept']} of {p['candidates_run']} run "
+                 f"({p['considered']} considered) in {p['seconds']} s")
+        _log(f"{summary['tasks_in_set']} tasks in {args.out} ({summary['seconds']} s); "
+             f"operators: {summary['operators_in_set']}")
+        return 0
+    if not args.set.is_dir():
+        parser.error(f"{args.set} is not a directory")
+    try:
+        checks = verify_set(args.set.resolve(), _csv(args.ids) or None, jobs=args.jobs, log=_log)
+    except ValueError as e:
+        parser.error(str(e))
+    bad = [c for c in checks if not c.ok]
+    _log(f"{len(checks) - len(bad)}/{len(checks)} tasks pass oracle=1.0, untouched=0.0, edited-tests!=1.0")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Write one SWE task as an ordinary Harbor task dir (the layout of /work/coord/SWE_CONTRACT.md).
+
+<task>/task.toml, instruction.md; environment/Dockerfile (FROM arl-swe-base:bookworm, testbed at
+/testbed, the package's extra test wheels installed offline), environment/testbed/ (the buggy source, a
+git repo with one commit), environment/wheels/, environment/local_setup.sh (the local sandbox's stand-in
+for the Dockerfile); tests/test.sh, tests/config.json, tests/plugin/ (the report plugin and scorer),
+tests/pristine/ (the test files restored before grading); solution/fix.patch + solve.sh (the oracle).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from arl.harbor.swe.packages import PackageSpec
+from arl.harbor.swe.runner import TASK_FILES
+from arl.harbor.swe.validate import is_test_path
+
+BASE_IMAGE = "arl-swe-base:bookworm"
+AGENT_TIMEOUT_SEC = 1800.0
+VERIFIER_TIMEOUT_SEC = 300.0
+BUILD_TIMEOUT_SEC = 600.0
+MEMORY_MB = 2048
+_ROOT_CONFIG_FILES = ("pytest.ini", "setup.cfg", "tox.ini", "pyproject.toml", "conftest.py")
+_GIT_ENV = {"GIT_AUTHOR_NAME": "arl", "GIT_AUTHOR_EMAIL": "arl@localhost", "GIT_COMMITTER_NAME": "arl",
+            "GIT_COMMITTER_EMAIL": "arl@localhost", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+            "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+
+
+@dataclass
+class TaskRecord:
+    """One task's manifest row (the contract's fields plus a few for provenance)."""
+
+    id: str
+    package: str
+    version: str
+    module: str
+    function: str
+    operator: str
+    fail_to_pass: list[str]
+    pass_to_pass: list[str]
+    validate_s: float
+    test_files: list[str] = field(default_factory=list)
+    seed: int = 0
+    image: str | None = None
+    image_build_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def unified_patch(rel: str, before: str, after: str) -> str:
+    """A `git apply` / `patch -p1` patch turning `before` into `after` for the file `rel`."""
+    out = [f"diff --git a/{rel} b/{rel}\n", f"--- a/{rel}\n", f"+++ b/{rel}\n"]
+    diff = list(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), n=3))
+    for line in diff[2:]:
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def pristine_test_files(root: Path, test_files: list[str]) -> list[str]:
+    """What test.sh restores: the test files, everything in test dirs, every conftest.py, root configs."""
+    keep = set(test_files)
+    for path in root.rglob("*"):
+        if not path.is_file() or ".git" in path.parts:
+            continue
+        rel = path.relative_to(root).as_posix()
+        parts = PurePosixPath(rel).parts
+        if "__pycache__" in parts:
+            continue
+        if path.name == "conftest.py" or any(p in ("tests", "test") for p in parts[:-1]):
+            keep.add(rel)
+        elif len(parts) == 1 and rel in _ROOT_CONFIG_FILES:
+            keep.add(rel)
+        elif is_test_path(rel) and rel in test_files:
+            keep.add(rel)
+    return sorted(keep)
+
+
+def _write(path: Path, text: str, mode: int | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if mode is not None:
+        path.chmod(mode)
+
+
+def _git_commit(testbed: Path, message: str) -> None:
+    env = {**os.environ, **_GIT_ENV}
+    for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"],
+                ["git", "commit", "-q", "--no-gpg-sign", "-m", message]):
+        subprocess.run(cmd, cwd=testbed, env=env, check=True, capture_output=True, timeout=120)
+
+
+def write_task(task_dir: Path, *, record: TaskRecord, spec: PackageSpec, pristine_root: Path,
+               buggy_text: str, instruction: str, wheelhouse: Path | None, venv_dir: Path) -> Path:
+    """Write the task dir for `record` (replacing one already there); returns `task_dir`."""
+    shutil.rmtree(task_dir, ignore_errors=True)
+    env_dir = task_dir / "environment"
+    testbed = env_dir / "testbed"
+    shutil.copytree(pristine_root, testbed, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".git"))
+    original = (pristine_root / record.module).read_text()
+    (testbed / record.module).write_text(buggy_text)
+    _git_commit(testbed, f"{spec.name} {spec.version}")
+
+    q = shlex.quote
+    wheels = sorted(wheelhouse.glob("*.whl")) if wheelhouse else []
+    docker = [f"FROM {BASE_IMAGE}", "COPY testbed /testbed"]
+    if wheels:
+        (env_dir / "wheels").mkdir(parents=True)
+        for w in wheels:
+            shutil.copy2(w, env_dir / "wheels" / w.name)
+        docker += ["COPY wheels /tmp/arl-wheels",
+                   "RUN python3 -m pip install --no-index --find-links /tmp/arl-wheels --break-system-packages "
+                   f"{' '.join(q(d) for d in spec.test_deps)} && rm -rf /tmp/arl-wheels"]
+    src_path = "/testbed" if spec.src_root == "." else f"/testbed/{spec.src_root}"
+    docker += [f"ENV PYTHONPATH={src_path}", "WORKDIR /testbed", ""]
+    _write(env_dir / "Dockerfile", "\n".join(docker))
+    venv_python = venv_dir / "bin" / "python"
+    _write(env_dir / "local_setup.sh", f"""#!/bin/bash
+# Stand-in for the Dockerfile in arl's local (unshare) sandbox: the same testbed at /testbed and the same
+# Python + test deps (the package's venv, made with Debian's python3.11 like the image's). Both are read
+# from the task set on the host, which the sandbox has to make visible at the same absolute paths.
+set -e
+TESTBED_SRC={q(str(testbed.resolve()))}
+VENV={q(str(venv_dir.resolve()))}
+[ -d "$TESTBED_SRC" ] || {{ echo "local_setup.sh: $TESTBED_SRC is not visible in the sandbox" >&2; exit 1; }}
+[ -x "$VENV/bin/python" ] || {{ echo "local_setup.sh: no venv python at $VENV/bin/python" >&2; exit 1; }}
+mkdir -p /testbed
+cp -a "$TESTBED_SRC/." /testbed/
+""", 0o755)
+
+    tests_dir = task_dir / "tests"
+    for rel in pristine_test_files(pristine_root, record.test_files):
+        dest = tests_dir / "pristine" / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(pristine_root / rel, dest)
+    (tests_dir / "plugin").mkdir(parents=True, exist_ok=True)
+    for name in ("arl_swe_report.py", "score.py"):
+        shutil.copy2(TASK_FILES / name, tests_dir / "plugin" / name)
+    test_sh = (TASK_FILES / "test.sh").read_text()
+    pytest_timeout = int(VERIFIER_TIMEOUT_SEC - 30)
+    for key, value in {
+        "@SRC_ROOT@": q(spec.src_root),
+        "@TEST_FILES@": " ".join(q(f) for f in record.test_files),
+        "@PYTEST_ARGS@": " ".join(q(a) for a in spec.pytest_args),
+        "@PYTEST_TIMEOUT_SEC@": str(pytest_timeout),
+        "@VENV_PYTHON@": q(str(venv_python.resolve())),
+    }.items():
+        test_sh = test_sh.replace(key, value)
+    _write(tests_dir / "test.sh", test_sh, 0o755)
+    config = {"fail_to_pass": record.fail_to_pass, "pass_to_pass": record.pass_to_pass,
+              "package": spec.name, "version": spec.version, "module": record.module,
+              "function": record.function, "operator": record.operator, "test_files": record.test_files,
+              "src_root": spec.src_root, "pytest_args": list(spec.pytest_args)}
+    _write(tests_dir / "config.json", json.dumps(config, indent=1) + "\n")
+
+    _write(task_dir / "solution" / "fix.patch", unified_patch(record.module, buggy_text, original))
+    _write(task_dir / "solution" / "solve.sh", """#!/bin/bash
+# The oracle: the reverse of the bug, applied in the testbed.
+set -e
+SOLUTION_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "${ARL_SWE_TESTBED:-/testbed}"
+patch -p1 --forward --batch < "$SOLUTION_DIR/fix.patch"
+""", 0o755)
+    _write(task_dir / "instruction.md", instruction)
+    _write(task_dir / "task.toml", f"""schema_version = "1.4"
+
+[metadata]
+package = {json.dumps(spec.name)}
+version = {json.dumps(spec.version)}
+module = {json.dumps(record.module)}
+function = {json.dumps(record.function)}
+operator = {json.dumps(record.operator)}
+category = "swe"
+
+[verifier]
+timeout_sec = {VERIFIER_TIMEOUT_SEC}
+
+[agent]
+timeout_sec = {AGENT_TIMEOUT_SEC}
+
+[environment]
+build_timeout_sec = {BUILD_TIMEOUT_SEC}
+cpus = 1
+memory_mb = {MEMORY_MB}
+workdir = "/testbed"
+network_mode = "no-network"
+""")
+    return task_dir
