@@ -35,6 +35,8 @@ from harbor.models.trial.result import ExceptionInfo, TimingInfo
         ("RewardFileNotFoundError", "verifier", "verifier_error"),
         ("AddTestsDirError", "verifier", "sandbox"),
         ("CancelledError", "agent", "trial_timeout"),
+        ("SandboxTaskError", "verifier", "invalid_task"),  # the local sandbox cannot prepare the task
+        ("DockerBuildError", "environment", "sandbox"),
     ],
 )
 def test_classify_exception(name, phase, kind):
@@ -87,3 +89,27 @@ agent_timeout = "zero"
         msgspec.toml.decode(b'[policy]\nsandbox = "maybe"\n', type=HarborConfig)
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"agentt": "x"}, HarborConfig)
+
+
+@pytest.mark.parametrize(
+    ("output", "found"),
+    [
+        ("/tests/test.sh: line 3: pytest: command not found", True),
+        ("sh: 1: pytest: not found", True),
+        ("/usr/bin/python3: No module named pytest", True),
+        ("E   ModuleNotFoundError: No module named 'pytest_timeout'", True),
+        ("arl-swe verifier cannot run: pytest is not importable by python3", True),
+        # The agent broke the package under test: a legitimate 0, not a harness failure.
+        ("E   ModuleNotFoundError: No module named 'minicalc'", False),
+        ("FAILED tests/test_calc.py::test_add - assert -1 == 5", False),
+    ],
+)
+def test_harness_failure_is_narrow(output, found):
+    from arl.harbor.policy import harness_failure
+
+    assert (harness_failure("collected 2 items\n" + output + "\n") is not None) == found
+
+
+def test_a_harness_that_cannot_run_is_dropped_not_trained():
+    assert decide(FailurePolicy(), "verifier_harness", 1) == ("fail", "drop")
+    assert decide(FailurePolicy(), "verifier_error", 1) == ("retry", "retry")

@@ -17,15 +17,21 @@ The sandbox is a boundary, built from what Linux offers root without Docker:
   rlimits); all processes die with the PID namespace at `stop`.
 
 Each `exec` enters the namespaces with `nsenter` and runs `bash -c` there, so a tmux server started by
-one exec is reachable by the next. The "image" is the host's installed system (the task's Dockerfile is
-not built; `environment/local_setup.sh` stands in for its RUN steps and runs inside). Select it with
-`EnvironmentConfig(import_path="arl.harbor.environment:LocalSandboxEnvironment")`.
+one exec is reachable by the next. The "image" is the host's installed system; the task's Dockerfile is
+not built, but what it says is honoured as far as a host can: its `COPY`/`ADD` of local files are
+copied to the same places (relative to its `WORKDIR`s), `environment/local_binds.json` binds prepared
+host dirs read-only (e.g. a package's test venv), and `environment/local_setup.sh` stands in for its
+`RUN` steps. A Dockerfile with `RUN` steps and no such script fails the start (`SandboxTaskError`, a
+task the sandbox cannot run as defined) instead of running the task in an unprepared system. Select it
+with `EnvironmentConfig(import_path="arl.harbor.environment:LocalSandboxEnvironment")`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
+import json
 import os
 import pwd
 import random
@@ -39,7 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from arl.harbor.errors import SandboxError, SandboxExecTimeoutError, SandboxStartError
+from arl.harbor.errors import SandboxError, SandboxExecTimeoutError, SandboxStartError, SandboxTaskError
 from arl.harbor.sandbox_limits import SandboxLimits
 from arl.harbor.sandbox_net import SandboxNetwork, parse_routes
 
@@ -76,6 +82,131 @@ def _dockerfile_workdir(environment_dir: Path) -> str | None:
     return workdir
 
 
+def _dockerfile_instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile, line continuations joined, comments dropped."""
+    instructions: list[tuple[str, str]] = []
+    pending = ""
+    for raw in dockerfile.read_text(errors="replace").splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = (pending + line).strip()
+        pending = ""
+        if line:
+            name, _, args = line.partition(" ")
+            instructions.append((name.upper(), args.strip()))
+    if pending.strip():
+        name, _, args = pending.strip().partition(" ")
+        instructions.append((name.upper(), args.strip()))
+    return instructions
+
+
+def _copy_arguments(args: str) -> tuple[list[str], str] | None:
+    """(sources, destination) of a COPY/ADD, or None when it does not copy from the build context."""
+    rest = args.strip()
+    while rest.startswith("--"):
+        flag, _, rest = rest.partition(" ")
+        if flag.startswith("--from"):
+            return None  # from another stage or image: nothing the host has
+        rest = rest.lstrip()
+    try:
+        words = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+    except ValueError as e:
+        raise SandboxTaskError(f"cannot parse the Dockerfile's COPY/ADD arguments {args!r}: {e}") from None
+    if len(words) < 2:
+        return None
+    sources, dest = words[:-1], words[-1]
+    if any("://" in src for src in sources):
+        return None  # ADD <url>: needs the network
+    return sources, dest
+
+
+def dockerfile_plan(environment_dir: Path) -> tuple[list[tuple[Path, str, bool]], list[str]]:
+    """What the local sandbox does for `environment_dir/Dockerfile`: (copies, run steps).
+
+    copies: (host source, sandbox destination, destination is a directory) for each COPY/ADD of local
+    files, destinations resolved against the WORKDIR in effect; run steps: the RUN instructions, which
+    the sandbox does not execute (`local_setup.sh` stands in for them).
+    """
+    dockerfile = environment_dir / "Dockerfile"
+    if not dockerfile.is_file():
+        return [], []
+    copies: list[tuple[Path, str, bool]] = []
+    runs: list[str] = []
+    workdir = PurePosixPath("/")
+    context = environment_dir.resolve()
+    for name, args in _dockerfile_instructions(dockerfile):
+        if name == "FROM":
+            workdir = PurePosixPath("/")
+        elif name == "WORKDIR" and args:
+            workdir = workdir / args.strip().strip("\"'")
+        elif name == "RUN":
+            runs.append(args)
+        elif name in ("COPY", "ADD"):
+            parsed = _copy_arguments(args)
+            if parsed is None:
+                continue
+            sources, dest = parsed
+            into_dir = dest.endswith("/") or len(sources) > 1
+            target = str(workdir / dest)
+            for pattern in sources:
+                matches = sorted(glob.glob(str(context / pattern))) or []
+                for match in matches:
+                    src = Path(match).resolve()
+                    if not src.is_relative_to(context):
+                        raise SandboxTaskError(
+                            f"Dockerfile {name} source {pattern!r} is outside the build context"
+                        )
+                    if src.is_dir():
+                        copies.append((src, target, True))
+                    else:
+                        copies.append(
+                            (src, str(PurePosixPath(target) / src.name) if into_dir else target, False)
+                        )
+    return copies, runs
+
+
+LOCAL_BINDS_FILE = "local_binds.json"
+
+
+def local_binds(environment_dir: Path) -> dict[str, Path]:
+    """`environment/local_binds.json`: sandbox path -> host dir (absolute, or relative to environment/)."""
+    path = environment_dir / LOCAL_BINDS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SandboxTaskError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise SandboxTaskError(f"{path} must be an object {{sandbox path: host path}}")
+    binds: dict[str, Path] = {}
+    for inner, host in raw.items():
+        if (
+            not isinstance(inner, str)
+            or not inner.startswith("/")
+            or inner == "/"
+            or not isinstance(host, str)
+        ):
+            raise SandboxTaskError(
+                f"{path}: {inner!r} -> {host!r}: keys must be absolute sandbox paths, values paths"
+            )
+        source = (environment_dir / host).resolve()
+        if not source.exists():
+            raise SandboxTaskError(f"{path}: the host path {str(source)!r} bound on {inner} does not exist")
+        top = PurePosixPath(inner).parts[1]
+        if top in DEFAULT_SYSTEM_DIRS or top in ("proc", "sys", "dev", "logs", "tests", "solution"):
+            raise SandboxTaskError(
+                f"{path}: {inner} is under /{top}, which the sandbox binds from the host or manages itself; "
+                "bind prepared dirs elsewhere (e.g. /arl/venv)"
+            )
+        binds[str(PurePosixPath(inner))] = source
+    return binds
+
+
 class LocalSandboxEnvironment(BaseEnvironment):
     """Runs a Harbor trial's sandbox as namespaced local processes (see the module docstring).
 
@@ -97,6 +228,8 @@ class LocalSandboxEnvironment(BaseEnvironment):
       path: PATH inside the sandbox (default the usual Debian PATH, not the caller's virtualenv).
       ready_timeout_sec: how long the namespace setup may take (default 30).
       auto_mounting: bind the trial's log dirs straight onto /logs/* (default True: no log copying).
+      dockerfile_run: "fail" (default) or "ignore": what to do with a Dockerfile whose RUN steps no
+        setup script stands in for ("fail": SandboxTaskError naming them; "ignore": run without them).
     """
 
     def __init__(
@@ -115,8 +248,12 @@ class LocalSandboxEnvironment(BaseEnvironment):
         path: str = _DEFAULT_PATH,
         ready_timeout_sec: float = 30.0,
         auto_mounting: bool = True,
+        dockerfile_run: str = "fail",
         **kwargs: Any,
     ) -> None:
+        if dockerfile_run not in ("fail", "ignore"):
+            raise SandboxError(f"dockerfile_run must be 'fail' or 'ignore', got {dockerfile_run!r}")
+        self._dockerfile_run = dockerfile_run
         if network not in ("none", "host"):
             raise SandboxError(f"network must be 'none' or 'host', got {network!r}")
         self._network = network
@@ -125,7 +262,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
         except ValueError as e:
             raise SandboxError(str(e)) from None
         if self._routes and network == "host":
-            raise SandboxError("routes apply to network='none' only (with 'host' the host is reachable anyway)")
+            raise SandboxError(
+                "routes apply to network='none' only (with 'host' the host is reachable anyway)"
+            )
         self._default_cpus = cpus
         self._default_memory_mb = memory_mb
         self._max_processes = int(max_processes)
@@ -135,6 +274,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
         self._extra_dirs = [str(PurePosixPath(d)) for d in extra_writable_dirs]
         self._path = path
         self._ready_timeout_sec = float(ready_timeout_sec)
+        self._binds: dict[str, Path] = {}
         self._holder: asyncio.subprocess.Process | None = None
         self._init_pid: int | None = None
         self._limits: SandboxLimits | None = None
@@ -223,7 +363,11 @@ class LocalSandboxEnvironment(BaseEnvironment):
                 lines.append(f"mkdir -p {q(inner)} && mount --rbind {q(host)} {q(inner)}")
                 lines.append(f"mount -o remount,bind,ro,nosuid,nodev {q(inner)}")
         # Our own resolv.conf: every lookup goes to the recorder on the sandbox's loopback.
-        if self._network == "none" and os.path.isfile("/etc/resolv.conf") and not os.path.islink("/etc/resolv.conf"):
+        if (
+            self._network == "none"
+            and os.path.isfile("/etc/resolv.conf")
+            and not os.path.islink("/etc/resolv.conf")
+        ):
             resolv = self._sandbox_root / "resolv.conf"
             lines.append(f"mount --bind {q(str(resolv))} {r}/etc/resolv.conf")
         for target, source in dirs.items():
@@ -236,6 +380,11 @@ class LocalSandboxEnvironment(BaseEnvironment):
             lines.append(f"mkdir -p {q(inner)} && mount --bind {q(str(mount['source']))} {q(inner)}")
             if mount.get("read_only"):
                 lines.append(f"mount -o remount,bind,ro {q(inner)}")
+        for target, source in self._binds.items():  # environment/local_binds.json, read-only
+            inner = f"{self._rootfs}{target}"
+            make = "mkdir -p" if source.is_dir() else "mkdir -p $(dirname " + q(inner) + ") && touch"
+            lines.append(f"{make} {q(inner)} && mount --bind {q(str(source))} {q(inner)}")
+            lines.append(f"mount -o remount,bind,ro,nosuid,nodev {q(inner)}")
         lines += [
             f"mkdir -p {r}/proc {r}/sys {r}/dev",
             f"mount -t proc -o ro,nosuid,nodev,noexec proc {r}/proc",
@@ -281,7 +430,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
                     for name in (root, *(os.path.join(root, n) for n in (*subdirs, *files))):
                         os.lchown(name, base, base)
         if self._network == "none":
-            (self._sandbox_root / "resolv.conf").write_text("nameserver 127.0.0.1\noptions attempts:1 timeout:1\n")
+            (self._sandbox_root / "resolv.conf").write_text(
+                "nameserver 127.0.0.1\noptions attempts:1 timeout:1\n"
+            )
 
     def _limits_for_task(self) -> SandboxLimits:
         cpus = self.task_env_config.cpus or self._default_cpus
@@ -289,8 +440,29 @@ class LocalSandboxEnvironment(BaseEnvironment):
         name = re.sub(r"[^A-Za-z0-9._-]", "_", self.session_id)[:80] + f"-{self._uid_base // _UID_RANGE}"
         return SandboxLimits.create(name, cpus=cpus, memory_mb=memory_mb, max_processes=self._max_processes)
 
+    def _plan_environment(self) -> list[tuple[Path, str, bool]]:
+        """The Dockerfile's local copies; fails (SandboxTaskError) on RUN steps nothing stands in for."""
+        copies, runs = dockerfile_plan(self.environment_dir)
+        has_setup = bool(self._setup_script) and (self.environment_dir / str(self._setup_script)).is_file()
+        if runs and not has_setup and self._dockerfile_run == "fail":
+            steps = "; ".join(r[:120] for r in runs[:3])
+            where = (
+                "tests/Dockerfile (the separate verifier's image)"
+                if self._is_verifier_image()
+                else "Dockerfile"
+            )
+            raise SandboxTaskError(
+                f"the task's {where} has RUN steps the local sandbox does not execute ({steps}) and no "
+                f"{self.environment_dir.name}/{self._setup_script or 'local_setup.sh'} stands in for them: its "
+                "environment would not be prepared (e.g. a test runner missing, scoring a correct solution 0). "
+                "Add that script, or set environment_kwargs.dockerfile_run='ignore' to run without them."
+            )
+        return copies
+
     async def start(self, force_build: bool) -> None:
         self.preflight(network=self._network)
+        copies = self._plan_environment()
+        self._binds = local_binds(self.environment_dir)
         dirs = self._sandbox_dirs()
         await asyncio.to_thread(self._prepare_host_dirs, dirs)
         self._limits = await asyncio.to_thread(self._limits_for_task)
@@ -331,6 +503,11 @@ class LocalSandboxEnvironment(BaseEnvironment):
         await self.ensure_dirs(self._mount_targets(writable_only=True))
         if self._is_verifier_image():  # stands in for the verifier image's COPY of tests/
             await self.upload_dir(self.environment_dir, "/tests")
+        for source, target, is_dir in copies:  # the Dockerfile's COPY/ADD of local files
+            if is_dir:
+                await self.upload_dir(source, target)
+            else:
+                await self.upload_file(source, target)
         await self._upload_environment_dir_after_start()
         await self._run_setup_script()
 

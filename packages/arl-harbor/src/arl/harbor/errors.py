@@ -25,3 +25,11 @@ class SandboxStartError(SandboxError):
 
 class SandboxExecTimeoutError(SandboxError):
     """A command in the local sandbox ran past its `timeout_sec` and was killed (Docker raises likewise)."""
+
+
+class SandboxTaskError(SandboxError):
+    """The task cannot run in the local sandbox as it is defined (deterministic: dropped, never retried).
+
+    E.g. its Dockerfile has RUN steps the sandbox does not execute and no `local_setup.sh` stands in
+    for them, or a path of its `local_binds.json` does not exist.
+    """

@@ -23,14 +23,18 @@ fail under a `FailurePolicy`; `reward_for` gives the scalar reward of an accepte
 | verifier_error   | RewardFileNotFoundError, RewardFileEmptyError, VerifierOutputParse…    | retry   |
 | verifier_network | the verifier tried to reach the network the local sandbox does not have | drop    |
 |                  | (DNS lookups recorded during verification; see `network_attempts`)    |         |
+| verifier_harness | reward 0 while the verifier's output shows its harness could not run   | drop    |
+|                  | (`pytest: command not found`, `No module named pytest`; `harness_failure`)|       |
 | no_reward        | no exception, but no `reward_key` in verifier_result.rewards           | retry   |
-| invalid_task     | `Trial.create` raised (bad task dir or trial config)                   | drop    |
+| invalid_task     | `Trial.create` raised (bad task dir or trial config), SandboxTaskError | drop    |
+|                  | (the local sandbox cannot prepare the task as defined)                 |         |
 | trial_timeout    | the attempt ran past `HarborConfig.trial_timeout_sec`                  | drop    |
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -45,7 +49,9 @@ __all__ = [
     "classify",
     "classify_exception",
     "decide",
+    "harness_failure",
     "network_attempts",
+    "verifier_output",
     "phase_of",
     "reward_for",
 ]
@@ -68,6 +74,8 @@ _BY_NAME: dict[str, FailureKind] = {
     "VerifierOutputParseError": "verifier_error",
     "NonZeroAgentExitCodeError": "agent_exit",
     "SandboxError": "sandbox",
+    "SandboxTaskError": "invalid_task",
+    "DockerBuildError": "sandbox",
     "SandboxStartError": "sandbox",
     "SandboxExecTimeoutError": "sandbox",
     "CancelledError": "trial_timeout",
@@ -143,6 +151,39 @@ def network_attempts(trial_dir: Path, result: TrialResult) -> list[str]:
         if start <= float(record.get("t", 0.0)) <= end + 1.0:
             names.append(str(record.get("name", "")))
     return list(dict.fromkeys(names))
+
+
+# A verifier's own tools missing or not importable: its exit says nothing about the solution. Narrow on
+# purpose: "No module named 'mypkg'" (the agent broke the package) is a legitimate 0 and does not match.
+_HARNESS_FAILURES = re.compile(
+    r"(?m)(?:^|[\s:])(?P<tool>pytest|py\.test|python3?(?:\.\d+)?|pip3?|uvx?|tox|nox|node|npm|npx|go|cargo|java|mvn)"
+    r": (?:command )?not found"
+    r"|No module named '?(?P<module>pytest|_pytest|pluggy|pytest_[A-Za-z0-9_]+)'?"
+    r"|(?P<cannot>arl-swe verifier cannot run: .*)"
+)
+_VERIFIER_OUTPUT_LIMIT = 64 * 1024
+
+
+def verifier_output(trial_dir: Path) -> str:
+    """The verifier's combined stdout/stderr of this trial (Harbor's `verifier/test-stdout.txt`), tail."""
+    path = trial_dir / "verifier" / "test-stdout.txt"
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - _VERIFIER_OUTPUT_LIMIT))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def harness_failure(output: str) -> str | None:
+    """The line of a verifier's output that shows its harness could not run, if any."""
+    match = _HARNESS_FAILURES.search(output)
+    if match is None:
+        return None
+    start = output.rfind("\n", 0, match.start()) + 1
+    end = output.find("\n", match.end())
+    return output[start : end if end >= 0 else len(output)].strip()[:300]
 
 
 def decide(policy: FailurePolicy, kind: FailureKind, attempt: int) -> tuple[Decision, Action]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 from arl.harbor.errors import HarborConfigError
-from arl.harbor.policy import classify, decide, network_attempts, reward_for
+from arl.harbor.policy import classify, decide, harness_failure, network_attempts, reward_for, verifier_output
 from arl.harbor.types import AttemptRecord, FailureKind, HarborConfig
 from arl.proxy.generator import Generator
 from arl.proxy.types import SamplingParams, TokenOutput
@@ -211,7 +211,9 @@ class HarborAgentLoop:
 
         bound = _BoundGenerator(generator, request_id, sampling_params)
         # One context budget: the proxy refuses what the agent was told does not fit.
-        proxy = ChatProxy(self._get_tokenizer(), bound, msgspec.convert(self.config.proxy_settings(), ProxyConfig))
+        proxy = ChatProxy(
+            self._get_tokenizer(), bound, msgspec.convert(self.config.proxy_settings(), ProxyConfig)
+        )
         await asyncio.wait_for(proxy.start(), self.config.proxy_timeout_sec)
         try:
             yield proxy
@@ -262,6 +264,8 @@ class HarborAgentLoop:
                                 f"(DNS lookups: {', '.join(blocked[:5])}); its reward is not used. "
                                 f"{outcome.error}"
                             ).strip()
+                        else:
+                            self._check_verifier(outcome, result, trial_dir)
             except TimeoutError:
                 outcome = _Attempt(
                     kind="trial_timeout",
@@ -275,6 +279,27 @@ class HarborAgentLoop:
         outcome.trial_dir = trial_dir
         outcome.wall = time.monotonic() - started
         return outcome
+
+    def _check_verifier(self, outcome: _Attempt, result: TrialResult, trial_dir: Path) -> None:
+        """A verifier that could not run never yields a reward: reclassify its 0, name its cause."""
+        if result.verifier is None:
+            return
+        if outcome.kind == "ok":
+            rewards = result.verifier_result.rewards if result.verifier_result is not None else None
+            value = (rewards or {}).get(self.config.reward_key)
+            if isinstance(value, int | float) and value == 0:
+                line = harness_failure(verifier_output(trial_dir))
+                if line is not None:
+                    outcome.kind = "verifier_harness"
+                    outcome.error = f"the verifier's harness could not run ({line}); its reward 0 is not used"
+        elif outcome.kind in ("verifier_error", "verifier_timeout"):
+            output = verifier_output(trial_dir)
+            line = harness_failure(output)
+            if line is None:
+                tail = [ln.strip() for ln in output.splitlines() if ln.strip()]
+                line = tail[-1][:300] if tail else None
+            if line:  # the cause first: the failure summary keeps only the start of each attempt's error
+                outcome.error = f"[verifier output: {line}] {outcome.error}"
 
     def _calls_model(self) -> bool:
         """False for Harbor's oracle and nop, and for import-path agents whose class sets CALLS_MODEL = False."""
@@ -396,7 +421,9 @@ class HarborAgentLoop:
             reward=reward_for(action, result, self.config.reward_key),  # type: ignore[arg-type]
             finish_reason=finish_reason,
             num_turns=int(traj.num_turns),
-            tool_calls=sum(len(m.get("tool_calls") or []) for m in traj.messages if m.get("role") == "assistant"),
+            tool_calls=sum(
+                len(m.get("tool_calls") or []) for m in traj.messages if m.get("role") == "assistant"
+            ),
             rebuilds=int(traj.rebuilds),
             rewards=rewards,
             routed_experts=getattr(first, "routed_experts", None),

@@ -34,6 +34,7 @@ FailureKind = Literal[
     "verifier_timeout",
     "verifier_error",
     "verifier_network",
+    "verifier_harness",
     "no_reward",
     "harbor_error",
     "invalid_task",
@@ -72,18 +73,24 @@ class FailurePolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     output_length: Action = "zero"
     # The verifier ran past its timeout.
     verifier_timeout: Action = "retry"
-    # The verifier failed: no/empty/unparsable reward file.
+    # The verifier failed: no/empty/unparsable reward file (e.g. a harness that cannot run and says so by
+    # writing no reward, as the SWE tasks' tests/test.sh does), an unknown error while verifying.
     verifier_error: Action = "retry"
     # The verifier tried to reach the network (the sandbox recorded its DNS lookups) and the sandbox has
     # none: its reward says nothing about the solution (e.g. a pytest verifier that installs uv/pytest
     # at run time). Deterministic, so dropped rather than retried; give the verifier its tools offline
     # (environment/local_setup.sh, a tools dir) or route its network.
     verifier_network: Action = "drop"
+    # The verifier reported reward 0 but its output shows its own harness could not run (`pytest: command
+    # not found`, `No module named pytest`): the 0 says nothing about the solution. Deterministic for the
+    # task/environment pair, so dropped; fix the task's environment (its image or local_setup.sh).
+    verifier_harness: Action = "drop"
     # The trial ended without an exception but without the configured reward key.
     no_reward: Action = "retry"
     # Harbor refused an operation for good (e.g. unsupported by the environment).
     harbor_error: Action = "drop"
-    # `Trial.create` failed: the task directory or the trial config is invalid.
+    # `Trial.create` failed (the task directory or the trial config is invalid), or the local sandbox
+    # cannot prepare the task as defined (SandboxTaskError: e.g. Dockerfile RUN steps with no local_setup.sh).
     invalid_task: Action = "drop"
     # The whole attempt ran past `HarborConfig.trial_timeout_sec` and was cancelled.
     trial_timeout: Action = "drop"

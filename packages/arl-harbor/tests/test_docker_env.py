@@ -1,0 +1,131 @@
+"""One SWE-style task (its own pytest tests as the verifier) through HarborAgentLoop in both environments.
+
+Harbor's docker environment (arl's `DockerEnvironment`: one image per task, no-network as compose's
+`network_mode: none`) and the local unshare sandbox run the same task dir: oracle → 1.0, nop → 0.0,
+an agent that breaks the package's import → a legitimate 0.0. In docker the image is built once and
+reused, no container is left, and the container has only loopback. The docker cases need a running
+dockerd and the base image (`.ci/run` starts and builds them with scripts/docker/); they skip, saying so,
+when either is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from arl.harbor import FailurePolicy, HarborAgentLoop, HarborConfig
+from arl.harbor.docker_environment import DOCKER_IMPORT_PATH, task_image_name
+from arl.harbor.testing import SCRIPTED_AGENT_IMPORT_PATH
+from arl.proxy.types import SamplingParams
+from arl.rollout.types import Task
+
+from .conftest import needs_sandbox
+from .pytest_swe_task import DEBIAN_PYTHON, SWE_BASE_IMAGE, make_pytest_venv, write_pytest_swe_task
+
+REPO = Path(__file__).resolve().parents[3]
+WHEELHOUSE = REPO / ".cache" / "arl-harbor-tests" / "wheels-py311"
+
+
+def _docker_problem() -> str | None:
+    """Why the docker cases cannot run here, or None."""
+    if shutil.which("docker") is None:
+        return "no docker CLI (scripts/docker/install.sh installs it)"
+    try:
+        info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return "docker info timed out"
+    if info.returncode != 0:
+        host = os.environ.get("DOCKER_HOST", "the default socket")
+        return f'dockerd does not answer on {host}: start it with eval "$(scripts/docker/start.sh)"'
+    if subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=20).returncode != 0:
+        return "no docker compose v2 plugin (scripts/docker/install.sh installs it)"
+    if subprocess.run(
+        ["docker", "image", "inspect", SWE_BASE_IMAGE], capture_output=True, timeout=20
+    ).returncode:
+        return f"no {SWE_BASE_IMAGE} image: build it with scripts/docker/build_base_image.sh"
+    return None
+
+
+@pytest.fixture(scope="module")
+def docker_ready():
+    problem = _docker_problem()
+    if problem is not None:
+        print(f"\nSKIP docker trials: {problem}")
+        pytest.skip(problem)
+
+
+@pytest.fixture(scope="module")
+def swe_task(tmp_path_factory):
+    if not Path(DEBIAN_PYTHON).exists():
+        pytest.skip(f"needs Debian's {DEBIAN_PYTHON} (the python of the SWE base image) for the local venv")
+    root = tmp_path_factory.mktemp("swe")
+    try:
+        venv = make_pytest_venv(root / "venv", WHEELHOUSE)
+    except Exception as e:  # noqa: BLE001 - no PyPI and no cached wheelhouse: say so
+        pytest.skip(f"cannot prepare a pytest venv (PyPI unreachable and no wheels in {WHEELHOUSE}): {e}")
+    return write_pytest_swe_task(root / "tasks", venv=venv)
+
+
+def config(environment: str, trials: Path, **fields) -> HarborConfig:
+    env = {"environment_import_path": DOCKER_IMPORT_PATH} if environment == "docker" else {}
+    return HarborConfig(
+        trials_dir=str(trials), trial_timeout_sec=300.0, policy=FailurePolicy(max_attempts=1), **env, **fields
+    )
+
+
+async def run(cfg: HarborConfig, task: Path):
+    t = Task(id=task.name, messages=[], agent="harbor", metadata={"harbor_task_path": str(task)})
+    return await HarborAgentLoop(cfg).run(t, None, SamplingParams(), "req-1")  # type: ignore[arg-type]
+
+
+BREAK_IMPORT = "rm minicalc/__init__.py; ls /sys/class/net"
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [pytest.param("local", marks=needs_sandbox), pytest.param("docker", marks=pytest.mark.slow)],
+)
+async def test_swe_task_oracle_nop_and_broken_import(environment, swe_task, tmp_path, request):
+    if environment == "docker":
+        request.getfixturevalue("docker_ready")
+    oracle = await run(config(environment, tmp_path / "trials", agent="oracle"), swe_task)
+    assert not oracle.failed and oracle.reward == 1.0, oracle.error
+    assert oracle.rewards["fail_to_pass"] == 1.0
+    nop = await run(config(environment, tmp_path / "trials", agent="nop"), swe_task)
+    assert not nop.failed and nop.reward == 0.0, nop.error
+    # The agent broke the package: pytest runs and fails on the import: a real 0, not a verifier failure.
+    broken_cfg = config(
+        environment,
+        tmp_path / "trials",
+        agent_import_path=SCRIPTED_AGENT_IMPORT_PATH,
+        agent_kwargs={"script": BREAK_IMPORT},
+    )
+    broken = await run(broken_cfg, swe_task)
+    assert not broken.failed and broken.reward == 0.0 and broken.failure_kind == "", broken.error
+    scripted = json.loads(next((tmp_path / "trials").glob("*/agent/scripted.json")).read_text())
+    assert scripted["stdout"].split() == ["lo"]  # no network device but loopback, in both environments
+    if environment == "docker":
+        image = task_image_name(swe_task / "environment")
+        ids = subprocess.run(
+            ["docker", "images", "-q", image], capture_output=True, text=True, timeout=30
+        ).stdout.split()
+        assert len(ids) == 1  # built once, kept across the three trials
+        left = subprocess.run(
+            [
+                "docker",
+                "ps",
+                "-aq",
+                "--filter",
+                "label=com.docker.compose.service=main",
+                "--filter",
+                f"label=com.docker.compose.project.working_dir={(swe_task / 'environment').resolve()}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.split()
+        assert left == []  # every trial's container is gone
