@@ -3,7 +3,8 @@
 #
 #   eval "$(scripts/docker/start.sh)"     # exports DOCKER_HOST=unix:///run/arl-docker/docker.sock
 #
-# Idempotent: when our dockerd already answers, only prints the line. PIDs go to
+# Also exports ARL_DOCKER_STARTED=1 when this call started the daemons (0 when one already answered: a
+# caller that stops them afterwards, like .ci/run, then leaves them alone). Idempotent. PIDs go to
 # $ARL_DOCKER_STATE/{containerd,dockerd}.pid (scripts/docker/stop.sh stops them by these), logs next to
 # them. Flags as measured in /work/shared/notes/docker.md: no iptables, no default bridge (containers get
 # no network unless given one), cgroupfs driver. Waits up to ARL_DOCKER_START_TIMEOUT (60 s) for
@@ -17,7 +18,7 @@ alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 if answers; then
   echo "start.sh: dockerd already answers on $ARL_DOCKER_SOCK" >&2
-  echo "export DOCKER_HOST=$ARL_DOCKER_HOST"
+  echo "export DOCKER_HOST=$ARL_DOCKER_HOST ARL_DOCKER_STARTED=0"
   exit 0
 fi
 for tool in containerd dockerd docker; do
@@ -57,4 +58,4 @@ until answers; do
   sleep 0.5
 done
 echo "start.sh: dockerd $(cat "$ARL_DOCKER_STATE/dockerd.pid") and containerd $(cat "$ARL_DOCKER_STATE/containerd.pid") answer on $ARL_DOCKER_SOCK" >&2
-echo "export DOCKER_HOST=$ARL_DOCKER_HOST"
+echo "export DOCKER_HOST=$ARL_DOCKER_HOST ARL_DOCKER_STARTED=1"
