@@ -63,12 +63,18 @@ def _task_id(spec: PackageSpec, cand: _Candidate) -> str:
 
 
 def build_package(spec: PackageSpec, out: Path, cache: Path, *, max_tasks: int, max_candidates: int,
-                  jobs: int, seed: int, python: str, log=print) -> tuple[list[TaskRecord], PackageStats]:
-    """Build up to `max_tasks` tasks of `spec` into `out`; returns their records and the stats."""
+                  jobs: int, seed: int, python: str, log=print, source_root: Path | None = None,
+                  venv: Path | None = None) -> tuple[list[TaskRecord], PackageStats]:
+    """Build up to `max_tasks` tasks of `spec` into `out`; returns their records and the stats.
+
+    `source_root` / `venv` replace the fetched sdist / the prepared venv (a local package, e.g. in tests;
+    the set then links to that venv instead of copying it).
+    """
     start = time.monotonic()
     stats = PackageStats(spec.name, spec.version)
-    root = sources.fetch(spec, cache, python=python)
-    venv = venvs.ensure_venv(spec, cache, python=python)
+    root = source_root or sources.fetch(spec, cache, python=python)
+    own_venv = venv is None
+    venv = venv or venvs.ensure_venv(spec, cache, python=python)
     wheelhouse = venvs.package_wheelhouse(spec, cache, python=python)
     py = venv / "bin" / "python"
     baseline = Baseline(root, py, spec)
@@ -112,7 +118,7 @@ def build_package(spec: PackageSpec, out: Path, cache: Path, *, max_tasks: int, 
 
     records: list[TaskRecord] = []
     used_functions: set[tuple[str, str]] = set()
-    venv_in_set = venvs.copy_venv(venv, out / "_venvs" / spec.name)
+    venv_in_set = venvs.copy_venv(venv, out / "_venvs" / spec.name, link=not own_venv)
     pos = 0
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         while len(records) < max_tasks and pos < len(triples) and stats.considered < max_candidates:

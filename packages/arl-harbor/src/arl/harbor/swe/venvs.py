@@ -85,8 +85,20 @@ def ensure_venv(spec: PackageSpec, cache: Path, *, python: str = DEBIAN_PYTHON) 
     return venv
 
 
-def copy_venv(venv: Path, dest: Path) -> Path:
-    """A copy of `venv` at `dest` (symlinks kept: bin/python points at the Debian interpreter)."""
+def copy_venv(venv: Path, dest: Path, *, link: bool = False) -> Path:
+    """A copy of `venv` at `dest` (symlinks kept: bin/python points at the Debian interpreter), or a
+    symlink to it with `link`."""
+    if link:
+        if dest.is_symlink() or dest.exists():
+            if dest.is_symlink() and dest.resolve() == venv.resolve():
+                return dest
+            if dest.is_symlink():
+                dest.unlink()
+            else:
+                shutil.rmtree(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.symlink_to(venv.resolve(), target_is_directory=True)
+        return dest
     if (dest / ".arl-swe-complete").is_file():
         return dest
     shutil.rmtree(dest, ignore_errors=True)

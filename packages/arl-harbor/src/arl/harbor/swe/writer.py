@@ -128,8 +128,8 @@ def write_task(task_dir: Path, *, record: TaskRecord, spec: PackageSpec, pristin
 # Python + test deps (the package's venv, made with Debian's python3.11 like the image's). Both are read
 # from the task set on the host, which the sandbox has to make visible at the same absolute paths.
 set -e
-TESTBED_SRC={q(str(testbed.resolve()))}
-VENV={q(str(venv_dir.resolve()))}
+TESTBED_SRC={q(os.path.abspath(testbed))}
+VENV={q(os.path.abspath(venv_dir))}
 [ -d "$TESTBED_SRC" ] || {{ echo "local_setup.sh: $TESTBED_SRC is not visible in the sandbox" >&2; exit 1; }}
 [ -x "$VENV/bin/python" ] || {{ echo "local_setup.sh: no venv python at $VENV/bin/python" >&2; exit 1; }}
 mkdir -p /testbed
@@ -151,7 +151,7 @@ cp -a "$TESTBED_SRC/." /testbed/
         "@TEST_FILES@": " ".join(q(f) for f in record.test_files),
         "@PYTEST_ARGS@": " ".join(q(a) for a in spec.pytest_args),
         "@PYTEST_TIMEOUT_SEC@": str(pytest_timeout),
-        "@VENV_PYTHON@": q(str(venv_python.resolve())),
+        "@VENV_PYTHON@": q(os.path.abspath(venv_python)),
     }.items():
         test_sh = test_sh.replace(key, value)
     _write(tests_dir / "test.sh", test_sh, 0o755)
