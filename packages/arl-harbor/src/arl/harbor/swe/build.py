@@ -22,7 +22,7 @@ from arl.harbor.swe import mutate, sources, venvs
 from arl.harbor.swe.issue import write_issue
 from arl.harbor.swe.packages import PackageSpec
 from arl.harbor.swe.runner import run_pytest
-from arl.harbor.swe.validate import Baseline, classify, source_modules, tests_for_module
+from arl.harbor.swe.validate import Baseline, classify, source_modules, mapped_test_files
 from arl.harbor.swe.writer import TaskRecord, write_task
 
 RUN_TIMEOUT_FLOOR_SEC = 30.0
@@ -90,7 +90,7 @@ def build_package(spec: PackageSpec, out: Path, cache: Path, *, max_tasks: int, 
             entities = mutate.function_entities(text)
         except SyntaxError:
             continue
-        module_tests[module] = tests_for_module(module, spec, root, test_files)
+        module_tests[module] = mapped_test_files(module, spec, root, test_files)
         triples += [(module, e.qualname, op) for e in entities for op in mutate.OPERATORS]
     random.Random(mutate.seed_for(seed, spec.key)).shuffle(triples)
 

@@ -1,7 +1,7 @@
 """Build every task image of an SWE task set once, before training, and record it in the manifest.
 
     uv run python -m arl.harbor.swe.images <set>            # builds what is missing, in order
-    uv run python -m arl.harbor.swe.images <set> --force    # rebuilds every image
+    uv run python -m arl.harbor.swe.images <set> --force    # rebuilds every image (docker build --no-cache)
 
 Each task's `environment/` is built into `hb__<environment content hash>`, the tag under which
 `arl.harbor.docker_environment.DockerEnvironment` finds it at trial start (so no trial builds, and every

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import sys
+import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,9 @@ def _import_swesmith_python() -> tuple[dict[str, type], type]:
             if spec is None:
                 raise ImportError(f"{name} not found: is the swesmith package installed?")
             sys.modules[name] = importlib.util.module_from_spec(spec)
-    from swesmith.bug_gen.adapters.python import PythonEntity
+    with warnings.catch_warnings():  # astor (imported by the adapter) still names ast.Num
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from swesmith.bug_gen.adapters.python import PythonEntity
     from swesmith.bug_gen.procedural.python import control_flow, operations, remove
 
     classes = [

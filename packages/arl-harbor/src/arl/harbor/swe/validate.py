@@ -2,7 +2,7 @@
 
 A package's baseline is its pristine source's test outcomes (run twice; a test counts only if it passed
 both times, so flaky tests never become FAIL_TO_PASS). A candidate bug is run against the test files
-that import its module only (`tests_for_module`), with a timeout; it is kept when some baseline-passing
+that import its module only (`mapped_test_files`), with a timeout; it is kept when some baseline-passing
 tests now fail (FAIL_TO_PASS) and the others of those files still pass (PASS_TO_PASS).
 """
 
@@ -56,7 +56,7 @@ def module_token(module_rel: str, spec: PackageSpec) -> str:
     return parts[-1] if parts else spec.name
 
 
-def tests_for_module(module_rel: str, spec: PackageSpec, root: Path, test_files: list[str]) -> list[str]:
+def mapped_test_files(module_rel: str, spec: PackageSpec, root: Path, test_files: list[str]) -> list[str]:
     """The test files that mention the module's import name (word match); every file if none does."""
     token = module_token(module_rel, spec)
     pattern = re.compile(rf"\b{re.escape(token)}\b")

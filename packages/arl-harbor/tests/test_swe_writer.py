@@ -1,0 +1,118 @@
+"""The Harbor task dir of one SWE task: it validates (arl and Harbor's own TaskConfig), and its
+tests/test.sh writes the right reward.json for the bug, for the oracle, for edited tests, and none when
+pytest is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from harbor.models.task.config import TaskConfig
+
+from arl.harbor.swe.issue import write_issue
+from arl.harbor.swe.testing import write_tiny_package
+from arl.harbor.swe.venvs import copy_venv
+from arl.harbor.swe.writer import TaskRecord, write_task
+from arl.harbor.tasks import resolve_source, validate_task
+
+F2P = ["tests/test_tinycalc.py::test_clamp_high", "tests/test_tinycalc.py::test_clamp_low"]
+P2P = ["tests/test_tinycalc.py::test_clamp_inside", "tests/test_tinycalc.py::test_counter"]
+
+
+@pytest.fixture
+def task(tmp_path):
+    root = tmp_path / "src" / "tinycalc-0.0.1"
+    spec = write_tiny_package(root)
+    original = (root / "tinycalc" / "__init__.py").read_text()
+    buggy = original.replace("    if x < lo:\n        return lo", "    if x < lo:\n        return hi")
+    buggy = buggy.replace("    elif x > hi:\n        return hi", "    elif x > hi:\n        return lo")
+    assert buggy != original
+    record = TaskRecord(id="tinycalc__clamp", package=spec.name, version=spec.version, module="tinycalc/__init__.py",
+                        function="clamp", operator="func_pm_ctrl_invert_if", fail_to_pass=F2P, pass_to_pass=P2P,
+                        validate_s=0.5, test_files=["tests/test_tinycalc.py"])
+    messages = {F2P[0]: "tests/test_tinycalc.py:14: in test_clamp_high\n    assert clamp(30, 0, 10) == 10\n"
+                        "E   assert 0 == 10"}
+    instruction = write_issue(spec.name, spec.version, F2P, messages, len(P2P))
+    out = tmp_path / "set"
+    venv = copy_venv(Path(sys.prefix), out / "_venvs" / spec.name, link=True)  # this env has pytest
+    return write_task(out / record.id, record=record, spec=spec, pristine_root=root, buggy_text=buggy,
+                      instruction=instruction, wheelhouse=None, venv_dir=venv)
+
+
+def _test_sh(task_dir: Path, testbed: Path, logs: Path, python: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "ARL_SWE_PYTHON")}
+    env.update(ARL_SWE_TESTBED=str(testbed), ARL_SWE_LOGS=str(logs))
+    if python:
+        env["ARL_SWE_PYTHON"] = python
+    return subprocess.run(["bash", str(task_dir / "tests" / "test.sh")], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _testbed(task_dir: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "run" / "testbed"
+    dest.parent.mkdir(parents=True)
+    subprocess.run(["cp", "-a", str(task_dir / "environment" / "testbed"), str(dest)], check=True, timeout=60)
+    return dest
+
+
+def test_task_dir_is_valid_and_complete(task):
+    info = validate_task(task)
+    assert info.ok, info.problems
+    assert info.has_solution and info.network_mode == "no-network" and info.cpus == 1
+    config = TaskConfig.model_validate(tomllib.loads((task / "task.toml").read_text()))
+    assert config.environment.workdir == "/testbed" and config.metadata["operator"] == "func_pm_ctrl_invert_if"
+    assert resolve_source(f"harbor:{task.parent}")[0][0] == "tinycalc__clamp"
+    dockerfile = (task / "environment" / "Dockerfile").read_text()
+    assert dockerfile.startswith("FROM arl-swe-base:bookworm\nCOPY testbed /testbed\n") and "WORKDIR /testbed" in dockerfile
+    assert "wheels" not in dockerfile  # no extra test deps
+    log = subprocess.run(["git", "log", "--oneline"], cwd=task / "environment" / "testbed", capture_output=True,
+                         text=True, check=True).stdout
+    assert len(log.splitlines()) == 1
+    config_json = json.loads((task / "tests" / "config.json").read_text())
+    assert config_json["fail_to_pass"] == F2P and config_json["pass_to_pass"] == P2P
+    assert (task / "tests" / "pristine" / "tests" / "test_tinycalc.py").is_file()
+    instruction = (task / "instruction.md").read_text()
+    assert "test_clamp_high" in instruction and "assert 0 == 10" in instruction
+    assert "invert" not in instruction and "func_pm" not in instruction and "clamp(" in instruction
+
+
+def test_test_sh_rewards_bug_oracle_and_edited_tests(task, tmp_path):
+    testbed, logs = _testbed(task, tmp_path), tmp_path / "run" / "logs"
+    proc = _test_sh(task, testbed, logs)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((logs / "reward.json").read_text()) == {"reward": 0.0, "fail_to_pass": 0.0, "pass_to_pass": 1.0}
+
+    # An agent that rewrites the failing tests gains nothing: the pristine tests are put back.
+    (testbed / "tests" / "test_tinycalc.py").write_text("def test_clamp_high():\n    pass\n")
+    (testbed / "conftest.py").write_text("import pytest\n\n@pytest.hookimpl(tryfirst=True)\n"
+                                         "def pytest_pyfunc_call(pyfuncitem):\n    return True\n")
+    assert _test_sh(task, testbed, logs).returncode == 0
+    assert json.loads((logs / "reward.json").read_text())["reward"] == 0.0
+    assert not (testbed / "conftest.py").exists()
+
+    env = {**os.environ, "ARL_SWE_TESTBED": str(testbed)}
+    subprocess.run(["bash", str(task / "solution" / "solve.sh")], env=env, check=True, capture_output=True, timeout=60)
+    proc = _test_sh(task, testbed, logs)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((logs / "reward.json").read_text()) == {"reward": 1.0, "fail_to_pass": 1.0, "pass_to_pass": 1.0}
+
+
+def test_test_sh_writes_no_reward_when_pytest_is_missing(task, tmp_path):
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    testbed, logs = _testbed(task, tmp_path), tmp_path / "run" / "logs"
+    proc = _test_sh(task, testbed, logs, python=str(bare / "bin" / "python"))
+    assert proc.returncode != 0
+    assert "pytest is not importable" in proc.stderr
+    assert not (logs / "reward.json").exists()
+
+
+def test_test_sh_writes_no_reward_without_a_testbed(task, tmp_path):
+    proc = _test_sh(task, tmp_path / "nowhere", tmp_path / "logs")
+    assert proc.returncode != 0 and "no testbed" in proc.stderr
+    assert not (tmp_path / "logs" / "reward.json").exists()
