@@ -129,3 +129,19 @@ async def test_swe_task_oracle_nop_and_broken_import(environment, swe_task, tmp_
             timeout=30,
         ).stdout.split()
         assert left == []  # every trial's container is gone
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker CLI")
+def test_the_app_check_says_how_to_start_docker(monkeypatch):
+    from arl.harbor import HarborConfigError
+    from arl.harbor.trial_loop import check_harbor_config
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/arl-test.sock")
+    for fields in (
+        {"environment_import_path": DOCKER_IMPORT_PATH},
+        {"environment_import_path": None, "environment_type": "docker"},
+    ):
+        with pytest.raises(
+            HarborConfigError, match=r"does not answer on unix:///nonexistent.*scripts/docker/start\.sh"
+        ):
+            check_harbor_config(HarborConfig(**fields))

@@ -120,3 +120,35 @@ async def test_failing_setup_script_fails_start(tmp_path):
             await env.start(force_build=False)
     finally:
         await env.stop(delete=True)
+
+
+async def test_the_dockerfile_copies_env_and_local_binds_are_honoured(tmp_path, hello_task):
+    """Without a build: COPY of local files lands where the image would have it, ENV is set in every
+    exec, local_binds.json binds a prepared host dir read-only; a bind inside a system dir is refused."""
+    import json
+
+    from arl.harbor import SandboxError
+
+    env_dir = hello_task / "environment"
+    (env_dir / "data").mkdir()
+    (env_dir / "data" / "x.txt").write_text("x\n")
+    (env_dir / "one.txt").write_text("1\n")
+    (env_dir / "Dockerfile").write_text(
+        "FROM debian:bookworm-slim\nCOPY data /srv/data\nWORKDIR /app\nCOPY one.txt ./\n"
+        "ENV TOOL_HOME=/arl/tool PATH=/arl/tool/bin:$PATH\n"
+    )
+    prepared = tmp_path / "prepared"
+    (prepared / "bin").mkdir(parents=True)
+    (prepared / "bin" / "hello-tool").write_text("#!/bin/sh\necho tool ok\n")
+    (prepared / "bin" / "hello-tool").chmod(0o755)
+    (env_dir / "local_binds.json").write_text(json.dumps({"/arl/tool": str(prepared)}))
+    env = make_env(tmp_path, hello_task)
+    await env.start(force_build=False)
+    try:
+        r = await env.exec("cat /srv/data/x.txt /app/one.txt; echo $TOOL_HOME; hello-tool; touch /arl/tool/w")
+        assert r.stdout == "x\n1\n/arl/tool\ntool ok\n" and r.return_code != 0  # the bind is read-only
+    finally:
+        await env.stop(delete=True)
+    (env_dir / "local_binds.json").write_text(json.dumps({"/usr/local/tool": str(prepared)}))
+    with pytest.raises(SandboxError, match="under /usr"):
+        await make_env(tmp_path / "again", hello_task).start(force_build=False)

@@ -84,6 +84,38 @@ async def image_exists(image: str) -> bool:
     return code == 0
 
 
+START_HINT = 'scripts/docker/install.sh && eval "$(scripts/docker/start.sh)"'
+
+
+def docker_preflight() -> None:
+    """Raise HarborError, saying how to start it, unless the docker CLI, dockerd and compose v2 answer."""
+    import shutil
+    import subprocess
+
+    if shutil.which("docker") is None:
+        raise HarborError(f"no docker CLI on PATH; install and start the engine with: {START_HINT}")
+    host = os.environ.get("DOCKER_HOST", "the default socket")
+    try:
+        info = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=20
+        )
+        compose = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        raise HarborError(
+            f"docker does not answer on {host} within 20 s; (re)start it with: {START_HINT}"
+        ) from None
+    if info.returncode != 0:
+        detail = (info.stderr or info.stdout).strip().splitlines()[-1:] or [""]
+        raise HarborError(
+            f"dockerd does not answer on {host} ({detail[0][:200]}); start it with: {START_HINT} "
+            "(that exports DOCKER_HOST=unix:///run/arl-docker/docker.sock; export it for this run too)"
+        )
+    if compose.returncode != 0:
+        raise HarborError(
+            f"`docker compose` (v2) is missing; Harbor's docker environment needs it: {START_HINT}"
+        )
+
+
 _image_locks: dict[str, asyncio.Lock] = {}
 
 
@@ -93,13 +125,15 @@ async def build_task_image(
     image: str | None = None,
     force: bool = False,
     network: str | None = None,
+    no_cache: bool = False,
     timeout_sec: float = 1800.0,
 ) -> tuple[str, float | None]:
     """Builds the task's `environment/` into `image` (default `task_image_name`) unless it exists.
 
     Returns (image, seconds spent building; None when it already existed). Concurrent callers (tasks,
     processes) of one image wait for a single build. `network`: `docker build --network` (None: the
-    daemon's default; "none" proves the build needs no network).
+    daemon's default; "none" proves the build needs no network); `no_cache`: `docker build --no-cache` (the
+    full cost of a build, e.g. to measure it).
     """
     environment_dir = Path(environment_dir)
     if not (environment_dir / "Dockerfile").is_file():
@@ -118,6 +152,8 @@ async def build_task_image(
             argv = ["docker", "build", "--quiet", "--tag", image]
             if network:
                 argv += ["--network", network]
+            if no_cache:
+                argv.append("--no-cache")
             argv.append(str(environment_dir.resolve()))
             started = time.monotonic()
             try:
@@ -149,6 +185,11 @@ class DockerEnvironment(_HarborDockerEnvironment):
         self._build_network = build_network
         self._build_timeout_override = build_timeout_sec
         super().__init__(*args, **kwargs)
+
+    @classmethod
+    def preflight(cls, **kwargs: Any) -> None:  # type: ignore[override]
+        """Raise HarborError, saying how to start it, when the Docker engine is not usable (app start)."""
+        docker_preflight()
 
     @staticmethod
     def _requires_egress_control(

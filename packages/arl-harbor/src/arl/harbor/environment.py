@@ -19,7 +19,8 @@ The sandbox is a boundary, built from what Linux offers root without Docker:
 Each `exec` enters the namespaces with `nsenter` and runs `bash -c` there, so a tmux server started by
 one exec is reachable by the next. The "image" is the host's installed system; the task's Dockerfile is
 not built, but what it says is honoured as far as a host can: its `COPY`/`ADD` of local files are
-copied to the same places (relative to its `WORKDIR`s), `environment/local_binds.json` binds prepared
+copied to the same places (relative to its `WORKDIR`s), its `ENV` variables are set in every exec,
+`environment/local_binds.json` binds prepared
 host dirs read-only (e.g. a package's test venv), and `environment/local_setup.sh` stands in for its
 `RUN` steps. A Dockerfile with `RUN` steps and no such script fails the start (`SandboxTaskError`, a
 task the sandbox cannot run as defined) instead of running the task in an unprepared system. Select it
@@ -124,18 +125,38 @@ def _copy_arguments(args: str) -> tuple[list[str], str] | None:
     return sources, dest
 
 
-def dockerfile_plan(environment_dir: Path) -> tuple[list[tuple[Path, str, bool]], list[str]]:
-    """What the local sandbox does for `environment_dir/Dockerfile`: (copies, run steps).
+def _env_assignments(args: str, env: dict[str, str]) -> dict[str, str]:
+    """The variables of an ENV instruction (`K=V ...` or legacy `K V`), `$K`/`${K}` expanded as docker does."""
+
+    def expand(value: str) -> str:
+        return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: env.get(m.group(1), ""), value)
+
+    try:
+        words = shlex.split(args)
+    except ValueError as e:
+        raise SandboxTaskError(f"cannot parse the Dockerfile's ENV {args!r}: {e}") from None
+    if words and "=" not in words[0]:
+        return {words[0]: expand(" ".join(words[1:]))}
+    return {k: expand(v) for k, _, v in (w.partition("=") for w in words)}
+
+
+def dockerfile_plan(
+    environment_dir: Path, base_env: dict[str, str] | None = None
+) -> tuple[list[tuple[Path, str, bool]], list[str], dict[str, str]]:
+    """What the local sandbox does for `environment_dir/Dockerfile`: (copies, run steps, env).
 
     copies: (host source, sandbox destination, destination is a directory) for each COPY/ADD of local
     files, destinations resolved against the WORKDIR in effect; run steps: the RUN instructions, which
-    the sandbox does not execute (`local_setup.sh` stands in for them).
+    the sandbox does not execute (`local_setup.sh` stands in for them); env: the variables its ENV
+    instructions set (expanded over `base_env`), which every exec in the sandbox gets, as in the image.
     """
     dockerfile = environment_dir / "Dockerfile"
     if not dockerfile.is_file():
-        return [], []
+        return [], [], {}
     copies: list[tuple[Path, str, bool]] = []
     runs: list[str] = []
+    env: dict[str, str] = {}
+    scope = dict(base_env or {})
     workdir = PurePosixPath("/")
     context = environment_dir.resolve()
     for name, args in _dockerfile_instructions(dockerfile):
@@ -145,6 +166,10 @@ def dockerfile_plan(environment_dir: Path) -> tuple[list[tuple[Path, str, bool]]
             workdir = workdir / args.strip().strip("\"'")
         elif name == "RUN":
             runs.append(args)
+        elif name == "ENV" and args:
+            assigned = _env_assignments(args, scope)
+            env.update(assigned)
+            scope.update(assigned)
         elif name in ("COPY", "ADD"):
             parsed = _copy_arguments(args)
             if parsed is None:
@@ -166,7 +191,7 @@ def dockerfile_plan(environment_dir: Path) -> tuple[list[tuple[Path, str, bool]]
                         copies.append(
                             (src, str(PurePosixPath(target) / src.name) if into_dir else target, False)
                         )
-    return copies, runs
+    return copies, runs, env
 
 
 LOCAL_BINDS_FILE = "local_binds.json"
@@ -275,6 +300,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
         self._path = path
         self._ready_timeout_sec = float(ready_timeout_sec)
         self._binds: dict[str, Path] = {}
+        self._image_env: dict[str, str] = {}
         self._holder: asyncio.subprocess.Process | None = None
         self._init_pid: int | None = None
         self._limits: SandboxLimits | None = None
@@ -442,7 +468,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     def _plan_environment(self) -> list[tuple[Path, str, bool]]:
         """The Dockerfile's local copies; fails (SandboxTaskError) on RUN steps nothing stands in for."""
-        copies, runs = dockerfile_plan(self.environment_dir)
+        copies, runs, self._image_env = dockerfile_plan(self.environment_dir, {"PATH": self._path})
         has_setup = bool(self._setup_script) and (self.environment_dir / str(self._setup_script)).is_file()
         if runs and not has_setup and self._dockerfile_run == "fail":
             steps = "; ".join(r[:120] for r in runs[:3])
@@ -601,7 +627,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
                 raise SandboxError(f"unknown user {user!r} (the sandbox reads the host's /etc/passwd)") from e
             home = entry.pw_dir
             argv += ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups", "--"]
-        full_env = {"PATH": self._path, "HOME": home, "LANG": "C.UTF-8", **(env or {})}
+        full_env = {"PATH": self._path, "HOME": home, "LANG": "C.UTF-8", **self._image_env, **(env or {})}
         argv += ["env", "-i", *(f"{k}={v}" for k, v in full_env.items())]
         script = f"cd {shlex.quote(cwd or self._workdir)} || exit 1\n{command}"
         return [*argv, "bash", "-c", script]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from arl.harbor.errors import HarborConfigError
+from arl.harbor.errors import HarborConfigError, HarborError
 from arl.harbor.policy import classify, decide, harness_failure, network_attempts, reward_for, verifier_output
 from arl.harbor.types import AttemptRecord, FailureKind, HarborConfig
 from arl.proxy.generator import Generator
@@ -513,6 +513,13 @@ def check_harbor_config(config: HarborConfig) -> None:
                 f"harbor.environment_type = {config.environment_type!r} is not a Harbor environment; choose one "
                 f"of {sorted(e.value for e in EnvironmentType)} or set harbor.environment_import_path"
             )
+        if config.environment_type == "docker":
+            from arl.harbor.docker_environment import docker_preflight
+
+            try:
+                docker_preflight()
+            except HarborError as e:
+                raise HarborConfigError(f"harbor.environment_type = 'docker' cannot run here: {e}") from None
         return
     if config.environment_import_path is None:
         raise HarborConfigError("set harbor.environment_type or harbor.environment_import_path")
