@@ -60,7 +60,7 @@ def mini_venv():
 
 def _docker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], env={**os.environ, "DOCKER_HOST": DOCKER_HOST},
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 @pytest.fixture(scope="session")
@@ -96,7 +96,8 @@ def agent_image(docker_ready, tmp_path_factory):
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"cannot download mini-swe-agent's wheels (needs PyPI once): {e}")
     shutil.copytree(wheels, context / "agent-wheels")
-    (context / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\n{dockerfile_lines('agent-wheels')}LABEL {label}\n")
+    dockerfile = f"FROM {BASE_IMAGE}\n{dockerfile_lines('agent-wheels')}LABEL {label}\n"
+    (context / "Dockerfile").write_text(dockerfile)
     built = _docker("build", "--network", "none", "-t", AGENT_IMAGE, str(context), timeout=900)
     assert built.returncode == 0, built.stderr[-3000:]
     return AGENT_IMAGE
@@ -162,8 +163,9 @@ async def test_terminus2_local(swe_task, tmp_path, tokenizer, script):
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["oracle", "nop", "edit-tests"])
 async def test_mini_swe_agent_local(swe_task, tmp_path, tokenizer, mini_venv, script):
-    result = await run_check(swe_task, agent="mini-swe-agent", script=script, env="local", tokenizer=tokenizer,
-                             trials_dir=tmp_path / "trials", mini_venv=mini_venv, trial_timeout_sec=240)
+    result = await run_check(swe_task, agent="mini-swe-agent", script=script, env="local",
+                             tokenizer=tokenizer, trials_dir=tmp_path / "trials", mini_venv=mini_venv,
+                             trial_timeout_sec=240)
     _assert_check(result, script)
     trajectory = json.loads((Path(result.trial_dir) / "agent" / "mini-swe-agent.trajectory.json").read_text())
     assert trajectory["info"]["exit_status"] == "Submitted"
@@ -180,10 +182,10 @@ async def test_mini_swe_agent_local(swe_task, tmp_path, tokenizer, mini_venv, sc
 @pytest.mark.slow
 async def test_mini_swe_agent_step_limit(swe_task, tmp_path, tokenizer, mini_venv):
     """`step_limit` reaches mini-swe-agent (after Harbor's `-c mini`): a 1-step limit stops the oracle."""
-    result = await run_check(swe_task, agent="mini-swe-agent", script="oracle", env="local", tokenizer=tokenizer,
-                             trials_dir=tmp_path / "trials", mini_venv=mini_venv, trial_timeout_sec=240,
-                             config_overrides={"agent_kwargs": {"step_limit": 1,
-                                                                "install_dir": str(mini_venv.absolute())}})
+    result = await run_check(swe_task, agent="mini-swe-agent", script="oracle", env="local",
+                             tokenizer=tokenizer, trials_dir=tmp_path / "trials", mini_venv=mini_venv,
+                             trial_timeout_sec=240,
+                             config_overrides={"agent_kwargs": {"step_limit": 1}})
     assert not result.failed, result.error
     assert result.generator_calls == 1 and result.reward == 0.0
 

@@ -18,6 +18,7 @@ from typing import Any
 from arl.harbor.agents.scripts import AGENTS as SWE_AGENTS  # noqa: F401 - re-exported test doubles
 from arl.harbor.agents.scripts import SCRIPTS as SWE_SCRIPTS  # noqa: F401
 from arl.harbor.agents.scripts import read_task, script_completions  # noqa: F401
+
 from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
@@ -244,7 +245,8 @@ def write_swe_task(
     subprocess.run([*git, "commit", "-q", "-m", "testbed"], check=True, timeout=30)
     f2p, p2p = ["tests/test_calc.py::test_add"], ["tests/test_calc.py::test_mul"]
     (tests / "config.json").write_text(json.dumps(
-        {"fail_to_pass": f2p, "pass_to_pass": p2p, "package": "calc", "version": "0", "function": "calc.add"}))
+        {"fail_to_pass": f2p, "pass_to_pass": p2p, "package": "calc", "version": "0",
+         "function": "calc.add"}))
     (tests / "run_tests.py").write_text(SWE_RUNNER)
     patch = _unified_patch("calc/__init__.py", SWE_BUGGY, SWE_FIXED)
     (solution / "fix.patch").write_text(patch)
@@ -266,8 +268,8 @@ def write_swe_task(
         f"base64 -d > /tmp/testbed.tgz <<'EOF'\n{blob}\nEOF\n"
         "tar -xzf /tmp/testbed.tgz -C /testbed && rm /tmp/testbed.tgz\n"
     )
-    for path, text in ((tests / "test.sh", SWE_TEST_SH),
-                       (solution / "solve.sh", "#!/bin/bash\ncd /testbed && git apply /solution/fix.patch\n")):
+    solve = "#!/bin/bash\ncd /testbed && patch -p1 < /solution/fix.patch\n"
+    for path, text in ((tests / "test.sh", SWE_TEST_SH), (solution / "solve.sh", solve)):
         path.write_text(text)
         path.chmod(0o755)
     return task

@@ -146,7 +146,9 @@ def token_exact_problems(
         problems.append(f"mask-1 tokens ({len(seg_tokens)}) are not the sampled tokens ({len(sampled)})")
     elif seg_lps != logprobs:
         problems.append("mask-1 log probs differ from the sampled log probs")
-    if any(lp != 0.0 for s in segments for lp, m in zip(s.response_logprobs, s.response_mask, strict=True) if not m):
+    masked = [lp for s in segments
+              for lp, m in zip(s.response_logprobs, s.response_mask, strict=True) if not m]
+    if any(lp != 0.0 for lp in masked):
         problems.append("a mask-0 token carries a non-zero log prob")
     prompts = [c.prompt_ids for c in calls]
     for i, s in enumerate(segments):
@@ -156,7 +158,8 @@ def token_exact_problems(
         messages = _plain_messages(sent_messages)
         starts = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
         if len(starts) < len(calls):
-            problems.append(f"the agent's log has {len(starts)} assistant turns for {len(calls)} generation calls")
+            problems.append(f"the agent's log has {len(starts)} assistant turns for {len(calls)} "
+                            "generation calls")
         for i, (call, k) in enumerate(zip(calls, starts, strict=False)):
             text = tokenizer.apply_chat_template(
                 messages[:k], tools=tools or None, add_generation_prompt=True, tokenize=False,
@@ -165,8 +168,9 @@ def token_exact_problems(
             if rendered != call.prompt_ids:
                 first = next((j for j, (a, b) in enumerate(zip(rendered, call.prompt_ids)) if a != b),
                              min(len(rendered), len(call.prompt_ids)))
-                problems.append(f"turn {i}: the prompt ({len(call.prompt_ids)} tokens) is not the rendering of the "
-                                f"messages the agent sent ({len(rendered)} tokens; first difference at {first}: "
+                problems.append(f"turn {i}: the prompt ({len(call.prompt_ids)} tokens) is not the rendering "
+                                f"of the messages the agent sent ({len(rendered)} tokens; first difference "
+                                f"at {first}: "
                                 f"{tokenizer.decode(call.prompt_ids[first:first + 20])!r} vs "
                                 f"{tokenizer.decode(rendered[first:first + 20])!r})")
     return problems
@@ -208,14 +212,17 @@ async def run_check(
     run_dir = Path(trials_dir) / f"{agent}-{script}-{env}-{task_id}"[:120]
     fields = harbor_config_fields(agent, env, trials_dir=run_dir, mini_venv=mini_venv,
                                   trial_timeout_sec=trial_timeout_sec)
-    fields.update(config_overrides or {})
+    for key, value in (config_overrides or {}).items():  # kwargs dicts are merged, the rest replaced
+        merge = key in ("agent_kwargs", "environment_kwargs") and isinstance(value, dict)
+        fields[key] = {**fields.get(key, {}), **value} if merge else value
     fields["policy"] = {"max_attempts": 1, "retry_backoff_sec": 0.0, **fields.get("policy", {})}
     config = msgspec.convert(fields, HarborConfig)
     generator = ScriptedGenerator(tokenizer, list(script_completions(agent, script, task_dir)))
     loop = HarborAgentLoop(config, tokenizer=tokenizer)
     task = Task(id=task_id, messages=[], agent="harbor", metadata={"harbor_task_path": str(task_dir)})
     started = time.monotonic()
-    result = await loop.run(task, generator, SamplingParams(max_tokens=4096, temperature=1.0), f"check-{task_id}")
+    params = SamplingParams(max_tokens=4096, temperature=1.0)
+    result = await loop.run(task, generator, params, f"check-{task_id}")
     wall = time.monotonic() - started
     trial_dirs = sorted(glob.glob(str(run_dir / "*" / "proxy" / "proxy_trajectory.json")))
     trial_dir = Path(trial_dirs[-1]).parent.parent if trial_dirs else None
@@ -237,8 +244,9 @@ async def run_check(
                                         config.proxy_settings().get("chat_template_kwargs"))
     reward = None if result.failed else result.reward
     return CheckResult(
-        task_id=task_id, agent=agent, script=script, env=env, reward=reward, rewards=dict(result.rewards or {}),
-        ok=expected_ok(script, reward) and not problems, failed=result.failed, failure_kind=result.failure_kind,
+        task_id=task_id, agent=agent, script=script, env=env, reward=reward,
+        rewards=dict(result.rewards or {}), ok=expected_ok(script, reward) and not problems,
+        failed=result.failed, failure_kind=result.failure_kind,
         error=result.error, num_turns=result.num_turns, generator_calls=len(generator.calls),
         segments=max(1, len(result.segments)) if generator.calls else 0, wall_s=wall,
         timings=dict(result.timings or {}), token_problems=problems, trial_dir=str(trial_dir or run_dir),

