@@ -145,3 +145,24 @@ def test_the_app_check_says_how_to_start_docker(monkeypatch):
             HarborConfigError, match=r"does not answer on unix:///nonexistent.*scripts/docker/start\.sh"
         ):
             check_harbor_config(HarborConfig(**fields))
+
+
+@pytest.mark.slow
+async def test_separate_verifier_mode_in_docker(docker_ready, tmp_path):
+    """Harbor's separate verifier mode: the verifier's image is built from tests/Dockerfile (once), the
+    agent's artifact reaches it; oracle 1.0, nop 0.0."""
+    from arl.harbor.testing import write_hello_task
+
+    task = write_hello_task(tmp_path / "tasks", verifier_mode="separate", tests_image=True)
+    for dockerfile in (task / "environment" / "Dockerfile", task / "tests" / "Dockerfile"):
+        dockerfile.write_text(dockerfile.read_text().replace("debian:bookworm-slim", SWE_BASE_IMAGE))
+    oracle = await run(config("docker", tmp_path / "trials", agent="oracle"), task)
+    assert not oracle.failed and oracle.reward == 1.0, oracle.error
+    nop = await run(config("docker", tmp_path / "trials", agent="nop"), task)
+    assert not nop.failed and nop.reward == 0.0, nop.error
+    assert (
+        subprocess.run(
+            ["docker", "image", "inspect", task_image_name(task / "tests")], capture_output=True
+        ).returncode
+        == 0
+    )

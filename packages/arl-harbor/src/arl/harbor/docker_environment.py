@@ -11,7 +11,11 @@
    with a sidecar container whose image and kernel probe come from Docker Hub (unreachable here), and
    otherwise rejects the task. Here the main service gets compose's `network_mode: none` (Harbor's own
    `docker-compose-no-network.yaml`): loopback only. Allowlists still go through Harbor's sidecar.
-3. **Teardown does not wait 10 s.** The main service's PID 1 is `sh -c "sleep infinity"`, which ignores
+3. **The separate verifier's image need not contain the task's workdir.** Harbor runs every exec
+   with the task's workdir as cwd and ignores whether creating the log dirs worked; in a verifier image
+   built from `tests/` without that dir, nothing was created and the verifier failed
+   (`DownloadVerifierDirError`). Here the workdir is created first and a failure to create the dirs raises.
+4. **Teardown does not wait 10 s.** The main service's PID 1 is `sh -c "sleep infinity"`, which ignores
    SIGTERM, so every `compose down` waited out Docker's 10 s stop timeout; here it gets SIGKILL at once
    (the container is discarded anyway).
 
@@ -25,6 +29,7 @@ import asyncio
 import functools
 import json
 import os
+import shlex
 import tempfile
 import time
 from collections.abc import Sequence
@@ -215,6 +220,19 @@ class DockerEnvironment(_HarborDockerEnvironment):
             paths.append(COMPOSE_NO_NETWORK_PATH)
         paths.append(_fast_stop_compose_path())
         return paths
+
+    async def ensure_dirs(self, dirs: Sequence[Any], *, chmod: bool = True) -> Any:
+        workdir = self.task_env_config.workdir
+        if workdir:  # every exec's default cwd: without it even the mkdir below cannot run
+            made = await self.exec(f"mkdir -p {shlex.quote(workdir)}", cwd="/", user="root")
+            if made.return_code != 0:
+                raise HarborError(
+                    f"cannot create the workdir {workdir} in the container: {made.stdout or ''}"
+                )
+        result = await super().ensure_dirs(dirs, chmod=chmod)
+        if result is not None and result.return_code != 0:
+            raise HarborError(f"cannot create {list(dirs)} in the container: {(result.stdout or '')[-500:]}")
+        return result
 
     async def start(self, force_build: bool) -> None:
         if not self.task_env_config.docker_image and not force_build and self._dockerfile_path.is_file():
