@@ -45,10 +45,10 @@ def task(tmp_path):
 
 
 def _test_sh(task_dir: Path, testbed: Path, logs: Path, python: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "ARL_SWE_PYTHON")}
-    env.update(ARL_SWE_TESTBED=str(testbed), ARL_SWE_LOGS=str(logs))
-    if python:
-        env["ARL_SWE_PYTHON"] = python
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    # On the host, the set's venv of the package (the local sandbox binds it at /arl/venv instead).
+    env.update(ARL_SWE_TESTBED=str(testbed), ARL_SWE_LOGS=str(logs),
+               ARL_SWE_PYTHON=python or str(task_dir.parent / "_venvs" / "tinycalc" / "bin" / "python"))
     return subprocess.run(["bash", str(task_dir / "tests" / "test.sh")], env=env, capture_output=True, text=True,
                           timeout=300)
 
@@ -70,6 +70,10 @@ def test_task_dir_is_valid_and_complete(task):
     dockerfile = (task / "environment" / "Dockerfile").read_text()
     assert dockerfile.startswith("FROM arl-swe-base:bookworm\nCOPY testbed /testbed\n") and "WORKDIR /testbed" in dockerfile
     assert "wheels" not in dockerfile  # no extra test deps
+    assert "ENV PATH=/arl/venv/bin:$PATH" in dockerfile
+    binds = json.loads((task / "environment" / "local_binds.json").read_text())
+    assert binds == {"/arl/venv": "../../_venvs/tinycalc"}
+    assert (task / "environment" / binds["/arl/venv"] / "bin" / "python").exists()
     log = subprocess.run(["git", "log", "--oneline"], cwd=task / "environment" / "testbed", capture_output=True,
                          text=True, check=True).stdout
     assert len(log.splitlines()) == 1

@@ -43,13 +43,13 @@ class TaskCheck:
         return not self.problems
 
 
-def _run_scenario(task: Path, scenario: str, config: dict) -> tuple[float | None, str]:
+def _run_scenario(task: Path, python: Path, scenario: str, config: dict) -> tuple[float | None, str]:
     with tempfile.TemporaryDirectory(prefix="arl-swe-verify-") as tmp:
         testbed, logs = Path(tmp) / "testbed", Path(tmp) / "logs"
         shutil.copytree(task / "environment" / "testbed", testbed, symlinks=True)
-        # test.sh finds the set's venv (<set>/_venvs/<package>, its baked-in path) by itself.
-        env = {**os.environ, "ARL_SWE_TESTBED": str(testbed), "ARL_SWE_LOGS": str(logs)}
-        for key in ("VIRTUAL_ENV", "PYTHONPATH", "ARL_SWE_PYTHON"):
+        env = {**os.environ, "ARL_SWE_TESTBED": str(testbed), "ARL_SWE_LOGS": str(logs),
+               "ARL_SWE_PYTHON": str(python)}  # the set's venv of the package (the sandbox binds it at /arl/venv)
+        for key in ("VIRTUAL_ENV", "PYTHONPATH"):
             env.pop(key, None)
         if scenario == "oracle":
             proc = subprocess.run(["bash", str(task / "solution" / "solve.sh")], env=env, capture_output=True,
@@ -76,12 +76,13 @@ def verify_task(task: Path, set_dir: Path) -> TaskCheck:
         check.problems += [f"invalid task: {p}" for p in info.problems]
         return check
     config = json.loads((task / "tests" / "config.json").read_text())
-    if not (set_dir / "_venvs" / config["package"] / "bin" / "python").exists():
+    python = set_dir / "_venvs" / config["package"] / "bin" / "python"  # not resolved: a venv's python is a link
+    if not python.exists():
         check.problems.append(f"no venv for {config['package']} in {set_dir / '_venvs'}")
         return check
     expected = {"oracle": lambda r: r == 1.0, "untouched": lambda r: r == 0.0, "edit_tests": lambda r: r != 1.0}
     for scenario, good in expected.items():
-        reward, why = _run_scenario(task, scenario, config)
+        reward, why = _run_scenario(task, python, scenario, config)
         check.rewards[scenario] = reward
         if reward is None or not good(reward):
             check.problems.append(f"{scenario}: reward {reward} {why}".strip())

@@ -2,8 +2,8 @@
 
 <task>/task.toml, instruction.md; environment/Dockerfile (FROM arl-swe-base:bookworm, testbed at
 /testbed, the package's extra test wheels installed offline), environment/testbed/ (the buggy source, a
-git repo with one commit), environment/wheels/, environment/local_setup.sh (the local sandbox's stand-in
-for the Dockerfile); tests/test.sh, tests/config.json, tests/plugin/ (the report plugin and scorer),
+git repo with one commit), environment/wheels/, environment/local_binds.json + local_setup.sh (the local sandbox's
+stand-in for the Dockerfile: the package's venv bound at /arl/venv); tests/test.sh, tests/config.json, tests/plugin/ (the report plugin and scorer),
 tests/pristine/ (the test files restored before grading); solution/fix.patch + solve.sh (the oracle).
 """
 
@@ -28,6 +28,7 @@ AGENT_TIMEOUT_SEC = 1800.0
 VERIFIER_TIMEOUT_SEC = 300.0
 BUILD_TIMEOUT_SEC = 600.0
 MEMORY_MB = 2048
+SANDBOX_VENV = "/arl/venv"  # where the local sandbox binds the package's venv (environment/local_binds.json)
 _ROOT_CONFIG_FILES = ("pytest.ini", "setup.cfg", "tox.ini", "pyproject.toml", "conftest.py")
 _GIT_ENV = {"GIT_AUTHOR_NAME": "arl", "GIT_AUTHOR_EMAIL": "arl@localhost", "GIT_COMMITTER_NAME": "arl",
             "GIT_COMMITTER_EMAIL": "arl@localhost", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
@@ -120,20 +121,21 @@ def write_task(task_dir: Path, *, record: TaskRecord, spec: PackageSpec, pristin
                    "RUN python3 -m pip install --no-index --find-links /tmp/arl-wheels --break-system-packages "
                    f"{' '.join(q(d) for d in spec.test_deps)} && rm -rf /tmp/arl-wheels"]
     src_path = "/testbed" if spec.src_root == "." else f"/testbed/{spec.src_root}"
-    docker += [f"ENV PYTHONPATH={src_path}", "WORKDIR /testbed", ""]
+    # PATH: in the local sandbox python3 is then the bound venv's; in the image /arl/venv does not exist.
+    docker += [f"ENV PYTHONPATH={src_path}", f"ENV PATH={SANDBOX_VENV}/bin:$PATH", "WORKDIR /testbed", ""]
     _write(env_dir / "Dockerfile", "\n".join(docker))
-    venv_python = venv_dir / "bin" / "python"
+    # The local sandbox honours the Dockerfile's COPY and ENV itself; the package's venv (Debian's python3.11,
+    # pytest, the test deps) is bound read-only at /arl/venv (arl.harbor.environment's local_binds.json,
+    # relative to environment/, so the set can move), and local_setup.sh stands in for the RUN step.
+    rel_venv = os.path.relpath(venv_dir, env_dir)
+    _write(env_dir / "local_binds.json", json.dumps({SANDBOX_VENV: rel_venv}) + "\n")
     _write(env_dir / "local_setup.sh", f"""#!/bin/bash
-# Stand-in for the Dockerfile in arl's local (unshare) sandbox: the same testbed at /testbed and the same
-# Python + test deps (the package's venv, made with Debian's python3.11 like the image's). Both are read
-# from the task set on the host, which the sandbox has to make visible at the same absolute paths.
+# Stand-in for the Dockerfile's RUN steps in arl's local (unshare) sandbox: the testbed is already at
+# /testbed (the Dockerfile's COPY) and the package's venv is bound at {SANDBOX_VENV} (local_binds.json), so
+# this only checks that the tests can run.
 set -e
-TESTBED_SRC={q(os.path.abspath(testbed))}
-VENV={q(os.path.abspath(venv_dir))}
-[ -d "$TESTBED_SRC" ] || {{ echo "local_setup.sh: $TESTBED_SRC is not visible in the sandbox" >&2; exit 1; }}
-[ -x "$VENV/bin/python" ] || {{ echo "local_setup.sh: no venv python at $VENV/bin/python" >&2; exit 1; }}
-mkdir -p /testbed
-cp -a "$TESTBED_SRC/." /testbed/
+[ -d /testbed ] || {{ echo "local_setup.sh: no /testbed" >&2; exit 1; }}
+{SANDBOX_VENV}/bin/python -c "import pytest" || {{ echo "local_setup.sh: pytest not importable from {SANDBOX_VENV}" >&2; exit 1; }}
 """, 0o755)
 
     tests_dir = task_dir / "tests"
@@ -151,7 +153,7 @@ cp -a "$TESTBED_SRC/." /testbed/
         "@TEST_FILES@": " ".join(q(f) for f in record.test_files),
         "@PYTEST_ARGS@": " ".join(q(a) for a in spec.pytest_args),
         "@PYTEST_TIMEOUT_SEC@": str(pytest_timeout),
-        "@VENV_PYTHON@": q(os.path.abspath(venv_python)),
+        "@VENV_PYTHON@": q(f"{SANDBOX_VENV}/bin/python"),
     }.items():
         test_sh = test_sh.replace(key, value)
     _write(tests_dir / "test.sh", test_sh, 0o755)

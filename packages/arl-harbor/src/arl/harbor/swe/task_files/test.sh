@@ -15,7 +15,7 @@ PYTEST_ARGS=(@PYTEST_ARGS@)
 PYTEST_TIMEOUT_SEC=@PYTEST_TIMEOUT_SEC@
 fail() { echo "arl-swe verifier cannot run: $*" >&2; exit 3; }
 
-# The interpreter: an explicit one, else the package's prepared venv (the local sandbox), else python3.
+# The interpreter: an explicit one, else the package's venv bound by the local sandbox, else python3 (image).
 PY=""
 for cand in "${ARL_SWE_PYTHON:-}" @VENV_PYTHON@ python3; do
   [ -n "$cand" ] || continue
