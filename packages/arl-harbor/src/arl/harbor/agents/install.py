@@ -128,6 +128,24 @@ def dockerfile_lines(context_dir: str = "agent-wheels", install_dir: str = DEFAU
     )
 
 
+def build_agent_image(tag: str, *, base_image: str, wheelhouse: Path, docker_host: str | None = None) -> None:
+    """`docker build --network none -t tag`: `base_image` + mini-swe-agent at /opt/mini-swe-agent from
+    `wheelhouse` (a derived image for tasks whose own images lack the agent)."""
+    if not (wheelhouse / "requirements.txt").is_file():
+        raise FileNotFoundError(f"{wheelhouse}/requirements.txt is missing: run `wheelhouse {wheelhouse}` first")
+    env = {**os.environ, **({"DOCKER_HOST": docker_host} if docker_host else {})}
+    with tempfile.TemporaryDirectory(prefix="arl-agent-image-") as tmp:
+        context = Path(tmp)
+        shutil.copytree(wheelhouse, context / "agent-wheels")
+        (context / "Dockerfile").write_text(
+            f"FROM {base_image}\n{dockerfile_lines('agent-wheels')}"
+            f"LABEL org.arl.mini-swe-agent={MINI_SWE_AGENT_VERSION}\n")
+        result = subprocess.run(["docker", "build", "--network", "none", "-t", tag, str(context)], env=env,
+                                capture_output=True, text=True, timeout=_TIMEOUT_SEC, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"docker build of {tag} failed:\n{result.stderr[-3000:]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m arl.harbor.agents.install",
                                      description=(__doc__ or "").split("\n")[0])
