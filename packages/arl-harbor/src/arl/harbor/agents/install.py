@@ -14,6 +14,8 @@ installed once instead, from a wheelhouse downloaded from PyPI on the host:
   be one the sandbox sees, i.e. the host's /usr/bin/python3).
 - `dockerfile-lines --context-dir agent-wheels`: the Dockerfile lines that install it at
   `/opt/mini-swe-agent` from the wheelhouse copied into the build context.
+- `image --base B --tag T`: `docker build --network none` of B + those lines, tagged T (T may be B: the
+  base image then carries the agent, and every task image built FROM it).
 
     uv run python -m arl.harbor.agents.install wheelhouse .cache/agents/mini-swe-agent/wheels
     uv run python -m arl.harbor.agents.install venv --wheelhouse .cache/agents/mini-swe-agent/wheels \\
@@ -132,7 +134,7 @@ def build_agent_image(tag: str, *, base_image: str, wheelhouse: Path, docker_hos
     """`docker build --network none -t tag`: `base_image` + mini-swe-agent at /opt/mini-swe-agent from
     `wheelhouse` (a derived image for tasks whose own images lack the agent)."""
     if not (wheelhouse / "requirements.txt").is_file():
-        raise FileNotFoundError(f"{wheelhouse}/requirements.txt is missing: run `wheelhouse {wheelhouse}` first")
+        raise FileNotFoundError(f"{wheelhouse}/requirements.txt is missing: run `wheelhouse {wheelhouse}`")
     env = {**os.environ, **({"DOCKER_HOST": docker_host} if docker_host else {})}
     with tempfile.TemporaryDirectory(prefix="arl-agent-image-") as tmp:
         context = Path(tmp)
@@ -156,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--wheelhouse", type=Path, required=True)
     v.add_argument("--venv", type=Path, required=True)
     v.add_argument("--python", default="/usr/bin/python3")
+    i = sub.add_parser("image", help="docker build: BASE + mini-swe-agent at /opt/mini-swe-agent, tagged TAG "
+                                     "(TAG may be BASE itself); downloads the wheelhouse when missing")
+    i.add_argument("--base", required=True)
+    i.add_argument("--tag", required=True)
+    i.add_argument("--wheelhouse", type=Path, default=Path(".cache/agents/mini-swe-agent/wheels"))
     d = sub.add_parser("dockerfile-lines", help="print the Dockerfile lines that install it")
     d.add_argument("--context-dir", default="agent-wheels")
     d.add_argument("--install-dir", default=DEFAULT_INSTALL_DIR)
@@ -165,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         wheels = sorted(args.out.glob("*.whl"))
         size = sum(p.stat().st_size for p in wheels) / 2**20
         print(f"{len(wheels)} wheels, {size:.0f} MiB in {args.out} (pins: {req})", file=sys.stderr)
+    elif args.cmd == "image":
+        if not (args.wheelhouse / "requirements.txt").is_file():
+            download_wheelhouse(args.wheelhouse)
+        build_agent_image(args.tag, base_image=args.base, wheelhouse=args.wheelhouse)
+        print(f"{args.tag}: {args.base} + mini-swe-agent {MINI_SWE_AGENT_VERSION} at {DEFAULT_INSTALL_DIR}",
+              file=sys.stderr)
     elif args.cmd == "venv":
         print(build_venv(args.wheelhouse, args.venv, python=args.python))
     else:
