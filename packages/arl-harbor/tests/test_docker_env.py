@@ -166,3 +166,18 @@ async def test_separate_verifier_mode_in_docker(docker_ready, tmp_path):
         ).returncode
         == 0
     )
+
+
+@pytest.mark.slow
+async def test_images_step_records_image_and_build_time(docker_ready, tmp_path):
+    """`python -m arl.harbor.swe.images <set>`: every task's image built once, recorded in the manifest."""
+    from arl.harbor.swe.images import build_set_images
+
+    task = write_pytest_swe_task(tmp_path / "set", name="minicalc-images")
+    manifest = tmp_path / "set" / "manifest.jsonl"
+    manifest.write_text(json.dumps({"id": task.name, "image": None, "image_build_s": None}) + "\n")
+    (row,) = await build_set_images(tmp_path / "set", force=True)
+    assert row["image"] == task_image_name(task / "environment") and row["image_build_s"] > 0
+    assert json.loads(manifest.read_text()) == row
+    (again,) = await build_set_images(tmp_path / "set")  # exists: kept, with its recorded build time
+    assert again == row
