@@ -22,6 +22,15 @@ t is reported per trained token (`t`) and per response token (`t_response`, the 
 The small workload also sweeps decode tokens/s vs batch size (fixed 256-token requests), printed as
 the [decode] table of apps/bench/calibration/h200.toml, with t as [train].
 
+With `--share` (one GPU shared by an engine and a trainer, issue #30) each workload also measures
+what the two keep of their rates when they run at the same time in two processes on the one GPU: the
+engine (its memory capped by `--gpu-memory-utilization`, e.g. 0.35) keeps `--batch` requests in flight,
+refilled, for `--share-seconds` alone and then while a trainer process (arl's HFPolicy on the same
+batches) trains without pause beside it; the trainer's rate alone is measured in that process before
+the engine's second window. `share_engine` = g both / g alone, `share_trainer` = t both / t alone, and
+`share_sum` their sum (> 1: running at once does more work than taking turns). apps/bench's `compare
+--rates` turns them into each shared schedule's ideal over colocated.
+
 Each workload runs in a process of its own (`--no-isolate`: all in this one), so one workload's
 engine and trainer leave nothing behind for the next: the second engine in one process decoded
 long-prompt's continuous refill at 8,865 tokens/s where a fresh process gave 11,460.
@@ -104,6 +113,7 @@ async def measure_vllm(model: Path, targets: list[int], batch: int, sweep: bool,
 
     try:
         await asyncio.gather(*(one(ids[i], 32) for i in range(min(batch, 64))))  # warm-up (graphs, allocator)
+        share = await measure_share(llm, model, ids, targets, batch, prompt_len, args) if args.share else {}
         # Synchronous batches: each waits for its slowest request.
         t0 = time.perf_counter()
         sync_tokens = 0
@@ -138,7 +148,141 @@ async def measure_vllm(model: Path, targets: list[int], batch: int, sweep: bool,
         "sync_s": sync_s,
         "cont_s": cont_s,
         "decode_curve": curve,
+        **share,
     }
+
+
+async def refill_window(llm, ids: list[list[int]], targets: list[int], batch: int, seconds: float) -> float:
+    """Decode tokens/s over `seconds` with `batch` requests in flight, each finished one replaced at once
+    (tokens counted as they stream, so the window's edges cut requests, not the count)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    counted = 0
+    end = time.perf_counter() + seconds
+    order = iter(range(10**9))
+
+    async def worker() -> None:
+        nonlocal counted
+        while time.perf_counter() < end:
+            i = next(order)
+            params = SamplingParams(max_tokens=targets[i % len(targets)], ignore_eos=True, temperature=1.0,
+                                    output_kind=RequestOutputKind.DELTA, detokenize=False)
+            async for out in llm.generate(TokensPrompt(prompt_token_ids=ids[i % len(ids)]), params, f"w{i}-{end}"):
+                if time.perf_counter() < end:
+                    counted += len(out.outputs[0].token_ids)
+                else:
+                    return  # leaving the generator aborts the request
+
+    started = time.perf_counter()
+    workers = [asyncio.create_task(worker()) for _ in range(batch)]
+    await asyncio.sleep(seconds)
+    for w in workers:
+        w.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
+    return counted / (min(time.perf_counter(), end) - started)
+
+
+async def measure_share(llm, model: Path, ids: list[list[int]], targets: list[int], batch: int, prompt_len: int,
+                        args) -> dict:
+    """The engine's and a trainer process's rates alone and at the same time on this GPU (`--share`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ready, go, answer = Path(tmp, "ready"), Path(tmp, "go"), Path(tmp, "share.json")
+        child = subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--no-isolate", "--share-trainer-child",
+                                  f"{model}|{prompt_len}|{ready}|{go}|{answer}|{args.kl_coef_now}"])
+        try:
+            deadline = time.perf_counter() + 600
+            g_alone = await refill_window(llm, ids, targets, batch, args.share_seconds)  # while the trainer loads
+            while not ready.exists():  # its rate alone is measured by now (the engine idle beside it)
+                if child.poll() is not None or time.perf_counter() > deadline:
+                    raise RuntimeError(f"the share trainer process ended or stalled (exit {child.poll()})")
+                await asyncio.sleep(0.5)
+            go.write_text("go")
+            await asyncio.sleep(1.0)  # the trainer's first step at once under way
+            g_both = await refill_window(llm, ids, targets, batch, args.share_seconds)
+            await asyncio.to_thread(child.wait, 600)
+        finally:
+            if child.poll() is None:
+                child.kill()
+        trainer = json.loads(answer.read_text())
+    return {
+        "share_g_alone": g_alone, "share_g_both": g_both,
+        "share_t_alone": trainer["t_alone"], "share_t_both": trainer["t_both"],
+        "share_t_response_alone": trainer["t_response_alone"],
+        "share_engine": g_both / g_alone, "share_trainer": trainer["t_both"] / trainer["t_alone"],
+        "share_sum": g_both / g_alone + trainer["t_both"] / trainer["t_alone"],
+        "share_gpu_memory_utilization": args.gpu_memory_utilization, "share_seconds": args.share_seconds,
+    }
+
+
+def share_trainer_child(spec: str, args) -> int:
+    """`--share`'s trainer process: its rate alone (the engine idle beside it), then, once told to go,
+    training without pause for the engine's window and a little more."""
+    model, prompt_len, ready, go, answer, kl_coef = spec.split("|")
+    import torch
+
+    policy, batch, sync = train_setup(Path(model), lengths(args.requests or 512, seed=0, max_len=args.max_len),
+                                      int(prompt_len), args, float(kl_coef))
+    policy.train_step(batch(0), mini_batch_rows=args.train_rows)  # warm-up
+    sync()
+
+    def steps(until: float, first: int) -> tuple[float, float, float]:
+        tokens = response = 0
+        t0 = time.perf_counter()
+        k = first
+        while time.perf_counter() < until or k == first:
+            b = batch(k * args.train_prompts * args.n)
+            policy.train_step(b, mini_batch_rows=args.train_rows)
+            sync()
+            tokens += int(b.attention_mask.sum())
+            response += int(b.attention_mask.sum()) - args.train_prompts * args.n * int(prompt_len)
+            k += 1
+        seconds = time.perf_counter() - t0
+        return tokens / seconds, response / seconds, k
+
+    t_alone, t_response_alone, k = steps(time.perf_counter() + 0.0, 1)
+    t_alone2, t_response_alone2, k = steps(time.perf_counter() + 0.0, k)  # two steps alone
+    Path(ready).write_text("ready")
+    while not Path(go).exists():
+        time.sleep(0.1)
+    t_both, _, _ = steps(time.perf_counter() + args.share_seconds + 1.0, k)
+    Path(answer).write_text(json.dumps({"t_alone": (t_alone + t_alone2) / 2,
+                                        "t_response_alone": (t_response_alone + t_response_alone2) / 2,
+                                        "t_both": t_both, "cuda": torch.cuda.is_available()}))
+    return 0
+
+
+def train_setup(model: Path, targets: list[int], prompt_len: int, args, kl_coef: float = 0.0):
+    """arl's HFPolicy on `model` and a batch maker of the workload's lengths (what measure_train times)."""
+    import torch
+
+    from arl.queue.types import Response, Sample
+    from arl.trainer import HFPolicy, TrainerConfig, assemble_batch
+    from arl.trainer.algorithm_config import AlgorithmConfig
+
+    n = args.n
+    config = TrainerConfig(ppo_mini_batch_size=args.train_prompts, algorithm=AlgorithmConfig(kl_coef=kl_coef))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    policy = HFPolicy(model, config, device=device, dtype="bfloat16" if device == "cuda" else "float32")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    rng = random.Random(2)
+
+    def batch(offset: int):
+        samples = []
+        for p in range(args.train_prompts):
+            prompt = [rng.randrange(10, 1000) for _ in range(prompt_len)]
+            responses = []
+            for k in range(n):
+                length = targets[(offset + p * n + k) % len(targets)]
+                responses.append(Response(
+                    response_ids=[rng.randrange(10, 1000) for _ in range(length)], response_mask=[1] * length,
+                    response_logprobs=[-6.9] * length, weight_versions=[0] * length, reward=rng.random(),
+                ))
+            samples.append(Sample(uid=f"s{offset}-{p}", prompt_ids=prompt, responses=responses, start_version=0, end_version=0))
+        return assemble_batch(samples, pad_token_id=0)
+
+    return policy, batch, sync
 
 
 def measure_train(model: Path, targets: list[int], prompt_len: int, args, kl_coef: float = 0.0) -> dict:
@@ -210,7 +354,9 @@ def report(name: str, row: dict, begin: float, out_dir: str | None, result: dict
     """One workload's line on stderr; the results so far to $OUT (kept if a later workload runs out of time)."""
     print(f"raw_vllm_rates: {name} ({row['shape']}): g_sync {row['g_sync']:.0f}, g_cont {row['g_cont']:.0f}, "
           f"t {row['t']:.0f} tokens/s ({row['t_response']:.0f} per response token) → ideal {row['ideal_speedup_1plus1']:.2f}× "
-          f"[{time.perf_counter() - begin:.0f} s]", file=sys.stderr, flush=True)
+          + (f"| at once: engine {row['share_engine']:.0%} + trainer {row['share_trainer']:.0%} = {row['share_sum']:.2f} "
+             if "share_sum" in row else "")
+          + f"[{time.perf_counter() - begin:.0f} s]", file=sys.stderr, flush=True)
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         Path(out_dir, "raw_rates.json").write_text(json.dumps(result, indent=2))
@@ -235,8 +381,17 @@ def main() -> int:
     parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
                         help="run each workload in a fresh process of its own (default)")
     parser.add_argument("--result-file", type=Path, default=None, help=argparse.SUPPRESS)  # a child's answer
+    parser.add_argument("--share", action="store_true",
+                        help="also measure engine and trainer alone and at once on the one GPU (two processes)")
+    parser.add_argument("--share-seconds", type=float, default=40.0, help="each --share window")
+    parser.add_argument("--share-trainer-child", default="", help=argparse.SUPPRESS)  # --share's trainer process
     args = parser.parse_args()
     import torch
+
+    if args.share and args.gpu_memory_utilization > 0.6:
+        print("raw_vllm_rates: --share needs room for the trainer beside the engine: --gpu-memory-utilization "
+              f"<= 0.6 (e.g. 0.35), got {args.gpu_memory_utilization}", file=sys.stderr)
+        return 2
 
     global MEDIAN, P99
     if args.cpu_smoke:
@@ -249,6 +404,8 @@ def main() -> int:
     elif not torch.cuda.is_available():
         print("raw_vllm_rates: needs a CUDA GPU (or --cpu-smoke)", file=sys.stderr)
         return 2
+    if args.share_trainer_child:
+        return share_trainer_child(args.share_trainer_child, args)
     from arl_train.tiny_model import build_builtin_model
 
     result: dict = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "median": MEDIAN, "p99": P99, "batch": args.batch,
@@ -266,6 +423,7 @@ def main() -> int:
             report(name, result["workloads"][name], begin, out_dir, result)
             continue
         targets = lengths(args.requests or spec["requests"], seed=0, max_len=args.max_len)
+        args.kl_coef_now = spec.get("kl_coef", 0.0)
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
             model = build_builtin_model(spec["shape"], Path(tmp) / "model", seed=0)

@@ -61,3 +61,28 @@ def test_bad_calibration_and_layout_are_named(tmp_path):
         simulate("d", 1, calib, SimWorkload(steps=3, warmup_steps=1))
     with pytest.raises(ValueError, match="unknown mode"):
         simulate("e", 2, calib, SimWorkload(steps=3, warmup_steps=1))
+
+
+def test_shared_schedules_match_their_formulas_without_a_tail():
+    """One GPU, equal lengths, a decode rate that ignores the batch: time_sliced has no tail to skip, so
+    it takes turns as colocated does (1×); concurrent at full shares does both at once (min(g, t) against
+    1/(1/g + 1/t): 2× when t = g), at half shares no more than taking turns (1×)."""
+    from arl_bench.simulate import ShareCost
+
+    calib = calibration({1: 1000.0}, train_tokens_per_s=1000.0)
+    w = SimWorkload(source="builtin:longtail?median=100&sigma=0.000001&max=100", prompt_len=1, n=4,
+                    prompts_per_step=8, steps=10, warmup_steps=2)
+    coloc = simulate("colocated", 1, calib, w).samples_per_s
+    assert simulate("time_sliced", 1, calib, w, staleness=1.0).samples_per_s / coloc == pytest.approx(1.0, rel=0.1)
+    calib.share = ShareCost(engine=1.0, trainer=1.0)
+    assert simulate("concurrent", 1, calib, w, staleness=1.0).samples_per_s / coloc == pytest.approx(2.0, rel=0.1)
+    calib.share = ShareCost(engine=0.5, trainer=0.5)
+    assert simulate("concurrent", 1, calib, w, staleness=1.0).samples_per_s / coloc == pytest.approx(1.0, rel=0.1)
+
+
+def test_on_the_long_tail_time_sliced_beats_colocated_on_the_same_gpus():
+    calib = load_calibration("h200_shared")
+    w = SimWorkload(prompts_per_step=16, steps=8, warmup_steps=2, token_unit=32)
+    coloc, sliced = simulate("colocated", 1, calib, w), simulate("time_sliced", 1, calib, w, staleness=1.0)
+    assert sliced.samples_per_s > 1.2 * coloc.samples_per_s
+    assert sliced.replicas == sliced.trainer_gpus == 1 and 0.0 < sliced.staleness_mean <= 1.5

@@ -2,8 +2,8 @@
 
 compare   run one workload as colocated-synchronous and as async modes a–d (full apps/train runs),
           print the table, write bench.json and bench.png.
-simulate  project the speedup of mode d over colocated at several GPU counts on a virtual clock,
-          from a calibration file; write sim.json.
+simulate  project the speedup of mode d (and the shared-GPU schedules, --modes) over colocated at
+          several GPU counts on a virtual clock, from a calibration file; write sim.json.
 """
 
 from __future__ import annotations
@@ -29,14 +29,30 @@ def _compare(args: argparse.Namespace) -> int:
     out = Path(args.out)
     result = run_modes(config, args.overrides, modes, out, warmup_steps=args.warmup_steps,
                        colocated_overrides=args.colocated_overrides.split() if args.colocated_overrides else [],
-                       colocated_scale=args.colocated_scale)
+                       colocated_scale=args.colocated_scale,
+                       concurrent_overrides=args.concurrent_overrides.split() if args.concurrent_overrides else [],
+                       shared_overrides=args.shared_overrides.split() if args.shared_overrides else [],
+                       rates=_rates_row(args.rates, args.rates_workload) if args.rates else None)
     json_path, png = write(result, out)
     print(table(result["modes"]))
+    if result.get("ideal_speedups"):
+        print("arl-bench: ideal over colocated " + ", ".join(
+            f"{m} {v:.2f}× (measured {result['share_of_ideal'].get(m, float('nan')):.0%} of it)"
+            for m, v in result["ideal_speedups"].items()))
     print(f"arl-bench: {json_path}, {png}")
     if not all(r["weights_equal_after_sync"] for r in result["modes"].values()):
         print("arl-bench: a run ended with engine weights different from the trainer's", file=sys.stderr)
         return 1
     return 0
+
+
+def _rates_row(path: Path, workload: str) -> dict:
+    """One workload's row of raw_vllm_rates.py's JSON (its g_sync, g_cont, t_response and shares)."""
+    data = json.loads(Path(path).read_text())
+    rows = data.get("workloads", {})
+    if workload not in rows:
+        raise ValueError(f"--rates {path} has no workload {workload!r} (has {sorted(rows)})")
+    return rows[workload]
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -52,7 +68,8 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.train_tokens_per_s:
         calib.train.tokens_per_s_per_gpu = args.train_tokens_per_s
     gpus = [int(g) for g in args.gpus.split(",")]
-    rows = project(calib, workload, gpus, rollout_fraction=args.rollout_fraction, staleness=args.staleness)
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    rows = project(calib, workload, gpus, modes=modes, rollout_fraction=args.rollout_fraction, staleness=args.staleness)
     result = {
         "calibration": str(args.calibration),
         "calibration_meta": calib.meta,
@@ -65,11 +82,11 @@ def _simulate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sim.json").write_text(json.dumps(result, indent=2))
-    print(f"{'GPUs':>6} {'colocated':>12} {'mode d':>12} {'speedup':>9}   reference (128 GPUs)")
+    print(f"{'GPUs':>6} " + " ".join(f"{m + ' samples/s (×)':>28}" for m in modes)
+          + f"   reference d (128 GPUs) {REFERENCE_SPEEDUP_128[0]}–{REFERENCE_SPEEDUP_128[1]}×")
     for row in rows:
-        res = row["results"]
-        print(f"{row['gpus']:>6} {res['colocated']['samples_per_s']:>12.2f} {res['d']['samples_per_s']:>12.2f} "
-              f"{row['speedup_over_colocated']['d']:>8.2f}×   {REFERENCE_SPEEDUP_128[0]}–{REFERENCE_SPEEDUP_128[1]}×")
+        res, up = row["results"], row["speedup_over_colocated"]
+        print(f"{row['gpus']:>6} " + " ".join(f"{res[m]['samples_per_s']:>20.2f} ({up[m]:.2f}×)" for m in modes))
     print(f"arl-bench: {out / 'sim.json'}")
     return 0
 
@@ -77,7 +94,7 @@ def _simulate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="arl-bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("compare", help="colocated vs modes a–d on one workload (full app runs)")
+    c = sub.add_parser("compare", help="colocated vs modes a–d and the shared-GPU schedules (full app runs)")
     c.add_argument("--preset", default="cpu", help="configs/<preset>.toml (cpu, h200x2)")
     c.add_argument("--config", type=Path, default=None, help="an app config TOML instead of a preset")
     c.add_argument("--modes", default="colocated,a,b,c,d")
@@ -86,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--colocated-overrides", default="", help="space-separated overrides for the colocated run only")
     c.add_argument("--colocated-scale", type=float, default=1.0,
                    help="multiply colocated throughput (k copies of a 1/k-batch run on 1/k of the GPUs)")
+    c.add_argument("--concurrent-overrides", default="",
+                   help="space-separated overrides for the concurrent run only (its memory split)")
+    c.add_argument("--shared-overrides", default="",
+                   help="space-separated overrides for both shared-GPU runs (e.g. their staleness budget)")
+    c.add_argument("--rates", type=Path, default=None,
+                   help="raw_vllm_rates.py's raw_rates.json: the shared schedules' ideals from its rates")
+    c.add_argument("--rates-workload", default="small", help="the workload of --rates to use")
     c.add_argument("overrides", nargs="*", help="section.key=value for every mode, e.g. trainer.total_steps=8")
     s = sub.add_parser("simulate", help="project mode d vs colocated at scale on a virtual clock")
     s.add_argument("--calibration", default=str(HERE / "calibration" / "h200.toml"))
@@ -97,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--warmup-steps", type=int, default=2)
     s.add_argument("--token-unit", type=int, default=32, help="simulate in units of this many tokens")
     s.add_argument("--rollout-fraction", type=float, default=0.5, help="split layouts: share of GPUs for rollout")
-    s.add_argument("--staleness", type=float, default=None, help="staleness_threshold of mode d (default 0.5)")
+    s.add_argument("--modes", default="colocated,d",
+                   help="colocated, a–d (split), time_sliced, concurrent (shared GPUs); colocated is the baseline")
+    s.add_argument("--staleness", type=float, default=None,
+                   help="staleness_threshold of modes c, d and the shared schedules (default 0.5)")
     s.add_argument("--train-tokens-per-s", type=float, default=0.0, help="override the calibration's train rate")
     s.add_argument("--out", default="runs/bench-sim")
     args = parser.parse_args(argv)

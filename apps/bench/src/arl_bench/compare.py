@@ -1,4 +1,5 @@
-"""One workload, several layouts, side by side: colocated-synchronous and the async modes a–d.
+"""One workload, several layouts, side by side: colocated-synchronous, the async modes a–d (split) and
+the shared-GPU schedules (time_sliced, concurrent: async on the colocated GPUs).
 
 Each mode is a full apps/train run (`arl_train.run.run`) of the same config with the mode's
 overrides; the first `warmup_steps` steps of each are left out of the figures (engine start-up,
@@ -9,7 +10,14 @@ first compile). Per mode it reports, over the measured window:
 - rollout idle fraction: per replica, the share of wall time with no generation call running
   (starved by the staleness budget, paused for a sync, or asleep while the trainer has the GPU);
 - generation tokens/s (what the engines produced, kept or not), sync seconds per step, staleness;
-- the speedup over colocated (samples/s ratio).
+- the speedup over colocated (samples/s ratio);
+- per side, the share of wall time it was working (trainer: training; rollout: a generation call
+  running) and the share it was slowed by the other side sharing its GPU: working share ×
+  (1 − its rate in this mode / its rate alone). A side's rate alone comes from the modes of the same
+  compare in which it had its GPU to itself (trainer: any mode but concurrent; rollout: time_sliced
+  or a split mode, whose batches stay refilled as concurrent's do, not colocated's draining ones), or
+  from `raw_vllm_rates.py --share` figures (`rates`). With those figures the compare also reports each
+  schedule's ideal speedup over colocated (`ideal_speedups`) and how close it came.
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ from typing import Any
 
 import msgspec
 
-BENCH_MODES = ("colocated", "a", "b", "c", "d")
+BENCH_MODES = ("colocated", "a", "b", "c", "d", "time_sliced", "concurrent")
+SHARED_MODES = ("time_sliced", "concurrent")
 
 
 class ModeResult(msgspec.Struct, kw_only=True):
@@ -43,6 +52,17 @@ class ModeResult(msgspec.Struct, kw_only=True):
     wall_s: float
     output_dir: str
     speedup_over_colocated: float = float("nan")
+    # Per side: the share of wall time it worked, its rate while working (trainer: sampled tokens per
+    # second of training; rollout: generated tokens per busy second), the share it was slowed by the other.
+    trainer_work_fraction: float = 0.0
+    rollout_work_fraction: float = 0.0
+    trainer_rate: float = 0.0
+    rollout_rate: float = 0.0
+    trainer_slowed_fraction: float = float("nan")
+    rollout_slowed_fraction: float = float("nan")
+    # Partial generations resumed after an abort (a sync, or a time-sliced yield) over the measured steps.
+    resumed_requests: int = 0
+    staleness_max: int = 0
 
 
 def app_supports_colocate() -> bool:
@@ -60,6 +80,8 @@ def mode_settings(mode: str) -> tuple[str, list[str]]:
     """The app mode preset and the extra overrides for a bench mode."""
     if mode not in BENCH_MODES:
         raise ValueError(f"unknown bench mode {mode!r}; choose from {list(BENCH_MODES)}")
+    if mode in SHARED_MODES:  # async mode d on the colocated GPUs
+        return "d", [f"resources.shared_gpu={mode}"]
     if mode == "colocated":
         # Synchronous (mode a: generate a batch, train on it, sync); colocated when the app can place
         # both sides on the same GPUs. Without that key it is mode a on whatever devices the config names.
@@ -80,6 +102,8 @@ def summarize(mode: str, app_mode: str, overrides: list[str], rows: list[dict[st
     elapsed = r1["manager_elapsed_s"] - r0["manager_elapsed_s"]
     busy = r1["engine_busy_s"] - r0["engine_busy_s"]
     replicas = r1.get("engine_replicas", 1.0)
+    train_s = sum(r["train_s"] for r in window)
+    generated = r1["engine_generated_tokens"] - r0["engine_generated_tokens"]
     return ModeResult(
         mode=mode,
         app_mode=app_mode,
@@ -98,7 +122,69 @@ def summarize(mode: str, app_mode: str, overrides: list[str], rows: list[dict[st
         weights_equal_after_sync=bool(summary.weights_equal_after_sync),
         wall_s=float(summary.wall_s),
         output_dir=str(summary.output_dir),
+        trainer_work_fraction=train_s / step_s,
+        rollout_work_fraction=busy / max(1e-9, elapsed * replicas),
+        trainer_rate=tokens / max(1e-9, train_s),
+        rollout_rate=generated / max(1e-9, busy),
+        resumed_requests=int(r1.get("resumed_requests", 0) - (before["rollout"].get("resumed_requests", 0) if before else 0)),
+        staleness_max=max(int(r.get("staleness_max", 0)) for r in window),
     )
+
+
+def alone_rates(results: dict[str, ModeResult], rates: dict[str, float] | None = None) -> dict[str, float]:
+    """Each side's rate with its GPU to itself: from `rates` (raw_vllm_rates' share measurement:
+    `trainer`, `rollout` in the bench's units) where given, else the best of this compare's modes in
+    which that side ran alone (the trainer: all but concurrent; the rollout: time_sliced and the split
+    modes, whose batches stay refilled like concurrent's)."""
+    out = dict(rates or {})
+    trainer = [r.trainer_rate for m, r in results.items() if m != "concurrent" and r.trainer_rate > 0]
+    rollout = [r.rollout_rate for m, r in results.items() if m not in ("concurrent", "colocated") and r.rollout_rate > 0]
+    if "trainer" not in out and trainer:
+        out["trainer"] = max(trainer)
+    if "rollout" not in out and rollout:
+        out["rollout"] = max(rollout)
+    return out
+
+
+def add_slowdowns(results: dict[str, ModeResult], alone: dict[str, float]) -> None:
+    """Per mode and side: working share × (1 − rate / rate alone), at least 0 (NaN without a rate alone)."""
+    for r in results.values():
+        if alone.get("trainer"):
+            r.trainer_slowed_fraction = r.trainer_work_fraction * max(0.0, 1 - r.trainer_rate / alone["trainer"])
+        if alone.get("rollout"):
+            r.rollout_slowed_fraction = r.rollout_work_fraction * max(0.0, 1 - r.rollout_rate / alone["rollout"])
+
+
+def best_mix(g: float, t: float, g_share: float, t_share: float) -> float:
+    """Most tokens per second one GPU can generate *and* train when the engine alone decodes `g`, the
+    trainer alone trains `t` (both per response token), and running at once they keep `g_share` and
+    `t_share` of those rates: the best split of time between both at once, the engine alone and the
+    trainer alone (a two-variable linear program, solved at its vertices)."""
+    gs, ts = g * g_share, t * t_share
+    candidates = [1 / (1 / g + 1 / t)]  # taking turns, never at once
+    if gs > 0 and ts > 0:
+        candidates.append(min(gs, ts))  # always at once
+        if gs < ts:  # at once for a share x of the time, the engine alone for the rest
+            # x·gs + (1−x)·g = x·ts  →  x = g / (g + ts − gs)
+            x = g / (g + ts - gs)
+            if 0 <= x <= 1:
+                candidates.append(x * ts)
+        elif ts < gs:  # at once for x, trainer alone for the rest: x·gs = x·ts + (1−x)·t
+            x = t / (t + gs - ts)
+            if 0 <= x <= 1:
+                candidates.append(x * gs)
+    return max(candidates)
+
+
+def ideal_speedups(g_sync: float, g_cont: float, t: float, g_share: float = 0.0, t_share: float = 0.0) -> dict[str, float]:
+    """One GPU's ideal over synchronous colocated (which decodes at `g_sync`, then trains at `t`):
+    time_sliced decodes refilled batches (`g_cont`) and trains in turn; concurrent mixes both at once
+    (`best_mix`) with the measured shares. Rates in response tokens/s."""
+    colocated = 1 / (1 / g_sync + 1 / t)
+    out = {"time_sliced": 1 / (1 / g_cont + 1 / t) / colocated}
+    if g_share and t_share:
+        out["concurrent"] = best_mix(g_cont, t, g_share, t_share) / colocated
+    return out
 
 
 def run_modes(
@@ -110,6 +196,9 @@ def run_modes(
     warmup_steps: int,
     colocated_overrides: list[str] = (),
     colocated_scale: float = 1.0,
+    concurrent_overrides: list[str] = (),
+    shared_overrides: list[str] = (),
+    rates: dict[str, Any] | None = None,
     log: Any = print,
 ) -> dict[str, Any]:
     """Run every mode on the same config (one shared model folder) and compare them.
@@ -118,6 +207,10 @@ def run_modes(
     throughput: when the app cannot train data-parallel over all the GPUs, the colocated baseline runs
     on one GPU with 1/k of the batch and counts k× (k independent copies = ideal data parallelism,
     an upper bound for colocated, so the speedup is a lower bound). The JSON records both.
+    `shared_overrides` apply to both shared-GPU runs (e.g. their staleness budget), then
+    `concurrent_overrides` to the concurrent run only (its memory split, e.g.
+    rollout.gpu_memory_utilization=0.35). `rates`: one workload's row of raw_vllm_rates' JSON (g_sync,
+    g_cont, t_response, and with --share the shares): the ideals the shared schedules are measured against.
     """
     import json
 
@@ -134,6 +227,10 @@ def run_modes(
         app_mode, extra = mode_settings(mode)
         if mode == "colocated":
             extra = [*extra, *colocated_overrides]
+        if mode in SHARED_MODES:
+            extra = [*extra, *shared_overrides]
+        if mode == "concurrent":
+            extra = [*extra, *concurrent_overrides]
         # No final checkpoint unless asked for: it measures nothing and costs minutes at 7B.
         mode_overrides = ["trainer.save_final=false", *overrides, *extra, f"model.path={model}", f"output.dir={out_dir / mode}"]
         config = load_config(config_path, mode_overrides, app_mode)
@@ -155,7 +252,16 @@ def run_modes(
         base = results["colocated"].samples_per_s
         for r in results.values():
             r.speedup_over_colocated = r.samples_per_s / base
+    alone = alone_rates(results)
+    add_slowdowns(results, alone)
+    ideals: dict[str, float] = {}
+    if rates:
+        ideals = ideal_speedups(rates["g_sync"], rates["g_cont"], rates["t_response"],
+                                rates.get("share_engine", 0.0), rates.get("share_trainer", 0.0))
     return {
+        "rates_alone": alone,
+        "ideal_speedups": ideals,
+        "share_of_ideal": {m: results[m].speedup_over_colocated / v for m, v in ideals.items() if m in results},
         "config": str(config_path) if config_path else "apps/train default",
         "overrides": overrides,
         "warmup_steps": warmup_steps,

@@ -15,14 +15,18 @@ COLUMNS = (
     ("sync s/step", "sync_s_per_step", "{:.3f}"),
     ("staleness", "staleness_mean", "{:.2f}"),
     ("speedup", "speedup_over_colocated", "{:.2f}×"),
+    ("trainer work", "trainer_work_fraction", "{:.0%}"),
+    ("trainer slowed", "trainer_slowed_fraction", "{:.0%}"),
+    ("rollout work", "rollout_work_fraction", "{:.0%}"),
+    ("rollout slowed", "rollout_slowed_fraction", "{:.0%}"),
 )
 
 
 def table(modes: dict[str, dict[str, Any]]) -> str:
-    head = f"{'mode':<10}" + "".join(f"{name:>14}" for name, _, _ in COLUMNS)
+    head = f"{'mode':<12}" + "".join(f"{name:>15}" for name, _, _ in COLUMNS)
     lines = [head, "-" * len(head)]
     for mode, r in modes.items():
-        lines.append(f"{mode:<10}" + "".join(f"{fmt.format(r[key]):>14}" for _, key, fmt in COLUMNS))
+        lines.append(f"{mode:<12}" + "".join(f"{fmt.format(r.get(key, float('nan'))):>15}" for _, key, fmt in COLUMNS))
     return "\n".join(lines)
 
 

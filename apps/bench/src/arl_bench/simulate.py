@@ -11,7 +11,14 @@ GPUs; each replica is one GPU (tensor parallel 1).
 
 Layouts on G GPUs: `colocated` = mode a (synchronous: generate a batch, train, sync) with G replicas
 and a G-GPU trainer taking turns, plus the engines' wake-up per step; modes `a`–`d` = split, G/2
-replicas and a G/2-GPU trainer (`rollout_fraction`).
+replicas and a G/2-GPU trainer (`rollout_fraction`). The shared-GPU schedules (apps/train's
+`resources.shared_gpu`) put G replicas and a G-GPU trainer on the same GPUs in mode d: `time_sliced` =
+the replicas generate until the trainer's batch is in, then their in-flight generations are aborted
+(resumed after the sync) and they stay paused while it trains, plus the wake-up per step;
+`concurrent` = both at once, the replicas decoding at `share.engine` × their rate while the trainer
+computes and the trainer training at `share.trainer` × its rate (the calibration's measured shares of
+one GPU run by both at once; the trainer's share assumes the replicas are busy whenever it trains,
+which the staleness budget makes nearly so).
 
 `token_unit` > 1 simulates in units of that many tokens (lengths, rates and prefill all divided by
 it): the fluid model is linear in tokens, so times are unchanged while the samples the trainer
@@ -39,7 +46,10 @@ MODES: dict[str, dict[str, Any]] = {
     "b": {"trigger_parameter_sync_step": 2, "staleness_threshold": 0.0, "partial_rollout": False},
     "c": {"trigger_parameter_sync_step": 1, "staleness_threshold": 0.5, "partial_rollout": False},
     "d": {"trigger_parameter_sync_step": 1, "staleness_threshold": 0.5, "partial_rollout": True},
+    "time_sliced": {"trigger_parameter_sync_step": 1, "staleness_threshold": 0.5, "partial_rollout": True},
+    "concurrent": {"trigger_parameter_sync_step": 1, "staleness_threshold": 0.5, "partial_rollout": True},
 }
+SHARED_MODES = ("time_sliced", "concurrent")
 # The reference's published speedup of fully async over colocated (verl fully_async_policy, 128 GPUs).
 REFERENCE_SPEEDUP_128 = (2.35, 2.67)
 
@@ -55,10 +65,20 @@ class SyncCost(msgspec.Struct, kw_only=True):
     colocated_wake_s: float = 0.0
 
 
+class ShareCost(msgspec.Struct, kw_only=True):
+    """What each side keeps of its rate alone while both run at once on one GPU (raw_vllm_rates.py
+    --share: share_engine, share_trainer). Defaults: issue #30's one-H200 measurement (0.6B shape,
+    short prompts, vLLM at 0.30 of the memory)."""
+
+    engine: float = 0.64
+    trainer: float = 0.63
+
+
 class Calibration(msgspec.Struct, kw_only=True):
     decode: DecodeCost
     train: TrainCost
     sync: SyncCost
+    share: ShareCost = msgspec.field(default_factory=ShareCost)
     meta: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
@@ -149,7 +169,8 @@ async def _simulate(
     if staleness is not None and knobs["staleness_threshold"] > 0:  # modes c and d only
         knobs["staleness_threshold"] = staleness
     colocated = mode == "colocated"
-    if colocated:
+    shared = mode in SHARED_MODES
+    if colocated or shared:
         replicas, trainer_gpus = gpus, gpus
     else:
         replicas = max(1, round(gpus * rollout_fraction))
@@ -185,19 +206,24 @@ async def _simulate(
             partial_rollout=knobs["partial_rollout"],
             drain_timeout_s=1e9,
         )
-        timeline = TrainerTimeline()
+        timeline = _SharedTimeline(engines, calib.share.engine) if mode == "concurrent" else TrainerTimeline()
+        sleeps = colocated or mode == "time_sliced"  # the engines wake after the trainer had the GPU
         control = SimRolloutControl(
-            rollouter, timeline, resume_extra_s=calib.sync.colocated_wake_s if colocated else 0.0
+            rollouter, timeline, resume_extra_s=calib.sync.colocated_wake_s if sleeps else 0.0
         )
+        source: Any = SimSource(queue, timeline)
+        if mode == "time_sliced":
+            source = _YieldingSource(source, rollouter, prompts)
+        train_share = calib.share.trainer if mode == "concurrent" else 1.0
         trainer = Trainer(
             SimPolicy(
                 timeline,
-                train_tokens_per_s=calib.train.tokens_per_s_per_gpu * trainer_gpus / unit,
+                train_tokens_per_s=calib.train.tokens_per_s_per_gpu * train_share * trainer_gpus / unit,
                 step_overhead_s=calib.train.step_overhead_s,
             ),
-            SimSource(queue, timeline),
+            source,
             control,
-            SimPublisher(sync_s=calib.sync.colocated_s if colocated else calib.sync.split_s),
+            SimPublisher(sync_s=calib.sync.colocated_s if colocated or shared else calib.sync.split_s),
             TrainerConfig(
                 ppo_mini_batch_size=prompts,
                 trigger_parameter_sync_step=knobs["trigger_parameter_sync_step"],
@@ -243,6 +269,57 @@ async def _simulate(
             virtual_s=loop.time(),
             real_s=real_time.perf_counter() - started_real,
         )
+
+
+class _SharedTimeline:
+    """The trainer's compute on GPUs it shares with running replicas: while it passes, the replicas
+    decode at `engine_share` of their rate."""
+
+    def __init__(self, engines: list[Any], engine_share: float) -> None:
+        from arl.trainer.testing import TrainerTimeline
+
+        self._inner = TrainerTimeline()
+        self.engines = engines
+        self.engine_share = engine_share
+
+    @property
+    def train_s(self) -> float:
+        return self._inner.train_s
+
+    def charge(self, seconds: float) -> None:
+        self._inner.charge(seconds)
+
+    async def settle(self) -> None:
+        if self._inner.debt_s <= 0:
+            return
+        for e in self.engines:
+            e.set_speed(self.engine_share)
+        try:
+            await self._inner.settle()
+        finally:
+            for e in self.engines:
+                e.set_speed(1.0)
+
+
+class _YieldingSource:
+    """time_sliced: once the step's prompts are taken, the replicas' in-flight generations are aborted
+    (the rollouter's partial pause; they resume after the sync) and nothing generates while the
+    trainer computes."""
+
+    def __init__(self, inner: Any, rollouter: Any, required: int) -> None:
+        self.inner, self.rollouter, self.required = inner, rollouter, required
+        self._taken = 0
+
+    async def get_batch(self, n: int, timeout: float | None = None) -> list[Any]:
+        batch = await self.inner.get_batch(n, timeout)
+        self._taken += len(batch)
+        if self._taken >= self.required:
+            self._taken = 0
+            await self.rollouter.pause()
+        return batch
+
+    async def size(self) -> int:
+        return await self.inner.size()
 
 
 def simulate(

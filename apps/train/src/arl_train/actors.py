@@ -5,7 +5,8 @@ Both are async actors. Each engine replica is its own actor (`engine_actor.Engin
 GPUs by `placement`); the rollout actor drives them through `RemoteEngine`s. The trainer drives the
 weight sync by calling the rollout actor's pause / update_weights / resume; samples travel through
 the arl-queue actor as msgspec bytes. In colocated mode the trainer also puts the replicas to sleep
-while it trains (`colocated`).
+while it trains (`colocated`); on time-sliced shared GPUs it yields them the GPU between batches
+(`shared_gpu`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def _limit_threads() -> None:
 
 def engine_config(config: AppConfig, model_path: str, index: int, initial_version: int) -> tuple[str, Any]:
     """(engine kind, engine config) of replica `index`: what its `EngineActor` builds."""
+    from arl_train.placement import layout_of
+
     r = config.rollout
     if r.engine == "vllm":
         from arl.rollout.engines.vllm_engine import VllmEngineConfig
@@ -62,7 +65,8 @@ def engine_config(config: AppConfig, model_path: str, index: int, initial_versio
             max_num_seqs=r.max_num_seqs,
             max_num_batched_tokens=r.max_num_batched_tokens,
             enable_prefix_caching=r.enable_prefix_caching,
-            enable_sleep_mode=config.resources.colocate and r.device == "cuda",
+            # Synchronous colocated and time_sliced replicas sleep while the trainer trains.
+            enable_sleep_mode=layout_of(config).sleeps and r.device == "cuda",
             engine_args=dict(r.engine_args),
             return_routed_experts=r.return_routed_experts,
         )
@@ -173,7 +177,9 @@ class RolloutActor:
     async def update_weights(self, sync_address: str | list[str], sync_config_json: bytes, version: int) -> None:
         await self.rollouter.update_weights(sync_address, sync_config_json, version)
 
-    async def resume(self, queued_samples: int) -> None:
+    async def resume(self, queued_samples: int | None) -> None:
+        """Resume generation; `queued_samples` re-arms the staleness budget after a sync (None: after a
+        time-sliced yield without new weights, the budget stays)."""
         await self.rollouter.resume(queued_samples)
 
     async def sleep(self, level: int) -> float:
@@ -296,9 +302,13 @@ class TrainerActor:
 
         layout = layout_of(cfg)
         self.rank = rank or TrainerRank()  # the data-parallel seam: rank / world / rendezvous address
+        if layout.shared_gpu == "concurrent" and layout.trainer_gpus:  # before the model takes any memory
+            from arl_train.shared_gpu import limit_trainer_memory
+
+            limit_trainer_memory(cfg.resources.trainer_memory_fraction)
         # Colocated: the state's way out runs beside the replicas' weight wake and the sync, settled before
         # their KV caches wake (ColocatedControl; FSDP ranks all together, trainer_group.settle_memory_together).
-        offload_overlap = actor.optimizer_offload and actor.optimizer_offload_overlap and layout.colocate
+        offload_overlap = actor.optimizer_offload and actor.optimizer_offload_overlap and layout.sleeps
         tcfg = TrainerConfig(
             ppo_mini_batch_size=actor.ppo_mini_batch_size,
             require_batches=at.require_batches,
@@ -350,7 +360,7 @@ class TrainerActor:
             )
 
             # Colocated: every rank frees its cached blocks before the replicas on their GPUs wake.
-            self.after_step = release_memory_together if layout.colocate else None
+            self.after_step = release_memory_together if layout.sleeps else None
             self.policy = _fsdp_policy(cfg, model_path, tcfg, self.rank, timeouts.step_s, self.reference_path)
             if resume_state is not None:  # every rank restores its shard of the sharded state
                 from pathlib import Path
@@ -372,8 +382,18 @@ class TrainerActor:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         source: Any = QueueClient(queue_handle)
         control: Any = _RolloutHandle(rollout_handle, timeouts.pause_rpc_s, publisher)
-        self.colocated: ColocatedControl | None = None
-        if layout.colocate:  # take turns: replicas sleep while this trainer runs
+        self.colocated: Any = None
+        self.shared_source: Any = None
+        if layout.shared_gpu == "time_sliced":  # the replicas generate until the batch is in, then sleep
+            from arl_train.shared_gpu import TimeSlicedControl, TimeSlicedSource
+
+            self.colocated = TimeSlicedControl(
+                control, rollout_handle, cfg.rollout.sleep_level, RPC_TIMEOUT_S,
+                settle_trainer_memory=self.policy.settle_optimizer_offload if offload_overlap else None)
+            source = self.shared_source = TimeSlicedSource(
+                source, self.colocated, at.require_batches * actor.ppo_mini_batch_size)
+            control = self.colocated
+        elif layout.colocate and layout.sleeps:  # take turns: replicas sleep while this trainer runs
             self.colocated = ColocatedControl(
                 control, rollout_handle, cfg.rollout.sleep_level, RPC_TIMEOUT_S,
                 settle_trainer_memory=self.policy.settle_optimizer_offload if offload_overlap else None)
@@ -411,11 +431,14 @@ class TrainerActor:
                      if step == self.config.trainer.profile_step else contextlib.nullcontext())
         with recording:
             metrics = await self.trainer.train_step()
+        if self.shared_source is not None:  # a step without a sync hands the GPU back now
+            await self.shared_source.end_step()
         if self.colocated is not None:
             timings = self.colocated.pop_timings()
             metrics.update(timings)
             # The replicas were put to sleep inside the batch wait: report it as its own phase.
-            metrics["wait_s"] = max(0.0, metrics["wait_s"] - timings.get("colocated_sleep_s", 0.0))
+            inside = ("colocated_sleep_s", "shared_pause_s", "shared_sleep_s")
+            metrics["wait_s"] = max(0.0, metrics["wait_s"] - sum(timings.get(k, 0.0) for k in inside))
         return metrics
 
     async def placement(self) -> dict[str, Any]:

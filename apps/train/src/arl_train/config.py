@@ -187,6 +187,20 @@ class ResourcesConfig(_Section):
     # true: rollout and training take turns on the same GPUs (synchronous, vLLM sleeps while the
     # trainer runs; verl's hybrid engine); false: each side on its own devices (asynchronous modes).
     colocate: bool = False
+    # Rollout and training on the same GPUs *asynchronously* (modes b, c, d; implies colocate: one
+    # trainer rank and one replica per GPU, each rank syncing the replica beside it by CUDA IPC):
+    # "off": colocate=true takes turns synchronously (above); "time_sliced": the replica generates
+    # (a refilled batch, fed by the staleness budget) until the trainer's batch is ready, then its
+    # in-flight generations are aborted with their partial tokens, it sleeps while the trainer trains,
+    # wakes for the sync and resumes them: it never waits for a batch's tail; "concurrent": both stay
+    # resident and run at once, memory split by rollout.gpu_memory_utilization and
+    # resources.trainer_memory_fraction; a sync pauses the replica for the transfer only.
+    # arl_train.shared_gpu has the schedules; apps/train's README says when to pick which.
+    shared_gpu: Literal["off", "time_sliced", "concurrent"] = "off"
+    # concurrent on GPUs: the trainer's share of each GPU's memory (PyTorch's per-process memory
+    # fraction, so the trainer fails with its own out-of-memory error instead of taking the replica's
+    # memory); 0 = no cap. rollout.gpu_memory_utilization + this must stay <= 1.
+    trainer_memory_fraction: float = 0.0
     # GPUs per node, to reject layouts that cannot be packed at config load (0 = check at start only).
     gpus_per_node: int = 0
     # How long to wait for Ray to grant the placement groups.

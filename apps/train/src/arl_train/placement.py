@@ -4,7 +4,9 @@ The packages only take devices and addresses as arguments; this module decides t
 `resources`, `rollout.device` / `rollout.replicas` and `sync.transport`:
 
 * `resolve(config)` (called by `load_config`) rejects impossible layouts with an error naming the key,
-  turns `sync.transport = "auto"` into a transport, and makes colocated runs synchronous.
+  turns `sync.transport = "auto"` into a transport, and makes colocated runs synchronous; a shared-GPU
+  schedule (`resources.shared_gpu`, arl_train.shared_gpu) implies the colocated placement and keeps
+  its async mode (b, c, d; time_sliced always resumes partial generations).
 * `Layout` is the resolved shape of a run: trainer ranks, replicas × tensor-parallel GPUs, colocated
   or split, the transport, how many receivers a sync has (every TP worker is one).
 * `reserve(layout)` asks Ray for the GPUs: split runs get one placement group for the trainer ranks
@@ -43,9 +45,18 @@ class Layout(msgspec.Struct, frozen=True, kw_only=True):
     tensor_parallel_size: int
     colocate: bool
     rollout_on_gpu: bool
+    # "off" (colocated runs take turns synchronously), "time_sliced" or "concurrent" (async on the
+    # shared GPUs; colocate is then true).
+    shared_gpu: str = "off"
     transport: str
     # Trainer ranks on the CPU (gloo) when trainer_gpus = 0.
     trainer_cpu_ranks: int = 1
+
+    @property
+    def sleeps(self) -> bool:
+        """The replicas release their GPU memory while the trainer trains (synchronous colocated and
+        time_sliced); concurrent replicas stay resident."""
+        return self.colocate and self.shared_gpu != "concurrent"
 
     @property
     def trainer_ranks(self) -> int:
@@ -93,8 +104,9 @@ def layout_of(config: AppConfig) -> Layout:
         trainer_gpus=r.trainer_gpus,
         replicas=config.rollout.replicas,
         tensor_parallel_size=r.tensor_parallel_size,
-        colocate=r.colocate,
+        colocate=r.colocate or r.shared_gpu != "off",
         rollout_on_gpu=config.rollout.device == "cuda",
+        shared_gpu=r.shared_gpu,
         transport=config.sync.transport,
         trainer_cpu_ranks=r.trainer_cpu_ranks,
     )
@@ -151,6 +163,11 @@ def resolve(config: AppConfig) -> AppConfig:
                 f"resources.trainer_gpus={r.trainer_gpus} exceeds resources.gpus_per_node={r.gpus_per_node}: "
                 "the trainer's GPUs are packed on one node")
     at = config.async_training
+    if r.shared_gpu != "off":
+        _check_shared_gpu(config)
+        # The shared schedules use the colocated placement (one trainer rank and one replica per GPU).
+        r = msgspec.structs.replace(r, colocate=True)
+        config = msgspec.structs.replace(config, resources=r)
     if r.colocate:
         if trainer_on_gpu != rollout_on_gpu:
             raise ConfigError(
@@ -167,9 +184,13 @@ def resolve(config: AppConfig) -> AppConfig:
                     f"resources.colocate=true needs as many trainer GPUs as rollout GPUs: "
                     f"resources.trainer_gpus={r.trainer_gpus} but rollout.replicas × "
                     f"resources.tensor_parallel_size = {ro.replicas * r.tensor_parallel_size}")
-        # Taking turns is synchronous: one step's samples, all from the current weights, then train.
-        at = msgspec.structs.replace(at, trigger_parameter_sync_step=1, staleness_threshold=0.0,
-                                     partial_rollout=False)
+        if r.shared_gpu == "off":
+            # Taking turns is synchronous: one step's samples, all from the current weights, then train.
+            at = msgspec.structs.replace(at, trigger_parameter_sync_step=1, staleness_threshold=0.0,
+                                         partial_rollout=False)
+        elif r.shared_gpu == "time_sliced":
+            # Yielding the GPU aborts the in-flight generations; they resume after it (never drained).
+            at = msgspec.structs.replace(at, partial_rollout=True)
     transport = config.sync.transport
     if transport == "auto":
         transport = _auto_transport(trainer_on_gpu, rollout_on_gpu, r.colocate)
@@ -190,6 +211,42 @@ def resolve(config: AppConfig) -> AppConfig:
     bucket_mb = config.sync.bucket_mb or {"cpu": 64, "nccl": 256, "cuda_ipc": 1024}[transport]
     sync = msgspec.structs.replace(config.sync, transport=transport, bucket_mb=bucket_mb)
     return msgspec.structs.replace(config, async_training=at, sync=sync)
+
+
+def _check_shared_gpu(config: AppConfig) -> None:
+    """A shared-GPU schedule is asynchronous, one replica of one GPU per trainer rank, and (concurrent
+    on GPUs) a memory split that leaves both sides room."""
+    r, ro, at = config.resources, config.rollout, config.async_training
+    key = f"resources.shared_gpu={r.shared_gpu!r}"
+    if at.trigger_parameter_sync_step == 1 and at.staleness_threshold == 0:
+        raise ConfigError(
+            f"{key} needs an asynchronous mode (b, c or d): async_training.staleness_threshold > 0 or "
+            "async_training.trigger_parameter_sync_step > 1; mode a on shared GPUs is resources.colocate=true "
+            "with resources.shared_gpu='off' (synchronous turn-taking)")
+    if r.tensor_parallel_size != 1:
+        raise ConfigError(
+            f"{key} with resources.tensor_parallel_size={r.tensor_parallel_size}: a shared GPU holds one "
+            "replica of one GPU beside one trainer rank (tensor parallel 1 in this build)")
+    if (r.trainer_gpus > 0) != (ro.device == "cuda"):
+        raise ConfigError(
+            f"{key} puts trainer and rollout on the same devices: set both on GPUs (resources.trainer_gpus "
+            f">= 1 and rollout.device='cuda') or both on the CPU; got resources.trainer_gpus={r.trainer_gpus}, "
+            f"rollout.device={ro.device!r}")
+    if not 0 <= r.trainer_memory_fraction < 1:
+        raise ConfigError(f"resources.trainer_memory_fraction must be in [0, 1), got {r.trainer_memory_fraction}")
+    if r.trainer_memory_fraction and r.shared_gpu != "concurrent":
+        raise ConfigError(
+            f"resources.trainer_memory_fraction={r.trainer_memory_fraction} splits a GPU between a resident "
+            f"replica and the trainer: it is for resources.shared_gpu='concurrent' ({key} sleeps the replica)")
+    if r.shared_gpu == "concurrent" and ro.device == "cuda":
+        if r.trainer_memory_fraction and ro.gpu_memory_utilization + r.trainer_memory_fraction > 1:
+            raise ConfigError(
+                f"{key}: rollout.gpu_memory_utilization={ro.gpu_memory_utilization} + "
+                f"resources.trainer_memory_fraction={r.trainer_memory_fraction} is more than the whole GPU")
+        if ro.gpu_memory_utilization > 0.8:
+            raise ConfigError(
+                f"{key} with rollout.gpu_memory_utilization={ro.gpu_memory_utilization}: the resident replica "
+                "would leave the trainer less than a fifth of the GPU; lower it (e.g. 0.3) so both fit")
 
 
 def check_model(layout: Layout, model_path: Path) -> None:

@@ -309,16 +309,19 @@ class Rollouter:
         """Every replica loads `version` from the sender at `sync_address` (or replica i from `sync_address[i]`)."""
         await self.manager.load_weights(sync_address, sync_config_json, version)
 
-    async def resume(self, queued_samples: int) -> None:
+    async def resume(self, queued_samples: int | None) -> None:
         """Resume generation and re-arm the staleness budget.
 
         Samples produced with old weights and not yet consumed (queued or still generating) count
-        against the new budget, as in the reference `reset_staleness`.
+        against the new budget, as in the reference `reset_staleness`. `queued_samples=None` resumes
+        after a pause that loaded no weights (a time-sliced engine handing the GPU back after a step
+        without a sync): the budget stays as it was, since the weights did not change.
         """
         await self.manager.resume()
         async with self._cond:
             self._paused = False
-            self._started_since_sync = self._active + queued_samples
+            if queued_samples is not None:
+                self._started_since_sync = self._active + queued_samples
             self._cond.notify_all()
 
     @property

@@ -406,6 +406,8 @@ class CostModelEngine(SimEngine):
         self._last = 0.0
         self._loop_task: asyncio.Task[None] | None = None
         self.busy_s = 0.0
+        # Share of `cost.rate` the replica gets (< 1 while a trainer runs on its GPU at the same time).
+        self.speed = 1.0
 
     async def start(self) -> None:
         self._last = asyncio.get_running_loop().time()
@@ -435,7 +437,7 @@ class CostModelEngine(SimEngine):
                 dt -= use
                 if dt <= 0:
                     return
-        per_seq = self.cost.rate(len(running)) / len(running) * dt
+        per_seq = self.cost.rate(len(running)) * self.speed / len(running) * dt
         for rid in running:
             req = self._requests[rid]
             req.done_tokens = min(float(req.target), req.done_tokens + per_seq)
@@ -445,7 +447,7 @@ class CostModelEngine(SimEngine):
         if not running or not self._running.is_set():
             return None
         prefill = sum(self._requests[r].prefill_left for r in running)
-        per_seq_rate = self.cost.rate(len(running)) / len(running)
+        per_seq_rate = self.cost.rate(len(running)) * self.speed / len(running)
         left = min(self._requests[r].target - self._requests[r].done_tokens for r in running)
         return prefill + max(0.0, left) / per_seq_rate
 
@@ -507,6 +509,14 @@ class CostModelEngine(SimEngine):
             stop_reason=reason,  # type: ignore[arg-type]
             weight_versions=versions[:produced],
         )
+
+    def set_speed(self, speed: float) -> None:
+        """From now on decode at `speed` × the cost curve (a GPU shared with a trainer at the same time)."""
+        if speed <= 0:
+            raise ValueError(f"speed must be > 0, got {speed}")
+        self._advance()
+        self.speed = speed
+        self._changed.set()
 
     async def abort_all(self) -> None:
         self._advance()

@@ -1,0 +1,52 @@
+#!/bin/bash
+# Issue #30 on ONE H200: colocated (synchronous turn-taking) vs the shared-GPU schedules time_sliced and
+# concurrent, on the long-tail workload (random Qwen3-0.6B shape, 16 prompts × 8 per step) and on
+# long-prompt-kl (1,024-token prompts, KL to the reference), then raw_vllm_rates with --share (engine
+# alone, trainer alone, both at once in two processes on the GPU) for the ideals. One detached job, so
+# that it outlasts a device call (10 min):
+#
+#   source .device-stage/bin/env.sh
+#   setsid bash apps/bench/benchmarks/h200_shared_session.sh /tmp/s30 [phases] </dev/null >/dev/null 2>&1 &
+#   tail /tmp/s30/progress.log
+#
+# phases (default small,longkl,rates): small | longkl (the compares; 9 steps, 1 warm-up: 8 measured) |
+# rates (raw_vllm_rates --share, both workloads) | ratessmall | rateskl
+set -u
+LOG=${1:-/tmp/s30}
+PHASES=${2:-small,longkl,rates}
+STEPS=${STEPS:-9}
+LONG_PROMPT_KL=("data.source=builtin:longtail?median=659&p99_ratio=6.27&max=7168&prompt_words=340" rollout.max_tokens=7168
+                actor.algorithm.kl_coef=0.001)
+# Both shared schedules: a staleness budget of one step keeps the replica's batch refilled (32 prompts
+# × 8 in flight at most); concurrent: the replica's memory share (its KV cache holds that batch).
+SHARED=${SHARED:-"async_training.staleness_threshold=1.0"}
+mkdir -p "$LOG"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+say() { echo "$(date +%T) $*" >> "$LOG/progress.log"; }
+compare() {  # name modes concurrent-memory rates-workload overrides...
+  local name=$1 modes=$2 mem=$3 rw=$4; shift 4
+  local rates=()
+  [ -f "$LOG/rates/raw_rates.json" ] && rates=(--rates "$LOG/rates/raw_rates.json" --rates-workload "$rw")
+  timeout 1500 python apps/bench/__main__.py compare --preset h200x2 --modes "$modes" --warmup-steps 1 \
+    --shared-overrides "$SHARED" --concurrent-overrides "rollout.gpu_memory_utilization=$mem" "${rates[@]}" \
+    --out "$LOG/bench_$name" trainer.total_steps=$STEPS "$@" > "$LOG/bench_$name.log" 2>&1
+  say "compare $name exit $?"
+}
+say "start: $PHASES"
+{ nvidia-smi -q | grep -i -E "compute mode|product name"; which nvidia-cuda-mps-control || echo "no nvidia-cuda-mps-control";
+  ls /tmp/nvidia-mps 2>&1; } > "$LOG/mps.txt" 2>&1
+for phase in ${PHASES//,/ }; do
+  say "phase $phase"
+  case $phase in
+    small) compare small colocated,time_sliced,concurrent 0.35 small ;;
+    longkl) compare long_prompt_kl colocated,time_sliced,concurrent 0.45 long-prompt-kl "${LONG_PROMPT_KL[@]}" ;;
+    smallshared) compare small_shared time_sliced,concurrent 0.35 small ;;
+    rates|ratessmall|rateskl)
+      w=small,long-prompt-kl; [ "$phase" = ratessmall ] && w=small; [ "$phase" = rateskl ] && w=long-prompt-kl
+      OUT=$LOG/rates timeout 900 python apps/bench/benchmarks/raw_vllm_rates.py --workloads $w --share \
+        --gpu-memory-utilization 0.45 --requests 256 --share-seconds 25 --budget-s 900 > "$LOG/rates.log" 2>&1
+      say "rates exit $?" ;;
+    *) say "unknown phase $phase" ;;
+  esac
+done
+say "done"

@@ -1,0 +1,46 @@
+"""The shared-GPU figures of `compare` (pure functions): the ideal of each schedule over colocated from
+the raw rates, and each side's share of wall time slowed by the other."""
+
+import pytest
+
+from arl_bench.compare import ModeResult, add_slowdowns, alone_rates, best_mix, ideal_speedups, mode_settings
+
+
+def test_ideals_from_the_rates():
+    # Taking turns: colocated decodes at g_sync, time_sliced at g_cont; both then train at t.
+    ideal = ideal_speedups(g_sync=1000.0, g_cont=2000.0, t=2000.0)
+    assert ideal == {"time_sliced": pytest.approx((1 / 1000 + 1 / 2000) / (1 / 2000 + 1 / 2000))}
+    # At full shares both run at once at min(g, t); at half shares it is no better than taking turns.
+    assert best_mix(2000.0, 2000.0, 1.0, 1.0) == pytest.approx(2000.0)
+    assert best_mix(2000.0, 2000.0, 0.5, 0.5) == pytest.approx(1000.0)
+    # Engine slower when shared: at once for x of the time, the engine alone for the rest, balanced.
+    g, t, gs, ts = 1000.0, 3000.0, 0.6, 0.6
+    x = g / (g + t * ts - g * gs)
+    assert best_mix(g, t, gs, ts) == pytest.approx(x * t * ts)
+    assert x * g * gs + (1 - x) * g == pytest.approx(x * t * ts)  # both sides make the same tokens
+    assert ideal_speedups(1000.0, 2000.0, 2000.0, 1.0, 1.0)["concurrent"] == pytest.approx(2000.0 / (1 / (1 / 1000 + 1 / 2000)))
+
+
+def _mode(trainer_rate, rollout_rate, trainer_work=0.5, rollout_work=0.5):
+    return ModeResult(mode="m", app_mode="d", overrides=[], steps_measured=1, samples_per_s=1.0, tokens_per_s=1.0,
+                      generated_tokens_per_s=1.0, trainer_idle_fraction=0.5, rollout_idle_fraction=0.5,
+                      sync_s_per_step=0.0, staleness_mean=0.0, train_s_per_step=1.0, step_s_mean=2.0,
+                      response_length_mean=1.0, weights_equal_after_sync=True, wall_s=1.0, output_dir="",
+                      trainer_rate=trainer_rate, rollout_rate=rollout_rate, trainer_work_fraction=trainer_work,
+                      rollout_work_fraction=rollout_work)
+
+
+def test_slowed_shares_use_the_rates_alone_of_the_same_compare():
+    results = {"colocated": _mode(100.0, 50.0), "time_sliced": _mode(100.0, 80.0),
+               "concurrent": _mode(50.0, 40.0, trainer_work=0.6, rollout_work=1.0)}
+    alone = alone_rates(results)
+    assert alone == {"trainer": 100.0, "rollout": 80.0}  # colocated's draining batches are not the engine's best
+    add_slowdowns(results, alone)
+    assert results["concurrent"].trainer_slowed_fraction == pytest.approx(0.3)
+    assert results["concurrent"].rollout_slowed_fraction == pytest.approx(0.5)
+    assert results["time_sliced"].trainer_slowed_fraction == 0.0 == results["time_sliced"].rollout_slowed_fraction
+
+
+def test_shared_modes_run_as_mode_d_on_the_shared_gpus():
+    assert mode_settings("time_sliced") == ("d", ["resources.shared_gpu=time_sliced"])
+    assert mode_settings("concurrent") == ("d", ["resources.shared_gpu=concurrent"])

@@ -1,0 +1,159 @@
+"""Asynchronous training on shared GPUs (`resources.shared_gpu`): rollout and training on the same GPUs
+without waiting for a batch's tail.
+
+Both schedules use the colocated placement (one trainer rank and one replica per GPU, each rank sending
+the weights to the replica beside it by CUDA IPC) and keep the run's async mode (b, c, d): per-token
+weight versions, the staleness budget, `max_version_lag` and lossless resume work as in the split modes.
+
+* **time_sliced**: the replica generates while the trainer waits for its batch; the staleness budget
+  keeps it fed with more prompts than one batch, so its batch stays refilled. Once the trainer holds its
+  batch, `TimeSlicedSource` has the control *yield* the GPU: the in-flight generations are aborted with
+  their partial tokens (the rollouter's partial-rollout pause), the replica sleeps (vLLM releases its
+  KV cache and weights), the trainer trains; then the sync wakes the weights, the transfer writes into
+  them, the KV cache wakes and the aborted generations resume (`ServerManager` resubmits them with the
+  tokens so far, each token keeping the version that sampled it). A step that does not sync
+  (trigger_parameter_sync_step > 1) hands the GPU back after the step (`end_step`): the replica wakes
+  and goes on with its current weights, the staleness budget untouched (no new weights).
+* **concurrent**: nothing to schedule here: the replica stays resident and keeps generating while the
+  trainer trains, the memory split by `rollout.gpu_memory_utilization` and
+  `resources.trainer_memory_fraction` (`limit_trainer_memory`); the sync pauses it for the transfer only
+  (the plain rollout control, as in the split modes).
+
+vLLM's CPU build accepts sleep/wake and ignores them, so on the CPU the turn-taking is exercised
+(aborts, resumes, the order of the calls) but no memory moves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from arl_train.colocated import release_cached_gpu_memory
+
+
+class TimeSlicedControl:
+    """`RolloutControl` of a time-sliced GPU: yields it to the trainer once the batch is ready, wakes
+    the replica around the weight transfer, hands the GPU back after a step without a sync."""
+
+    def __init__(self, inner: Any, rollout_handle: Any, sleep_level: int, timeout_s: float,
+                 release_trainer_memory: Callable[[], None] = release_cached_gpu_memory,
+                 settle_trainer_memory: Callable[[], float] | None = None) -> None:
+        """`inner`: the plain rollout control (pause aborts the in-flight generations: time_sliced runs
+        resume partials); `rollout_handle`: the rollout actor (sleep / wake_up / resume)."""
+        self.inner = inner
+        self.rollout = rollout_handle
+        self.sleep_level = sleep_level
+        self.timeout_s = timeout_s
+        self.release_trainer_memory = release_trainer_memory
+        self.settle_trainer_memory = settle_trainer_memory
+        self.yielded = False  # generation paused and the replica asleep: the trainer has the GPU
+        self.weights_awake = True
+        self.yields = 0
+        self._timings: dict[str, float] = {}
+
+    def _add(self, key: str, seconds: float) -> None:
+        self._timings[key] = self._timings.get(key, 0.0) + seconds
+
+    async def yield_gpu(self) -> None:
+        """The trainer's batch is in: abort the in-flight generations (kept, resumed later) and put the
+        replica to sleep."""
+        if self.yielded:
+            return
+        t0 = time.perf_counter()
+        await self.inner.pause()
+        t1 = time.perf_counter()
+        await asyncio.wait_for(self.rollout.sleep.remote(self.sleep_level), self.timeout_s)
+        self._add("shared_pause_s", t1 - t0)
+        self._add("shared_sleep_s", time.perf_counter() - t1)
+        self.yielded = True
+        self.weights_awake = False
+        self.yields += 1
+
+    async def _wake(self, tags: list[str] | None, key: str) -> None:
+        t0 = time.perf_counter()
+        await asyncio.wait_for(self.rollout.wake_up.remote(tags), self.timeout_s)
+        self._add(key, time.perf_counter() - t0)
+
+    async def _wake_kv_cache(self) -> None:
+        if self.settle_trainer_memory is not None:  # the KV cache takes the memory the state frees
+            self._add("shared_offload_wait_s", self.settle_trainer_memory())
+        self.release_trainer_memory()
+        await self._wake(None if self.weights_awake is False else ["kv_cache"], "shared_wake_kv_s")
+        self.weights_awake = True
+
+    # ----- RolloutControl: the trainer's sync ------------------------------------------------------
+    async def pause(self) -> None:
+        if not self.yielded:  # a sync outside a step (the final sync): an ordinary pause
+            await self.inner.pause()
+            return
+        self.release_trainer_memory()  # the weights' memory must be back before the sync writes into it
+        await self._wake(["weights"], "shared_wake_weights_s")
+        self.weights_awake = True
+
+    async def update_weights(self, sync_address: str | list[str], sync_config_json: bytes, version: int) -> None:
+        await self.inner.update_weights(sync_address, sync_config_json, version)
+
+    async def resume(self, queued_samples: int) -> None:
+        if self.yielded:
+            await self._wake_kv_cache()
+            self.yielded = False
+        await self.inner.resume(queued_samples)
+
+    # ----- after a step ------------------------------------------------------------------------------
+    async def end_step(self) -> None:
+        """Hand the GPU back if the step did not sync: the replica wakes whole and resumes its aborted
+        generations with the weights it has; the staleness budget is not re-armed (no new weights)."""
+        if not self.yielded:
+            return
+        self.weights_awake = False
+        await self._wake_kv_cache()  # weights and KV cache in one wake
+        self.yielded = False
+        t0 = time.perf_counter()
+        await asyncio.wait_for(self.rollout.resume.remote(None), self.timeout_s)
+        self._add("shared_resume_s", time.perf_counter() - t0)
+
+    def pop_timings(self) -> dict[str, float]:
+        out, self._timings = self._timings | {"shared_yields_total": float(self.yields)}, {}
+        return out
+
+
+class TimeSlicedSource:
+    """The trainer's sample source on a time-sliced GPU: once a step's `required` samples are taken,
+    the control yields the GPU to the trainer. If the trainer asks for more after that (samples dropped
+    by `max_version_lag` or dynamic sampling), the replica gets the GPU back until they come."""
+
+    def __init__(self, inner: Any, control: TimeSlicedControl, required: int) -> None:
+        self.inner = inner
+        self.control = control
+        self.required = required
+        self._taken = 0
+
+    async def get_batch(self, n: int, timeout: float | None = None) -> list[Any]:
+        if self.control.yielded:  # more samples needed after the yield: generation must go on
+            await self.control.end_step()
+        batch = await self.inner.get_batch(n, timeout)
+        self._taken += len(batch)
+        if self._taken >= self.required:
+            await self.control.yield_gpu()
+        return batch
+
+    async def end_step(self) -> None:
+        """The trainer's step is over: count the next one's samples from zero, and hand the GPU back
+        if the step did not (no sync)."""
+        self._taken = 0
+        await self.control.end_step()
+
+    async def size(self) -> int:
+        return await self.inner.size()
+
+
+def limit_trainer_memory(fraction: float) -> None:
+    """Concurrent on a GPU: cap this trainer process at `fraction` of its GPU's memory (PyTorch's
+    per-process fraction), so it stops with its own out-of-memory error rather than take the memory the
+    resident replica was promised. 0: no cap; a no-op without CUDA."""
+    import torch
+
+    if fraction > 0 and torch.cuda.is_available():
+        torch.cuda.set_per_process_memory_fraction(fraction)

@@ -1,0 +1,150 @@
+"""Shared-GPU schedules (`resources.shared_gpu`, arl_train.shared_gpu): what load_config makes of them,
+the settings it refuses by name, and the order of a time-sliced step's calls (the end-to-end runs are in
+tests/test_train_colocated.py)."""
+
+import pytest
+
+from arl_train.actors import engine_config
+from arl_train.config import ConfigError, load_config
+from arl_train.placement import layout_of
+from arl_train.shared_gpu import TimeSlicedControl, TimeSlicedSource
+
+GPU = ["resources.trainer_gpus=1", "rollout.device=cuda", "actor.device=cuda"]
+
+
+@pytest.mark.parametrize("schedule", ["time_sliced", "concurrent"])
+def test_a_shared_schedule_is_colocated_and_keeps_the_async_mode(schedule):
+    cfg = load_config(overrides=[*GPU, f"resources.shared_gpu={schedule}", "rollout.gpu_memory_utilization=0.3"])
+    lay = layout_of(cfg)
+    assert cfg.resources.colocate and lay.colocate and lay.shared_gpu == schedule
+    assert cfg.sync.transport == "cuda_ipc"  # the rank writes into the replica beside it
+    at = cfg.async_training  # the default file's mode d stays mode d (colocated alone would make it a)
+    assert (at.staleness_threshold, at.trigger_parameter_sync_step, at.partial_rollout) == (0.5, 1, True)
+    # Only the time-sliced replica sleeps (vLLM's sleep mode); the concurrent one stays resident.
+    assert lay.sleeps == (schedule == "time_sliced")
+    assert engine_config(cfg, "/m", 0, 0)[1].enable_sleep_mode == (schedule == "time_sliced")
+
+
+def test_time_sliced_always_resumes_partials_and_mode_b_keeps_its_sync_period():
+    c = load_config(overrides=["resources.shared_gpu=time_sliced"], mode="c")
+    assert c.async_training.partial_rollout and c.async_training.staleness_threshold == 0.5
+    b = load_config(overrides=["resources.shared_gpu=concurrent"], mode="b")
+    assert b.async_training.trigger_parameter_sync_step == 2 and not b.async_training.partial_rollout
+
+
+def test_two_cpu_ranks_each_sync_the_replica_beside_them():
+    lay = layout_of(load_config(overrides=["resources.shared_gpu=time_sliced", "resources.trainer_cpu_ranks=2",
+                                           "rollout.replicas=2"]))
+    assert lay.per_rank_sync and lay.sleeps
+
+
+@pytest.mark.parametrize(
+    "overrides, mode, message",
+    [
+        (["resources.shared_gpu=time_sliced"], "a", "needs an asynchronous mode"),
+        ([*GPU, "resources.shared_gpu=concurrent", "resources.trainer_gpus=2", "rollout.replicas=1",
+          "rollout.gpu_memory_utilization=0.3"], None, "resources.trainer_gpus=2 but rollout.replicas"),
+        ([*GPU, "resources.shared_gpu=time_sliced", "resources.tensor_parallel_size=2"], None,
+         "resources.shared_gpu='time_sliced' with resources.tensor_parallel_size=2"),
+        ([*GPU, "resources.shared_gpu=concurrent"], None, "rollout.gpu_memory_utilization=0.85"),
+        ([*GPU, "resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.5",
+          "resources.trainer_memory_fraction=0.6"], None, "is more than the whole GPU"),
+        ([*GPU, "resources.shared_gpu=time_sliced", "resources.trainer_memory_fraction=0.5"], None,
+         "resources.trainer_memory_fraction=0.5 splits a GPU"),
+        (["resources.shared_gpu=concurrent", "rollout.device=cuda"], None, "resources.shared_gpu='concurrent' puts trainer"),
+        (["resources.shared_gpu=sometimes"], None, "shared_gpu"),
+    ],
+)
+def test_bad_shared_settings_are_refused_at_load_by_name(overrides, mode, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(overrides=overrides, mode=mode)
+
+
+class _Method:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def remote(self, *args):
+        async def call():
+            self.log.append((self.name, *args))
+            return 0.0
+
+        return call()
+
+
+class _Rollout:
+    def __init__(self, log):
+        self.sleep = _Method(log, "sleep")
+        self.wake_up = _Method(log, "wake_up")
+        self.resume = _Method(log, "resume_generation")
+
+
+class _Inner:
+    """The plain rollout control and sample source under the time-sliced wrappers."""
+
+    def __init__(self, log):
+        self.log = log
+
+    async def pause(self):
+        self.log.append(("pause",))
+
+    async def update_weights(self, address, cfg, version):
+        self.log.append(("update_weights", version))
+
+    async def resume(self, queued):
+        self.log.append(("resume", queued))
+
+    async def get_batch(self, n, timeout=None):
+        self.log.append(("get_batch", n))
+        return list(range(min(n, 3)))
+
+    async def size(self):
+        return 0
+
+
+def _wrappers(log, required=5):
+    inner = _Inner(log)
+    control = TimeSlicedControl(inner, _Rollout(log), sleep_level=1, timeout_s=5,
+                                release_trainer_memory=lambda: log.append(("release",)))
+    return control, TimeSlicedSource(inner, control, required=required)
+
+
+async def test_a_synced_step_aborts_at_the_batch_sleeps_then_wakes_around_the_transfer():
+    log = []
+    control, source = _wrappers(log)
+    await source.get_batch(5)
+    assert not control.yielded  # 3 of 5: the replica keeps generating
+    await source.get_batch(2)
+    # The batch is in: in-flight generations aborted (kept for resume), replica asleep, trainer trains.
+    assert log[-2:] == [("pause",), ("sleep", 1)] and control.yielded
+    await control.pause()
+    await control.update_weights("tcp://x", b"{}", 1)
+    await control.resume(4)
+    await source.end_step()  # synced: nothing left to hand back
+    assert log[-6:] == [("release",), ("wake_up", ["weights"]), ("update_weights", 1), ("release",),
+                        ("wake_up", ["kv_cache"]), ("resume", 4)]
+    timings = control.pop_timings()
+    assert {"shared_pause_s", "shared_sleep_s", "shared_wake_weights_s", "shared_wake_kv_s"} <= timings.keys()
+    assert timings["shared_yields_total"] == 1
+
+
+async def test_a_step_without_a_sync_hands_the_gpu_back_without_rearming_the_budget():
+    log = []
+    control, source = _wrappers(log, required=3)
+    await source.get_batch(3)
+    await source.end_step()  # trigger_parameter_sync_step > 1: no sync this step
+    assert log[-3:] == [("release",), ("wake_up", None), ("resume_generation", None)]
+    assert not control.yielded
+    await source.get_batch(3)  # the next step yields again
+    assert control.yielded and log[-1] == ("sleep", 1)
+
+
+async def test_samples_dropped_after_the_yield_give_the_replica_the_gpu_back_until_they_come():
+    log = []
+    control, source = _wrappers(log, required=3)
+    await source.get_batch(3)
+    assert control.yielded
+    await source.get_batch(1)  # e.g. one sample over max_version_lag was dropped
+    assert log[-6:] == [("release",), ("wake_up", None), ("resume_generation", None), ("get_batch", 1),
+                        ("pause",), ("sleep", 1)]
+    assert control.yielded and control.yields == 2
