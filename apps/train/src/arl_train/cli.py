@@ -1,4 +1,4 @@
-"""`uv run apps/train [--preset agent] [--config FILE] [--mode a|b|c|d] [section.key=value ...]`, or
+"""`uv run apps/train [--preset agent|swe] [--config FILE] [--mode a|b|c|d] [section.key=value ...]`, or
 `uv run apps/train harbor-tasks [list|validate] <harbor source>` to check a Harbor task set."""
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", type=Path, default=None, help="TOML config (default: apps/train/configs/default.toml)")
     parser.add_argument("--mode", choices=["a", "b", "c", "d"], default=None, help="preset of the four async modes (README)")
-    parser.add_argument("--preset", choices=["agent"], default=None,
+    parser.add_argument("--preset", choices=["agent", "swe"], default=None,
                         help="agent: configs/agent.toml + a supervised warm start on shell-agent demonstrations, "
-                             "then RL on Harbor shell tasks (README)")
+                             "then RL on Harbor shell tasks (README); swe: configs/swe.toml on this CPU with the "
+                             "tiny model on a few real SWE tasks (docs/guide/swe.md)")
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. rollout.n=8")
     args = parser.parse_args(argv)
     try:
@@ -33,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
             from arl_train.warm_start import load_agent_config
 
             config = load_agent_config(args.config, args.overrides, args.mode)
+        elif args.preset == "swe":
+            from arl_train.swe_preset import load_swe_config
+
+            config = load_swe_config(args.config, args.overrides, args.mode)
         else:
             config = load_config(args.config, args.overrides, args.mode)
             check_machine(config)
