@@ -100,6 +100,7 @@ def test_swe_preset_config_on_this_cpu(tmp_path: Path, monkeypatch: pytest.Monke
     task_set = tmp_path / "set"
     for name in ("a", "b", "c"):
         write_swe_task(task_set, name=name)
+        (task_set / name / "environment" / "local_binds.json").write_text(json.dumps({"/arl/venv": "../../_venvs/x"}))
     (task_set / "manifest.jsonl").write_text("".join(json.dumps({"id": n, "package": p}) + "\n"
                                                      for n, p in (("a", "x"), ("b", "x"), ("c", "y"))))
     out = tmp_path / "run"
@@ -112,6 +113,8 @@ def test_swe_preset_config_on_this_cpu(tmp_path: Path, monkeypatch: pytest.Monke
     rows = [json.loads(line) for line in (out / "swe_tasks.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["a", "c"]  # one package after another
     assert all(Path(r["path"]).parent == out / "tasks" and Path(r["path"], "task.toml").is_file() for r in rows)
+    binds = json.loads((out / "tasks" / "a" / "environment" / "local_binds.json").read_text())
+    assert binds == {"/arl/venv": str((task_set / "_venvs" / "x").resolve())}  # still the set's venv
     h = harbor_config(config)
     assert h.environment_import_path == "arl.harbor.environment:LocalSandboxEnvironment"
     assert str(task_set.resolve()).strip("/") in h.environment_kwargs["system_dirs"]

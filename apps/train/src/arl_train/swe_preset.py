@@ -123,6 +123,13 @@ def write_task_rows(task_set: Path, count: int, out_dir: Path) -> tuple[Path, li
     for t in chosen:
         if not (copies / t).is_dir():
             shutil.copytree(task_set / t, copies / t, symlinks=True)
+            # The local sandbox's binds name host paths relative to environment/: keep them pointing at
+            # the set (its package venvs).
+            binds = copies / t / "environment" / "local_binds.json"
+            if binds.is_file():
+                table = json.loads(binds.read_text())
+                binds.write_text(json.dumps({k: str((task_set / t / "environment" / v).resolve())
+                                             for k, v in table.items()}))
     out_file = out_dir / "swe_tasks.jsonl"
     out_file.write_text("".join(json.dumps({"path": str((copies / t).resolve()), "id": t}) + "\n"
                                 for t in chosen))
