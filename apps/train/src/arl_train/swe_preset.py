@@ -39,6 +39,8 @@ CPU_OVERRIDES = [
     "harbor.model_name=builtin-tiny", "harbor.max_input_tokens=4096", "harbor.max_output_tokens=48",
     "harbor.agent_kwargs={max_turns = 2, command_timeout_sec = 60.0}", "harbor.agent_workers=2",
     "harbor.policy.max_attempts=1",
+    # A crowded 2-core machine can take longer than the default 30 s to start or stop a proxy.
+    "harbor.proxy_timeout_sec=120",
     "output.dir=runs/swe",
 ]
 

@@ -1,0 +1,256 @@
+"""SWE trial throughput: trials per second and phase timings with 16, 64, 256 concurrent trials, docker and
+the local sandbox side by side, and what bounds them.
+
+    DOCKER_HOST=unix:///run/arl-docker/docker.sock uv run python \\
+        packages/arl-harbor/benchmarks/swe_throughput.py .cache/swe-tasks/smoke --concurrency 16,64,256 \\
+        --envs local,docker [--json-out FILE]
+
+One wave per (environment, concurrency N): N trials started at once, each `HarborAgentLoop.run` of arl's
+shell agent driven through arl-proxy by a scripted generator replaying the *oracle* script (the task's
+reverse patch written and applied through the agent's own tool calls), round-robin over the set's tasks;
+so every reward is checkable (1.0 expected; tasks listed by `--skip` are left out). Reported per wave:
+trials/s (N / wall of the wave), reward counts, failures by kind, the median and p90 of each phase from
+the trials' result.json (environment start, agent = setup + run, verifier, teardown = verifier end →
+trial end, trial), and the evidence for the bound: the machine's CPU busy share over the wave
+(/proc/stat; the machine may be shared), the load average, the CPU seconds of this process (the event
+loop: proxies, Harbor, tokenization), of its reaped children (local: the sandboxes with the agent's
+commands and the verifier's pytest; docker: the docker/compose CLI calls) and of dockerd + containerd
+(+ shims, whose children are the containers' processes) over the wave. Images are built before the first
+docker wave (`arl.harbor.docker_environment.build_task_image`) so no wave pays a build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+HERE = Path(__file__).resolve().parent
+PHASES = ("environment", "agent", "verifier", "teardown", "trial")
+DAEMONS = ("dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2", "runc", "docker-proxy")
+
+
+def _t(value: str) -> float:
+    return datetime.fromisoformat(value).timestamp()
+
+
+def phases(result_json: Path) -> dict[str, float]:
+    """Phase durations of one trial from Harbor's result.json (missing phases are left out)."""
+    r = json.loads(result_json.read_text())
+    out: dict[str, float] = {}
+
+    def span(key: str) -> tuple[float, float] | None:
+        v = r.get(key) or {}
+        return (_t(v["started_at"]), _t(v["finished_at"])) if v.get("started_at") and v.get("finished_at") else None
+
+    env, setup, run, ver = (span(k) for k in ("environment_setup", "agent_setup", "agent_execution", "verifier"))
+    if env:
+        out["environment"] = env[1] - env[0]
+    if setup and run:
+        out["agent"] = run[1] - setup[0]
+    if ver:
+        out["verifier"] = ver[1] - ver[0]
+        if r.get("finished_at"):
+            out["teardown"] = _t(r["finished_at"]) - ver[1]
+    if r.get("started_at") and r.get("finished_at"):
+        out["trial"] = _t(r["finished_at"]) - _t(r["started_at"])
+    return out
+
+
+def cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of the machine since boot, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def daemon_cpu_s() -> float:
+    """CPU seconds (user + system) of the live docker/containerd processes."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1:text.rindex(")")]
+        if name in DAEMONS or name.startswith("containerd-shim"):
+            rest = text[text.rindex(")") + 2:].split()
+            total += (int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])) / tick
+    return total
+
+
+def self_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's reaped children: the local sandboxes (their agent commands and the
+    verifier's pytest) or the docker/compose CLI calls."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def quantiles(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return float("nan"), float("nan")
+    values = sorted(values)
+    p90 = values[min(len(values) - 1, round(0.9 * (len(values) - 1)))]
+    return statistics.median(values), p90
+
+
+def load_tasks(task_set: Path, skip: set[str]) -> list[tuple[str, Path]]:
+    rows = [json.loads(line) for line in (task_set / "manifest.jsonl").read_text().splitlines() if line.strip()]
+    return [(r["id"], task_set / r["id"]) for r in rows if r["id"] not in skip]
+
+
+def harbor_fields(env: str, task_set: Path, trials_dir: Path, trial_timeout: float) -> dict[str, Any]:
+    from arl.harbor.agents.checks import harbor_config_fields
+
+    fields = harbor_config_fields("shell", env, trials_dir=trials_dir, trial_timeout_sec=trial_timeout)
+    if env == "local":  # the tasks' local_setup.sh and test.sh read the testbed and venvs from the set
+        from arl.harbor.environment import DEFAULT_SYSTEM_DIRS
+
+        fields["environment_kwargs"] = {"system_dirs": [*DEFAULT_SYSTEM_DIRS, str(task_set).strip("/")]}
+    fields["policy"] = {"max_attempts": 1, "retry_backoff_sec": 0.0}
+    return fields
+
+
+async def one_trial(i: int, task_id: str, task_dir: Path, fields: dict[str, Any], tokenizer: Any,
+                    trials_dir: Path) -> dict[str, Any]:
+    import msgspec
+    from arl.harbor import HarborAgentLoop, HarborConfig
+    from arl.harbor.agents.scripts import script_completions
+    from arl.proxy.testing import ScriptedGenerator
+    from arl.proxy.types import SamplingParams
+    from arl.rollout.types import Task
+
+    mine = trials_dir / f"t{i:04d}"
+    config = msgspec.convert({**fields, "trials_dir": str(mine)}, HarborConfig)
+    generator = ScriptedGenerator(tokenizer, list(script_completions("shell", "oracle", task_dir)))
+    loop = HarborAgentLoop(config, tokenizer=tokenizer)
+    task = Task(id=task_id, messages=[], agent="harbor", metadata={"harbor_task_path": str(task_dir)})
+    started = time.monotonic()
+    result = await loop.run(task, generator, SamplingParams(max_tokens=4096, temperature=1.0), f"tp-{i}")
+    row: dict[str, Any] = {"task": task_id, "wall": time.monotonic() - started, "failed": result.failed,
+                           "kind": result.failure_kind if result.failed else "", "reward": result.reward,
+                           "error": (result.error or "")[:300]}
+    found = sorted(mine.glob("*/result.json"))
+    if found:
+        row["phases"] = phases(found[-1])
+    return row
+
+
+async def wave(env: str, n: int, tasks: list[tuple[str, Path]], task_set: Path, tokenizer: Any, work: Path,
+               trial_timeout: float) -> dict[str, Any]:
+    trials_dir = work / f"{env}-{n}"
+    fields = harbor_fields(env, task_set, trials_dir, trial_timeout)
+    busy0, total0 = cpu_times()
+    self0, children0, daemons0 = self_cpu_s(), children_cpu_s(), daemon_cpu_s()
+    started = time.monotonic()
+    rows = await asyncio.gather(*(one_trial(i, *tasks[i % len(tasks)], fields, tokenizer, trials_dir)
+                                  for i in range(n)))
+    wall = time.monotonic() - started
+    busy1, total1 = cpu_times()
+    out: dict[str, Any] = {
+        "env": env, "concurrency": n, "wall_s": wall, "trials_per_s": n / wall,
+        "rewards": dict(Counter(str(r["reward"]) for r in rows if not r["failed"])),
+        "failed": dict(Counter(r["kind"] for r in rows if r["failed"])),
+        "errors": sorted({r["error"] for r in rows if r["failed"]})[:3],
+        "cpu_busy": (busy1 - busy0) / max(1, total1 - total0),
+        "loadavg": os.getloadavg()[0],
+        "self_cpu_s": self_cpu_s() - self0,
+        "children_cpu_s": children_cpu_s() - children0,
+        "daemon_cpu_s": daemon_cpu_s() - daemons0,
+        "phases": {},
+    }
+    for p in PHASES:
+        med, p90 = quantiles([r["phases"][p] for r in rows if p in r.get("phases", {})])
+        out["phases"][p] = {"median": med, "p90": p90}
+    shutil.rmtree(trials_dir, ignore_errors=True)
+    return out
+
+
+def fmt(w: dict[str, Any]) -> str:
+    ph = " | ".join(f"{w['phases'][p]['median']:.1f}/{w['phases'][p]['p90']:.1f}" for p in PHASES)
+    return (f"| {w['env']} | {w['concurrency']} | {w['trials_per_s']:.2f} | {w['wall_s']:.0f} | {ph} | "
+            f"{w['rewards']} {w['failed'] or ''} | {100 * w['cpu_busy']:.0f}% / {w['loadavg']:.1f} | "
+            f"{w['self_cpu_s']:.0f} | {w['children_cpu_s']:.0f} | {w['daemon_cpu_s']:.0f} |")
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(HERE))
+    from swe_agent_checks import tokenizer_for_checks
+
+    task_set = args.task_set.absolute()
+    tasks = load_tasks(task_set, set(filter(None, args.skip.split(","))))
+    if not tasks:
+        raise SystemExit(f"{task_set}: no tasks left")
+    tokenizer = tokenizer_for_checks()
+    # Imported before the first wave so that no wave pays them.
+    import arl.harbor.environment  # noqa: F401
+    import harbor.trial.trial  # noqa: F401
+    from arl.harbor import HarborAgentLoop  # noqa: F401
+    from arl.harbor.agents.scripts import script_completions  # noqa: F401
+    from arl.proxy.testing import ScriptedGenerator  # noqa: F401
+
+    envs = args.envs.split(",")
+    if "docker" in envs:
+        from arl.harbor.docker_environment import build_task_image
+
+        for _, task_dir in tasks:
+            await build_task_image(task_dir / "environment", network="none")
+    work = Path(tempfile.mkdtemp(prefix="arl-swe-tp-", dir=args.work_dir))
+    results = []
+    print(f"# {len(tasks)} tasks of {task_set}; shell agent, oracle script; cores {os.cpu_count()}")
+    print("| env | concurrent | trials/s | wall s | environment | agent | verifier | teardown | trial | "
+          "rewards / failed | CPU busy / load | this process CPU s | its children CPU s | docker daemons CPU s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    try:
+        for n in (int(x) for x in args.concurrency.split(",")):
+            for env in envs:
+                w = await wave(env, n, tasks, task_set, tokenizer, work, args.trial_timeout)
+                results.append(w)
+                print(fmt(w), flush=True)
+                if w["errors"]:
+                    print(f"#   errors: {w['errors']}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if args.json_out:
+            args.json_out.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("task_set", type=Path, help="a SWE task set (manifest.jsonl + Harbor task dirs)")
+    parser.add_argument("--concurrency", default="16,64,256")
+    parser.add_argument("--envs", default="local,docker")
+    parser.add_argument("--skip", default="humanize__humanize.i18n.activate__remove_assign",
+                        help="task ids left out (default: the smoke task whose oracle fails in the image)")
+    parser.add_argument("--trial-timeout", type=float, default=1800.0)
+    parser.add_argument("--work-dir", default=None, help="where trial dirs go (default: /tmp)")
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args()
+    if "docker" in args.envs:
+        os.environ.setdefault("DOCKER_HOST", "unix:///run/arl-docker/docker.sock")
+    return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
