@@ -84,9 +84,10 @@ def agent_image(docker_ready):
     """The base image + mini-swe-agent at /opt/mini-swe-agent, built offline from the wheelhouse."""
     from arl.harbor.agents.install import MINI_SWE_AGENT_VERSION, build_agent_image, download_wheelhouse
 
-    found = _docker("image", "inspect", "--format", "{{json .Config.Labels}}", AGENT_IMAGE)
-    if found.returncode == 0 and MINI_SWE_AGENT_VERSION in found.stdout:
-        return AGENT_IMAGE
+    for image in (BASE_IMAGE, AGENT_IMAGE):  # the base image itself may carry it (install.py image)
+        found = _docker("image", "inspect", "--format", "{{json .Config.Labels}}", image)
+        if found.returncode == 0 and f'"org.arl.mini-swe-agent":"{MINI_SWE_AGENT_VERSION}"' in found.stdout:
+            return image
     wheels = MINI_CACHE / "wheels"
     try:
         if not (wheels / "requirements.txt").is_file():
