@@ -155,6 +155,10 @@ def test_cluster_must_hold_the_layout():
     with pytest.raises(PlacementError, match="resources.tensor_parallel_size=4 exceeds the largest node's 2"):
         check_cluster(_layout(tensor_parallel_size=4), 8, [2, 2, 2, 2])
     check_cluster(_layout(colocate=True, transport="cuda_ipc"), 1, [1])  # colocated: shared GPUs
+    # A split run on a one-GPU machine is told how to share the GPU asynchronously instead.
+    with pytest.raises(PlacementError, match=r"has 1; to train and generate on the same 1 GPU\(s\) "
+                                             r"asynchronously set resources.shared_gpu='time_sliced'"):
+        check_cluster(_layout(replicas=1), 1, [1])
 
 
 def test_one_trainer_rank_needs_no_rendezvous():

@@ -276,7 +276,10 @@ def check_cluster(layout: Layout, cluster_gpus: float, node_gpus: list[float]) -
         raise PlacementError(
             f"the run needs {need} GPUs (resources.trainer_gpus={layout.trainer_gpus}"
             f"{'' if layout.colocate else f' + rollout.replicas={layout.replicas} × resources.tensor_parallel_size={layout.tensor_parallel_size}'}"
-            f"), the Ray cluster has {cluster_gpus:g}")
+            f"), the Ray cluster has {cluster_gpus:g}"
+            + (f"; to train and generate on the same {cluster_gpus:g} GPU(s) asynchronously set "
+               "resources.shared_gpu='time_sliced' (apps/train README, 'Shared GPUs')"
+               if not layout.colocate and layout.rollout_on_gpu and 0 < cluster_gpus < need else ""))
     biggest = max(node_gpus, default=0.0)
     if layout.rollout_on_gpu and layout.tensor_parallel_size > biggest:
         raise PlacementError(
