@@ -11,7 +11,6 @@ import json
 import queue
 import random
 import shutil
-import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -198,7 +197,3 @@ def build(specs: list[PackageSpec], out: Path, cache: Path, *, max_per_package: 
                "operators_in_set": dict(sorted(operators.items()))}
     (out / "build.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
-
-
-def _default_log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
