@@ -24,7 +24,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 PYTEST_SPEC="${ARL_BASE_PYTEST_SPEC:-pytest==9.2.0}"  # = arl.harbor.swe.venvs.PYTEST_REQUIREMENT
-PACKAGES="python3,python3-venv,python3-pip,git,patch,tmux,procps,ca-certificates,less,file,xz-utils,curl"
+# gettext: packages whose tests compile translations (humanize) skip those tests without it.
+PACKAGES="python3,python3-venv,python3-pip,git,patch,tmux,procps,ca-certificates,less,file,xz-utils,curl,gettext"
 
 if [ "$FORCE" -eq 0 ] && docker image inspect "$TAG" >/dev/null 2>&1; then
   echo "build_base_image.sh: $TAG exists (--force rebuilds)" >&2
