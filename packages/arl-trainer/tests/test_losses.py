@@ -11,6 +11,7 @@ from arl.trainer.algorithms import policy_loss
 from arl.trainer.errors import AlgorithmError
 from arl.trainer.segments import flatten_masked
 from arl.trainer.losses import (
+    clip_active,
     clipped_surrogate,
     gspo_ratio,
     ppo_ratio,
@@ -277,7 +278,12 @@ def test_gspo_through_compute_token_loss_and_dual_clip_metric():
     ratio = gspo_ratio(logp, prox, seq_index, 4)
     pg, outside, _ = clipped_surrogate(ratio, adv, clip_ratio_low=3e-4, clip_ratio_high=4e-4)
     assert torch.allclose(per_token, pg * w)
-    assert metrics["clip_frac"] == pytest.approx(outside.float().mean().item())
+    # clip_band_frac: ratio outside the band whatever A's sign; clip_frac: the clipped branch is taken
+    # (issue #29: the usual definition; the two differ where the clip does not bind).
+    assert metrics["clip_band_frac"] == pytest.approx(outside.float().mean().item())
+    active = clip_active(ratio, adv, clip_ratio_low=3e-4, clip_ratio_high=4e-4)
+    assert metrics["clip_frac"] == pytest.approx(active.float().mean().item())
+    assert metrics["clip_frac"] < metrics["clip_band_frac"]
     neg = adv.clone().abs().neg()
     big = (prox + 2.0).requires_grad_()
     _, m = compute_token_loss(AlgorithmConfig(dual_clip_c=3.0), big, prox, behav, neg, seq_index)

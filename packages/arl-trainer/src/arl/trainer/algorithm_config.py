@@ -19,6 +19,7 @@ from arl.trainer.errors import AlgorithmError
 from arl.trainer.kl import KLEstimator, kl_estimate
 from arl.trainer.losses import (
     SeqISAgg,
+    clip_active,
     clipped_surrogate,
     entropy_bonus,
     gspo_ratio,
@@ -30,6 +31,9 @@ from arl.trainer.losses import (
 )
 from arl.trainer.proximal import ProximalMode
 from arl.trainer.segments import check_flat, resolve_num_seqs, seq_count
+
+# Conventions where the literature has two forms are explicit fields below; which default and why
+# (with the measured runs): docs/design/loss-conventions.md.
 
 
 # Metrics of compute_token_loss that are counts (sum them over micro-batches); the others are token means.
@@ -57,6 +61,12 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # token weight; "mask": token TIS, and sequences with W outside [seq_is_low, seq_is_high] are
     # dropped from the loss (their tokens contribute 0, counted in metrics as seq_is_masked_count).
     seq_is: Literal["off", "truncate", "mask"] = "off"
+    # seq_is = "mask": whether a dropped sequence also leaves the loss denominators (token-mean's token
+    # count, seq-mean's sequence count): "remove" (the common convention: the step is the mean over the
+    # kept sequences) or "keep" (arl before issue #29: dropped sequences count as zeros, so every drop
+    # shrinks the step). "remove" needs the proximal log probs before the update, so it does not
+    # combine with proximal_mode "reuse" / "loglinear" (rejected).
+    seq_is_mask_denominator: Literal["remove", "keep"] = "remove"
     # How a sequence's weight W combines its token ratios: "geo_mean" (exp of the mean log ratio,
     # length-normalised) or "product" (exp of the sum: the exact sequence ratio, huge on long sequences).
     seq_is_agg: SeqISAgg = "geo_mean"
@@ -67,12 +77,23 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Weight of the KL(π_θ ‖ π_ref) penalty to a reference policy; 0 = no KL (no reference forward needed).
     kl_coef: float = 0.0
     # KL estimator per token: "k1" (log ratio), "k2" (½ log ratio²), "k3" (r − 1 − log r, ≥ 0), "low_var_kl" (clamped k3).
-    kl_estimator: KLEstimator = "k3"
+    kl_estimator: KLEstimator = "low_var_kl"
+    # Clamps of "low_var_kl" (clamped k3): log r = log π_ref − log π to ±kl_log_ratio_clamp, the value to
+    # ±kl_value_clamp; a clamped token carries no KL gradient. "k3" is the same estimator unclamped.
+    kl_log_ratio_clamp: float = 20.0
+    kl_value_clamp: float = 10.0
     # Where the KL goes: "loss" adds kl_coef·KL_t to each token's loss; "reward" subtracts
     # kl_coef·Σ_t KL_t from the response's reward before advantages (advantages.kl_penalized_rewards).
     kl_in: Literal["loss", "reward"] = "loss"
     # Entropy bonus: the loss gets −entropy_coef·H_t per token (entropy is always a metric when given). 0 = off.
     entropy_coef: float = 0.0
+    # loss_agg_mode = seq-mean-token-sum-norm (Dr. GRPO): the normaliser of Σ_tokens loss / (seqs × L).
+    # "constant": L = norm_len, else TrainerConfig.loss_agg_norm_len (the generation budget, the
+    # rollout's max_tokens, when the app passes it), else (neither given) the batch's longest response;
+    # "batch_max": L = each mini-batch's longest response (arl before issue #29), whatever is given.
+    norm_len_mode: Literal["constant", "batch_max"] = "constant"
+    # The constant L for norm_len_mode = "constant" (None: TrainerConfig.loss_agg_norm_len).
+    norm_len: int | None = None
     # Advantages from outcome rewards per group: "grpo" (mean/std), "dr_grpo" (mean only), "rloo" (leave-one-out).
     advantage_estimator: AdvantageEstimator = "grpo"
     # DAPO dynamic sampling: drop groups whose responses all have the same reward (zero advantage), counted.
@@ -104,6 +125,18 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise AlgorithmError(
                 f"need 0 <= seq_is_low <= seq_is_high and seq_is_high > 0, got {self.seq_is_low}, {self.seq_is_high}"
             )
+        if self.kl_log_ratio_clamp <= 0 or self.kl_value_clamp <= 0:
+            raise AlgorithmError(
+                f"kl_log_ratio_clamp and kl_value_clamp must be > 0, got {self.kl_log_ratio_clamp}, {self.kl_value_clamp}"
+            )
+        if self.norm_len is not None and self.norm_len <= 0:
+            raise AlgorithmError(f"norm_len must be > 0 (or None), got {self.norm_len}")
+        if self.seq_is == "mask" and self.seq_is_mask_denominator == "remove" and self.proximal_mode in ("reuse", "loglinear"):
+            raise AlgorithmError(
+                f"seq_is = 'mask' with seq_is_mask_denominator = 'remove' needs the proximal log probs before the "
+                f"update; proximal_mode = {self.proximal_mode!r} makes them during it: use seq_is_mask_denominator = "
+                f"'keep' or proximal_mode 'recompute' / 'bypass'"
+            )
         if self.kl_coef < 0 or self.entropy_coef < 0:
             raise AlgorithmError(f"kl_coef and entropy_coef must be >= 0, got {self.kl_coef}, {self.entropy_coef}")
         if self.lr_warmup_steps < 0:
@@ -117,6 +150,35 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def needs_ref_logp(self) -> bool:
         """Whether the trainer must compute reference-policy log probs."""
         return self.kl_coef > 0
+
+    def resolve_norm_len(self, budget: int | None) -> int | None:
+        """seq-mean-token-sum-norm's constant L given the generation budget (TrainerConfig.loss_agg_norm_len);
+        None = the mini-batch's longest response (`loss_agg.Denominators.from_loss_mask`)."""
+        if self.norm_len_mode == "batch_max":
+            return None
+        return self.norm_len if self.norm_len is not None else budget
+
+    def kl(self, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+        """Per-token KL by this config's estimator and clamps."""
+        return kl_estimate(self.kl_estimator, logp, ref_logp,
+                           log_ratio_clamp=self.kl_log_ratio_clamp, value_clamp=self.kl_value_clamp)
+
+
+def sequence_keep_rows(
+    cfg: AlgorithmConfig, proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, loss_mask: torch.Tensor
+) -> torch.Tensor | None:
+    """(B,) bool: the rows (sequences) that seq_is = "mask" keeps, decided exactly as compute_token_loss
+    decides them; None when nothing is masked (seq_is is not "mask"). Inputs are (B, T), the loss mask
+    1 on trained tokens. With seq_is_mask_denominator = "remove", the trainer multiplies the loss mask
+    by this before counting the denominators, so dropped sequences leave them."""
+    if cfg.seq_is != "mask":
+        return None
+    rows, cols = (loss_mask > 0).nonzero(as_tuple=True)
+    b = loss_mask.shape[0]
+    dtype = torch.promote_types(proximal_logp.dtype, torch.float32)
+    log_w = sequence_log_is_weight(proximal_logp[rows, cols].to(dtype), behaviour_logp[rows, cols].to(dtype), rows, b,
+                                   cfg.seq_is_agg)
+    return sequence_mask(log_w, cfg.seq_is_low, cfg.seq_is_high)
 
 
 def compute_token_loss(
@@ -145,7 +207,9 @@ def compute_token_loss(
 
     Metrics: `num_tokens`, `num_seqs`, `seq_is_truncated_count`, `seq_is_masked_count` are counts
     (sum them over micro-batches); the rest are means over this micro-batch's tokens (average them
-    weighted by num_tokens): pg_loss, clip_frac, dual_clip_frac, tis_clip_frac, is_weight_mean,
+    weighted by num_tokens): pg_loss, clip_frac (tokens whose clipped branch is taken: the gradient is
+    cut), clip_band_frac (tokens whose ratio is outside [1 − low, 1 + high], any advantage sign),
+    dual_clip_frac, tis_clip_frac, is_weight_mean,
     ratio_mean, ppo_kl (mean of log π_prox − log π_θ), and entropy / kl when those inputs are given.
     """
     check_flat(
@@ -181,6 +245,7 @@ def compute_token_loss(
         ratio, advantages,
         clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, dual_clip_c=cfg.dual_clip_c,
     )
+    clipped_branch = clip_active(ratio, advantages, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high)
 
     zero_seqs = torch.zeros(s, dtype=torch.bool, device=seq_index.device)
     seq_truncated, seq_masked = zero_seqs, zero_seqs
@@ -203,7 +268,7 @@ def compute_token_loss(
 
     pg_weighted = pg * weight
     loss = pg_weighted
-    kl = kl_estimate(cfg.kl_estimator, logp, ref_logp) if ref_logp is not None else None
+    kl = cfg.kl(logp, ref_logp) if ref_logp is not None else None
     if cfg.entropy_coef > 0 and entropy is not None:  # checked above: entropy is given
         bonus = entropy_bonus(entropy, cfg.entropy_coef)
         loss = loss + (bonus if keep is None else bonus * keep)
@@ -222,7 +287,8 @@ def compute_token_loss(
         }
         sums = {
             "pg_loss": pg_weighted.detach().sum(),
-            "clip_frac": outside.sum(),
+            "clip_frac": clipped_branch.sum(),
+            "clip_band_frac": outside.sum(),
             "dual_clip_frac": dual_active.sum(),
             "tis_clip_frac": tis_truncated.sum(),
             "is_weight_mean": weight.sum(),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from arl.trainer.advantages import grpo_advantages
-from arl.trainer.losses import clipped_surrogate, ppo_ratio, token_is_weight
+from arl.trainer.losses import clip_active, clipped_surrogate, ppo_ratio, token_is_weight
 
 __all__ = ["grpo_advantages", "masked_mean", "policy_loss", "token_log_probs"]
 
@@ -54,6 +54,8 @@ def policy_loss(
     behaviour_weight, truncated = token_is_weight(proximal_logp, behaviour_logp, tis_cap)
     loss = masked_mean(pg * behaviour_weight, mask)
     with torch.no_grad():
-        clip_frac = masked_mean(outside.float(), mask)
+        active = clip_active(ratio, advantages, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
+        clip_frac = masked_mean(active.float(), mask)  # the clipped branch is taken (issue #29)
+        band_frac = masked_mean(outside.float(), mask)  # the ratio is outside the band
         tis_frac = masked_mean(truncated.float(), mask)
-    return loss, {"clip_frac": clip_frac.item(), "tis_clip_frac": tis_frac.item()}
+    return loss, {"clip_frac": clip_frac.item(), "clip_band_frac": band_frac.item(), "tis_clip_frac": tis_frac.item()}

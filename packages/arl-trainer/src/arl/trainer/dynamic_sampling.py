@@ -66,3 +66,19 @@ def informative_groups(rewards: torch.Tensor, group_index: torch.Tensor, *, atol
     lo = torch.full((g,), float("inf"), dtype=rewards.dtype, device=rewards.device).scatter_reduce(0, idx, rewards, "amin")
     counts = torch.zeros(g, dtype=torch.long, device=rewards.device).index_add(0, idx, torch.ones_like(idx))
     return (counts >= 2) & (hi - lo > atol)
+
+
+def groups_of_one(samples: Sequence[Sample]) -> dict[str, int]:
+    """Trained groups with a single trajectory: GRPO, Dr. GRPO and RLOO give it advantage 0 (no baseline,
+    so no signal), so it contributes nothing but its tokens to the denominators.
+
+    `groups_of_one`: such groups among `samples` (a step's batch); `groups_of_one_failed`: those of them
+    that lost members, i.e. are smaller than the step's largest group. Failed trajectories are the only
+    way a group loses members (the rollouter drops a failed trajectory and keeps its siblings); dynamic
+    sampling and the version-lag bound keep or drop whole groups, never part of one. A run with
+    rollout.n = 1 has only groups of one, none of them "failed".
+    """
+    sizes = [len(s.responses) for s in samples]
+    full = max(sizes, default=0)
+    one = sum(n == 1 for n in sizes)
+    return {"groups_of_one": one, "groups_of_one_failed": one if full > 1 else 0}

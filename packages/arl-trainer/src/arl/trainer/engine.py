@@ -34,13 +34,12 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
-from arl.trainer.algorithm_config import COUNT_METRICS, compute_token_loss, merge_loss_metrics
+from arl.trainer.algorithm_config import COUNT_METRICS, compute_token_loss, merge_loss_metrics, sequence_keep_rows
 from arl.trainer.algorithms import masked_mean
 from arl.trainer.batch import TrainBatch, trajectory_advantages
 from arl.trainer.config import TrainerConfig, compute_dtype
 from arl.trainer.errors import ReferencePolicyError, RouterReplayError
 from arl.trainer.flops import attention_width_and_layers, matmul_params, train_flops
-from arl.trainer.kl import kl_estimate
 from arl.trainer.loss_agg import Denominators, aggregate
 from arl.trainer.offload import HostActivationOffload
 from arl.trainer.optimizer import HostOptimizerState
@@ -283,6 +282,11 @@ class PackedPolicy:
                                          kl_coef=alg.kl_coef)
         advantages = adv_rows[:, None].expand_as(batch.loss_mask)
         kl_in_loss = ref_logp is not None and alg.kl_in == "loss"
+        # seq_is = "mask" with "remove": dropped sequences leave the denominators (the config rejects the
+        # proximal modes that make proximal log probs only during the update, so `proximal` is here).
+        keep_rows = (sequence_keep_rows(alg, proximal, batch.behaviour_logp, batch.loss_mask)
+                     if alg.seq_is_mask_denominator == "remove" and proximal is not None else None)
+        norm_len = alg.resolve_norm_len(cfg.loss_agg_norm_len)
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)  # the update's own peak, not the passes' before it
         # Proximal log probs made micro-batch by micro-batch (reuse / loglinear), for the step's metric.
@@ -298,7 +302,9 @@ class PackedPolicy:
         for start in range(0, n_rows, mini_batch_rows):
             t1 = time.perf_counter()
             rows = list(range(start, min(n_rows, start + mini_batch_rows)))
-            denom = Denominators.from_loss_mask(batch.loss_mask[rows], cfg.loss_agg_norm_len)
+            denom = Denominators.from_loss_mask(batch.loss_mask[rows], norm_len)
+            if keep_rows is not None:  # counts over the kept sequences; batch_max's length stays the batch's
+                denom = Denominators.from_loss_mask(batch.loss_mask[rows] * keep_rows[rows, None], denom.norm_len)
             mbs, pack_stats = self._microbatches(batch, rows)
             mini_tokens = sum(lengths[r] for r in rows)  # all ranks': the aux loss's token weights sum to 1
             self.optimizer.zero_grad(set_to_none=True)
@@ -357,7 +363,7 @@ class PackedPolicy:
                 self.scheduler.step()
             t_update += time.perf_counter() - t1
             merged = self._merge_ranks(merge_loss_metrics(mb_metrics), loss_total)
-            merged.update(grad_norm=float(grad_norm), lr=lr, pack_fill=pack_stats["pack_fill"],
+            merged.update(grad_norm=float(grad_norm), lr=lr, loss_agg_norm_len=float(denom.norm_len), pack_fill=pack_stats["pack_fill"],
                           rank_imbalance=pack_stats["rank_imbalance"], microbatches=pack_stats["microbatches"])
             steps.append(merged)
         keys = set().union(*steps)
@@ -429,7 +435,7 @@ class PackedPolicy:
         if alg.kl_in != "reward":
             return ref_logp, None, metrics
         before = proximal if proximal is not None else batch.behaviour_logp
-        token_kl = kl_estimate(alg.kl_estimator, before, ref_logp) * batch.loss_mask
+        token_kl = alg.kl(before, ref_logp) * batch.loss_mask
         metrics["kl_ref_mean"] = masked_mean(token_kl, batch.loss_mask).item()
         return ref_logp, token_kl, metrics
 

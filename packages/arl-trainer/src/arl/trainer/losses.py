@@ -79,6 +79,20 @@ def clipped_surrogate(
     return loss, outside, dual_active
 
 
+def clip_active(
+    ratio: torch.Tensor, advantages: torch.Tensor, *, clip_ratio_low: float, clip_ratio_high: float
+) -> torch.Tensor:
+    """Tokens where PPO's clipped branch is the one taken (bool): −A·clip(r) > −A·r, before dual-clip.
+
+    This is the usual `clip_frac` (its gradient is cut by the clip): a ratio outside the band counts
+    only when the clip binds in the pessimistic direction (r > 1 + high with A > 0, r < 1 − low with
+    A < 0) and never with A = 0. The band-outside count, whatever the advantage's sign, is
+    `clipped_surrogate`'s second output (metric `clip_band_frac`).
+    """
+    clipped = ratio.detach().clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
+    return -advantages * clipped > -advantages * ratio.detach()
+
+
 def token_is_weight(
     proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, cap: float | None
 ) -> tuple[torch.Tensor, torch.Tensor]:

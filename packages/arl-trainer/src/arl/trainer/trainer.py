@@ -16,7 +16,7 @@ from arl.queue.types import Sample
 from arl.trainer.batch import assemble_batch, trajectory_rewards
 from arl.trainer.engine import PackedPolicy
 from arl.trainer.config import TrainerConfig
-from arl.trainer.dynamic_sampling import filter_zero_variance_groups
+from arl.trainer.dynamic_sampling import filter_zero_variance_groups, groups_of_one
 from arl.trainer.errors import StarvedError
 from arl.trainer.publisher import RolloutControl, WeightPublisher
 from arl.trainer.router_replay import routes_for_batch
@@ -50,6 +50,7 @@ class Trainer:
         self.samples_seen = 0
         self.dropped_version_lag = 0
         self.dynamic_sampling_dropped = 0  # groups dropped by DAPO dynamic sampling (counted, never silent)
+        self.dynamic_sampling_dropped_single = 0  # of those, groups of one (docs/design/loss-conventions.md)
         self._last_step_end = time.perf_counter()
 
     def state(self) -> dict[str, int]:
@@ -80,6 +81,7 @@ class Trainer:
             if self.config.algorithm.dynamic_sampling:  # DAPO: groups with one reward teach nothing
                 result = filter_zero_variance_groups(got)
                 self.dynamic_sampling_dropped += len(got) - len(result.kept)
+                self.dynamic_sampling_dropped_single += result.dropped_single_response
                 got = result.kept
             for sample in got:
                 lag = self.version - sample.min_token_version()
@@ -127,6 +129,8 @@ class Trainer:
             over_version_lag=over_lag,
             dropped_version_lag_total=self.dropped_version_lag,
             dynamic_sampling_dropped_total=self.dynamic_sampling_dropped,
+            groups_of_one_dynamic_sampling_total=self.dynamic_sampling_dropped_single,
+            **groups_of_one(samples),  # trained groups of one (advantage 0), and those that lost members to failures
             wait_s=wait_s,
             train_s=train_s,
             sync_s=0.0,

@@ -1,0 +1,162 @@
+"""Loss-convention sweep (issue #29): the digits task under each choice of each convention, several seeds.
+
+Runs `uv run apps/train` (the embedded default: builtin:tiny model, builtin:digits, vLLM on the CPU)
+one run at a time, in mode d with staleness_threshold 1 and partial rollouts so that stale and
+mixed-version tokens reach the loss, then summarises each run's metrics.jsonl:
+reward (mean of the first / last tenth of the steps, first step with reward_mean >= 0.9),
+grad_norm (max, median, max/median: spikes), ppo_kl (mean |ppo_kl|), clip_frac / clip_band_frac
+(means) and the fraction of sequences masked by sequence-level IS (Σ seq_is_masked_count / Σ num_seqs).
+
+    nice -n 5 uv run packages/arl-trainer/benchmarks/conventions_sweep.py --arms kl_k3,kl_clamped \
+        --seeds 0,1,2 --steps 60 --out runs/conventions
+    uv run packages/arl-trainer/benchmarks/conventions_sweep.py --summarize --out runs/conventions
+
+A finished run (its summary.json present) is not run again; the summary table goes to stdout and
+`<out>/sweep.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Stale tokens on the CPU too: mode d, staleness_threshold 1, partial rollouts (aborted generations
+# resume under the next weights, so a response mixes versions).
+BASE = [
+    "--mode", "d",
+    "async_training.staleness_threshold=1",
+    "async_training.partial_rollout=true",
+    "trainer.save_final=false",
+]
+KL = ["actor.algorithm.kl_coef=0.1"]
+# Tight sequence-IS bounds so that masking happens often enough on digits to matter.
+SEQ_IS = ['actor.algorithm.seq_is="mask"', "actor.algorithm.seq_is_low=0.9", "actor.algorithm.seq_is_high=1.1"]
+SUM_NORM = ['actor.loss_agg_mode="seq-mean-token-sum-norm"']
+ARMS: dict[str, list[str]] = {
+    "kl_k3": [*KL, 'actor.algorithm.kl_estimator="k3"'],
+    "kl_clamped": [*KL, 'actor.algorithm.kl_estimator="low_var_kl"'],
+    "seqis_keep": [*SEQ_IS, 'actor.algorithm.seq_is_mask_denominator="keep"'],
+    "seqis_remove": [*SEQ_IS, 'actor.algorithm.seq_is_mask_denominator="remove"'],
+    "norm_batch_max": [*SUM_NORM, 'actor.algorithm.norm_len_mode="batch_max"'],
+    # rollout.max_tokens (the generation budget) is 12 in the embedded default.
+    "norm_constant": [*SUM_NORM, 'actor.algorithm.norm_len_mode="constant"', "actor.algorithm.norm_len=12"],
+}
+
+
+def summarize_run(folder: Path) -> dict[str, float] | None:
+    path = folder / "metrics.jsonl"
+    if not path.exists():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "reward_mean" in r]
+    if not rows:
+        return None
+    reward = [r["reward_mean"] for r in rows]
+    tenth = max(1, len(rows) // 10)
+    grads = [r["grad_norm"] for r in rows if "grad_norm" in r]
+    median = statistics.median(grads) if grads else 0.0
+
+    def mean(key: str) -> float:
+        vals = [r[key] for r in rows if key in r]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    seqs = sum(r.get("num_seqs", 0.0) for r in rows)
+    to_09 = next((r["step"] for r in rows if r["reward_mean"] >= 0.9), None)
+    return {
+        "steps": len(rows),
+        "reward_first_tenth": sum(reward[:tenth]) / tenth,
+        "reward_last_tenth": sum(reward[-tenth:]) / tenth,
+        "steps_to_0.9": float(to_09) if to_09 is not None else float("nan"),
+        "grad_norm_max": max(grads) if grads else float("nan"),
+        "grad_norm_median": median,
+        "grad_spike": max(grads) / median if grads and median > 0 else float("nan"),
+        "ppo_kl_abs_mean": sum(abs(r.get("ppo_kl", 0.0)) for r in rows) / len(rows),
+        "clip_frac": mean("clip_frac"),
+        "clip_band_frac": mean("clip_band_frac"),
+        "seq_masked_frac": sum(r.get("seq_is_masked_count", 0.0) for r in rows) / seqs if seqs else 0.0,
+        "kl": mean("kl"),
+        "staleness_mean": mean("staleness_mean"),
+        "mixed_version_samples": mean("mixed_version_samples"),
+    }
+
+
+def run_one(arm: str, seed: int, steps: int, out: Path) -> None:
+    folder = out / f"{arm}_s{seed}"
+    if (folder / "summary.json").exists():
+        print(f"[sweep] {folder.name}: done already", file=sys.stderr)
+        return
+    cmd = ["uv", "run", "apps/train", *BASE, *ARMS[arm], f"seed={seed}", f"trainer.total_steps={steps}",
+           f"output.dir={folder}"]
+    print(f"[sweep] {' '.join(cmd)}", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 4):  # on a loaded machine Ray's node can time out during startup: retry
+        # Beside the run folder: the app clears output.dir when it starts.
+        with open(out / f"{folder.name}.log", "w") as log:
+            # Bounded: a stuck run must not hold the sweep forever.
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=3600).returncode
+        print(f"[sweep] {folder.name}: rc={rc} in {time.monotonic() - t0:.0f}s (attempt {attempt})",
+              file=sys.stderr, flush=True)
+        if rc == 0:
+            return
+
+
+def table(out: Path) -> dict[str, dict[str, float]]:
+    per_arm: dict[str, dict[str, float]] = {}
+    keys = ("reward_first_tenth", "reward_last_tenth", "steps_to_0.9", "grad_norm_max", "grad_norm_median",
+            "grad_spike", "ppo_kl_abs_mean", "clip_frac", "clip_band_frac", "seq_masked_frac", "kl")
+    print("| arm | seeds | steps | reward first 10% | reward last 10% | steps to 0.9 | grad max | grad median | "
+          "max/median | abs ppo_kl | clip_frac | clip_band_frac | seqs masked | kl |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for arm in ARMS:
+        runs = sorted(out.glob(f"{arm}_s*"))
+        summaries = [s for s in (summarize_run(r) for r in runs) if s is not None]
+        if not summaries:
+            continue
+        agg = {k: statistics.fmean([s[k] for s in summaries]) for k in keys}
+        reached = [s["steps_to_0.9"] for s in summaries if s["steps_to_0.9"] == s["steps_to_0.9"]]
+        agg["steps_to_0.9"] = statistics.fmean(reached) if reached else float("nan")
+        agg["reached_0.9"] = len(reached)
+        agg["seeds"] = len(summaries)
+        agg["steps"] = min(s["steps"] for s in summaries)
+        per_arm[arm] = {**agg, "runs": {r.name: summarize_run(r) for r in runs}}
+        print(f"| {arm} | {len(summaries)} | {agg['steps']} | {agg['reward_first_tenth']:.3f} | "
+              f"{agg['reward_last_tenth']:.3f} | {agg['steps_to_0.9']:.1f} ({len(reached)}/{len(summaries)}) | "
+              f"{agg['grad_norm_max']:.3g} | {agg['grad_norm_median']:.3g} | {agg['grad_spike']:.2f} | "
+              f"{agg['ppo_kl_abs_mean']:.2e} | {agg['clip_frac']:.4f} | {agg['clip_band_frac']:.4f} | "
+              f"{agg['seq_masked_frac']:.3f} | {agg['kl']:.3g} |")
+    return per_arm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {list(ARMS)}")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--out", default="runs/conventions")
+    parser.add_argument("--summarize", action="store_true", help="only summarise the runs already in --out")
+    args = parser.parse_args()
+    out = Path(args.out)
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise SystemExit(f"unknown arms {unknown}; choose from {list(ARMS)}")
+    if not args.summarize:
+        os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+        # Seed-major order: every arm gets seed 0 before any arm gets seed 1.
+        for seed in (int(s) for s in args.seeds.split(",")):
+            for arm in arms:
+                run_one(arm, seed, args.steps, out)
+    result = table(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(result, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
