@@ -56,6 +56,27 @@ async def test_on_policy_mode_produces_exactly_one_step_then_waits():
         await task
 
 
+async def test_a_resume_without_new_weights_keeps_the_staleness_budget():
+    """A time-sliced GPU hands the engine back after a step without a sync: `resume(None)` restarts
+    generation but does not re-arm the budget (no new weights), so nothing more starts than before."""
+    queue = MessageQueue(max_size=100)
+    r = make_rollouter([SimEngine()], queue, staleness=0.0, trigger=1, partial=True)
+    task = asyncio.create_task(r.run())
+    await wait_for(lambda: queue.size() == 4)
+    await queue.get_batch(4, timeout=1)
+    await r.pause()
+    await r.resume(None)
+    await asyncio.sleep(0.1)
+    assert r.stats.started == 4 and queue.size() == 0  # budget still spent
+    await r.pause()
+    await r.resume(queued_samples=0)  # after a sync: re-armed
+    await wait_for(lambda: queue.size() == 4)
+    assert r.stats.started == 8
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 async def test_partial_rollout_aborts_and_resumes_with_new_version():
     engine = SimEngine(token_delay_s=0.01)
     queue = MessageQueue(max_size=100)
