@@ -205,7 +205,8 @@ async def trial(i: int, kind: str, task_id: str, task: Path, args: argparse.Name
     fields = harbor_fields(args.env, args.task_set, work / f"t{i:05d}", args.trial_timeout)
     fields["keep_trial_dirs"] = False
     fields["policy"] = {"max_attempts": 2, "retry_backoff_sec": 0.0}
-    completions = list(script_completions("shell", "oracle", task))
+    # Once per attempt: a retried trial (verifier_timeout is retried once) replays the script.
+    completions = list(script_completions("shell", "oracle", task)) * 2
     generator: Any = ScriptedGenerator(tokenizer, completions)
     run_task = task
     if kind == "env_start_fails":
@@ -281,6 +282,7 @@ def stage_app(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     base = ["--preset", "swe", f"swe.task_set={args.task_set}", "swe.env=local", "swe.tasks=4",
             f"trainer.total_steps={args.app_steps}", "trainer.save_every=1", "harbor.agent_workers=2",
             "async_training.staleness_threshold=1.0"]
+    root.mkdir(parents=True, exist_ok=True)
     outcomes: list[dict[str, Any]] = []
     runs: list[Any] = []
     segments: list[tuple[Any, int | None]] = []
