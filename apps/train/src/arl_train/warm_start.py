@@ -17,7 +17,7 @@ room to improve. It is also deterministic: the run's `seed` (or `warm_start.seed
 the demonstrations, the base model's initialisation and the batches, and the pass runs with
 `torch.use_deterministic_algorithms` on a fixed number of threads (`warm_start.threads`), so one seed
 gives the same warm-started weights, and so the same starting reward, every time. (Unpinned, 240 steps of
-the same setting started RL anywhere between 0.13 and 0.68: README, "agent preset".)
+the same setting started RL anywhere between 0.13 and 0.68: apps/train/BENCHMARKS.md, "Agent preset".)
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Share of demonstrations showing a typical slip (`slipped`: a path without its .txt, a directory
     # where a file was asked) instead of the oracle's command, so the warm-started policy makes that
     # slip about as often: a behaviour for RL to correct. Off by default: at 0.5 the RL runs measured so
-    # far did not correct it within 20 steps either (README, "agent preset").
+    # far did not correct it within 20 steps either (apps/train/BENCHMARKS.md).
     slip_rate: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
     # Shape of the tiny model built for the preset (arl_train.tiny_model.build_tiny_model).
     hidden_size: int = 64
@@ -156,7 +156,8 @@ def _deterministic(threads: int) -> Iterator[None]:
         torch.use_deterministic_algorithms(before[1])
 
 
-def supervised_pass(model_dir: Path | str, out_dir: Path | str, examples: list[tuple[list[int], list[int]]], *,
+def supervised_pass(model_dir: Path | str, out_dir: Path | str,
+                    examples: list[tuple[list[int], list[int]]], *,
                     steps: int, batch_size: int, lr: float, seed: int = 0, threads: int = 2,
                     log: Callable[[str], None] = print) -> list[float]:
     """Train the model in `model_dir` on `examples` for `steps` AdamW steps; save it (with its
@@ -276,6 +277,6 @@ def load_agent_config(path: Path | None, overrides: list[str], mode: str | None 
         from arl_train.config import ConfigError
 
         raise ConfigError(f"--preset agent warm-starts the built-in tiny model; model.path={config.model.path!r}")
-    tasks_dir, model_dir = prepare_agent_run(config.output.dir, ws, model_seed=config.model.seed, run_seed=config.seed,
-                                            log=log)
+    tasks_dir, model_dir = prepare_agent_run(config.output.dir, ws, model_seed=config.model.seed,
+                                             run_seed=config.seed, log=log)
     return load_config(path, [*rest, f"model.path={model_dir}", f"data.source=harbor:{tasks_dir}"], mode)
