@@ -5,7 +5,10 @@ one run at a time, in mode d with staleness_threshold 1 and partial rollouts so 
 mixed-version tokens reach the loss, then summarises each run's metrics.jsonl:
 reward (mean of the first / last tenth of the steps, first step with reward_mean >= 0.9),
 grad_norm (max, median, max/median: spikes), ppo_kl (mean |ppo_kl|), clip_frac / clip_band_frac
-(means) and the fraction of sequences masked by sequence-level IS (Σ seq_is_masked_count / Σ num_seqs).
+(means), the off-policy gap (tis_clip_frac, behaviour_proximal_abs_diff) and the fraction of sequences
+masked by sequence-level IS (Σ seq_is_masked_count / Σ num_seqs). With one optimizer update per step
+(the embedded default) the PPO ratio is 1 at the update, so ppo_kl and clip_frac are 0 by
+construction; staleness shows in the behaviour→proximal gap instead.
 
     nice -n 5 uv run packages/arl-trainer/benchmarks/conventions_sweep.py --arms kl_k3,kl_clamped \
         --seeds 0,1,2 --steps 60 --out runs/conventions
@@ -81,6 +84,9 @@ def summarize_run(folder: Path) -> dict[str, float] | None:
         "clip_band_frac": mean("clip_band_frac"),
         "seq_masked_frac": sum(r.get("seq_is_masked_count", 0.0) for r in rows) / seqs if seqs else 0.0,
         "kl": mean("kl"),
+        "tis_clip_frac": mean("tis_clip_frac"),
+        "behaviour_proximal_abs_diff": mean("behaviour_proximal_abs_diff"),
+        "groups_of_one": sum(r.get("groups_of_one", 0) for r in rows),
         "staleness_mean": mean("staleness_mean"),
         "mixed_version_samples": mean("mixed_version_samples"),
     }
@@ -110,10 +116,11 @@ def run_one(arm: str, seed: int, steps: int, out: Path) -> None:
 def table(out: Path) -> dict[str, dict[str, float]]:
     per_arm: dict[str, dict[str, float]] = {}
     keys = ("reward_first_tenth", "reward_last_tenth", "steps_to_0.9", "grad_norm_max", "grad_norm_median",
-            "grad_spike", "ppo_kl_abs_mean", "clip_frac", "clip_band_frac", "seq_masked_frac", "kl")
+            "grad_spike", "ppo_kl_abs_mean", "clip_frac", "clip_band_frac", "seq_masked_frac", "kl", "tis_clip_frac",
+            "behaviour_proximal_abs_diff")
     print("| arm | seeds | steps | reward first 10% | reward last 10% | steps to 0.9 | grad max | grad median | "
-          "max/median | abs ppo_kl | clip_frac | clip_band_frac | seqs masked | kl |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "max/median | abs ppo_kl | clip_frac | clip_band_frac | tis_clip_frac | |behav−prox| | seqs masked | kl |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for arm in ARMS:
         runs = sorted(out.glob(f"{arm}_s*"))
         summaries = [s for s in (summarize_run(r) for r in runs) if s is not None]
@@ -130,6 +137,7 @@ def table(out: Path) -> dict[str, dict[str, float]]:
               f"{agg['reward_last_tenth']:.3f} | {agg['steps_to_0.9']:.1f} ({len(reached)}/{len(summaries)}) | "
               f"{agg['grad_norm_max']:.3g} | {agg['grad_norm_median']:.3g} | {agg['grad_spike']:.2f} | "
               f"{agg['ppo_kl_abs_mean']:.2e} | {agg['clip_frac']:.4f} | {agg['clip_band_frac']:.4f} | "
+              f"{agg['tis_clip_frac']:.4f} | {agg['behaviour_proximal_abs_diff']:.3g} | "
               f"{agg['seq_masked_frac']:.3f} | {agg['kl']:.3g} |")
     return per_arm
 

@@ -56,9 +56,10 @@ def test_k3_raw_and_clamped_by_hand():
 
 
 def test_kl_clamps_are_config_fields_and_reach_the_loss():
-    cfg = AlgorithmConfig(kl_coef=0.1)
-    # The measured default (docs/design/loss-conventions.md): the clamped form, ±20 / ±10.
-    assert (cfg.kl_estimator, cfg.kl_log_ratio_clamp, cfg.kl_value_clamp) == ("low_var_kl", 20.0, 10.0)
+    # The measured default (docs/design/loss-conventions.md) is raw k3; the clamps (±20 / ±10) apply to low_var_kl.
+    assert (AlgorithmConfig().kl_estimator, AlgorithmConfig().kl_log_ratio_clamp, AlgorithmConfig().kl_value_clamp) == (
+        "k3", 20.0, 10.0)
+    cfg = AlgorithmConfig(kl_coef=0.1, kl_estimator="low_var_kl")
     logp = torch.zeros(3, dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([0.5, 3.0, -3.0], dtype=torch.float64)
     zeros = torch.zeros(3, dtype=torch.float64)
@@ -69,7 +70,8 @@ def test_kl_clamps_are_config_fields_and_reach_the_loss():
     loss, m = compute_token_loss(cfg, logp, zeros, zeros, zeros, seq, ref_logp=ref)
     assert m["kl"] == pytest.approx(4.0661695, abs=1e-6)
     assert loss.tolist() == pytest.approx([0.01487213, 1.0, 0.20497871], abs=1e-7)
-    _, m20 = compute_token_loss(AlgorithmConfig(kl_coef=0.1, kl_value_clamp=20.0), logp, zeros, zeros, zeros, seq,
+    _, m20 = compute_token_loss(AlgorithmConfig(kl_coef=0.1, kl_estimator="low_var_kl", kl_value_clamp=20.0), logp,
+                                zeros, zeros, zeros, seq,
                                 ref_logp=ref)
     assert m20["kl"] == pytest.approx(6.0946818, abs=1e-6)
     _, m_raw = compute_token_loss(AlgorithmConfig(kl_coef=0.1, kl_estimator="k3"), logp, zeros, zeros, zeros, seq,
