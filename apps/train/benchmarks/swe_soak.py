@@ -297,7 +297,7 @@ def stage_app(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         outcomes.append({"fault": "agent-loop worker process killed", "killed_pid": pid,
                          "run_went_on": a.proc.poll() is None, "next_step_s": round(time.monotonic() - killed, 1),
                          "agent_workers": rows[-1].get("rollout", {}).get("agent_workers")})
-        a.wait_step(a.last_step() + 1)
+        # Right after that step (a checkpoint per step): the resumed run still has steps to train.
         engine_pid = a.kill_one(b"VLLM::EngineCore")
         killed = time.monotonic()
         rc = a.wait_exit()
@@ -330,12 +330,14 @@ def main() -> int:
     parser.add_argument("--env", choices=("local", "docker"), default="local")
     parser.add_argument("--skip", default="humanize__humanize.i18n.activate__remove_assign")
     parser.add_argument("--trial-timeout", type=float, default=600.0)
-    parser.add_argument("--app-steps", type=int, default=6, help="0: no app stage")
+    parser.add_argument("--app-steps", type=int, default=4, help="0: no app stage; else at least 3")
     parser.add_argument("--app-timeout", type=float, default=900.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
     args.task_set = args.task_set.absolute()
+    if 0 < args.app_steps < 3:
+        parser.error("--app-steps must be 0 or at least 3 (worker kill after step 1, replica kill after step 2)")
     if args.env == "docker":
         os.environ.setdefault("DOCKER_HOST", "unix:///run/arl-docker/docker.sock")
     os.environ.setdefault("ARL_CACHE_DIR", "/tmp/arl-cache")
@@ -358,11 +360,15 @@ def main() -> int:
         trials = work / "trials"
         trial_dirs = [p.parent for p in trials.rglob("result.json")] if trials.exists() else []
         shutil.rmtree(work / "variants", ignore_errors=True)  # the soak's own fixtures
-        shutil.rmtree(work / "app", ignore_errors=True)  # the app runs' folders (checkpoints, models)
+        if "app" in report or not args.app_steps:  # kept for reading when the app stage failed
+            shutil.rmtree(work / "app", ignore_errors=True)  # the app runs' folders (checkpoints, models)
         after = snapshot(work)
         report["hygiene"] = compare(before, after) | {
             "trial_dirs_left": len(trial_dirs), "work_bytes_left": after["work_bytes"]}
-        shutil.rmtree(work, ignore_errors=True)
+        if (work / "app").exists():
+            print(f"# the app stage failed: its runs are kept in {work / 'app'}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
         print(json.dumps(report["hygiene"], indent=1, default=str), flush=True)
         if args.json_out:
             args.json_out.write_text(json.dumps(report, indent=1, default=str))
