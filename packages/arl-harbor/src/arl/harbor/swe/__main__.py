@@ -1,8 +1,10 @@
-"""Command line: `python -m arl.harbor.swe {build,verify}`.
+"""Command line: `python -m arl.harbor.swe {build,verify,images}`.
 
   build  --out <set> [--packages a,b] [--max-per-package N] [--max-candidates N] [--jobs N] [--seed S]
          [--cache .cache/swe] [--python /usr/bin/python3.11]
   verify <set> [--ids a,b] [--jobs N]     (exit 1 when a task fails a check)
+  images <set> [--force] [--network none] [--timeout S]   (docker: every task's image built once,
+         recorded in manifest.jsonl; arl.harbor.swe.images)
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ def _csv(text: str | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["images"]:  # its own parser: arl.harbor.swe.images
+        from arl.harbor.swe.images import main as images_main
+
+        return images_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m arl.harbor.swe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -43,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("set", type=Path)
     v.add_argument("--ids", help="comma-separated task ids (default: all)")
     v.add_argument("--jobs", type=int, default=2)
+    sub.add_parser("images", help="build every task's docker image once (python -m arl.harbor.swe.images -h)")
     args = parser.parse_args(argv)
 
     if args.cmd == "build":
@@ -54,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(e))
         if not Path(args.python).is_file():
             parser.error(f"--python {args.python} does not exist (Debian's python3.11 is expected)")
-        command = "python -m arl.harbor.swe " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+        command = "python -m arl.harbor.swe " + " ".join(shlex.quote(a) for a in argv)
         summary = build(specs, args.out.resolve(), args.cache.resolve(), max_per_package=args.max_per_package,
                         max_candidates=args.max_candidates, jobs=args.jobs, seed=args.seed, python=args.python,
                         command=command, log=_log)
