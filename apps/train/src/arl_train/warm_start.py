@@ -11,9 +11,9 @@ A demonstration is the conversation the arl shell agent has with the model when 
 command, its output, then "Done."); the loss covers the assistant tokens only (each turn up to and
 including `<|im_end|>`), exactly the tokens the policy samples during RL.
 
-The pass is deliberately short (120 steps): the warm-started policy mostly calls the tool in the right
-format but still miscopies names and numbers at temperature 1, so RL starts well below reward 1 and has
-room to improve. It is also deterministic: the run's `seed` (or `warm_start.seed`) fixes the RL tasks,
+The pass is short (240 steps): the warm-started policy mostly calls the tool in the right format but
+still miscopies names and numbers at temperature 1, so RL starts well below reward 1 and has room to
+improve (120 steps left seed 0 at ~0.07, too weak for GRPO to find a signal: apps/train/BENCHMARKS.md). It is also deterministic: the run's `seed` (or `warm_start.seed`) fixes the RL tasks,
 the demonstrations, the base model's initialisation and the batches, and the pass runs with
 `torch.use_deterministic_algorithms` on a fixed number of threads (`warm_start.threads`), so one seed
 gives the same warm-started weights, and so the same starting reward, every time. (Unpinned, 240 steps of
@@ -44,7 +44,7 @@ class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Demonstrations for the supervised pass (other random instances than the RL tasks).
     examples: int = 512
     # Optimizer steps of the supervised pass, and its batch size and learning rate (AdamW).
-    steps: int = 120
+    steps: int = 240
     batch_size: int = 16
     lr: float = 3e-3
     # Seeds the RL tasks, the demonstrations, the base model (offset by model.seed) and the batches.
