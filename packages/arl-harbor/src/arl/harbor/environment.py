@@ -381,13 +381,20 @@ class LocalSandboxEnvironment(BaseEnvironment):
             "set -e",
             f"mount -t tmpfs -o mode=755,uid={base},gid={base},size={self._root_size_mb}m arl-sandbox-root {r}",
         ]
-        for d in self._system_dirs:
+        # A system dir inside a per-trial dir (a venv under /tmp/...) is bound after that dir, not hidden by it.
+        nested = [d for d in self._system_dirs if any(f"/{d}".startswith(t.rstrip("/") + "/") for t in dirs)]
+
+        def bind_system_dir(d: str) -> None:
             host, inner = f"/{d}", f"{self._rootfs}/{d}"
             if os.path.islink(host):
                 lines.append(f"ln -s {q(os.readlink(host))} {q(inner)}")
             elif os.path.isdir(host):
                 lines.append(f"mkdir -p {q(inner)} && mount --rbind {q(host)} {q(inner)}")
                 lines.append(f"mount -o remount,bind,ro,nosuid,nodev {q(inner)}")
+
+        for d in self._system_dirs:
+            if d not in nested:
+                bind_system_dir(d)
         # Our own resolv.conf: every lookup goes to the recorder on the sandbox's loopback.
         if (
             self._network == "none"
@@ -399,6 +406,8 @@ class LocalSandboxEnvironment(BaseEnvironment):
         for target, source in dirs.items():
             inner = f"{self._rootfs}{target}"
             lines.append(f"mkdir -p {q(inner)} && mount --bind {q(str(source))} {q(inner)}")
+        for d in nested:
+            bind_system_dir(d)
         for mount in self._host_mounts:
             if mount.get("type") != "bind":
                 raise SandboxStartError(f"LocalSandboxEnvironment supports bind mounts only, got {mount}")
