@@ -16,7 +16,7 @@ timeouts included). MB/s counts each path's own bytes on the wire.
 Per size it also times each codec alone in this process (ms per sample: encode, decode, and for schema
 5 the producer's cost of packing a sample built from lists), and reports how far above a trainer's
 consumption rate the queue sits: `--trainer-rate` samples/s, default 37.0, the trainer rate apps/train
-measured on one H200 (tiny model, colocated; apps/train README). Prints one JSON block; writes it to
+measured on one H200 (tiny model, colocated; apps/train/BENCHMARKS.md). Prints one JSON block; writes it to
 $OUT/bench_queue.json when $OUT is set.
 
     uv run python packages/arl-queue/benchmarks/bench_queue.py --tokens 1024 4096 16384 32768 --samples 100

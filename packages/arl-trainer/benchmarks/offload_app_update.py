@@ -15,7 +15,7 @@ at once). Per step the wall time, `update_s`, `proximal_s` and the state's way b
 torch.profiler (`arl.trainer.profiling`): $OUT/profile/step_N.txt and step_N.json. Against the app's own
 step (`trainer.profile_step`) it says whether a slow update is the engine's or the app's; with new
 lengths and `--inflight-mb 0` it shows the first backward matmul of each new shape waiting for the
-whole prefetch (arl-trainer's README has the figures).
+whole prefetch (packages/arl-trainer/BENCHMARKS.md has the figures).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ back to the replicas before every wake), so freed blocks pile up that later requ
 Expandable segments map physical pages into one growing virtual range instead, so what one phase frees
 serves the next (the peers turn them on for their trainers against fragmentation out-of-memory errors:
 SkyRL, NeMo-RL). arl leaves them off unless `actor.expandable_segments` asks: on one H200 they made
-the colocated 8B step no faster (5.09 vs 5.15 s per step, apps/train/README.md).
+the colocated 8B step no faster (5.09 vs 5.15 s per step, apps/train/BENCHMARKS.md).
 
 Only the trainer ranks get them: vLLM's sleep mode cannot allocate its pool from expandable segments,
 and the replicas are other processes. The trainer never exports its memory by CUDA IPC (a receiver

@@ -105,7 +105,7 @@ class ActorConfig(_Section):
     optimizer_prefetch: bool = True
     # The prefetch's pace: at most this many MiB of its copies queued at once, so a mid-step device
     # synchronization (a kernel's first launch for a new shape) waits for that much, not the whole
-    # state; 0: all at once (arl-trainer's README has the measurement).
+    # state; 0: all at once (packages/arl-trainer/BENCHMARKS.md has the measurement).
     optimizer_prefetch_inflight_mb: int = 256
     # With optimizer_offload, colocated: the state's way out runs beside the replicas' weight wake and
     # the sync, and completes (on every trainer rank) before their KV caches wake; false: it finishes
