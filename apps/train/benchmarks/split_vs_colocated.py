@@ -33,7 +33,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,12 +48,6 @@ CONFIGS = {
     "colocated": dict(trainer_gpu="0", rollout_gpu="0", transport="cuda_ipc"),
     "cpu": dict(trainer_gpu="", rollout_gpu="", transport="cpu"),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,6 +269,8 @@ def role_args(args: argparse.Namespace) -> list[str]:
 
 
 def run_config(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from arl.sync.net import free_port
+
     c = CONFIGS[name]
     port = free_port()
     result = work / f"{name}.json"

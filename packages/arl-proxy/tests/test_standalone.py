@@ -7,9 +7,10 @@ that samples with `ScriptedGenerator`; the proxy runs as its real CLI in a subpr
 from __future__ import annotations
 
 import asyncio
-import socket
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -42,19 +43,31 @@ def fake_vllm(gen: ScriptedGenerator, seen: list[dict]) -> web.Application:
     return app
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+async def serve_upstream(runner: web.AppRunner) -> int:
+    """Start the stand-in upstream on a port the OS picks; returns the port."""
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner.addresses[0][1]
+
+
+async def served_url(proc: asyncio.subprocess.Process, log: Path, timeout_s: float = 120.0) -> str:
+    """The address `arl-proxy serve --port 0` prints once it listens (interpreter start + tokenizer load:
+    slow on a busy 2-core CI machine)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        found = re.search(r"arl-proxy serving on (http://\S+)", log.read_text() if log.is_file() else "")
+        if found:
+            return found.group(1)
+        assert proc.returncode is None, f"arl-proxy serve exited {proc.returncode}:\n{log.read_text()}"
+        assert asyncio.get_running_loop().time() < deadline, f"arl-proxy serve did not start:\n{log.read_text()}"
+        await asyncio.sleep(0.1)
 
 
 async def test_upstream_generator(qwen3_tok):
     gen = ScriptedGenerator(qwen3_tok, ["Hi."])
     seen: list[dict] = []
     runner = web.AppRunner(fake_vllm(gen, seen))
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    port = await serve_upstream(runner)
     try:
         async with UpstreamGenerator(f"http://127.0.0.1:{port}") as up:
             assert up.model == "upstream-model"
@@ -70,24 +83,19 @@ async def test_cli_serve_end_to_end(qwen3_tok, tmp_path):
                                         "<think>\nok\n</think>\n\nTwo files."])
     seen: list[dict] = []
     runner = web.AppRunner(fake_vllm(gen, seen))
-    await runner.setup()
-    up_port, port = free_port(), free_port()
-    await web.TCPSite(runner, "127.0.0.1", up_port).start()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "arl.proxy.cli", "serve", "--tokenizer", qwen3_path(), "--upstream",
-        f"http://127.0.0.1:{up_port}", "--tool-parser", "hermes", "--port", str(port), "--api-key", "k",
-        "--trajectory-root", str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    up_port = await serve_upstream(runner)
+    log = tmp_path / "proxy.log"
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "arl.proxy.cli", "serve", "--tokenizer", qwen3_path(), "--upstream",
+            f"http://127.0.0.1:{up_port}", "--tool-parser", "hermes", "--port", "0", "--api-key", "k",
+            "--trajectory-root", str(tmp_path), stdout=out, stderr=subprocess.STDOUT)
     auth = {"Authorization": "Bearer k"}
     try:
+        base = await served_url(proc, log)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-            for _ in range(1200):  # wait for the server (interpreter start + tokenizer load: slow on busy 2-core CI)
-                try:
-                    async with http.get(f"{base}/health") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    await asyncio.sleep(0.1)
+            async with http.get(f"{base}/health") as r:
+                assert r.status == 200
             async with http.post(f"{base}/sessions", headers=auth) as r:
                 info = await r.json()
             assert info["base_url"] == f"{base}/sessions/{info['id']}/v1"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import sys
 import time
@@ -28,14 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model_shapes import make_state_dict, total_bytes  # noqa: E402
 
 from arl.sync import SyncConfig, WeightReceiver, WeightSender  # noqa: E402
+from arl.sync.net import free_port  # noqa: E402
 
 MiB = 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

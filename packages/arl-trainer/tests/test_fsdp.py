@@ -6,8 +6,9 @@ import json
 import pytest
 import torch
 
+from arl.sync.net import free_port
 from arl.trainer import HFPolicy
-from arl.trainer.distributed import DistributedSpec, free_port, spawn_local
+from arl.trainer.distributed import DistributedSpec, spawn_local
 
 from trainer_helpers import config, one_rank_resume, random_batch, two_rank_run
 

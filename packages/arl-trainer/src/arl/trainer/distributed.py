@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from arl.sync.net import free_port
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,6 @@ class DistributedSpec:
     # "nccl" | "gloo" | None (nccl when CUDA is available, else gloo)
     backend: str | None = None
     timeout_s: float = 600.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now (for rank 0's rendezvous)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def spec_from_env() -> DistributedSpec:
