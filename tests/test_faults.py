@@ -1,4 +1,4 @@
-"""Each fault of the harness (apps/train/benchmarks/faults.py), in its short form, on one shared chain of runs.
+"""Each fault of the harness (arl_train.faults), in its short form, on one shared chain of runs.
 
 The chain (one module-scoped fixture, ~4 runs of the tiny model on the in-tree engine) injects: a
 generation stalled past its timeout, the trainer actor killed, the rollout engine killed, the driver
@@ -7,9 +7,7 @@ malformed proxy requests. Each test checks one fault's outcome; the last checks 
 The tests without the chain (fast, no Ray) replay a chain's bookkeeping by hand, deterministically.
 """
 
-import importlib.util
 import json
-import sys
 import uuid
 from itertools import islice
 from pathlib import Path
@@ -18,14 +16,8 @@ import pytest
 
 from arl.rollout import cycle_tasks
 from arl.rollout.types import Task
+from arl_train import faults
 from arl_train.ledger import CONSUMED, PRODUCED, TaskTracker
-
-_spec = importlib.util.spec_from_file_location(
-    "arl_faults", Path(__file__).resolve().parents[1] / "apps" / "train" / "benchmarks" / "faults.py"
-)
-faults = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = faults  # dataclasses look their module up there
-_spec.loader.exec_module(faults)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ Two stages, then a hygiene check against a snapshot taken before the first:
    (exception, hang past the trial timeout) or came back with the wrong outcome.
 2. **App** (`--app-steps` > 0): `uv run apps/train --preset swe` (tiny model, the same tasks, local
    sandbox, 2 agent-loop worker processes, checkpoint every step) with the fault harness's mechanisms
-   (apps/train/benchmarks/faults.py): one agent-loop worker process SIGKILLed mid-run (the run goes on,
+   (arl_train.faults): one agent-loop worker process SIGKILLed mid-run (the run goes on,
    its trajectories redispatched), then the rollout engine (replica) SIGKILLed (the driver fails; resumed
    from the latest checkpoint until the end). The sample ledger (arl_train.ledger) is checked over the
    committed history: 0 lost, 0 trained twice.
@@ -49,7 +49,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 FAULTS = ("env_start_fails", "verifier_timeout", "client_disconnect")
-sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "packages" / "arl-harbor" / "benchmarks"))
 
 
@@ -277,7 +276,7 @@ async def stage_trials(args: argparse.Namespace, tasks: list[tuple[str, Path]], 
 
 # ----- stage 2: the app with worker and replica kills -------------------------------------------------
 def stage_app(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    from faults import AppRun, _wait_gone, check_ledger, latest_checkpoint
+    from arl_train.faults import AppRun, check_ledger, latest_checkpoint, wait_gone
 
     base = ["--preset", "swe", f"swe.task_set={args.task_set}", "swe.env=local", "swe.tasks=4",
             f"trainer.total_steps={args.app_steps}", "trainer.save_every=1", "harbor.agent_workers=2",
@@ -302,7 +301,7 @@ def stage_app(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         killed = time.monotonic()
         rc = a.wait_exit()
         detect = time.monotonic() - killed
-        _, left = _wait_gone(a, 20)
+        _, left = wait_gone(a, 20)
         checkpoint, ck_step = latest_checkpoint(a.out)
         segments.append((a, ck_step))
         b = AppRun("B", root, [*base, f"trainer.resume_from={checkpoint}"], args.app_timeout)
