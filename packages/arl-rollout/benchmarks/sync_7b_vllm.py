@@ -94,9 +94,9 @@ class FSDP2Source:
     """The trainer side as arl-trainer's FSDP2 policy (one rank): every sync gathers shard by shard."""
 
     def __init__(self) -> None:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "arl-trainer" / "src"))
-        from arl.trainer import TrainerConfig
-        from arl.trainer.distributed import DistributedSpec, free_port
+        from arl.sync.net import free_port
+        from arl.trainer import TrainerConfig  # arl-rollout's `bench` group
+        from arl.trainer.distributed import DistributedSpec
         from arl.trainer.fsdp import FSDPPolicy
 
         self.policy = FSDPPolicy(qwen25_7b_config(), TrainerConfig(mixed_precision="bf16"),
