@@ -18,24 +18,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from arl.rollout.budget import Budget, compute_budget
 from arl_train import ledger
-from arl_train.config import AppConfig
+from arl_train.colocated import ColocatedControl, ColocatedSource
+from arl_train.engine_actor import RemoteEngine
+from arl_train.harbor_section import harbor_config, load_app_tasks, run_timeouts
+from arl_train.package_configs import engine_config, run_budget, sync_config, trainer_config
+from arl_train.placement import TrainerRank, layout_of, sender_host
+from arl_train.sections import AppConfig
+from arl_train.shared_gpu import TimeSlicedControl, TimeSlicedSource, limit_trainer_memory
+from arl_train.trainer_group import (
+    GroupPublisher,
+    LeaderPolicy,
+    follow,
+    probe_batch,
+    release_memory_together,
+    sender_addresses,
+)
+
+__all__ = ["RolloutActor", "TrainerActor", "engine_config", "reference_path_of", "run_budget"]
 
 RPC_TIMEOUT_S = 600.0
-
-
-def run_budget(config: AppConfig) -> Budget:
-    """The reference concurrency/staleness budget for this run's settings."""
-    at = config.async_training
-    return compute_budget(
-        require_batches=at.require_batches,
-        ppo_mini_batch_size=config.actor.ppo_mini_batch_size,
-        staleness_threshold=at.staleness_threshold,
-        trigger_parameter_sync_step=at.trigger_parameter_sync_step,
-        replicas=config.rollout.replicas,
-        per_replica=config.rollout.max_concurrent_per_replica,
-    )
 
 
 def _limit_threads() -> None:
@@ -43,43 +45,6 @@ def _limit_threads() -> None:
     import torch
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
-
-
-def engine_config(config: AppConfig, model_path: str, index: int, initial_version: int) -> tuple[str, Any]:
-    """(engine kind, engine config) of replica `index`: what its `EngineActor` builds."""
-    from arl_train.placement import layout_of
-
-    r = config.rollout
-    if r.engine == "vllm":
-        from arl.rollout.engines.vllm_engine import VllmEngineConfig
-
-        return "vllm", VllmEngineConfig(
-            model_path=model_path,
-            dtype=r.dtype,
-            max_model_len=r.max_model_len,
-            enforce_eager=r.enforce_eager,
-            seed=config.seed + index,
-            initial_version=initial_version,
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            tensor_parallel_size=config.resources.tensor_parallel_size if r.device == "cuda" else 1,
-            max_num_seqs=r.max_num_seqs,
-            max_num_batched_tokens=r.max_num_batched_tokens,
-            enable_prefix_caching=r.enable_prefix_caching,
-            # Synchronous colocated and time_sliced replicas sleep while the trainer trains.
-            enable_sleep_mode=layout_of(config).sleeps and r.device == "cuda",
-            engine_args=dict(r.engine_args),
-            return_routed_experts=r.return_routed_experts,
-        )
-    from arl.rollout.engines.torch_engine import TorchEngineConfig
-
-    return "torch", TorchEngineConfig(
-        model_path=model_path,
-        device=r.device,
-        dtype=r.dtype,
-        seed=config.seed + index,
-        initial_version=initial_version,
-        return_routed_experts=r.return_routed_experts,
-    )
 
 
 class RolloutActor:
@@ -102,8 +67,6 @@ class RolloutActor:
         from arl.proxy.types import SamplingParams
         from arl.queue.ray_actor import QueueClient
         from arl.rollout import Rollouter, ServerManager, make_agent_loop
-        from arl_train.engine_actor import RemoteEngine
-        from arl_train.harbor_section import harbor_config, load_app_tasks, run_timeouts
 
         _limit_threads()
         cfg = self.config
@@ -164,8 +127,6 @@ class RolloutActor:
         """Pause generation; returns how many sync receivers the live replicas hold (dead ones skip syncs)."""
         self._check_alive()
         await self.rollouter.pause()
-        from arl_train.placement import layout_of
-
         live = self.rollouter.manager.healthy_replicas
         if not live:  # every replica died (e.g. during this pause): nothing can receive the weights
             from arl.rollout.errors import NoHealthyReplicaError
@@ -289,51 +250,20 @@ class TrainerActor:
         from transformers import AutoTokenizer
 
         from arl.queue.ray_actor import QueueClient
-        from arl.sync import SyncConfig
-        from arl.trainer import HFPolicy, OptimConfig, Trainer, TrainerConfig, WeightPublisher
-        from arl_train.harbor_section import run_timeouts
+        from arl.trainer import HFPolicy, Trainer, WeightPublisher
 
         _limit_threads()
         cfg = self.config = config
         timeouts = run_timeouts(cfg)
         at, actor = cfg.async_training, cfg.actor
-        from arl_train.colocated import ColocatedControl, ColocatedSource
-        from arl_train.placement import TrainerRank, layout_of, sender_host
-
         layout = layout_of(cfg)
         self.rank = rank or TrainerRank()  # the data-parallel seam: rank / world / rendezvous address
         if layout.shared_gpu == "concurrent" and layout.trainer_gpus:  # before the model takes any memory
-            from arl_train.shared_gpu import limit_trainer_memory
-
             limit_trainer_memory(cfg.resources.trainer_memory_fraction)
+        tcfg = trainer_config(cfg, batch_timeout_s=timeouts.batch_s)
         # Colocated: the state's way out runs beside the replicas' weight wake and the sync, settled before
         # their KV caches wake (ColocatedControl; FSDP ranks all together, trainer_group.settle_memory_together).
-        offload_overlap = actor.optimizer_offload and actor.optimizer_offload_overlap and layout.sleeps
-        tcfg = TrainerConfig(
-            ppo_mini_batch_size=actor.ppo_mini_batch_size,
-            require_batches=at.require_batches,
-            trigger_parameter_sync_step=at.trigger_parameter_sync_step,
-            temperature=cfg.rollout.temperature,
-            max_version_lag=None if at.max_version_lag < 0 else at.max_version_lag,
-            on_version_lag=at.on_version_lag,
-            batch_timeout_s=timeouts.batch_s,
-            optim=OptimConfig(lr=actor.lr, grad_clip=actor.grad_clip, fused=actor.fused_optimizer),
-            max_tokens_per_microbatch=actor.max_tokens_per_microbatch,
-            loss_agg_mode=actor.loss_agg_mode,
-            mixed_precision=actor.mixed_precision,
-            activation_checkpointing=actor.activation_checkpointing,
-            activation_offload=actor.activation_offload,
-            compile_layers=actor.compile_layers,
-            optimizer_offload=actor.optimizer_offload,
-            optimizer_prefetch=actor.optimizer_prefetch,
-            optimizer_prefetch_inflight_mb=actor.optimizer_prefetch_inflight_mb,
-            optimizer_offload_overlap=offload_overlap,
-            algorithm=actor.algorithm,
-            peak_tflops=actor.peak_tflops,
-            router_replay=actor.router_replay,
-            router_aux_loss_coef=actor.router_aux_loss_coef,
-            router_replay_gap_every=actor.router_replay_gap_every,
-        )
+        offload_overlap = tcfg.optimizer_offload_overlap
         # The KL's reference: recorded in every checkpoint so a resumed run keeps the original base model.
         self.reference_path = reference_path_of(cfg, model_path, resume_state)
         self.follower = self.rank.rank > 0  # ranks 1.. only follow rank 0's collectives (trainer_group)
@@ -342,32 +272,17 @@ class TrainerActor:
         self.after_step = None
         # Ray gave this actor its GPU(s) (CUDA_VISIBLE_DEVICES): "cuda" is the rank's own device.
         device = "cuda" if layout.trainer_gpus else actor.device
-        sync_config = SyncConfig(
-            transport=cfg.sync.transport,
-            bucket_bytes=cfg.sync.bucket_mb << 20,
-            timeout_s=cfg.sync.timeout_s,
-            # FSDPPolicy casts each shard before its gather; one device casts while packing
-            cast_dtype=None if self.rank.world_size > 1 or cfg.rollout.dtype == cfg.model.dtype else cfg.rollout.dtype,
-        )
-        host = sender_host(sync_config.transport)  # where the replicas' workers can reach the sender
+        sync = sync_config(cfg, self.rank.world_size)
+        host = sender_host(sync.transport)  # where the replicas' workers can reach the sender
         publisher: Any
         if self.rank.world_size > 1:  # FSDP2 data parallel: fp32 master shards, cast to the rollout dtype per gather
-            from arl_train.trainer_group import (
-                GroupPublisher,
-                LeaderPolicy,
-                release_memory_together,
-                sender_addresses,
-            )
-
             # Colocated: every rank frees its cached blocks before the replicas on their GPUs wake.
             self.after_step = release_memory_together if layout.sleeps else None
             self.policy = _fsdp_policy(cfg, model_path, tcfg, self.rank, timeouts.step_s, self.reference_path)
             if resume_state is not None:  # every rank restores its shard of the sharded state
-                from pathlib import Path
-
                 self.policy.load_optimizer(Path(model_path))
             if layout.per_rank_sync:  # each rank feeds the replica on its own device
-                self.publisher = WeightPublisher(sync_config, num_receivers=layout.receivers_per_rank, host=host)
+                self.publisher = WeightPublisher(sync, num_receivers=layout.receivers_per_rank, host=host)
                 addresses = sender_addresses(self.publisher)
             if self.follower:
                 return
@@ -378,15 +293,13 @@ class TrainerActor:
                                    reference_path=self.reference_path)
             publisher = None
         if publisher is None:  # rank 0 alone sends, to every worker of every replica
-            self.publisher = publisher = WeightPublisher(sync_config, num_receivers=layout.receivers, host=host)
+            self.publisher = publisher = WeightPublisher(sync, num_receivers=layout.receivers, host=host)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         source: Any = QueueClient(queue_handle)
         control: Any = _RolloutHandle(rollout_handle, timeouts.pause_rpc_s, publisher)
         self.colocated: Any = None
         self.shared_source: Any = None
         if layout.shared_gpu == "time_sliced":  # the replicas generate until the batch is in, then sleep
-            from arl_train.shared_gpu import TimeSlicedControl, TimeSlicedSource
-
             self.colocated = TimeSlicedControl(
                 control, rollout_handle, cfg.rollout.sleep_level, RPC_TIMEOUT_S,
                 settle_trainer_memory=self.policy.settle_optimizer_offload if offload_overlap else None)
@@ -409,16 +322,12 @@ class TrainerActor:
         )
         self.trainer.source = ledger.RecordingSource(self.trainer.source, lambda: self.trainer.step + 1)
         if resume_state is not None:  # model_path is the checkpoint: restore what the weights do not hold
-            from pathlib import Path
-
             if self.rank.world_size == 1:  # (FSDP ranks restored theirs above)
                 self.policy.load_optimizer(Path(model_path))
             self.trainer.restore(resume_state)
 
     async def follow(self) -> dict[str, int]:
         """Ranks 1..: run rank 0's collectives until it stops the group (a thread: the actor stays responsive)."""
-        from arl_train.trainer_group import follow
-
         if not self.follower:
             raise RuntimeError("follow() is for trainer ranks 1..; rank 0 runs the trainer loop")
         return await asyncio.to_thread(follow, self.policy, self.publisher, self.after_step)
@@ -462,8 +371,6 @@ class TrainerActor:
     async def check_checkpoint_space(self, directory: str) -> int:
         """Raise `CheckpointError` now if a checkpoint at `directory` would not fit on its disk, so a run
         learns it at its start rather than after training; returns the bytes a checkpoint takes."""
-        from pathlib import Path
-
         from arl.trainer.checkpoint_space import require_space
 
         need = self.policy.checkpoint_nbytes()
@@ -471,8 +378,6 @@ class TrainerActor:
         return need
 
     async def save_checkpoint(self, directory: str, extra_state: dict[str, int]) -> str:
-        from pathlib import Path
-
         reference = {"reference_path": self.reference_path} if self.reference_path else {}
         return str(self.policy.save(Path(directory), self.trainer.state() | extra_state | reference))
 
@@ -483,8 +388,6 @@ class TrainerActor:
         from arl.trainer.algorithms import token_log_probs
 
         if self.rank.world_size > 1:  # a collective forward through the sharded model (packed path)
-            from arl_train.trainer_group import probe_batch
-
             logp = self.policy.log_probs(probe_batch(prompt_ids, token_ids))
             return logp[0, len(prompt_ids):].tolist()
         ids = torch.tensor([prompt_ids + token_ids], device=self.policy.device)
@@ -517,8 +420,6 @@ def reference_path_of(cfg: AppConfig, model_path: str, resume_state: dict[str, A
     """The KL reference's folder: `actor.reference_path`, else on a resume the base model the checkpoint
     recorded, else the model this run starts from. None: a resumed checkpoint that recorded none
     (validation refuses that when kl_coef > 0)."""
-    from pathlib import Path
-
     if cfg.actor.reference_path:
         return str(Path(cfg.actor.reference_path).resolve())
     if resume_state is not None:

@@ -1,8 +1,9 @@
-"""The app's `[harbor]` section, Harbor task sets as `data.source`, and the run's derived timeouts.
+"""Harbor in the app: the `[harbor]` section's package config, Harbor task sets as `data.source`, and
+the run's derived timeouts.
 
-`[harbor]` is `arl.harbor.HarborConfig` (agent, environment, timeouts, retry/keep/zero/drop policy per
-failure kind, tool parser, proxy host) plus three app-level fields; every key is overridable as
-`harbor.key=value` (e.g. `harbor.agent=oracle harbor.policy.sandbox=drop harbor.tool_parser=hermes`).
+`[harbor]` (`sections.HarborSection`) is `arl.harbor.HarborConfig` (agent, environment, timeouts,
+retry/keep/zero/drop policy per failure kind, tool parser, proxy host) plus four app-level fields;
+every key is overridable as `harbor.key=value` (e.g. `harbor.agent=oracle harbor.policy.sandbox=drop harbor.tool_parser=hermes`).
 `data.source = "harbor:<folder of task dirs | task dir | .jsonl/.json task set>"` makes every task a
 Harbor trial (see `arl.harbor.tasks`). `run_timeouts` derives the driver's step timeout, the
 rollouter's drain timeout, the trainer's batch timeout and the pause RPC timeout from the trial
@@ -18,31 +19,19 @@ from typing import TYPE_CHECKING
 import msgspec
 from arl.harbor.types import HarborConfig
 
+from arl_train.borrow import pick
+from arl_train.package_configs import run_budget
+from arl_train.sections import AppConfig, HarborSection
+
 if TYPE_CHECKING:
     from arl.rollout.types import Task
-    from arl_train.config import AppConfig
+
+__all__ = ["HarborSection", "RunTimeouts", "check_harbor", "harbor_config", "load_app_tasks", "run_timeouts",
+           "uses_harbor"]
 
 HARBOR_SOURCE_PREFIX = "harbor:"
 # Slack on top of the summed worst cases (RPC round trips, scheduling, teardown).
 _MARGIN_S = 60.0
-
-
-class HarborSection(HarborConfig, kw_only=True, forbid_unknown_fields=True):
-    """`HarborConfig` (documented field by field in arl.harbor.types) plus the app's own knobs.
-
-    `trials_dir` is relative to `output.dir` unless absolute.
-    """
-
-    # Harbor's local task cache for name/ref and git_url task references ("" = ~/.cache/harbor/tasks).
-    task_cache_dir: str = ""
-    # The driver's limit on one trainer step, in seconds (None: derived, see `run_timeouts`).
-    step_timeout_s: float | None = None
-    # How long a sync may wait for active prompts to finish without partial rollout (None: derived).
-    drain_timeout_s: float | None = None
-    # Agent-loop worker processes (arl.rollout.worker_pool): 0 runs every agent loop (trials, proxies,
-    # tokenization) on the rollout actor's event loop; N > 0 spreads them over N Ray actors, each with
-    # its own event loop, generating through the rollout actor's load balancer.
-    agent_workers: int = 0
 
 
 class RunTimeouts(msgspec.Struct, kw_only=True):
@@ -68,9 +57,7 @@ def uses_harbor(config: AppConfig) -> bool:
 
 def harbor_config(config: AppConfig) -> HarborConfig:
     """The package's `HarborConfig` of this run (trials_dir under output.dir when relative)."""
-    fields = msgspec.structs.asdict(config.harbor)
-    for name in ("task_cache_dir", "step_timeout_s", "drain_timeout_s", "agent_workers"):
-        fields.pop(name)
+    fields = pick(config.harbor, HarborConfig)
     trials = Path(fields["trials_dir"])
     fields["trials_dir"] = str(trials if trials.is_absolute() else Path(config.output.dir).resolve() / trials)
     return HarborConfig(**fields)
@@ -108,8 +95,6 @@ def _attempt_s(config: AppConfig) -> float:
 
 def run_timeouts(config: AppConfig) -> RunTimeouts:
     """Derive every prompt-length-dependent wait of the run (explicit overrides win)."""
-    from arl_train.actors import run_budget
-
     h = config.harbor
     attempt = _attempt_s(config)
     if uses_harbor(config):

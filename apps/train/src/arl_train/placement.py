@@ -3,10 +3,11 @@
 The packages only take devices and addresses as arguments; this module decides them from the config's
 `resources`, `rollout.device` / `rollout.replicas` and `sync.transport`:
 
-* `resolve(config)` (called by `load_config`) rejects impossible layouts with an error naming the key,
-  turns `sync.transport = "auto"` into a transport, and makes colocated runs synchronous; a shared-GPU
-  schedule (`resources.shared_gpu`, arl_train.shared_gpu) implies the colocated placement and keeps
-  its async mode (b, c, d; time_sliced always resumes partial generations).
+* `check_layout(config)` (part of `validation.validate`, at load) rejects impossible layouts with an
+  error naming the key; `resolve(config)` then turns `sync.transport = "auto"` into a transport and
+  makes colocated runs synchronous; a shared-GPU schedule (`resources.shared_gpu`, arl_train.shared_gpu)
+  implies the colocated placement and keeps its async mode (b, c, d; time_sliced always resumes
+  partial generations).
 * `Layout` is the resolved shape of a run: trainer ranks, replicas × tensor-parallel GPUs, colocated
   or split, the transport, how many receivers a sync has (every TP worker is one).
 * `reserve(layout)` asks Ray for the GPUs: split runs get one placement group for the trainer ranks
@@ -30,7 +31,9 @@ from typing import Any
 
 import msgspec
 
-from arl_train.config import AppConfig, ConfigError
+from arl_train.errors import ConfigError, require
+from arl_train.sections import AppConfig
+
 
 class PlacementError(ConfigError):
     """The cluster cannot hold the configured layout (too few GPUs, a model TP cannot split, Ray did
@@ -118,72 +121,74 @@ def _auto_transport(trainer_on_gpu: bool, rollout_on_gpu: bool, colocate: bool) 
     return "cuda_ipc" if colocate else "nccl"
 
 
-def resolve(config: AppConfig) -> AppConfig:
-    """Validate the layout (errors name the key) and return the config with `sync.transport`
-    resolved and, for colocated runs, the synchronous schedule set."""
+def check_layout(config: AppConfig) -> None:
+    """Refuse a layout that cannot run, naming the key (called by `validation.validate`)."""
     r, ro = config.resources, config.rollout
-    if r.trainer_gpus < 0:
-        raise ConfigError(f"resources.trainer_gpus must be >= 0 (0 = trainer on the CPU), got {r.trainer_gpus}")
-    if ro.replicas < 1:
-        raise ConfigError(f"rollout.replicas must be >= 1, got {ro.replicas}")
-    if r.tensor_parallel_size < 1:
-        raise ConfigError(f"resources.tensor_parallel_size must be >= 1, got {r.tensor_parallel_size}")
-    if r.gpus_per_node < 0:
-        raise ConfigError(f"resources.gpus_per_node must be >= 0, got {r.gpus_per_node}")
-    if not 0 < ro.gpu_memory_utilization <= 1:
-        raise ConfigError(f"rollout.gpu_memory_utilization must be in (0, 1], got {ro.gpu_memory_utilization}")
+    require(r.trainer_gpus >= 0, "resources.trainer_gpus", r.trainer_gpus, "must be >= 0 (0 = trainer on the CPU)")
+    require(ro.replicas >= 1, "rollout.replicas", ro.replicas, "must be >= 1")
+    require(r.tensor_parallel_size >= 1, "resources.tensor_parallel_size", r.tensor_parallel_size, "must be >= 1")
+    require(r.gpus_per_node >= 0, "resources.gpus_per_node", r.gpus_per_node, "must be >= 0 (0 = check at start only)")
+    require(0 < ro.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", ro.gpu_memory_utilization,
+            "must be in (0, 1]")
     trainer_on_gpu = r.trainer_gpus > 0
     rollout_on_gpu = ro.device == "cuda"
-    if config.actor.device.startswith("cuda") and not trainer_on_gpu:
-        raise ConfigError(
-            f"actor.device={config.actor.device!r} needs resources.trainer_gpus >= 1 (Ray reserves the "
-            "trainer's GPUs; the trainer's device follows resources.trainer_gpus)")
-    if r.trainer_cpu_ranks < 1:
-        raise ConfigError(f"resources.trainer_cpu_ranks must be >= 1, got {r.trainer_cpu_ranks}")
-    if r.trainer_cpu_ranks > 1 and trainer_on_gpu:
-        raise ConfigError(
-            f"resources.trainer_cpu_ranks={r.trainer_cpu_ranks} is for a CPU trainer: with "
-            f"resources.trainer_gpus={r.trainer_gpus} the trainer runs one rank per GPU (leave it at 1)")
-    if r.tensor_parallel_size > 1:
-        if not rollout_on_gpu:
-            raise ConfigError(
-                f"resources.tensor_parallel_size={r.tensor_parallel_size} needs rollout.device='cuda' "
-                "(tensor parallelism splits a replica over GPUs)")
-        if ro.engine != "vllm":
-            raise ConfigError(
-                f"resources.tensor_parallel_size={r.tensor_parallel_size} needs rollout.engine='vllm' "
-                f"(the {ro.engine!r} engine runs on one device)")
+    require(not config.actor.device.startswith("cuda") or trainer_on_gpu, "actor.device", config.actor.device,
+            "needs resources.trainer_gpus >= 1 (Ray reserves the trainer's GPUs; the trainer's device follows "
+            "resources.trainer_gpus)")
+    require(r.trainer_cpu_ranks >= 1, "resources.trainer_cpu_ranks", r.trainer_cpu_ranks, "must be >= 1")
+    require(r.trainer_cpu_ranks == 1 or not trainer_on_gpu, "resources.trainer_cpu_ranks", r.trainer_cpu_ranks,
+            f"is for a CPU trainer: with resources.trainer_gpus={r.trainer_gpus} the trainer runs one rank per GPU "
+            "(leave it at 1)")
+    tp = r.tensor_parallel_size
+    if tp > 1:
+        require(rollout_on_gpu, "resources.tensor_parallel_size", tp,
+                "needs rollout.device='cuda' (tensor parallelism splits a replica over GPUs)")
+        require(ro.engine == "vllm", "resources.tensor_parallel_size", tp,
+                f"needs rollout.engine='vllm' (the {ro.engine!r} engine runs on one device)")
     if r.gpus_per_node:
-        if r.tensor_parallel_size > r.gpus_per_node:
-            raise ConfigError(
-                f"resources.tensor_parallel_size={r.tensor_parallel_size} exceeds resources.gpus_per_node="
-                f"{r.gpus_per_node}: a replica's GPUs are packed on one node")
-        if r.trainer_gpus > r.gpus_per_node:
-            raise ConfigError(
-                f"resources.trainer_gpus={r.trainer_gpus} exceeds resources.gpus_per_node={r.gpus_per_node}: "
-                "the trainer's GPUs are packed on one node")
-    at = config.async_training
+        require(tp <= r.gpus_per_node, "resources.tensor_parallel_size", tp,
+                f"exceeds resources.gpus_per_node={r.gpus_per_node}: a replica's GPUs are packed on one node")
+        require(r.trainer_gpus <= r.gpus_per_node, "resources.trainer_gpus", r.trainer_gpus,
+                f"exceeds resources.gpus_per_node={r.gpus_per_node}: the trainer's GPUs are packed on one node")
+    if r.colocate or r.shared_gpu != "off":
+        key, value = (("resources.colocate", True) if r.shared_gpu == "off" else ("resources.shared_gpu", r.shared_gpu))
+        setting = "resources.colocate=true" if r.shared_gpu == "off" else f"resources.shared_gpu={r.shared_gpu!r}"
+        require(trainer_on_gpu == rollout_on_gpu, key, value,
+                "puts trainer and rollout on the same devices: set both on GPUs (resources.trainer_gpus >= 1 and "
+                f"rollout.device='cuda') or both on the CPU; got resources.trainer_gpus={r.trainer_gpus}, "
+                f"rollout.device={ro.device!r}")
+        if r.shared_gpu != "off":
+            _check_shared_gpu(config)
+        if rollout_on_gpu:
+            require(tp == 1, "resources.tensor_parallel_size", tp,
+                    f"with {setting}: colocated replicas use one GPU each in this build")
+            require(r.trainer_gpus == ro.replicas * tp, "resources.trainer_gpus", r.trainer_gpus,
+                    f"with {setting} needs as many trainer GPUs as rollout GPUs: rollout.replicas × "
+                    f"resources.tensor_parallel_size = {ro.replicas * tp}")
+    colocate = r.colocate or r.shared_gpu != "off"
+    transport = config.sync.transport
+    if transport in ("nccl", "cuda_ipc"):
+        require(trainer_on_gpu and rollout_on_gpu, "sync.transport", transport,
+                "moves weights GPU to GPU: it needs resources.trainer_gpus >= 1 and rollout.device='cuda' "
+                f"(got {r.trainer_gpus} and {ro.device!r}); use 'cpu' or 'auto'")
+        require(transport != "nccl" or not colocate, "sync.transport", transport,
+                "cannot serve resources.colocate=true: NCCL puts each rank on its own GPU and a colocated replica "
+                "shares the trainer's; use 'cuda_ipc' or 'auto'")
+        require(transport != "cuda_ipc" or colocate, "sync.transport", transport,
+                "needs the replicas on the trainer's GPU (resources.colocate=true): each actor sees only its own "
+                "GPUs; use 'nccl' or 'auto'")
+    require(config.sync.bucket_mb >= 0, "sync.bucket_mb", config.sync.bucket_mb, "must be >= 0 (0 = by transport)")
+
+
+def resolve(config: AppConfig) -> AppConfig:
+    """The config with `sync.transport` ("auto") and `sync.bucket_mb` (0) resolved, a shared-GPU
+    schedule's colocated placement set, and, for colocated runs, the synchronous schedule (for a
+    layout `check_layout` accepted)."""
+    r, ro, at = config.resources, config.rollout, config.async_training
     if r.shared_gpu != "off":
-        _check_shared_gpu(config)
         # The shared schedules use the colocated placement (one trainer rank and one replica per GPU).
         r = msgspec.structs.replace(r, colocate=True)
-        config = msgspec.structs.replace(config, resources=r)
     if r.colocate:
-        if trainer_on_gpu != rollout_on_gpu:
-            raise ConfigError(
-                "resources.colocate=true puts trainer and rollout on the same devices: set both on GPUs "
-                f"(resources.trainer_gpus >= 1 and rollout.device='cuda') or both on the CPU; got "
-                f"resources.trainer_gpus={r.trainer_gpus}, rollout.device={ro.device!r}")
-        if rollout_on_gpu:
-            if r.tensor_parallel_size != 1:
-                raise ConfigError(
-                    f"resources.colocate=true with resources.tensor_parallel_size={r.tensor_parallel_size}: "
-                    "colocated replicas use one GPU each in this build")
-            if r.trainer_gpus != ro.replicas * r.tensor_parallel_size:
-                raise ConfigError(
-                    f"resources.colocate=true needs as many trainer GPUs as rollout GPUs: "
-                    f"resources.trainer_gpus={r.trainer_gpus} but rollout.replicas × "
-                    f"resources.tensor_parallel_size = {ro.replicas * r.tensor_parallel_size}")
         if r.shared_gpu == "off":
             # Taking turns is synchronous: one step's samples, all from the current weights, then train.
             at = msgspec.structs.replace(at, trigger_parameter_sync_step=1, staleness_threshold=0.0,
@@ -193,60 +198,36 @@ def resolve(config: AppConfig) -> AppConfig:
             at = msgspec.structs.replace(at, partial_rollout=True)
     transport = config.sync.transport
     if transport == "auto":
-        transport = _auto_transport(trainer_on_gpu, rollout_on_gpu, r.colocate)
-    elif transport in ("nccl", "cuda_ipc") and not (trainer_on_gpu and rollout_on_gpu):
-        raise ConfigError(
-            f"sync.transport={transport!r} moves weights GPU to GPU: it needs resources.trainer_gpus >= 1 "
-            f"and rollout.device='cuda' (got {r.trainer_gpus} and {ro.device!r}); use 'cpu' or 'auto'")
-    elif transport == "nccl" and r.colocate:
-        raise ConfigError(
-            "sync.transport='nccl' cannot serve resources.colocate=true: NCCL puts each rank on its own GPU "
-            "and a colocated replica shares the trainer's; use 'cuda_ipc' or 'auto'")
-    elif transport == "cuda_ipc" and not r.colocate:
-        raise ConfigError(
-            "sync.transport='cuda_ipc' needs the replicas on the trainer's GPU (resources.colocate=true): "
-            "each actor sees only its own GPUs; use 'nccl' or 'auto'")
-    if config.sync.bucket_mb < 0:
-        raise ConfigError(f"sync.bucket_mb must be >= 0 (0 = by transport), got {config.sync.bucket_mb}")
+        transport = _auto_transport(r.trainer_gpus > 0, ro.device == "cuda", r.colocate)
     bucket_mb = config.sync.bucket_mb or {"cpu": 64, "nccl": 256, "cuda_ipc": 1024}[transport]
     sync = msgspec.structs.replace(config.sync, transport=transport, bucket_mb=bucket_mb)
-    return msgspec.structs.replace(config, async_training=at, sync=sync)
+    return msgspec.structs.replace(config, resources=r, async_training=at, sync=sync)
 
 
 def _check_shared_gpu(config: AppConfig) -> None:
     """A shared-GPU schedule is asynchronous, one replica of one GPU per trainer rank, and (concurrent
     on GPUs) a memory split that leaves both sides room."""
     r, ro, at = config.resources, config.rollout, config.async_training
-    key = f"resources.shared_gpu={r.shared_gpu!r}"
-    if at.trigger_parameter_sync_step == 1 and at.staleness_threshold == 0:
-        raise ConfigError(
-            f"{key} needs an asynchronous mode (b, c or d): async_training.staleness_threshold > 0 or "
+    key, mode = "resources.shared_gpu", r.shared_gpu
+    require(at.trigger_parameter_sync_step > 1 or at.staleness_threshold > 0, key, mode,
+            "needs an asynchronous mode (b, c or d): async_training.staleness_threshold > 0 or "
             "async_training.trigger_parameter_sync_step > 1; mode a on shared GPUs is resources.colocate=true "
             "with resources.shared_gpu='off' (synchronous turn-taking)")
-    if r.tensor_parallel_size != 1:
-        raise ConfigError(
-            f"{key} with resources.tensor_parallel_size={r.tensor_parallel_size}: a shared GPU holds one "
-            "replica of one GPU beside one trainer rank (tensor parallel 1 in this build)")
-    if (r.trainer_gpus > 0) != (ro.device == "cuda"):
-        raise ConfigError(
-            f"{key} puts trainer and rollout on the same devices: set both on GPUs (resources.trainer_gpus "
-            f">= 1 and rollout.device='cuda') or both on the CPU; got resources.trainer_gpus={r.trainer_gpus}, "
-            f"rollout.device={ro.device!r}")
-    if not 0 <= r.trainer_memory_fraction < 1:
-        raise ConfigError(f"resources.trainer_memory_fraction must be in [0, 1), got {r.trainer_memory_fraction}")
-    if r.trainer_memory_fraction and r.shared_gpu != "concurrent":
-        raise ConfigError(
-            f"resources.trainer_memory_fraction={r.trainer_memory_fraction} splits a GPU between a resident "
-            f"replica and the trainer: it is for resources.shared_gpu='concurrent' ({key} sleeps the replica)")
-    if r.shared_gpu == "concurrent" and ro.device == "cuda":
-        if r.trainer_memory_fraction and ro.gpu_memory_utilization + r.trainer_memory_fraction > 1:
-            raise ConfigError(
-                f"{key}: rollout.gpu_memory_utilization={ro.gpu_memory_utilization} + "
-                f"resources.trainer_memory_fraction={r.trainer_memory_fraction} is more than the whole GPU")
-        if ro.gpu_memory_utilization > 0.8:
-            raise ConfigError(
-                f"{key} with rollout.gpu_memory_utilization={ro.gpu_memory_utilization}: the resident replica "
-                "would leave the trainer less than a fifth of the GPU; lower it (e.g. 0.3) so both fit")
+    require(r.tensor_parallel_size == 1, "resources.tensor_parallel_size", r.tensor_parallel_size,
+            f"with {key}={mode!r}: a shared GPU holds one replica of one GPU beside one trainer rank "
+            "(tensor parallel 1 in this build)")
+    require(0 <= r.trainer_memory_fraction < 1, "resources.trainer_memory_fraction", r.trainer_memory_fraction,
+            "must be in [0, 1)")
+    require(not r.trainer_memory_fraction or mode == "concurrent", "resources.trainer_memory_fraction",
+            r.trainer_memory_fraction, f"splits a GPU between a resident replica and the trainer: it is for "
+            f"{key}='concurrent' ({key}={mode!r} sleeps the replica)")
+    if mode == "concurrent" and ro.device == "cuda":
+        require(not r.trainer_memory_fraction or ro.gpu_memory_utilization + r.trainer_memory_fraction <= 1,
+                "resources.trainer_memory_fraction", r.trainer_memory_fraction,
+                f"+ rollout.gpu_memory_utilization={ro.gpu_memory_utilization} is more than the whole GPU")
+        require(ro.gpu_memory_utilization <= 0.8, "rollout.gpu_memory_utilization", ro.gpu_memory_utilization,
+                f"with {key}='concurrent': the resident replica would leave the trainer less than a fifth of the "
+                "GPU; lower it (e.g. 0.3) so both fit")
 
 
 def check_model(layout: Layout, model_path: Path) -> None:

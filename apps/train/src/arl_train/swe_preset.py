@@ -32,7 +32,7 @@ CPU_OVERRIDES = [
     "model.dtype=float32", "rollout.device=cpu", "rollout.dtype=float32", "rollout.replicas=1",
     "rollout.enable_prefix_caching=false", "rollout.enforce_eager=true",
     "resources.trainer_gpus=0", "resources.shared_gpu=off",
-    "actor.optimizer_offload=false", "actor.activation_checkpointing=none", "actor.lr=1e-4",
+    "actor.optimizer_offload=false", "actor.activation_checkpointing=none", "actor.optim.lr=1e-4",
     "actor.max_tokens_per_microbatch=16384",
     "rollout.n=4", "rollout.max_tokens=48", "rollout.max_model_len=4096", "rollout.max_concurrent_per_replica=16",
     "actor.ppo_mini_batch_size=4", "trainer.total_steps=3", "trainer.save_every=0",

@@ -1,9 +1,12 @@
-"""Every config value checked when the config is loaded, before Ray or any actor starts.
+"""The one validation pass of a config, at load, before Ray or any actor starts.
 
-`validate(config)` raises `ConfigError` naming the first offending key (ranges, cross-field rules,
-files that must exist, devices that must be present). `load_config` calls it, so the CLI exits 2 on
-a bad value instead of failing (or hanging) inside an actor. Checks that need torch (CUDA devices)
-import it only when a CUDA device is named.
+`validate(config)` checks every value and returns the config with its layout resolved, or raises
+`ConfigError` naming the dotted key of the first offending value: ranges, cross-field rules, files
+that must exist (this module), impossible layouts (`placement.check_layout`), and the packages' own
+checks, run by building their configs (`package_configs`) with each error mapped to the app's key.
+Each rule lives in one place: a package's check is not repeated here. `load_config` calls it, so the
+CLI exits 2 on a bad value instead of failing (or hanging) inside an actor. `check_machine` (the
+devices must exist here) is separate so that a config can be inspected on any machine.
 """
 
 from __future__ import annotations
@@ -13,16 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from arl.queue.errors import QueueError
+from arl.queue.persistence import read_snapshot, snapshot_path
 
-from arl_train.config import AppConfig, ConfigError
+from arl_train.borrow import origin
+from arl_train.errors import ConfigError, mentioned
+from arl_train.errors import require as _require
+from arl_train.package_configs import engine_config, sync_config, trainer_config
+from arl_train.placement import check_layout, layout_of, resolve
+from arl_train.sections import AppConfig
+from arl_train.tiny_model import MODEL_SHAPES
 
 DTYPES = ("float32", "bfloat16", "float16")
-GPU_TRANSPORTS = ("nccl", "cuda_ipc")
-
-
-def _require(ok: bool, key: str, value: Any, rule: str) -> None:
-    if not ok:
-        raise ConfigError(f"invalid config: {key} = {value!r}: {rule}")
 
 
 def _at_least(config: Any, section: str, key: str, low: float) -> None:
@@ -49,15 +54,23 @@ def _cuda_count() -> int:
 
 
 def validate(config: AppConfig) -> AppConfig:
-    """Return `config` unchanged if every value is usable; else raise `ConfigError` naming the key."""
+    """`config` with its layout resolved (`placement.resolve`) if every value is usable; else raise
+    `ConfigError` naming the key."""
+    _check_values(config)
+    check_layout(config)
+    config = resolve(config)
+    _check_packages(config)
+    return config
+
+
+def _check_values(config: AppConfig) -> None:
+    """Ranges, files and cross-field rules of the app's own keys (the layout's: `check_layout`)."""
     _require(config.seed >= 0, "seed", config.seed, "must be >= 0")
     # model
     m = config.model
     _require(m.dtype in DTYPES, "model.dtype", m.dtype, f"must be one of {list(DTYPES)}")
     _require(m.seed >= 0, "model.seed", m.seed, "must be >= 0")
     if m.path.startswith("builtin:"):
-        from arl_train.tiny_model import MODEL_SHAPES
-
         _require(m.path.removeprefix("builtin:") in MODEL_SHAPES, "model.path", m.path,
                  f"unknown built-in model; available: {['builtin:' + name for name in MODEL_SHAPES]}")
     elif config.ray.address is None:
@@ -71,7 +84,7 @@ def validate(config: AppConfig) -> AppConfig:
         _require(Path(d.source).is_file(), "data.source", d.source, "file does not exist")
     # rollout
     r = config.rollout
-    for key in ("replicas", "max_concurrent_per_replica", "n", "max_tokens", "max_model_len"):
+    for key in ("max_concurrent_per_replica", "n", "max_tokens", "max_model_len"):
         _at_least(config, "rollout", key, 1)
     _require(r.max_tokens < r.max_model_len, "rollout.max_tokens", r.max_tokens,
              f"must be < rollout.max_model_len ({r.max_model_len}) to leave room for the prompt")
@@ -80,14 +93,14 @@ def validate(config: AppConfig) -> AppConfig:
     _require(r.dtype in DTYPES, "rollout.dtype", r.dtype, f"must be one of {list(DTYPES)}")
     _positive(config, "rollout", "generate_timeout_s")
     _device("rollout.device", r.device)
-    # actor
+    # actor (its TrainerConfig fields' own ranges: _check_packages; actor.algorithm's: at conversion)
     a = config.actor
     _at_least(config, "actor", "ppo_mini_batch_size", 1)
-    for key in ("lr", "grad_clip"):
-        _positive(config, "actor", key)
-    _at_least(config, "actor", "max_tokens_per_microbatch", 1)
-    _at_least(config, "actor", "optimizer_prefetch_inflight_mb", 0)
-    # actor.algorithm validates its own ranges when it is built (AlgorithmConfig.__post_init__).
+    _require(a.optim.lr > 0, "actor.optim.lr", a.optim.lr, "must be > 0")
+    _require(a.optim.grad_clip > 0, "actor.optim.grad_clip", a.optim.grad_clip, "must be > 0")
+    if a.loss_agg_norm_len is not None:
+        _require(a.loss_agg_norm_len >= 1, "actor.loss_agg_norm_len", a.loss_agg_norm_len,
+                 "must be >= 1 (unset: rollout.max_tokens)")
     if a.reference_path:
         _require(a.algorithm.kl_coef > 0, "actor.reference_path", a.reference_path,
                  "is the KL's reference policy: it needs actor.algorithm.kl_coef > 0")
@@ -97,15 +110,14 @@ def validate(config: AppConfig) -> AppConfig:
     _device("actor.device", a.device)
     _require(a.router_replay == "off" or r.return_routed_experts, "actor.router_replay", a.router_replay,
              "needs rollout.return_routed_experts = true (the engine must report the experts it chose)")
-    _at_least(config, "actor", "router_aux_loss_coef", 0)
-    _at_least(config, "actor", "router_replay_gap_every", 0)
     # async_training: the budget formulas need these ranges (arl.rollout.budget)
     at = config.async_training
     _require(at.staleness_threshold >= 0, "async_training.staleness_threshold", at.staleness_threshold,
              "must be >= 0 (0 = on-policy / stream off-policy; > 0 = async, see the mode table)")
     _at_least(config, "async_training", "trigger_parameter_sync_step", 1)
     _at_least(config, "async_training", "require_batches", 1)
-    _require(at.max_version_lag >= -1, "async_training.max_version_lag", at.max_version_lag, "must be >= 0, or -1 for no bound")
+    _require(at.max_version_lag is None or at.max_version_lag >= -1, "async_training.max_version_lag",
+             at.max_version_lag, "must be >= 0, or -1 (or unset) for no bound")
     required = at.require_batches * a.ppo_mini_batch_size
     max_required = int(required * (at.staleness_threshold + 1) * at.trigger_parameter_sync_step)
     _require(max_required >= required, "async_training.staleness_threshold", at.staleness_threshold,
@@ -117,36 +129,64 @@ def validate(config: AppConfig) -> AppConfig:
     _at_least(config, "trainer", "profile_step", 0)
     _positive(config, "trainer", "batch_timeout_s")
     if t.resume_from:
-        state_file = Path(t.resume_from) / "trainer_state.json"
-        _require(state_file.is_file(), "trainer.resume_from", t.resume_from, "is not an arl checkpoint (no trainer_state.json)")
-        try:
-            state = json.loads(state_file.read_text())
-            step = int(state["step"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"invalid config: trainer.resume_from = {t.resume_from!r}: unreadable trainer_state.json ({exc})") from None
-        _require(step < t.total_steps, "trainer.total_steps", t.total_steps,
-                 f"must exceed the checkpoint's step ({step}) to train further")
-        if a.algorithm.kl_coef > 0 and not a.reference_path:
-            _check_recorded_reference(t.resume_from, state.get("reference_path"), config.ray.address is None)
-        _check_snapshot(t.resume_from)
-    # sync: the GPU transports need the trainer and the engines on CUDA
-    s = config.sync
-    _at_least(config, "sync", "bucket_mb", 1)
+        _check_resume(config)
+    # sync (transport and bucket size against the layout: check_layout)
     _positive(config, "sync", "timeout_s")
-    if s.transport in GPU_TRANSPORTS:
-        trainer_on_gpu = config.resources.trainer_gpus > 0 or a.device.startswith("cuda")
-        _require(trainer_on_gpu, "sync.transport", s.transport,
-                 f"needs the trainer on CUDA (resources.trainer_gpus > 0 or actor.device 'cuda'); use 'cpu' or 'auto'")
-        if r.engine == "torch":
-            _require(r.device.startswith("cuda"), "sync.transport", s.transport,
-                     f"needs rollout.device on CUDA (is {r.device!r}); use 'cpu'")
     # ray
     if config.ray.num_cpus is not None:
         _require(config.ray.num_cpus >= 1, "ray.num_cpus", config.ray.num_cpus, "must be >= 1 (or unset)")
     # output
     _require(bool(config.output.dir), "output.dir", config.output.dir, "must not be empty")
     _require(not Path(config.output.dir).is_file(), "output.dir", config.output.dir, "is a file, not a folder")
-    return config
+
+
+def _check_resume(config: AppConfig) -> None:
+    t, a = config.trainer, config.actor
+    state_file = Path(t.resume_from) / "trainer_state.json"
+    _require(state_file.is_file(), "trainer.resume_from", t.resume_from, "is not an arl checkpoint (no trainer_state.json)")
+    try:
+        state = json.loads(state_file.read_text())
+        step = int(state["step"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"invalid config: trainer.resume_from = {t.resume_from!r}: unreadable trainer_state.json "
+                          f"({exc})", "trainer.resume_from") from None
+    _require(step < t.total_steps, "trainer.total_steps", t.total_steps,
+             f"must exceed the checkpoint's step ({step}) to train further")
+    if a.algorithm.kl_coef > 0 and not a.reference_path:
+        _check_recorded_reference(t.resume_from, state.get("reference_path"), config.ray.address is None)
+    _check_snapshot(t.resume_from)
+
+
+def _check_packages(config: AppConfig) -> None:
+    """The packages' own checks (their configs' `__post_init__`), each error named by the app's key."""
+    for section, build in (("actor", lambda: trainer_config(config)),
+                           ("rollout", lambda: engine_config(config, "", 0, 0)),
+                           ("sync", lambda: sync_config(config))):
+        try:
+            build()
+        except (ValueError, TypeError) as exc:
+            key = _key_in_message(config, str(exc)) or section
+            raise ConfigError(f"invalid config: {key}: {exc}", key) from None
+
+
+def _key_in_message(config: AppConfig, message: str) -> str | None:
+    """The dotted key of the borrowed field a package's error message names (of several, the first
+    one whose value is not the default: the one the user set)."""
+    keys: dict[str, str] = {}
+    changed: set[str] = set()
+    for section in msgspec.structs.fields(AppConfig):
+        section_type = section.type
+        if not (isinstance(section_type, type) and issubclass(section_type, msgspec.Struct)):
+            continue
+        values = getattr(config, section.name)
+        for f in msgspec.structs.fields(section_type):
+            found = origin(section_type, f.name)
+            if found is not None:
+                keys.setdefault(found.name, f"{section.name}.{f.name}")
+                if f.default is not msgspec.NODEFAULT and getattr(values, f.name) != f.default:
+                    changed.add(found.name)
+    name = mentioned(list(keys), message, prefer=changed)
+    return keys[name] if name else None
 
 
 def check_machine(config: AppConfig) -> None:
@@ -169,9 +209,6 @@ def _check_recorded_reference(checkpoint: str, recorded: Any, local: bool) -> No
 
 def _check_snapshot(checkpoint: str) -> None:
     """The checkpoint's queued samples must load whole (checksum, schema); never half-restore them."""
-    from arl.queue.errors import QueueError
-    from arl.queue.persistence import read_snapshot, snapshot_path
-
     # run.py copies the snapshot in after the weights: without it the checkpoint was cut short, and
     # resuming would silently lose the samples it had queued.
     _require(snapshot_path(checkpoint).is_file(), "trainer.resume_from", checkpoint,
@@ -179,7 +216,8 @@ def _check_snapshot(checkpoint: str) -> None:
     try:
         read_snapshot(checkpoint)
     except QueueError as exc:
-        raise ConfigError(f"invalid config: trainer.resume_from = {checkpoint!r}: refusing its queue snapshot: {exc}") from None
+        raise ConfigError(f"invalid config: trainer.resume_from = {checkpoint!r}: refusing its queue snapshot: {exc}",
+                          "trainer.resume_from") from None
 
 
 def _check_devices(config: AppConfig) -> None:
@@ -202,7 +240,5 @@ def _check_devices(config: AppConfig) -> None:
 
 def _requested_gpus(config: AppConfig) -> list[tuple[str, float]]:
     """The GPUs the run's layout needs (trainer + rollout replicas × TP, shared when colocated)."""
-    from arl_train.placement import layout_of
-
     total = layout_of(config).total_gpus
     return [("resources", total)] if total else []

