@@ -35,11 +35,17 @@ _RPC_REPLY_LIMIT = (1 << 32) - 1
 class VllmEngineConfig(msgspec.Struct, kw_only=True):
     """How to start one vLLM replica."""
 
+    # A Hugging Face model folder.
     model_path: str
+    # Weights and activations dtype ("auto": the model's own, "float32", "bfloat16", "float16").
     dtype: str = "auto"
+    # The longest sequence (prompt + response) a request may reach; sizes the KV cache's per-request share.
     max_model_len: int = 2048
+    # No CUDA graphs / torch.compile (faster start, slower decode on GPUs).
     enforce_eager: bool = False
+    # Seed of the engine's sampling.
     seed: int = 0
+    # The fraction of the GPU's memory vLLM may take (weights, activations, KV cache).
     gpu_memory_utilization: float = 0.85
     # GPUs of this replica (vLLM tensor parallelism); > 1 uses vLLM's "mp" executor.
     tensor_parallel_size: int = 1
