@@ -18,6 +18,17 @@
 4. **Teardown does not wait 10 s.** The main service's PID 1 is `sh -c "sleep infinity"`, which ignores
    SIGTERM, so every `compose down` waited out Docker's 10 s stop timeout; here it gets SIGKILL at once
    (the container is discarded anyway).
+5. **Execs and file copies go to the Docker Engine API, not through `docker compose`.** Harbor runs each
+   of a trial's ~10 execs and ~5 copies as a `docker compose` CLI call (two Go processes that parse the
+   compose files and query the daemon each time; ~1.5 CPU s per trial, the largest CPU cost of a docker
+   trial outside its own processes: BENCHMARKS.md). Here the main service's container is looked up once
+   and exec / upload / download are requests on the daemon's unix socket (`arl.harbor.docker_engine`),
+   with Harbor's semantics: `bash -c` as the task's user in its workdir with its env, stdout and stderr
+   interleaved in `stdout`, the exit code, `RuntimeError("Command timed out ...")`, files owned by root
+   in the container and by this user on the host. The `compose down` before `up` is skipped when the
+   project has nothing to remove (its session id is new), and the daemon's OS is asked once per process.
+   `compose up` / `down` stay. `engine_api=False` (or a `DOCKER_HOST` that is not a unix socket) keeps
+   Harbor's compose path for all of it.
 
 Select it with `HarborConfig(environment_import_path=DOCKER_IMPORT_PATH)`; it needs a running dockerd
 (`DOCKER_HOST`; `scripts/docker/start.sh`) and the `docker compose` v2 plugin (`scripts/docker/install.sh`).
@@ -27,23 +38,30 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import json
 import os
 import shlex
+import tarfile
 import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import filelock
+from arl.harbor.docker_engine import DockerEngine, DockerEngineError, engine_socket_path
 from arl.harbor.errors import HarborError
 
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.definition import environment_content_hash
 from harbor.environments.docker import COMPOSE_NO_NETWORK_PATH
 from harbor.environments.docker.docker import DockerEnvironment as _HarborDockerEnvironment
-from harbor.environments.docker.docker import _sanitize_docker_image_name
+from harbor.environments.base import ExecResult
+from harbor.environments.docker.docker import (
+    _sanitize_docker_compose_project_name,
+    _sanitize_docker_image_name,
+)
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 DOCKER_IMPORT_PATH = "arl.harbor.docker_environment:DockerEnvironment"
@@ -172,12 +190,50 @@ async def build_task_image(
             return image, time.monotonic() - started
 
 
+_GO_MODE_DIR = 1 << 31  # os.ModeDir in the Engine API's path stat
+
+
+def _rebased_members(tar: tarfile.TarFile, top: str, new_top: str) -> list[tarfile.TarInfo]:
+    """The members of an Engine API archive (top entry `top`) renamed from `top/...` to `new_top/...`."""
+    out = []
+    for member in tar.getmembers():
+        parts = PurePosixPath(member.name).parts
+        if not parts or parts[0] != top:
+            raise HarborError(f"unexpected entry {member.name!r} in the archive of {top!r}")
+        out.append(member.replace(name=str(PurePosixPath(new_top, *parts[1:])), deep=False))
+    return out
+
+
+def _extract(tar_bytes: bytes, top: str, target: Path) -> None:
+    """Extract an Engine API archive whose top entry is `top` as `target` (a file or a dir's contents),
+    owned by this user (tarfile's "data" filter: nothing outside `target`, no devices)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        members = _rebased_members(tar, top, target.name)
+        tar.extractall(target.parent, members=members, filter="data")
+
+
+_daemon_os_cache: list[str] = []
+
+
+def _daemon_os() -> str | None:
+    """The daemon's OSType, asked once per process (a failed query is asked again next time)."""
+    if not _daemon_os_cache:
+        found = _HarborDockerEnvironment._detect_daemon_os()
+        if found is None:
+            return None
+        _daemon_os_cache.append(found)
+    return _daemon_os_cache[0]
+
+
 class DockerEnvironment(_HarborDockerEnvironment):
-    """Harbor's `DockerEnvironment` that reuses one image per environment content and runs no-network
-    tasks with `network_mode: none` (see the module docstring).
+    """Harbor's `DockerEnvironment` that reuses one image per environment content, runs no-network
+    tasks with `network_mode: none` and sends execs and copies to the Engine API (module docstring).
 
     Extra constructor kwargs (`EnvironmentConfig.kwargs`): `build_network` (`docker build --network`,
-    default the daemon's), `build_timeout_sec` (default: the task's `[environment].build_timeout_sec`).
+    default the daemon's), `build_timeout_sec` (default: the task's `[environment].build_timeout_sec`),
+    `engine_api` (default True: execs and copies over the daemon's unix socket; False: Harbor's
+    `docker compose exec` / `cp` calls).
     """
 
     def __init__(
@@ -185,11 +241,17 @@ class DockerEnvironment(_HarborDockerEnvironment):
         *args: Any,
         build_network: str | None = None,
         build_timeout_sec: float | None = None,
+        engine_api: bool = True,
         **kwargs: Any,
     ) -> None:
         self._build_network = build_network
         self._build_timeout_override = build_timeout_sec
+        socket_path = engine_socket_path() if engine_api else None
+        self._engine = DockerEngine(socket_path) if socket_path else None
+        self._container_id: str | None = None
         super().__init__(*args, **kwargs)
+        if self._is_windows_container:
+            self._engine = None
 
     @classmethod
     def preflight(cls, **kwargs: Any) -> None:  # type: ignore[override]
@@ -234,7 +296,135 @@ class DockerEnvironment(_HarborDockerEnvironment):
             raise HarborError(f"cannot create {list(dirs)} in the container: {(result.stdout or '')[-500:]}")
         return result
 
+    @classmethod
+    def _detect_daemon_os(cls) -> str | None:
+        # Harbor asks at every start, with a blocking `docker info`; the daemon's OS does not change.
+        return _daemon_os()
+
+    @property
+    def _project(self) -> str:
+        return _sanitize_docker_compose_project_name(self.session_id)
+
+    async def _main_container(self) -> str | None:
+        """The main service's container id (looked up once after `up`), None before it exists."""
+        if self._container_id is None and self._engine is not None:
+            found = await self._engine.containers(
+                [f"com.docker.compose.project={self._project}", "com.docker.compose.service=main"],
+                all_states=False,
+            )
+            if found:
+                self._container_id = found[0]["Id"]
+        return self._container_id
+
+    async def _run_docker_compose_command(self, command: list[str], *args: Any, **kwargs: Any) -> ExecResult:
+        first_down = command == ["down", "--remove-orphans"] and self._container_id is None
+        if first_down and self._engine is not None:
+            # Harbor clears leftovers of an earlier run of this session before `up`; a new session has none.
+            labels = [f"com.docker.compose.project={self._project}"]
+            if not await self._engine.containers(labels) and not await self._engine.networks(labels):
+                return ExecResult(return_code=0)
+        return await super()._run_docker_compose_command(command, *args, **kwargs)
+
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
+        container = await self._main_container()
+        if container is None:
+            return await super().exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
+        assert self._engine is not None
+        resolved_user = self._resolve_user(user)
+        callback = self._output_callback()
+        sink = None if callback is None else (lambda line: callback(line, "stdout"))
+        try:
+            code, output = await self._engine.exec(
+                container,
+                self._platform.exec_shell_args(command),
+                user=None if resolved_user is None else str(resolved_user),
+                workdir=cwd or self.task_env_config.workdir,
+                env=self._merge_env(env),
+                timeout_sec=timeout_sec,
+                on_output=sink,
+            )
+        except TimeoutError:
+            raise RuntimeError(f"Command timed out after {timeout_sec} seconds") from None
+        # As Harbor's `compose exec` with stderr folded into stdout: one stream, None when empty.
+        return ExecResult(stdout=output.decode(errors="replace") or None, stderr=None, return_code=code)
+
+    async def _put_archive(self, container: str, directory: str, tar_bytes: bytes) -> None:
+        assert self._engine is not None
+        try:
+            await self._engine.put_archive(container, directory, tar_bytes)
+        except DockerEngineError as e:
+            if e.status != 404:
+                raise
+            # As Harbor's fallback when `compose cp` finds no target dir: create it, then extract.
+            made = await self.exec(f"mkdir -p {shlex.quote(directory)}", cwd="/", user="root")
+            if made.return_code != 0:
+                raise HarborError(f"cannot create {directory} in the container: {made.stdout or ''}") from e
+            await self._engine.put_archive(container, directory, tar_bytes)
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        container = await self._main_container()
+        if container is None:
+            return await super().upload_file(source_path, target_path)
+        assert self._engine is not None
+        # `docker cp FILE main:TARGET` semantics: into TARGET when it is a dir, else as TARGET.
+        into_dir = target_path.endswith("/")
+        if not into_dir:
+            stat = await self._engine.path_stat(container, target_path)
+            into_dir = stat is not None and bool(stat.get("mode", 0) & _GO_MODE_DIR)
+        directory, name = self._platform._container_file_target(
+            source_path, target_path, target_is_dir=into_dir
+        )
+        tar_bytes = await asyncio.to_thread(self._platform._tar_file, source_path, name)
+        await self._put_archive(container, directory, tar_bytes)
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        container = await self._main_container()
+        if container is None:
+            return await super().upload_dir(source_dir, target_dir)
+        # `docker cp DIR/. main:TARGET`: DIR's contents into TARGET (created when missing).
+        tar_bytes = await asyncio.to_thread(self._platform._tar_dir_contents, source_dir)
+        await self._put_archive(container, target_dir, tar_bytes)
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        container = await self._main_container()
+        if container is None:
+            return await super().download_file(source_path, target_path)
+        assert self._engine is not None
+        target = Path(target_path).absolute()
+        if target.is_dir():  # `docker cp main:FILE DIR` puts it inside DIR
+            target = target / PurePosixPath(source_path).name
+        tar_bytes = await self._engine.get_archive(container, source_path)
+        await asyncio.to_thread(_extract, tar_bytes, PurePosixPath(source_path).name, target)
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        container = await self._main_container()
+        if container is None:
+            return await super().download_dir(source_dir, target_dir)
+        assert self._engine is not None
+        # `docker cp main:DIR/. TARGET`: DIR's contents into TARGET (created when missing).
+        source = PurePosixPath(source_dir.rstrip("/") or "/")
+        tar_bytes = await self._engine.get_archive(container, str(source))
+        target = Path(target_dir).absolute()
+        target.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(_extract, tar_bytes, source.name or "/", target)
+
+    async def stop(self, delete: bool) -> None:
+        try:
+            await super().stop(delete)
+        finally:
+            self._container_id = None
+            if self._engine is not None:
+                await self._engine.close()
+
     async def start(self, force_build: bool) -> None:
+        self._container_id = None
         if not self.task_env_config.docker_image and not force_build and self._dockerfile_path.is_file():
             timeout = self._build_timeout_override or self.task_env_config.build_timeout_sec
             image, _ = await build_task_image(
