@@ -17,6 +17,9 @@ class Generator(Protocol):
 
     `request_id` is stable for a whole agent session (every turn of one trajectory), so a load balancer
     can keep the session on one replica and reuse its prefix cache.
+
+    Cancelling a `generate` call aborts it: the engine must stop decoding that request (the proxy cancels
+    the call when the agent disconnects before the reply is delivered, and waits for it to end).
     """
 
     async def generate(

@@ -4,14 +4,20 @@ Routes (every session's base URL is `http://HOST:PORT/sessions/<id>/v1`):
 
 - `POST /sessions/{id}/v1/chat/completions`  chat completions (JSON or SSE with `stream: true`)
 - `GET  /sessions/{id}/v1/models`, `GET /v1/models`  the served model
-- `GET  /health`  liveness (no auth)
+- `GET  /health`  liveness and the count of dropped turns (no auth)
 - with `ProxyConfig.admin_routes` (the standalone server): `POST /sessions` opens a session,
   `GET /sessions/{id}/trajectory` reads its trajectory so far, `DELETE /sessions/{id}` pops it.
+
+A turn is recorded only once its reply is delivered in full (JSON body, or every SSE chunk and `[DONE]`
+written). A client gone earlier gets its generation aborted and its turn dropped: the session stays as it
+was, so the agent may retry the turn, and the drop is counted (`ChatProxy.dropped_turns`,
+`Trajectory.dropped_turns`) and logged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import os
@@ -30,6 +36,7 @@ from aiohttp import web
 from arl.proxy.chat import ChatCodec
 from arl.proxy.completion import Reply, build_reply
 from arl.proxy.config import ProxyConfig
+from arl.proxy.disconnect import DisconnectWatcher, client_gone
 from arl.proxy.errors import (
     ContextLengthError,
     GeneratorError,
@@ -48,12 +55,13 @@ from arl.proxy.openai_format import completion_body, logprobs_block, models_body
 from arl.proxy.request import ChatRequest, decode_chat_request
 from arl.proxy.session import Session, new_session_id
 from arl.proxy.tool_parsers import get_parser
-from arl.proxy.trajectory import TrajectoryBuilder, _write_json
+from arl.proxy.trajectory import PromptPlan, TrajectoryBuilder, _write_json
 from arl.proxy.types import SamplingParams, SessionInfo, TokenOutput, Trajectory
 
 log = logging.getLogger(__name__)
 
-_IO_TIMEOUT_S = 120.0  # reading a request body, writing a streamed chunk
+_IO_TIMEOUT_S = 120.0  # reading a request body, writing a reply (a client that stops reading is gone)
+_ABORT_WAIT_S = 10.0  # how long a cancelled (aborted) generate call may take to end
 _T = TypeVar("_T")
 
 
@@ -100,6 +108,9 @@ class ChatProxy:
         self._port: int | None = None
         # Per-turn timings, newest last (for benchmarks and monitoring).
         self.timings: deque[TurnTiming] = deque(maxlen=1_000_000)
+        # Turns not recorded because the client was gone before their reply was delivered, all sessions.
+        self.dropped_turns = 0
+        self._watcher = DisconnectWatcher()
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -124,6 +135,7 @@ class ChatProxy:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+        await self._watcher.stop()
 
     async def _off_loop(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run CPU work (render, tokenize, detokenize) in the tokenize pool, or inline without one.
@@ -248,7 +260,7 @@ class ChatProxy:
             return await request.read()
 
     async def _health(self, request: web.Request) -> web.Response:
-        return _json({"status": "ok", "sessions": len(self._sessions)})
+        return _json({"status": "ok", "sessions": len(self._sessions), "dropped_turns": self.dropped_turns})
 
     async def _models(self, request: web.Request) -> web.Response:
         return _json(models_body(self.config.model_name, self.max_context_len))
@@ -327,39 +339,100 @@ class ChatProxy:
                                          f"{self.max_context_len} tokens", param="messages")
             sp = self._sampling_params(req, prompt_len)
             stream: web.StreamResponse | None = None
-            if req.stream:
-                stream = await self._open_stream(request, completion_id, model)
-            t_gen0 = time.perf_counter()
+            # The turn is recorded only once its whole reply is written; a client gone before that leaves the
+            # session as it was, so the agent can retry the same turn. The commit follows the last write with
+            # no await in between: nothing on this event loop (a `pop_session` after the agent got its reply,
+            # the agent's next request) can run between delivery and commit.
             try:
-                out = await self._generate(session.id, plan.prompt_ids, sp)
-            except ProxyError as exc:
+                if req.stream:
+                    stream = await self._open_stream(request, completion_id, model)
+                t_gen0 = time.perf_counter()
+                try:
+                    out = await self._generate_while_connected(request, session.id, plan.prompt_ids, sp)
+                except ProxyError as exc:
+                    if stream is None:
+                        raise
+                    with contextlib.suppress(_ClientGone):
+                        await self._stream_write(stream, _sse(exc.to_openai()) + b"data: [DONE]\n\n")
+                    return stream
+                t_gen = time.perf_counter() - t_gen0
+                reply = await self._off_loop(build_reply, self.codec, out, sp.stop,
+                                             self._parser if req.tools_enabled else None, req.tools)
+                logprobs = logprobs_block(self.codec, reply, sp.top_logprobs) if req.logprobs else None
                 if stream is None:
-                    raise
-                await self._stream_write(stream, _sse(exc.to_openai()) + b"data: [DONE]\n\n")
-                return stream
-            t_gen = time.perf_counter() - t_gen0
-            reply = await self._off_loop(build_reply, self.codec, out, sp.stop,
-                                         self._parser if req.tools_enabled else None, req.tools)
-            await self._off_loop(session.builder.commit, plan, reply.turn, reply.canonical_message(),
-                                 reply.finish_reason, session.trajectory_dir)
-            self._after_turn(session, reply)
-        logprobs = logprobs_block(self.codec, reply, sp.top_logprobs) if req.logprobs else None
-        if stream is None:
-            body = completion_body(completion_id=completion_id, model=model, reply=reply,
-                                   prompt_ids=plan.prompt_ids, logprobs=logprobs,
-                                   return_token_ids=bool(req.return_token_ids))
-            response: web.StreamResponse = _json(body)
-        else:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            chunks = stream_chunks(completion_id=completion_id, model=model, reply=reply,
-                                   prompt_ids=plan.prompt_ids, logprobs=logprobs,
-                                   return_token_ids=bool(req.return_token_ids), include_usage=include_usage)
-            payload = b"".join(_sse(c) for c in chunks) + b"data: [DONE]\n\n"
-            await self._stream_write(stream, payload)
-            response = stream
+                    body = completion_body(completion_id=completion_id, model=model, reply=reply,
+                                           prompt_ids=plan.prompt_ids, logprobs=logprobs,
+                                           return_token_ids=bool(req.return_token_ids))
+                    response: web.StreamResponse = _json(body)
+                    await self._send(request, response)
+                    self._record(session, plan, reply, turn_index)
+                else:
+                    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+                    chunks = stream_chunks(completion_id=completion_id, model=model, reply=reply,
+                                           prompt_ids=plan.prompt_ids, logprobs=logprobs,
+                                           return_token_ids=bool(req.return_token_ids),
+                                           include_usage=include_usage)
+                    payload = b"".join(_sse(c) for c in chunks) + b"data: [DONE]\n\n"
+                    await self._stream_write(stream, payload)
+                    self._record(session, plan, reply, turn_index)
+                    response = stream
+            except _ClientGone as gone:
+                self._drop_turn(request, session, turn_index, str(gone))
+                return stream if stream is not None else web.Response(status=499, reason="Client Closed Request")
+            except asyncio.CancelledError:  # a server with handler_cancellation cancels a lost client's handler
+                self._drop_turn(request, session, turn_index, "the request handler was cancelled before the "
+                                "reply was delivered")
+                raise
         total = time.perf_counter() - t_start
         self.timings.append(TurnTiming(turn_index, total - t_gen, t_tok, t_gen, prompt_len, plan.rebuilt))
         return response
+
+    async def _generate_while_connected(self, request: web.Request, session_id: str, prompt_ids: list[int],
+                                        sp: SamplingParams) -> TokenOutput:
+        """`_generate`, aborted as soon as the client is gone: cancelling `Generator.generate` is the seam's
+        abort (the engine stops decoding the request), awaited so no engine request outlives its turn."""
+        if client_gone(request):
+            raise _ClientGone("the client disconnected before generation")
+        gen = asyncio.ensure_future(self._generate(session_id, prompt_ids, sp))
+        gen.add_done_callback(_retrieve)
+        gone = self._watcher.watch(request)
+        try:
+            await asyncio.wait((gen, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not gen.done():
+                raise _ClientGone("the client disconnected during generation (generation aborted)")
+            return gen.result()
+        finally:
+            self._watcher.unwatch(gone)
+            if not gen.done():  # the client is gone, or this handler was cancelled
+                gen.cancel()
+                done, _ = await asyncio.wait((gen,), timeout=_ABORT_WAIT_S)
+                if not done:
+                    log.warning("the generator did not end an aborted request within %.0f s", _ABORT_WAIT_S)
+
+    def _record(self, session: Session, plan: PromptPlan, reply: Reply, turn_index: int) -> None:
+        """Commit a delivered turn to the session, on the event loop and at once (see `_chat`)."""
+        try:
+            session.builder.commit(plan, reply.turn, reply.canonical_message(), reply.finish_reason,
+                                   session.trajectory_dir)
+        except Exception:
+            # The agent got a reply the trajectory cannot hold: end the session rather than record a wrong one.
+            log.exception("session %s…: recording delivered turn %d failed; session closed", session.id[:8],
+                          turn_index)
+            session.closed = True
+            session.closed_reason = f"internal error recording turn {turn_index}"
+        else:
+            self._after_turn(session, reply)
+
+    def _drop_turn(self, request: web.Request, session: Session, turn_index: int, why: str) -> None:
+        """A turn whose reply did not reach the client in full: the session stays as it was (the agent may
+        retry the same turn); count it and say so."""
+        session.builder.dropped_turns += 1
+        self.dropped_turns += 1
+        transport = request.transport
+        if transport is not None and not transport.is_closing():
+            transport.abort()  # the rest of this reply must not arrive: the agent may not see an unrecorded turn
+        log.warning("session %s…: turn %d not recorded: %s (dropped turns: %d in this session, %d in all)",
+                    session.id[:8], turn_index, why, session.builder.dropped_turns, self.dropped_turns)
 
     def _after_turn(self, session: Session, reply: Reply) -> None:
         if reply.tool_calls:
@@ -374,14 +447,37 @@ class ChatProxy:
 
     async def _open_stream(self, request: web.Request, completion_id: str, model: str) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        async with asyncio.timeout(_IO_TIMEOUT_S):
-            await resp.prepare(request)
+        await self._send(request, resp, eof=False)
         first = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()),
                  "model": model, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                               "logprobs": None, "finish_reason": None}]}
         await self._stream_write(resp, _sse(first))
         return resp
 
+    async def _send(self, request: web.Request, resp: web.StreamResponse, eof: bool = True) -> None:
+        """Send `resp`'s headers (and with `eof`, its body and end) now rather than after the handler returns,
+        so the turn is recorded only once it is out; `_ClientGone` if the client cannot take it."""
+        try:
+            async with asyncio.timeout(_IO_TIMEOUT_S):
+                await resp.prepare(request)
+                if eof:
+                    await resp.write_eof()
+        except (ConnectionError, TimeoutError) as exc:
+            raise _ClientGone(f"the reply could not be sent ({type(exc).__name__}: {exc})") from None
+
     async def _stream_write(self, resp: web.StreamResponse, data: bytes) -> None:
-        async with asyncio.timeout(_IO_TIMEOUT_S):
-            await resp.write(data)
+        try:
+            async with asyncio.timeout(_IO_TIMEOUT_S):
+                await resp.write(data)
+        except (ConnectionError, TimeoutError) as exc:
+            raise _ClientGone(f"the stream could not be written ({type(exc).__name__}: {exc})") from None
+
+
+class _ClientGone(Exception):
+    """The client went away (or stopped reading) before its reply was delivered in full."""
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark an abandoned generation's outcome as seen (no 'exception was never retrieved' noise)."""
+    if not task.cancelled():
+        task.exception()

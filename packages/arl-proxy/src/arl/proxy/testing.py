@@ -6,13 +6,16 @@ Each `generate` call returns the next scripted completion:
   the request's stop strings (then it is cut after the token that completes it, as vLLM stops) or the
   completion is marked truncated;
 - a list of token ids: returned as is (stop reason "stop" if it ends in a stop token, else "length");
-- a `Scripted(...)` for full control (truncation, explicit stop reason, weight versions, routed experts).
+- a `Scripted(...)` for full control (truncation, explicit stop reason, weight versions, routed experts, and
+  `wait`: an `asyncio.Event` the call waits for before it returns, like an engine still decoding).
 Completions longer than `max_tokens` are cut to it with stop reason "length". Log probs are deterministic,
-non-zero and differ by position and token.
+non-zero and differ by position and token. A call cancelled while it waits is an abort, as the `Generator`
+seam defines it: it is marked `aborted` in `calls` and has consumed its scripted completion.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +32,7 @@ class Scripted:
     stop_reason: StopReason | None = None  # override the computed one
     weight_version: int | None = None  # report this version for every token
     routed_experts: bool = False  # report fake routing (2 layers x top-2) per token
+    wait: asyncio.Event | None = None  # generate() returns only once this is set (cancellable meanwhile)
 
 
 @dataclass(slots=True)
@@ -39,6 +43,7 @@ class GenerateCall:
     prompt_ids: list[int]
     sampling_params: SamplingParams
     output: TokenOutput | None = None
+    aborted: bool = False  # cancelled before it returned (the caller aborted the generation)
 
 
 def scripted_logprob(token_id: int, position: int) -> float:
@@ -53,6 +58,7 @@ class ScriptedGenerator:
     tokenizer: Any
     completions: list[str | list[int] | Scripted]
     calls: list[GenerateCall] = field(default_factory=list)
+    in_flight: int = 0  # generate calls started and not yet returned or aborted
     _next: int = 0
 
     def extend(self, completions: list[str | list[int] | Scripted]) -> None:
@@ -72,13 +78,23 @@ class ScriptedGenerator:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
-        self.calls.append(GenerateCall(request_id, list(prompt_ids), sampling_params))
+        call = GenerateCall(request_id, list(prompt_ids), sampling_params)
+        self.calls.append(call)
         if self._next >= len(self.completions):
             raise ScriptExhaustedError(f"ScriptedGenerator has only {len(self.completions)} completions")
         item = self.completions[self._next]
         self._next += 1
+        if isinstance(item, Scripted) and item.wait is not None:
+            self.in_flight += 1
+            try:
+                await item.wait.wait()
+            except asyncio.CancelledError:
+                call.aborted = True
+                raise
+            finally:
+                self.in_flight -= 1
         out = self.render(item, sampling_params)
-        self.calls[-1].output = out
+        call.output = out
         return out
 
     def render(self, item: str | list[int] | Scripted, sp: SamplingParams) -> TokenOutput:

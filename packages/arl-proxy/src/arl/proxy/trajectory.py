@@ -111,6 +111,7 @@ class TrajectoryBuilder:
     num_turns: int = 0
     generated_tokens: int = 0  # sampled tokens committed over all turns
     finish_reason: str | None = None
+    dropped_turns: int = 0  # turns generated for this session but not recorded (reply not delivered)
     saw_versions: bool = False
     saw_experts: bool = False
     segmented: bool = True  # start a new segment where a prompt does not extend the sequence (else one)
@@ -370,7 +371,8 @@ class TrajectoryBuilder:
                           rebuilds=self.rebuilds, tools=self.tools,
                           weight_versions=list(last.weight_versions) if last.weight_versions is not None else None,
                           routed_experts=list(last.routed_experts) if last.routed_experts is not None else None,
-                          segments=segments, generated_tokens=self.generated_tokens)
+                          segments=segments, generated_tokens=self.generated_tokens,
+                          dropped_turns=self.dropped_turns)
 
 
 def _write_json(path: str, payload: Any) -> None:

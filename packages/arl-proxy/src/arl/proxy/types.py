@@ -112,6 +112,9 @@ class Trajectory(msgspec.Struct, kw_only=True):
     segments: list[Segment] = msgspec.field(default_factory=list)
     # Tokens the engine sampled into this session, all turns (tokens a stop string cut off are not in it).
     generated_tokens: int = 0
+    # Requests whose reply never reached the agent in full (it disconnected or stopped reading): not recorded
+    # anywhere above (no tokens, no turn, no messages); their generation was aborted if still running.
+    dropped_turns: int = 0
 
     @property
     def num_sampled(self) -> int:
