@@ -19,6 +19,10 @@ from pathlib import Path
 
 import msgspec
 
+from arl_train.config import ConfigError, _parse_value, load_config
+from arl_train import tiny_model
+from arl_train.validation import check_machine
+
 REPO = Path(__file__).resolve().parents[4]
 SWE_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "swe.toml"
 SMOKE_SET = REPO / ".cache" / "swe-tasks" / "smoke"
@@ -58,8 +62,6 @@ class SwePresetConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 def preset_config(overrides: list[str]) -> tuple[SwePresetConfig, list[str]]:
     """The preset's own knobs from `overrides`, and the overrides that are not theirs."""
-    from arl_train.config import ConfigError, _parse_value
-
     fields: dict[str, object] = {}
     rest = []
     for item in overrides:
@@ -157,9 +159,6 @@ def environment_overrides(env: str, task_set: Path) -> list[str]:
 def load_swe_config(path: Path | None, overrides: list[str], mode: str | None = None, log=print):
     """The SWE preset's `AppConfig`: `path` (default configs/swe.toml) with the CPU overrides, a few
     smoke-set tasks, the tiny model built with a 4096-token context, then the user's overrides."""
-    from arl_train.config import ConfigError, load_config
-    from arl_train.validation import check_machine
-
     cfg, rest = preset_config(overrides)
     path = path or SWE_CONFIG
     # The output folder is known only after the user's overrides.
@@ -177,9 +176,7 @@ def load_swe_config(path: Path | None, overrides: list[str], mode: str | None = 
                           "`eval \"$(scripts/docker/start.sh)\"` (scripts/docker/README) or use swe.env=local")
     model_dir = out / "model_tiny_4k"
     if not (model_dir / "config.json").is_file():
-        from arl_train.tiny_model import build_tiny_model
-
-        build_tiny_model(model_dir, seed=probe.model.seed + probe.seed, max_position_embeddings=4096)
+        tiny_model.build_tiny_model(model_dir, seed=probe.model.seed + probe.seed, max_position_embeddings=4096)
     log(f"arl: SWE preset: {len(chosen)} tasks of {task_set} ({', '.join(chosen)}), environment {env}, "
         f"tiny model (untrained: rewards near 0 are expected) in {model_dir}")
     config = load_config(path, [*CPU_OVERRIDES, f"model.path={model_dir}", f"data.source=harbor:{rows}",

@@ -32,6 +32,10 @@ from typing import Annotated, Any
 
 import msgspec
 
+from arl_train.config import ConfigError, load_config
+from arl_train.tiny_model import build_tiny_model
+from arl_train.validation import check_machine
+
 # The chat the shell agent (arl.harbor.shell_agent) holds: what a demonstration renders through.
 _TOOL_OUTPUT = "\n[exit code 0]"
 
@@ -211,7 +215,6 @@ def prepare_agent_run(out_dir: Path | str, cfg: WarmStartConfig, *, model_seed: 
     seed = run_seed if cfg.seed is None else cfg.seed
     cfg = msgspec.structs.replace(cfg, seed=seed)
     from arl.harbor.builtin_tasks import random_tasks, write_builtin_tasks
-    from arl_train.tiny_model import build_tiny_model
 
     root = Path(out_dir).resolve()
     tasks_dir, model_dir, record = root / "tasks", root / "model_sft", root / "warm_start.json"
@@ -245,8 +248,6 @@ _PREFIX = "warm_start."
 
 def warm_start_config(overrides: list[str]) -> WarmStartConfig:
     """`WarmStartConfig` from the `warm_start.key=value` items of `overrides` (others are ignored)."""
-    from arl_train.config import ConfigError
-
     fields: dict[str, Any] = {}
     for item in overrides:
         key, _, value = item.partition("=")
@@ -265,17 +266,12 @@ def load_agent_config(path: Path | None, overrides: list[str], mode: str | None 
                       log: Callable[[str], None] = print) -> Any:
     """The agent preset's `AppConfig`: `path` (default configs/agent.toml) and `overrides`, with the
     warm start run (or reused) and its task set and model folder filled in as data.source/model.path."""
-    from arl_train.config import load_config
-    from arl_train.validation import check_machine
-
     path = path or AGENT_CONFIG
     ws = warm_start_config(overrides)
     rest = [o for o in overrides if not o.strip().startswith(_PREFIX)]
     config = load_config(path, rest, mode)
     check_machine(config)
     if not config.model.path.startswith("builtin:tiny"):
-        from arl_train.config import ConfigError
-
         raise ConfigError(f"--preset agent warm-starts the built-in tiny model; model.path={config.model.path!r}")
     tasks_dir, model_dir = prepare_agent_run(config.output.dir, ws, model_seed=config.model.seed,
                                              run_seed=config.seed, log=log)
