@@ -14,9 +14,16 @@ the trials' result.json (environment start, agent = setup + run, verifier, teard
 trial end, trial), and the evidence for the bound: the machine's CPU busy share over the wave
 (/proc/stat; the machine may be shared), the load average, the CPU seconds of this process (the event
 loop: proxies, Harbor, tokenization), of its reaped children (local: the sandboxes with the agent's
-commands and the verifier's pytest; docker: the docker/compose CLI calls) and of dockerd + containerd
-(+ shims, whose children are the containers' processes) over the wave. Images are built before the first
-docker wave (`arl.harbor.docker_environment.build_task_image`) so no wave pays a build.
+commands and the verifier's pytest; docker: the docker/compose CLI calls), of dockerd + containerd +
+shims (per process alive at the wave's end: a lower bound) and of the containers' processes (the docker
+cgroup's cpuacct; any container of the daemon, so another user's containers count too), over the wave,
+and their sum per trial. Images are built before the first docker wave
+(`arl.harbor.docker_environment.build_task_image`) so no wave pays a build.
+
+--envs: `local` (arl's sandbox), `docker` (arl's DockerEnvironment: execs and copies over the Engine
+API), `docker-compose` (the same environment with `engine_api=False`: every exec and copy a `docker
+compose` CLI call, Harbor's own path), in the order given; repeating one (`docker-compose,docker,local,
+docker,docker-compose`) shows the drift of a shared machine.
 """
 
 from __future__ import annotations
@@ -78,10 +85,10 @@ def cpu_times() -> tuple[float, float]:
     return sum(fields) - idle, sum(fields)
 
 
-def daemon_cpu_s() -> float:
-    """CPU seconds (user + system) of the live docker/containerd processes."""
+def daemon_cpu() -> dict[int, float]:
+    """CPU seconds (user + system, with reaped children) of each live docker/containerd process, by pid."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    out: dict[int, float] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
@@ -90,8 +97,25 @@ def daemon_cpu_s() -> float:
         name = text[text.index("(") + 1:text.rindex(")")]
         if name in DAEMONS or name.startswith("containerd-shim"):
             rest = text[text.rindex(")") + 2:].split()
-            total += (int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])) / tick
-    return total
+            out[int(stat.parent.name)] = (int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])) / tick
+    return out
+
+
+def daemon_cpu_since(before: dict[int, float]) -> float:
+    """CPU seconds the daemons alive now used since `before` (a shim that exited meanwhile takes its
+    seconds with it: a lower bound)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in daemon_cpu().items())
+
+
+def containers_cpu_s() -> float:
+    """CPU seconds of every process ever run in a docker container (the containers' parent cgroup, which
+    keeps the seconds of removed containers; cgroup v1 cpuacct with the cgroupfs driver, else 0)."""
+    for path in ("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage", "/sys/fs/cgroup/cpu,cpuacct/docker/cpuacct.usage"):
+        try:
+            return int(Path(path).read_text()) / 1e9
+        except (OSError, ValueError):
+            continue
+    return 0.0
 
 
 def self_cpu_s() -> float:
@@ -122,7 +146,12 @@ def load_tasks(task_set: Path, skip: set[str]) -> list[tuple[str, Path]]:
 def harbor_fields(env: str, task_set: Path, trials_dir: Path, trial_timeout: float) -> dict[str, Any]:
     from arl.harbor.agents.checks import harbor_config_fields
 
-    fields = harbor_config_fields("shell", env, trials_dir=trials_dir, trial_timeout_sec=trial_timeout)
+    # "docker-compose": arl's DockerEnvironment with every exec/copy through `docker compose` (Harbor's
+    # own path, the state before the Engine API path) for a side-by-side measure.
+    base_env = "docker" if env.startswith("docker") else env
+    fields = harbor_config_fields("shell", base_env, trials_dir=trials_dir, trial_timeout_sec=trial_timeout)
+    if env == "docker-compose":
+        fields["environment_kwargs"] = {**fields.get("environment_kwargs", {}), "engine_api": False}
     if env == "local":  # the tasks' local_setup.sh and test.sh read the testbed and venvs from the set
         from arl.harbor.environment import DEFAULT_SYSTEM_DIRS
 
@@ -161,7 +190,7 @@ async def wave(env: str, n: int, tasks: list[tuple[str, Path]], task_set: Path, 
     trials_dir = work / f"{env}-{n}"
     fields = harbor_fields(env, task_set, trials_dir, trial_timeout)
     busy0, total0 = cpu_times()
-    self0, children0, daemons0 = self_cpu_s(), children_cpu_s(), daemon_cpu_s()
+    self0, children0, daemons0, containers0 = self_cpu_s(), children_cpu_s(), daemon_cpu(), containers_cpu_s()
     started = time.monotonic()
     rows = await asyncio.gather(*(one_trial(i, *tasks[i % len(tasks)], fields, tokenizer, trials_dir)
                                   for i in range(n)))
@@ -176,9 +205,12 @@ async def wave(env: str, n: int, tasks: list[tuple[str, Path]], task_set: Path, 
         "loadavg": os.getloadavg()[0],
         "self_cpu_s": self_cpu_s() - self0,
         "children_cpu_s": children_cpu_s() - children0,
-        "daemon_cpu_s": daemon_cpu_s() - daemons0,
+        "daemon_cpu_s": daemon_cpu_since(daemons0),
+        "containers_cpu_s": containers_cpu_s() - containers0,
         "phases": {},
     }
+    out["cpu_s_per_trial"] = sum(out[k] for k in ("self_cpu_s", "children_cpu_s", "daemon_cpu_s",
+                                                  "containers_cpu_s")) / n
     for p in PHASES:
         med, p90 = quantiles([r["phases"][p] for r in rows if p in r.get("phases", {})])
         out["phases"][p] = {"median": med, "p90": p90}
@@ -190,7 +222,8 @@ def fmt(w: dict[str, Any]) -> str:
     ph = " | ".join(f"{w['phases'][p]['median']:.1f}/{w['phases'][p]['p90']:.1f}" for p in PHASES)
     return (f"| {w['env']} | {w['concurrency']} | {w['trials_per_s']:.2f} | {w['wall_s']:.0f} | {ph} | "
             f"{w['rewards']} {w['failed'] or ''} | {100 * w['cpu_busy']:.0f}% / {w['loadavg']:.1f} | "
-            f"{w['self_cpu_s']:.0f} | {w['children_cpu_s']:.0f} | {w['daemon_cpu_s']:.0f} |")
+            f"{w['self_cpu_s']:.0f} | {w['children_cpu_s']:.0f} | {w['daemon_cpu_s']:.0f} | "
+            f"{w['containers_cpu_s']:.0f} | **{w['cpu_s_per_trial']:.1f}** |")
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -210,7 +243,7 @@ async def main_async(args: argparse.Namespace) -> int:
     from arl.proxy.testing import ScriptedGenerator  # noqa: F401
 
     envs = args.envs.split(",")
-    if "docker" in envs:
+    if any(e.startswith("docker") for e in envs):
         from arl.harbor.docker_environment import build_task_image
 
         for _, task_dir in tasks:
@@ -219,8 +252,9 @@ async def main_async(args: argparse.Namespace) -> int:
     results = []
     print(f"# {len(tasks)} tasks of {task_set}; shell agent, oracle script; cores {os.cpu_count()}")
     print("| env | concurrent | trials/s | wall s | environment | agent | verifier | teardown | trial | "
-          "rewards / failed | CPU busy / load | this process CPU s | its children CPU s | docker daemons CPU s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "rewards / failed | CPU busy / load | this process CPU s | its children CPU s | docker daemons CPU s | "
+          "containers CPU s | CPU s per trial |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     try:
         for n in (int(x) for x in args.concurrency.split(",")):
             for env in envs:
@@ -240,7 +274,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("task_set", type=Path, help="a SWE task set (manifest.jsonl + Harbor task dirs)")
     parser.add_argument("--concurrency", default="16,64,256")
-    parser.add_argument("--envs", default="local,docker")
+    parser.add_argument("--envs", default="local,docker",
+                        help="comma-separated: local, docker (execs and copies over the Engine API), "
+                             "docker-compose (the same through `docker compose` CLI calls, Harbor's path)")
     parser.add_argument("--skip", default="humanize__humanize.i18n.activate__remove_assign",
                         help="task ids left out (default: the smoke task whose oracle fails in the image)")
     parser.add_argument("--trial-timeout", type=float, default=1800.0)
