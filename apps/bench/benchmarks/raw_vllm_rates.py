@@ -26,8 +26,10 @@ With `--share` (one GPU shared by an engine and a trainer, issue #30) each workl
 what the two keep of their rates when they run at the same time in two processes on the one GPU: the
 engine (its memory capped by `--gpu-memory-utilization`, e.g. 0.35) keeps `--batch` requests in flight,
 refilled, for `--share-seconds` alone and then while a trainer process (arl's HFPolicy on the same
-batches) trains without pause beside it; the trainer's rate alone is measured in that process before
-the engine's second window. `share_engine` = g both / g alone, `share_trainer` = t both / t alone, and
+batches) trains without pause beside it. The trainer's rate alone is measured in that process over a
+window of its own, after it has loaded and warmed up and before the engine's first window: no alone
+window overlaps the other side's work (an earlier protocol measured the engine while the trainer loaded
+and took its first steps, which let the trainer's alone rate fall below its shared one). `share_engine` = g both / g alone, `share_trainer` = t both / t alone, and
 `share_sum` their sum (> 1: running at once does more work than taking turns). apps/bench's `compare
 --rates` turns them into each shared schedule's ideal over colocated.
 
@@ -186,26 +188,36 @@ async def refill_window(llm, ids: list[list[int]], targets: list[int], batch: in
 
 async def measure_share(llm, model: Path, ids: list[list[int]], targets: list[int], batch: int, prompt_len: int,
                         args) -> dict:
-    """The engine's and a trainer process's rates alone and at the same time on this GPU (`--share`)."""
+    """The engine's and a trainer process's rates alone and at the same time on this GPU (`--share`).
+
+    Strictly in turn, handshaking through files: the trainer loads and warms up, then trains alone for
+    a window (the engine idle), then waits while the engine decodes alone for a window, then both run."""
     with tempfile.TemporaryDirectory() as tmp:
-        ready, go, answer = Path(tmp, "ready"), Path(tmp, "go"), Path(tmp, "share.json")
+        flags = {name: Path(tmp, name) for name in ("loaded", "measure", "ready", "go", "share.json")}
         child = subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--no-isolate", "--share-trainer-child",
-                                  f"{model}|{prompt_len}|{ready}|{go}|{answer}|{args.kl_coef_now}"])
-        try:
-            deadline = time.perf_counter() + 600
-            g_alone = await refill_window(llm, ids, targets, batch, args.share_seconds)  # while the trainer loads
-            while not ready.exists():  # its rate alone is measured by now (the engine idle beside it)
+                                  "|".join([str(model), str(prompt_len), tmp, str(args.kl_coef_now)])])
+        deadline = time.perf_counter() + 600
+
+        async def wait_for(flag: str) -> None:
+            while not flags[flag].exists():
                 if child.poll() is not None or time.perf_counter() > deadline:
-                    raise RuntimeError(f"the share trainer process ended or stalled (exit {child.poll()})")
-                await asyncio.sleep(0.5)
-            go.write_text("go")
+                    raise RuntimeError(f"the share trainer process ended or stalled before '{flag}' "
+                                       f"(exit {child.poll()})")
+                await asyncio.sleep(0.2)
+
+        try:
+            await wait_for("loaded")
+            flags["measure"].write_text("measure")
+            await wait_for("ready")  # the trainer's window alone is over; it now waits for "go"
+            g_alone = await refill_window(llm, ids, targets, batch, args.share_seconds)
+            flags["go"].write_text("go")
             await asyncio.sleep(1.0)  # the trainer's first step at once under way
             g_both = await refill_window(llm, ids, targets, batch, args.share_seconds)
             await asyncio.to_thread(child.wait, 600)
         finally:
             if child.poll() is None:
                 child.kill()
-        trainer = json.loads(answer.read_text())
+        trainer = json.loads(flags["share.json"].read_text())
     return {
         "share_g_alone": g_alone, "share_g_both": g_both,
         "share_t_alone": trainer["t_alone"], "share_t_both": trainer["t_both"],
@@ -217,9 +229,10 @@ async def measure_share(llm, model: Path, ids: list[list[int]], targets: list[in
 
 
 def share_trainer_child(spec: str, args) -> int:
-    """`--share`'s trainer process: its rate alone (the engine idle beside it), then, once told to go,
-    training without pause for the engine's window and a little more."""
-    model, prompt_len, ready, go, answer, kl_coef = spec.split("|")
+    """`--share`'s trainer process: loads and warms up, trains alone for a window when told to (the engine
+    idle), then, once told to go, trains without pause for the engine's window and a little more."""
+    model, prompt_len, tmp, kl_coef = spec.split("|")
+    flags = {name: Path(tmp, name) for name in ("loaded", "measure", "ready", "go", "share.json")}
     import torch
 
     policy, batch, sync = train_setup(Path(model), lengths(args.requests or 512, seed=0, max_len=args.max_len),
@@ -227,7 +240,7 @@ def share_trainer_child(spec: str, args) -> int:
     policy.train_step(batch(0), mini_batch_rows=args.train_rows)  # warm-up
     sync()
 
-    def steps(until: float, first: int) -> tuple[float, float, float]:
+    def steps(until: float, first: int) -> tuple[float, float, int]:
         tokens = response = 0
         t0 = time.perf_counter()
         k = first
@@ -241,15 +254,21 @@ def share_trainer_child(spec: str, args) -> int:
         seconds = time.perf_counter() - t0
         return tokens / seconds, response / seconds, k
 
-    t_alone, t_response_alone, k = steps(time.perf_counter() + 0.0, 1)
-    t_alone2, t_response_alone2, k = steps(time.perf_counter() + 0.0, k)  # two steps alone
-    Path(ready).write_text("ready")
-    while not Path(go).exists():
-        time.sleep(0.1)
+    def wait_for(flag: str) -> None:
+        deadline = time.perf_counter() + 600
+        while not flags[flag].exists():
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"share trainer: no '{flag}' from the engine's process within 600 s")
+            time.sleep(0.1)
+
+    flags["loaded"].write_text("loaded")
+    wait_for("measure")
+    t_alone, t_response_alone, k = steps(time.perf_counter() + args.share_seconds, 1)
+    flags["ready"].write_text("ready")
+    wait_for("go")
     t_both, _, _ = steps(time.perf_counter() + args.share_seconds + 1.0, k)
-    Path(answer).write_text(json.dumps({"t_alone": (t_alone + t_alone2) / 2,
-                                        "t_response_alone": (t_response_alone + t_response_alone2) / 2,
-                                        "t_both": t_both, "cuda": torch.cuda.is_available()}))
+    flags["share.json"].write_text(json.dumps({"t_alone": t_alone, "t_response_alone": t_response_alone,
+                                               "t_both": t_both, "cuda": torch.cuda.is_available()}))
     return 0
 
 
