@@ -9,7 +9,8 @@ from arl_train.sections import AppConfig
 def test_the_committed_reference_is_current():
     assert REFERENCE.is_file(), "run `uv run python -m arl_train.config_reference`"
     assert REFERENCE.read_text() == render(), (
-        f"{REFERENCE} is stale: run `uv run python -m arl_train.config_reference` and commit it")
+        f"{REFERENCE} is stale: run `uv run python -m arl_train.config_reference` and commit it"
+    )
 
 
 def test_every_section_and_key_is_documented():

@@ -61,7 +61,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for dep in sorted(graph.get(node, ())):
             if state.get(dep) == 1:
-                return path[path.index(dep):] + [dep]
+                return path[path.index(dep) :] + [dep]
             if dep not in state and (cycle := visit(dep)):
                 return cycle
         path.pop()
@@ -81,8 +81,10 @@ def test_the_checker_finds_a_cycle_and_accepts_a_tree():
 
 def test_the_graph_sees_function_level_imports(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("import os\n\ndef f():\n    from arl_train.config import load_config\n"
-                      "if TYPE_CHECKING:\n    from arl_train.run import run\n")
+    module.write_text(
+        "import os\n\ndef f():\n    from arl_train.config import load_config\n"
+        "if TYPE_CHECKING:\n    from arl_train.run import run\n"
+    )
     assert _imports(module, {"config", "run"}) == {"config"}
 
 

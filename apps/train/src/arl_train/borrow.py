@@ -49,7 +49,8 @@ def borrowed(
     notes: dict[str, str] | None = None,
 ) -> type:
     """A subclass of `base` holding the fields of `groups` (each from `take`) as the packages declare
-    them; `defaults` maps a field to (the app's default, why it differs); `notes` adds how the app reads a field."""
+    them; `defaults` maps a field to (the app's default, why it differs); `notes` adds how the app reads
+    a field."""
     defaults, notes = defaults or {}, notes or {}
     specs: list[tuple[str, Any, Any]] = []
     origins: dict[str, Origin] = {}
@@ -60,7 +61,11 @@ def borrowed(
             default: Any = value
             origins[field_name] = Origin(source, field_name, value, reason, notes.get(field_name, ""))
         else:
-            default = f.default if f.default is not msgspec.NODEFAULT else msgspec.field(default_factory=f.default_factory)
+            default = (
+                f.default
+                if f.default is not msgspec.NODEFAULT
+                else msgspec.field(default_factory=f.default_factory)
+            )
             origins[field_name] = Origin(source, field_name, note=notes.get(field_name, ""))
         specs.append((field_name, f.type, default))
     unknown = (set(defaults) | set(notes)) - set(origins)
@@ -73,7 +78,7 @@ def borrowed(
 
 
 def origin(section: type, field_name: str) -> Origin | None:
-    """The package declaration of `section`'s field, or None when the app (or an ordinary base) declares it."""
+    """The package declaration of `section`'s field; None when the app (or an ordinary base) declares it."""
     for klass in section.__mro__:
         found = _ORIGINS.get((klass, field_name))
         if found is not None:

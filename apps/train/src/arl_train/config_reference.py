@@ -35,7 +35,8 @@ _INTRO = """\
 
 Generated from the config structs by `uv run python -m arl_train.config_reference`; do not edit by
 hand (`apps/train/tests/test_config_reference.py` fails when this file is stale). How configs are
-written and layered (TOML file, `--mode`, `section.key=value` overrides): [guide/configuration.md](../guide/configuration.md).
+written and layered (TOML file, `--mode`, `section.key=value` overrides):
+[guide/configuration.md](../guide/configuration.md).
 
 Every key below is a TOML key of its section (`[actor]`, `[actor.algorithm]`, ...) and an override
 `section.key=value` (the value is a TOML literal; a bare word is a string). A key whose description
@@ -111,7 +112,13 @@ def _declared_docs(cls: type) -> dict[str, str]:
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
             comments[tok.start[0]] = (tok.string.lstrip("#").strip(), tok.start[0] in code_lines)
-        elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER):
+        elif tok.type not in (
+            tokenize.NL,
+            tokenize.NEWLINE,
+            tokenize.INDENT,
+            tokenize.DEDENT,
+            tokenize.ENDMARKER,
+        ):
             code_lines.update(range(tok.start[0], tok.end[0] + 1))
     body = ast_body(source)
     docs: dict[str, str] = {}
@@ -126,7 +133,9 @@ def _declared_docs(cls: type) -> dict[str, str]:
             line -= 1
         inline = [comments[n][0] for n in range(start, end + 1) if n in comments and comments[n][1]]
         doc = " ".join(above + inline).strip()
-        if not doc and not is_table and start == previous_end + 1 and previous_doc:  # grouped under the comment above
+        if (
+            not doc and not is_table and start == previous_end + 1 and previous_doc
+        ):  # grouped under the comment above
             doc = previous_doc
         if doc:
             docs[name] = doc
@@ -138,8 +147,11 @@ def ast_body(source: str) -> list[tuple[str, int, int]]:
     """(field name, first line, last line) of each annotated assignment in the class body."""
     tree = ast.parse(source)
     cls = next(node for node in tree.body if isinstance(node, ast.ClassDef))
-    return [(node.target.id, node.lineno, node.end_lineno or node.lineno)
-            for node in cls.body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)]
+    return [
+        (node.target.id, node.lineno, node.end_lineno or node.lineno)
+        for node in cls.body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    ]
 
 
 def _docstring_fields(cls: type) -> dict[str, str]:
@@ -169,12 +181,16 @@ def field_doc(section: type, name: str) -> str:
     found = origin(section, name)
     if found is not None:
         doc = _doc_in(found.source, found.name)
-        source = f"{found.source.__module__.split('.')[1] if found.source.__module__.startswith('arl.') else ''}"
+        source = (
+            f"{found.source.__module__.split('.')[1] if found.source.__module__.startswith('arl.') else ''}"
+        )
         parts = [doc, f"(`{found.source.__name__}.{found.name}`, arl-{source})"]
         if found.app_default is not msgspec.UNSET:
             package_default = next(f for f in msgspec.structs.fields(found.source) if f.name == found.name)
-            parts.append(f"*App default* {_literal(found.app_default)} (the package's: "
-                         f"{_default(package_default).strip('`')}): {found.reason}.")
+            parts.append(
+                f"*App default* {_literal(found.app_default)} (the package's: "
+                f"{_default(package_default).strip('`')}): {found.reason}."
+            )
         if found.note:
             parts.append(found.note)
         return " ".join(p for p in parts if p)
@@ -213,15 +229,25 @@ def _table(prefix: str, section: type, out: list[str], nested: list[tuple[str, t
 def render() -> str:
     """The whole reference as Markdown."""
     out = [_INTRO]
-    out += ["## Keys that moved", "",
-            "The old key still works, with a warning naming the new one; setting both is an error.", "",
-            "| old key | new key |", "|---|---|"]
+    out += [
+        "## Keys that moved",
+        "",
+        "The old key still works, with a warning naming the new one; setting both is an error.",
+        "",
+        "| old key | new key |",
+        "|---|---|",
+    ]
     out += [f"| `{old}` | `{new}` |" for old, new in MOVED_KEYS.items()]
     top = [f for f in msgspec.structs.fields(AppConfig) if _struct(f.type) is None]
     out += ["", "## Top level", "", "| key | type | default | description |", "|---|---|---|---|"]
-    out += [f"| `{f.name}` | {_cell(type_name(f.type))} | {_cell(_default(f))} | {_cell(field_doc(AppConfig, f.name))} |"
-            for f in top]
-    queue: list[tuple[str, type]] = [(f.name, f.type) for f in msgspec.structs.fields(AppConfig) if _struct(f.type)]
+    out += [
+        f"| `{f.name}` | {_cell(type_name(f.type))} | {_cell(_default(f))} | "
+        f"{_cell(field_doc(AppConfig, f.name))} |"
+        for f in top
+    ]
+    queue: list[tuple[str, type]] = [
+        (f.name, f.type) for f in msgspec.structs.fields(AppConfig) if _struct(f.type)
+    ]
     while queue:
         prefix, section = queue.pop(0)
         out += ["", f"## [{prefix}]", ""]

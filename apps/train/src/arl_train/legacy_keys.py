@@ -22,8 +22,11 @@ MOVED_KEYS: dict[str, str] = {
 
 
 def _warn(old: str, new: str, where: str) -> None:
-    warnings.warn(f"config key {old!r} ({where}) is deprecated: it is now {new!r}; the old key still works for now",
-                  FutureWarning, stacklevel=4)
+    warnings.warn(
+        f"config key {old!r} ({where}) is deprecated: it is now {new!r}; the old key still works for now",
+        FutureWarning,
+        stacklevel=4,
+    )
 
 
 def modern_key(key: str, where: str = "override") -> str:
@@ -45,10 +48,15 @@ def move_legacy_keys(tree: dict[str, Any], where: str = "config file") -> None:
         *new_path, new_leaf = new.split(".")
         target = _node(tree, new_path, create=True)
         if target is None:
-            raise ConfigError(f"invalid config: {new} cannot be set: {'.'.join(new_path)} is not a table", new)
+            raise ConfigError(
+                f"invalid config: {new} cannot be set: {'.'.join(new_path)} is not a table", new
+            )
         if new_leaf in target:
-            raise ConfigError(f"invalid config: both {old} (its old name) and {new} are set in the {where}; "
-                              f"keep only {new}", new)
+            raise ConfigError(
+                f"invalid config: both {old} (its old name) and {new} are set in the {where}; "
+                f"keep only {new}",
+                new,
+            )
         _warn(old, new, where)
         target[new_leaf] = parent.pop(old_leaf)
 

