@@ -37,6 +37,7 @@ from harbor.models.trial.result import ExceptionInfo, TimingInfo
         ("CancelledError", "agent", "trial_timeout"),
         ("SandboxTaskError", "verifier", "invalid_task"),  # the local sandbox cannot prepare the task
         ("DockerBuildError", "environment", "sandbox"),
+        ("DockerEngineError", "verifier", "sandbox"),  # dockerd failed an exec of a running trial
     ],
 )
 def test_classify_exception(name, phase, kind):

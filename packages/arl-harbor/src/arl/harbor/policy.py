@@ -76,6 +76,8 @@ _BY_NAME: dict[str, FailureKind] = {
     "SandboxError": "sandbox",
     "SandboxTaskError": "invalid_task",
     "DockerBuildError": "sandbox",
+    # dockerd failed an exec or copy of a running trial (e.g. its container was killed): infrastructure.
+    "DockerEngineError": "sandbox",
     "SandboxStartError": "sandbox",
     "SandboxExecTimeoutError": "sandbox",
     "CancelledError": "trial_timeout",
