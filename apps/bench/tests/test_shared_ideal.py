@@ -3,7 +3,8 @@ the raw rates, and each side's share of wall time slowed by the other."""
 
 import pytest
 
-from arl_bench.compare import ModeResult, add_slowdowns, alone_rates, best_mix, ideal_speedups, mode_settings
+from arl_bench.compare import (ModeResult, add_slowdowns, alone_rates, best_mix, ideal_speedups, mode_settings,
+                               turn_taking_ideals)
 
 
 def test_ideals_from_the_rates():
@@ -44,3 +45,11 @@ def test_slowed_shares_use_the_rates_alone_of_the_same_compare():
 def test_shared_modes_run_as_mode_d_on_the_shared_gpus():
     assert mode_settings("time_sliced") == ("d", ["resources.shared_gpu=time_sliced"])
     assert mode_settings("concurrent") == ("d", ["resources.shared_gpu=concurrent"])
+
+
+def test_turn_taking_bound_from_the_rates_alone_of_the_same_compare():
+    results = {"colocated": _mode(100.0, 50.0), "time_sliced": _mode(100.0, 80.0), "concurrent": _mode(50.0, 40.0)}
+    bounds = turn_taking_ideals(results, alone_rates(results))
+    # 1/(1/100 + 1/80) for both shared schedules; colocated at its own draining rate 1/(1/100 + 1/50).
+    assert bounds == pytest.approx({"time_sliced": 400 / 9, "concurrent": 400 / 9, "colocated": 100 / 3})
+    assert turn_taking_ideals({"colocated": _mode(100.0, 50.0)}, {"trainer": 100.0}) == {}

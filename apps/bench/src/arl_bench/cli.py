@@ -35,6 +35,10 @@ def _compare(args: argparse.Namespace) -> int:
                        rates=_rates_row(args.rates, args.rates_workload) if args.rates else None)
     json_path, png = write(result, out)
     print(table(result["modes"]))
+    if result.get("turn_taking_bound_tokens_per_s"):
+        print("arl-bench: turn-taking bound from this run's rates alone (trained tokens/s) " + ", ".join(
+            f"{m} {v:,.0f} (measured {result['share_of_turn_taking_bound'][m]:.0%} of it)"
+            for m, v in result["turn_taking_bound_tokens_per_s"].items()))
     if result.get("ideal_speedups"):
         print("arl-bench: ideal over colocated " + ", ".join(
             f"{m} {v:.2f}× (measured {result['share_of_ideal'].get(m, float('nan')):.0%} of it)"

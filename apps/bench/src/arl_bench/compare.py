@@ -155,6 +155,20 @@ def add_slowdowns(results: dict[str, ModeResult], alone: dict[str, float]) -> No
             r.rollout_slowed_fraction = r.rollout_work_fraction * max(0.0, 1 - r.rollout_rate / alone["rollout"])
 
 
+def turn_taking_ideals(results: dict[str, ModeResult], alone: dict[str, float]) -> dict[str, float]:
+    """Each mode's bound from this compare's own rates, in trained tokens/s: taking turns on one GPU at
+    the sides' rates alone costs 1/trainer + 1/rollout per token (time_sliced's bound, and the most any
+    schedule gets that never runs both at once); colocated's own bound uses its draining batches' rate.
+    Empty without both rates alone."""
+    if not (alone.get("trainer") and alone.get("rollout")):
+        return {}
+    out = {m: 1 / (1 / alone["trainer"] + 1 / alone["rollout"]) for m in results if m in SHARED_MODES}
+    colocated = results.get("colocated")
+    if colocated is not None and colocated.rollout_rate > 0:
+        out["colocated"] = 1 / (1 / alone["trainer"] + 1 / colocated.rollout_rate)
+    return out
+
+
 def best_mix(g: float, t: float, g_share: float, t_share: float) -> float:
     """Most tokens per second one GPU can generate *and* train when the engine alone decodes `g`, the
     trainer alone trains `t` (both per response token), and running at once they keep `g_share` and
@@ -258,8 +272,11 @@ def run_modes(
     if rates:
         ideals = ideal_speedups(rates["g_sync"], rates["g_cont"], rates["t_response"],
                                 rates.get("share_engine", 0.0), rates.get("share_trainer", 0.0))
+    bounds = turn_taking_ideals(results, alone)
     return {
         "rates_alone": alone,
+        "turn_taking_bound_tokens_per_s": bounds,
+        "share_of_turn_taking_bound": {m: results[m].tokens_per_s / v for m, v in bounds.items()},
         "ideal_speedups": ideals,
         "share_of_ideal": {m: results[m].speedup_over_colocated / v for m, v in ideals.items() if m in results},
         "config": str(config_path) if config_path else "apps/train default",
