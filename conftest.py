@@ -1,9 +1,44 @@
-"""Repository-wide pytest setup: `gpu`-marked tests are skipped where torch sees no CUDA device."""
+"""Repository-wide pytest setup: the test tiers (marks by what a test starts) and the GPU skip.
+
+Tiers, by what a test starts (the marks are declared in the root pyproject.toml):
+
+- `e2e`: a full app run (arl_train.run, the app's command line, the fault chain, the bench's runs);
+- `ray`: a Ray cluster of its own, without an app run;
+- `container`: docker containers (arl-harbor's docker environment);
+- `packaging`: wheels built and installed into fresh environments;
+- `gpu`: a CUDA GPU (skipped here where torch sees none);
+- `unit`: none of these (nor `slow`): the quick pass, `-m unit`.
+
+A test file marks `e2e`/`packaging` itself (`pytestmark`); `ray` and `container` follow from the fixtures
+a test uses (FIXTURE_TIERS), so a new test taking `docker_ready` is a container test without saying so.
+Every tiered test except `gpu` is also `slow`, so `-m "not slow"` stays the quick pass it always was.
+"""
 
 import pytest
 
+# Fixtures that start something heavy, and the tier a test using them belongs to.
+FIXTURE_TIERS = {
+    "ray_local": "ray",  # arl-queue, arl-rollout
+    "ray1": "ray",  # apps/train test_engine_actor
+    "ray4": "ray",  # apps/train test_reservation
+    "docker_ready": "container",  # arl-harbor
+    "agent_image": "container",  # arl-harbor
+}
+SLOW_TIERS = ("e2e", "ray", "container", "packaging")
+TIERS = (*SLOW_TIERS, "gpu")
+
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        for name, tier in FIXTURE_TIERS.items():
+            if name in fixtures and tier not in item.keywords:
+                item.add_marker(tier)
+        if any(t in item.keywords for t in SLOW_TIERS) and "slow" not in item.keywords:
+            item.add_marker("slow")
+        if not any(t in item.keywords for t in (*TIERS, "slow")):
+            item.add_marker("unit")
+
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return

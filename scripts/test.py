@@ -26,7 +26,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["arl-queue", "arl-proxy", "arl-sync", "arl-rollout", "arl-trainer", "arl-harbor"]
 APPS_PART = "apps"
 APPS_PATHS = ["apps", "tests"]
-DURATIONS = 15
+# Enough to list every slow test of the apps part (~35), so the CI log prices each one (docs/guide/testing.md).
+DURATIONS = 40
 
 
 def _env() -> dict[str, str]:

@@ -15,7 +15,7 @@ import pytest
 from arl_train.warm_start import load_agent_config
 from arl_train.run import run
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a full app run (tiers: conftest.py)
 
 
 def test_agent_preset_runs_a_few_steps(tmp_path):

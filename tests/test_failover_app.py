@@ -18,7 +18,7 @@ from arl_train import ledger
 from arl_train.config import load_config
 from arl_train.run import run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a full app run (tiers: conftest.py)
 
 
 def test_killing_a_replica_mid_run_completes_with_the_failover_counted(tmp_path):

@@ -28,6 +28,7 @@ def chain(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("fault", [
     "generation stalls past its timeout",
     "trainer actor killed, resumed",
@@ -44,6 +45,7 @@ def test_fault_is_handled(chain, fault):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_actor_deaths_reach_the_driver_within_seconds(chain):
     outcomes, _ = chain
     for fault in ("trainer actor killed, resumed", "rollout engine killed, resumed"):
@@ -52,6 +54,7 @@ def test_actor_deaths_reach_the_driver_within_seconds(chain):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_ledger_every_sample_consumed_once_or_accounted(chain):
     _, book = chain
     assert book["produced"] > 0

@@ -17,6 +17,7 @@ from arl_train.run import run
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.e2e,  # a full app run (tiers: conftest.py)
     pytest.mark.skipif(shutil.which("tmux") is None, reason="terminus-2 needs tmux"),
 ]
 

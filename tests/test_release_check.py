@@ -17,6 +17,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "release_check.py"
 
 
 @pytest.mark.slow
+@pytest.mark.packaging
 @pytest.mark.timeout(1800)
 def test_every_package_builds_validates_installs_alone_and_imports():
     if shutil.which("uv") is None:

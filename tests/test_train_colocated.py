@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from arl_train.config import load_config
 from arl_train.run import run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a full app run (tiers: conftest.py)
 
 
 def _run(tmp_path, *overrides, log=lambda _: None):

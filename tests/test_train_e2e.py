@@ -12,7 +12,7 @@ import pytest
 from arl_train.config import load_config
 from arl_train.run import run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a full app run (tiers: conftest.py)
 
 
 def test_short_async_run_syncs_weights_and_resumes_partial_rollouts(tmp_path):

@@ -8,7 +8,7 @@ from arl.rollout.errors import UnknownRewardError
 from arl_train.config import load_config
 from arl_train.run import run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a full app run (tiers: conftest.py)
 
 
 def test_a_broken_task_fails_the_run_with_its_reason(tmp_path):

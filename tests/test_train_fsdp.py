@@ -17,7 +17,7 @@ from arl_train import ledger
 from arl_train.config import load_config
 from arl_train.run import run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a full app run (tiers: conftest.py)
 
 COMMON = ["rollout.engine=torch", "actor.ppo_mini_batch_size=2", "rollout.n=2", "rollout.max_tokens=8",
           "async_training.staleness_threshold=1.0", "resources.trainer_cpu_ranks=2"]

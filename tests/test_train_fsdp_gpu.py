@@ -19,7 +19,7 @@ from arl_train import ledger
 from arl_train.config import load_config
 from arl_train.run import run
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.e2e]
 CONFIG = Path(__file__).resolve().parents[1] / "apps" / "train" / "configs" / "gpu_tiny.toml"
 
 

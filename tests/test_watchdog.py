@@ -67,6 +67,7 @@ def test_watchdog_stop_sweeps_leftovers_and_spares_the_driver():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_sigkill_of_the_app_driver_leaves_no_ray_process(tmp_path):
     run_id = uuid.uuid4().hex
     # Ray's socket paths must stay under the AF_UNIX limit: a short temp dir, not pytest's tmp_path.

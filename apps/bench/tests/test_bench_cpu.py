@@ -28,6 +28,7 @@ STEPS, WARMUP = 10, 2
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_cpu_bench_and_simulator_agree(tmp_path):
     torch.set_num_threads(1)
     out = tmp_path / "bench"
