@@ -1,6 +1,15 @@
-"""Stop a run at a checkpoint and resume it: weights, optimizer, step, weight version, queued samples."""
+"""Stop a run at a checkpoint and resume it, with KL to a reference policy on: one chain of two app runs.
+
+The first run (3 steps, `actor.algorithm.kl_coef > 0`) trains, reports the KL and writes a checkpoint
+recording the step, weight version, dataset position, queued samples and the base model; the second
+resumes it to step 5. Checked: weights, optimizer, step, weight version and queued samples carry over,
+and the resumed trainer takes the base model (not the checkpoint it resumes from) as its reference.
+One chain serves both subjects (resume, KL): two app runs instead of three, on one Ray head
+(`arl_train.testing.ray_head`) instead of a Ray start per run.
+"""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,28 +17,64 @@ import torch
 from arl.queue.persistence import SNAPSHOT_FILENAME, read_snapshot
 from arl_train.config import load_config
 from arl_train.run import run
+from arl_train.testing import ray_head
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a full app run (tiers: conftest.py)
 
 COMMON = ["rollout.engine=torch", "actor.ppo_mini_batch_size=2", "rollout.n=2", "rollout.max_tokens=8",
-          "async_training.staleness_threshold=1.0"]
+          "async_training.staleness_threshold=1.0", "actor.algorithm.kl_coef=0.01"]
 
 
-def test_resume_continues_where_the_checkpoint_stopped(tmp_path):
-    first = run(load_config(overrides=[*COMMON, "trainer.total_steps=3", f"output.dir={tmp_path / 'a'}"]),
-                log=lambda _: None)
-    checkpoint = tmp_path / "a" / "checkpoint"
+def _tasks(tmp_path: Path) -> str:
+    """Prompts scored by `synthetic_hash`: every group has reward variance, so every step updates."""
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"Say something {i}.", "reward_fn": "synthetic_hash"}) + "\n"
+                            for i in range(64)))
+    return f"data.source={path}"
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """Run a (3 steps, checkpoint) then b (resumed from a's checkpoint to step 5), on one Ray head."""
+    tmp = tmp_path_factory.mktemp("resume")
+    data = _tasks(tmp)
+    checkpoint = tmp / "a" / "checkpoint"
+    with ray_head() as address:
+        ray = f"ray.address={address}"
+        first = run(load_config(overrides=[*COMMON, data, ray, "trainer.total_steps=3", f"output.dir={tmp / 'a'}"]),
+                    log=lambda _: None)
+        queued = read_snapshot(checkpoint)  # samples produced but not yet trained on (read before b runs)
+        second = run(load_config(overrides=[*COMMON, data, ray, "trainer.total_steps=5",
+                                            f"trainer.resume_from={checkpoint}", f"output.dir={tmp / 'b'}"]),
+                     log=lambda _: None)
+    return {"tmp": tmp, "data": data, "first": first, "second": second, "checkpoint": checkpoint, "queued": queued}
+
+
+def test_the_checkpoint_records_step_version_position_queue_and_base_model(chain):
+    checkpoint, tmp = chain["checkpoint"], chain["tmp"]
+    assert chain["first"].steps == 3 and chain["first"].weights_equal_after_sync
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     assert state["step"] == 3 and state["version"] == 3 and state["samples_seen"] == 6
     assert state["tasks_started"] >= 6
     assert (checkpoint / "optimizer.pt").is_file()
     assert (checkpoint / SNAPSHOT_FILENAME).is_file()
-    queued = read_snapshot(checkpoint)  # samples produced but not yet trained on
-    assert first.weights_equal_after_sync
+    assert state["reference_path"] == str((tmp / "a" / "model").resolve())
 
-    second = run(load_config(overrides=[*COMMON, "trainer.total_steps=5", f"trainer.resume_from={checkpoint}",
-                                        f"output.dir={tmp_path / 'b'}"]), log=lambda _: None)
-    rows = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+
+def test_kl_run_reports_the_kl(chain):
+    rows = _rows(chain["tmp"] / "a")
+    assert all(r["grad_norm"] > 0 and r["ref_s"] > 0 for r in rows)
+    assert rows[0]["kl_ref_mean"] == 0.0  # step 1, one update: the policy is its reference (fp32, CPU)
+    assert rows[-1]["kl_ref_mean"] > 0.0  # after updates the policy has moved away from it
+
+
+def test_resume_continues_where_the_checkpoint_stopped(chain):
+    second, queued, tmp = chain["second"], chain["queued"], chain["tmp"]
+    rows = _rows(tmp / "b")
     assert [r["step"] for r in rows] == [4, 5]  # the step count continues
     assert [r["version"] for r in rows] == [4, 5]  # so does the weight version, engine included
     assert second.rollout["engine_versions"] == [5]
@@ -41,10 +86,39 @@ def test_resume_continues_where_the_checkpoint_stopped(tmp_path):
     assert rows[0]["staleness_mean"] == sum(3 - s.min_token_version() for s in queued[:2]) / 2
     assert second.weights_equal_after_sync
     # It trained further from the restored optimizer: two more updates on top of the checkpoint's three.
-    # (Asserted on the optimizer, not the weights: a tiny untrained model can draw only zero-advantage
-    # groups in five steps, and Adam with zero gradients and zero moments leaves the weights as they are.)
-    assert _adam_steps(tmp_path / "b" / "checkpoint") == {5.0}
-    assert _adam_steps(checkpoint) == {3.0}
+    # (Asserted on the optimizer, not the weights: with the digits task a tiny untrained model can draw
+    # only zero-advantage groups, and Adam with zero gradients and zero moments leaves the weights as they are.)
+    assert _adam_steps(tmp / "b" / "checkpoint") == {5.0}
+    assert _adam_steps(chain["checkpoint"]) == {3.0}
+
+
+def test_the_resumed_trainer_keeps_the_base_model_as_its_reference(chain):
+    """The resumed run's trainer (TrainerActor) takes its reference from the checkpoint's record, so the
+    KL keeps pointing at the base model: the resumed run's first step already measures a KL > 0 (its
+    policy is the checkpoint's, three updates from the base), and a policy built here as TrainerActor
+    builds it gives the base model's log probs as its reference."""
+    from arl.queue.types import Response, Sample
+    from arl.trainer import HFPolicy, TrainerConfig
+    from arl.trainer.batch import assemble_batch
+    from arl_train.actors import reference_path_of
+
+    tmp, data, checkpoint = chain["tmp"], chain["data"], chain["checkpoint"]
+    assert _rows(tmp / "b")[0]["kl_ref_mean"] > 0.0  # against its own start (the checkpoint) it would be 0
+    base = str((tmp / "a" / "model").resolve())
+    resumed = load_config(overrides=[*COMMON, data, "trainer.total_steps=5", f"trainer.resume_from={checkpoint}",
+                                     f"output.dir={tmp / 'b'}"])
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert reference_path_of(resumed, str(checkpoint), state) == base
+    assert reference_path_of(load_config(overrides=[*COMMON, data]), str(tmp / "a" / "model"), None) == base
+    tcfg = TrainerConfig(algorithm=resumed.actor.algorithm, mixed_precision="none")
+    policy = HFPolicy(checkpoint, tcfg, reference_path=reference_path_of(resumed, str(checkpoint), state))
+    ids = torch.randint(1, policy.model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0)).tolist()
+    batch = assemble_batch([Sample(uid="probe", prompt_ids=ids[0][:4], responses=[Response(
+        response_ids=row[4:], response_mask=[1] * 8, response_logprobs=[0.0] * 8, weight_versions=[0] * 8, reward=0.0)
+        for row in ids], start_version=0, end_version=0)], pad_token_id=0)
+    base_policy = HFPolicy(base, TrainerConfig(mixed_precision="none"))
+    assert torch.equal(policy.reference_log_probs(batch), base_policy.log_probs(batch))
+    assert not torch.equal(policy.log_probs(batch), base_policy.log_probs(batch))  # so its KL is > 0
 
 
 def _adam_steps(checkpoint) -> set[float]:
