@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from arl.queue.persistence import SNAPSHOT_FILENAME, read_snapshot
 from arl_train.config import load_config
 from arl_train.run import run

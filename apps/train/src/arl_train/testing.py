@@ -10,6 +10,7 @@ are ended when the context exits, by the tag they all carry (`arl_train.watchdog
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from arl.sync.net import free_port
+
 from arl_train import watchdog
 
 START_TIMEOUT_S = 300.0
@@ -33,10 +35,13 @@ def ray_head(num_cpus: int | None = None) -> Iterator[str]:
     """A Ray head of this test's own, for `ray.address=`; yields its address, ends it on exit."""
     for attempt in range(1, START_ATTEMPTS + 1):
         run_id = f"arl-test-ray-{uuid.uuid4().hex[:12]}"
-        address, problem = _start(run_id, num_cpus or os.cpu_count() or 1)
+        # Ray's socket paths must stay under the AF_UNIX limit: a short temp dir.
+        temp_dir = tempfile.mkdtemp(prefix="arlh-", dir="/tmp")
+        address, problem = _start(run_id, num_cpus or os.cpu_count() or 1, temp_dir)
         if address is not None:
             break
         watchdog.sweep(run_id)
+        shutil.rmtree(temp_dir, ignore_errors=True)
         print(f"arl_train.testing: Ray head start {attempt}/{START_ATTEMPTS} failed: {problem}", file=sys.stderr)
     else:
         raise RuntimeError(f"a Ray head did not start in {START_ATTEMPTS} attempts: {problem}")
@@ -44,13 +49,12 @@ def ray_head(num_cpus: int | None = None) -> Iterator[str]:
         yield address
     finally:
         watchdog.sweep(run_id, grace_s=10.0)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _start(run_id: str, num_cpus: int) -> tuple[str | None, str]:
+def _start(run_id: str, num_cpus: int, temp_dir: str) -> tuple[str | None, str]:
     """`ray start --head --block` tagged with `run_id`; (address, "") once it is up, else (None, why)."""
     port, agent_grpc, agent_http, metrics, runtime_env = (free_port() for _ in range(5))
-    # Ray's socket paths must stay under the AF_UNIX limit: a short temp dir.
-    temp_dir = tempfile.mkdtemp(prefix="arlh-", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if k != watchdog.MARKER} | {
         watchdog.MARKER: run_id,
         "RAY_AUTH_MODE": "disabled",
