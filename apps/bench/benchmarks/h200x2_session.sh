@@ -87,7 +87,7 @@ coloc8b() {  # name overrides...: the app colocated on one GPU with the ~7B Qwen
   timeout 900 python apps/train/__main__.py --config apps/bench/configs/h200x2.toml model.path=builtin:qwen3-8b-random \
     model.dtype=${MODEL_DTYPE:-float32} resources.colocate=true rollout.gpu_memory_utilization=0.3 trainer.total_steps=3 \
     actor.ppo_mini_batch_size=8 rollout.n=4 rollout.max_tokens=256 "data.source=builtin:longtail?median=128&p99_ratio=2&max=256" \
-    actor.activation_checkpointing=full actor.fused_optimizer=true trainer.save_final=false output.dir=$LOG/$name "$@" \
+    actor.activation_checkpointing=full actor.optim.fused=true trainer.save_final=false output.dir=$LOG/$name "$@" \
     > "$LOG/$name.log" 2>&1
   say "$name exit $?"
 }

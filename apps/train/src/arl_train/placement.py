@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from arl.sync.net import free_port
 
 from arl_train.errors import ConfigError, require
 from arl_train.sections import AppConfig
@@ -389,12 +390,6 @@ def sender_host(transport: str) -> str:
     """Where the weight sender binds: reachable from other nodes for NCCL; loopback for the transports
     that need sender and receivers on one host ("cpu" shared memory, "cuda_ipc")."""
     return node_ip() if transport == "nccl" else "127.0.0.1"
-
-
-def free_port(host: str = "") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def trainer_ranks(layout: Layout) -> list[TrainerRank]:

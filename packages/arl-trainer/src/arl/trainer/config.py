@@ -11,9 +11,15 @@ from arl.trainer.algorithm_config import AlgorithmConfig
 
 
 class OptimConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """AdamW and gradient clipping for the policy's updates."""
+
+    # AdamW's learning rate (peak, after AlgorithmConfig.lr_warmup_steps).
     lr: float = 1e-3
+    # AdamW's decoupled weight decay.
     weight_decay: float = 0.0
+    # AdamW's (beta1, beta2).
     betas: tuple[float, float] = (0.9, 0.999)
+    # Clip the global gradient norm to this before each update.
     grad_clip: float = 1.0
     # CUDA: AdamW's fused single-kernel step (torch's `fused=True`): no full-size temporaries, unlike
     # the default multi-tensor step, whose square-root list alone is the size of the parameters.
