@@ -1,7 +1,7 @@
 """The app with a data-parallel trainer: two FSDP2 ranks (gloo, on the CPU) behind one trainer loop.
 
 `resources.trainer_cpu_ranks=2` starts two trainer actors in one torch.distributed group; rank 0 reads
-the queue and syncs the engine, rank 1 follows its collectives (`arl_train.trainer_group`). The run
+the queue and syncs the engine, rank 1 follows its collectives (`arl.trainer.group`). The run
 must train, consume every sample exactly once (the ledger), leave the engine holding exactly the
 trainer's weights after the last sync, and resume from its sharded checkpoint.
 """

@@ -9,7 +9,7 @@ def kl_group(spec, model_dir, out_dir):
     from arl.trainer import TrainerConfig
     from arl.trainer.algorithm_config import AlgorithmConfig
     from arl.trainer.fsdp import FSDPPolicy
-    from arl_train.trainer_group import LeaderPolicy, follow, probe_batch
+    from arl.trainer.group import LeaderPolicy, follow, probe_batch
 
     config = TrainerConfig(mixed_precision="none", algorithm=AlgorithmConfig(kl_coef=0.1))
     policy = FSDPPolicy(model_dir, config, spec)
@@ -30,7 +30,7 @@ def settle_group(spec, model_dir, out_dir):
     torch.set_num_threads(1)
     from arl.trainer import TrainerConfig
     from arl.trainer.fsdp import FSDPPolicy
-    from arl_train.trainer_group import LeaderPolicy, follow, probe_batch
+    from arl.trainer.group import LeaderPolicy, follow, probe_batch
 
     policy = FSDPPolicy(model_dir, TrainerConfig(mixed_precision="none"), spec)
     settled = []

@@ -29,7 +29,7 @@ def _run_group(body, tmp_path):
 def test_followers_join_the_reference_forwards(tmp_path):
     from arl.trainer import HFPolicy, TrainerConfig
     from arl.trainer.algorithm_config import AlgorithmConfig
-    from arl_train.trainer_group import probe_batch
+    from arl.trainer.group import probe_batch
 
     from group_ranks import kl_group
 

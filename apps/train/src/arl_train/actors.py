@@ -26,7 +26,7 @@ from arl_train.package_configs import engine_config, run_budget, sync_config, tr
 from arl_train.placement import TrainerRank, layout_of, sender_host
 from arl_train.sections import AppConfig
 from arl_train.shared_gpu import TimeSlicedControl, TimeSlicedSource, limit_trainer_memory
-from arl_train.trainer_group import (
+from arl.trainer.group import (
     GroupPublisher,
     LeaderPolicy,
     follow,
@@ -262,11 +262,11 @@ class TrainerActor:
             limit_trainer_memory(cfg.resources.trainer_memory_fraction)
         tcfg = trainer_config(cfg, batch_timeout_s=timeouts.batch_s)
         # Colocated: the state's way out runs beside the replicas' weight wake and the sync, settled before
-        # their KV caches wake (ColocatedControl; FSDP ranks all together, trainer_group.settle_memory_together).
+        # their KV caches wake (ColocatedControl; FSDP ranks all together, arl.trainer.group.settle_memory_together).
         offload_overlap = tcfg.optimizer_offload_overlap
         # The KL's reference: recorded in every checkpoint so a resumed run keeps the original base model.
         self.reference_path = reference_path_of(cfg, model_path, resume_state)
-        self.follower = self.rank.rank > 0  # ranks 1.. only follow rank 0's collectives (trainer_group)
+        self.follower = self.rank.rank > 0  # ranks 1.. only follow rank 0's collectives (arl.trainer.group)
         self.trainer = None
         self.publisher = None
         self.after_step = None

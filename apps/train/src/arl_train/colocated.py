@@ -4,7 +4,7 @@ One step: every replica generates the step's samples with the current weights; a
 holds them the replicas go to sleep (vLLM releases its KV cache and moves its weights to host memory,
 `rollout.sleep_level`), the trainer runs its update on the freed GPU, the replicas wake their weight
 memory, the new weights arrive (CUDA IPC: the trainer rank writes into each replica's staging buffer
-on the shared GPU; with one replica per trainer GPU every rank feeds its own, see `trainer_group`),
+on the shared GPU; with one replica per trainer GPU every rank feeds its own, see `arl.trainer.group`),
 the KV cache comes back and generation resumes for the next step. With `actor.optimizer_offload`, the
 AdamW state's way out to host memory runs beside the weight wake and the transfer, and the trainer
 (every rank of an FSDP group) frees its memory just before the KV cache wakes (`settle_trainer_memory`).

@@ -1,18 +1,17 @@
-"""Data-parallel trainer ranks in the app: rank 0 leads, the other ranks follow its collectives.
+"""Data-parallel trainer ranks: rank 0 leads, the other ranks follow its collectives.
 
-With `resources.trainer_gpus = N > 1` (or `resources.trainer_cpu_ranks = N > 1` on the CPU) the app
-starts N `TrainerActor`s, one per GPU, each holding an `FSDPPolicy` in one torch.distributed group
-(NCCL on GPUs, gloo on the CPU). Only rank 0 runs the trainer loop: it alone reads the queue (so every
-sample is consumed exactly once), owns the `WeightPublisher` and talks to the rollout side. Every
-operation that is a collective under FSDP2 — a training step (with its proximal and reference
-forwards), a reference forward on its own, the weight gather of a sync, a checkpoint, the end-of-run
-weights check and probe — goes through `LeaderPolicy`, which first broadcasts a
-command (with the step's whole batch: `PackedPolicy.train_step` wants the same batch on every rank and
-takes its share of the balanced packing plan itself), then runs its own part. Ranks 1.. sit in
-`follow`, running the same command on their shard until rank 0 sends "stop". The driver therefore
-talks to rank 0 only, and watches the followers' `follow` calls for failures. Colocated ranks also
-free GPU memory together when rank 0 says so: after each step (`release_memory_together`) and, with
-an overlapped optimizer offload, once its copies have landed (`settle_memory_together`).
+With N > 1 trainer ranks (one per GPU, or gloo ranks on the CPU), each holding an `FSDPPolicy` in one
+torch.distributed group, only rank 0 runs the trainer loop: it alone reads the queue (so every sample
+is consumed exactly once), owns the `WeightPublisher` and talks to the rollout side. Every operation
+that is a collective under FSDP2 — a training step (with its proximal and reference forwards), a
+reference forward on its own, the weight gather of a sync, a checkpoint, the end-of-run weights check
+and probe — goes through `LeaderPolicy`, which first broadcasts a command (with the step's whole batch:
+`PackedPolicy.train_step` wants the same batch on every rank and takes its share of the balanced
+packing plan itself), then runs its own part. Ranks 1.. sit in `follow`, running the same command on
+their shard until rank 0 sends "stop". A driver therefore talks to rank 0 only, and watches the
+followers' `follow` calls for failures (apps/train runs one Ray actor per rank this way). Colocated
+ranks also free GPU memory together when rank 0 says so: after each step (`release_memory_together`)
+and, with an overlapped optimizer offload, once its copies have landed (`settle_memory_together`).
 
 Weights leave the group one of two ways. Split layouts: rank 0 alone sends (to every replica) and
 the other ranks only take part in the gathers. Colocated layouts with one replica per trainer GPU:
