@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +254,34 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return sum(r[key] for r in rows) / max(1, len(rows))
 
 
+# Ray gives a local node 30 s (fixed) to register; on a loaded machine (a 2-core box under CI or other
+# jobs) that start can miss it although nothing is wrong, so a local start is retried.
+RAY_LOCAL_START_ATTEMPTS = 3
+
+
+def _init_ray(config: AppConfig, env: dict[str, str], log: Callable[[str], None]) -> None:
+    """Connect to `config.ray.address`, or start a local Ray (retried when its node misses Ray's startup wait)."""
+    import ray
+
+    local = config.ray.address is None
+    for attempt in range(1, RAY_LOCAL_START_ATTEMPTS + 1):
+        try:
+            ray.init(
+                address=config.ray.address,
+                num_cpus=config.ray.num_cpus if local else None,
+                include_dashboard=False,
+                log_to_driver=True,
+                runtime_env={"env_vars": env},
+                _temp_dir=str(Path(os.environ.get("ARL_RAY_TMP", "/tmp/arl-ray"))) if local else None,
+            )
+            return
+        except Exception as e:  # Ray raises a bare Exception for this one
+            if not local or "timed out during startup" not in str(e) or attempt == RAY_LOCAL_START_ATTEMPTS:
+                raise
+            log(f"arl: the local Ray node did not register in time (attempt {attempt}); starting it again")
+            ray.shutdown()
+
+
 def run(config: AppConfig, *, log: Any = print) -> RunSummary:
     started = time.perf_counter()
     out_dir = Path(config.output.dir).resolve()
@@ -283,14 +312,7 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
         log(f"arl: resuming at step {resume_state['step']}, weight version {resume_state['version']}")
 
     guard = watchdog.start()  # every process of the run ends with the driver, even on SIGKILL
-    ray.init(
-        address=config.ray.address,
-        num_cpus=config.ray.num_cpus if config.ray.address is None else None,
-        include_dashboard=False,
-        log_to_driver=True,
-        runtime_env={"env_vars": env},
-        _temp_dir=str(Path(os.environ.get("ARL_RAY_TMP", "/tmp/arl-ray"))) if config.ray.address is None else None,
-    )
+    _init_ray(config, env, log)
     metrics = MetricsLog(out_dir / "metrics.jsonl")
     rollout = trainer = reservation = None
     following: list[Any] = []
