@@ -155,6 +155,11 @@ def add_slowdowns(results: dict[str, ModeResult], alone: dict[str, float]) -> No
             r.rollout_slowed_fraction = r.rollout_work_fraction * max(0.0, 1 - r.rollout_rate / alone["rollout"])
 
 
+def taking_turns(generate: float, train: float) -> float:
+    """Tokens/s of one GPU that generates at `generate` and trains at `train` (tokens/s) in turn."""
+    return 1 / (1 / generate + 1 / train)
+
+
 def turn_taking_ideals(results: dict[str, ModeResult], alone: dict[str, float]) -> dict[str, float]:
     """Each mode's bound from this compare's own rates, in trained tokens/s: taking turns on one GPU at
     the sides' rates alone costs 1/trainer + 1/rollout per token (time_sliced's bound, and the most any
@@ -162,10 +167,10 @@ def turn_taking_ideals(results: dict[str, ModeResult], alone: dict[str, float]) 
     Empty without both rates alone."""
     if not (alone.get("trainer") and alone.get("rollout")):
         return {}
-    out = {m: 1 / (1 / alone["trainer"] + 1 / alone["rollout"]) for m in results if m in SHARED_MODES}
+    out = {m: taking_turns(alone["rollout"], alone["trainer"]) for m in results if m in SHARED_MODES}
     colocated = results.get("colocated")
     if colocated is not None and colocated.rollout_rate > 0:
-        out["colocated"] = 1 / (1 / alone["trainer"] + 1 / colocated.rollout_rate)
+        out["colocated"] = taking_turns(colocated.rollout_rate, alone["trainer"])
     return out
 
 
@@ -175,7 +180,7 @@ def best_mix(g: float, t: float, g_share: float, t_share: float) -> float:
     `t_share` of those rates: the best split of time between both at once, the engine alone and the
     trainer alone (a two-variable linear program, solved at its vertices)."""
     gs, ts = g * g_share, t * t_share
-    candidates = [1 / (1 / g + 1 / t)]  # taking turns, never at once
+    candidates = [taking_turns(g, t)]  # never at once
     if gs > 0 and ts > 0:
         candidates.append(min(gs, ts))  # always at once
         if gs < ts:  # at once for a share x of the time, the engine alone for the rest
@@ -194,8 +199,8 @@ def ideal_speedups(g_sync: float, g_cont: float, t: float, g_share: float = 0.0,
     """One GPU's ideal over synchronous colocated (which decodes at `g_sync`, then trains at `t`):
     time_sliced decodes refilled batches (`g_cont`) and trains in turn; concurrent mixes both at once
     (`best_mix`) with the measured shares. Rates in response tokens/s."""
-    colocated = 1 / (1 / g_sync + 1 / t)
-    out = {"time_sliced": 1 / (1 / g_cont + 1 / t) / colocated}
+    colocated = taking_turns(g_sync, t)
+    out = {"time_sliced": taking_turns(g_cont, t) / colocated}
     if g_share and t_share:
         out["concurrent"] = best_mix(g_cont, t, g_share, t_share) / colocated
     return out
