@@ -10,7 +10,11 @@
 #   tail /tmp/s30/progress.log
 #
 # phases (default small,longkl,rates): small | longkl (the compares; 9 steps, 1 warm-up: 8 measured) |
-# rates (raw_vllm_rates --share, both workloads) | ratessmall | rateskl
+# rates (raw_vllm_rates --share, both workloads) | ratessmall | rateskl |
+# the concurrent study on the small workload, one compare each: conc (as the app runs it: up to 256
+# sequences in flight) | conccap (128 in flight, as raw_vllm_rates --share) | concmps and conccapmps (the same
+# with an MPS control daemon running, so that the two processes' kernels can overlap instead of being
+# time-sliced by the GPU) | smallmps (all three schedules under MPS)
 set -u
 LOG=${1:-/tmp/s30}
 PHASES=${2:-small,longkl,rates}
@@ -32,6 +36,19 @@ compare() {  # name modes concurrent-memory rates-workload overrides...
     --out "$LOG/bench_$name" trainer.total_steps=$STEPS "$@" > "$LOG/bench_$name.log" 2>&1
   say "compare $name exit $?"
 }
+# MPS: a per-session control daemon (pipe and log under $LOG; the device's compute mode is left as it is).
+# Every CUDA process started while it runs (the Ray workers inherit the environment) becomes its client.
+mps_on() {
+  export CUDA_MPS_PIPE_DIRECTORY=$LOG/mps-pipe CUDA_MPS_LOG_DIRECTORY=$LOG/mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && say "mps daemon started" || say "mps daemon failed to start"
+}
+mps_off() {
+  echo quit | nvidia-cuda-mps-control; sleep 2
+  say "mps daemon stopped; server log: $(tail -2 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null | tr '\n' ' ')"
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+CAP=(rollout.max_concurrent_per_replica=16)
 say "start: $PHASES"
 { nvidia-smi -q | grep -i -E "compute mode|product name"; which nvidia-cuda-mps-control || echo "no nvidia-cuda-mps-control";
   ls /tmp/nvidia-mps 2>&1; } > "$LOG/mps.txt" 2>&1
@@ -41,6 +58,11 @@ for phase in ${PHASES//,/ }; do
     small) compare small colocated,time_sliced,concurrent 0.35 small ;;
     longkl) compare long_prompt_kl colocated,time_sliced,concurrent 0.45 long-prompt-kl "${LONG_PROMPT_KL[@]}" ;;
     smallshared) compare small_shared time_sliced,concurrent 0.35 small ;;
+    conc) compare conc colocated,concurrent 0.35 small ;;
+    conccap) compare conc_cap concurrent 0.35 small "${CAP[@]}" ;;
+    concmps) mps_on; compare conc_mps concurrent 0.35 small; mps_off ;;
+    conccapmps) mps_on; compare conc_cap_mps concurrent 0.35 small "${CAP[@]}"; mps_off ;;
+    smallmps) mps_on; compare small_mps colocated,time_sliced,concurrent 0.35 small; mps_off ;;
     rates|ratessmall|rateskl)
       w=small,long-prompt-kl; [ "$phase" = ratessmall ] && w=small; [ "$phase" = rateskl ] && w=long-prompt-kl
       OUT=$LOG/rates timeout 900 python apps/bench/benchmarks/raw_vllm_rates.py --workloads $w --share \
