@@ -234,7 +234,8 @@ def run_modes(
     import json
 
     from arl_train.config import load_config
-    from arl_train.run import prepare_model, run
+    from arl_train.plan import prepare_model
+    from arl_train.run import run
 
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -125,6 +125,56 @@ def progress_line(row: dict[str, Any], total_steps: int) -> str:
     )
 
 
+#: Sync phases in a step's metrics (seconds): the trainer's pause / transfer / resume around the
+#: engine side's receive / in-place load (the slowest worker), and in colocated mode sleep and wake.
+SYNC_PHASES = {
+    "pause": "sync_pause_s",
+    "transfer": "sync_transfer_s",
+    "receive": "sync_receive_s",
+    "load": "sync_load_s",
+    "reset_cache": "sync_reset_cache_s",
+    "resume": "sync_resume_s",
+    "total": "sync_s",
+    "sleep": "colocated_sleep_s",
+    "wake_weights": "colocated_wake_weights_s",
+    "offload_wait": "colocated_offload_wait_s",
+    "wake_kv": "colocated_wake_kv_s",
+}
+
+
+def add_engine_phases(row: dict[str, Any]) -> None:
+    """Copy the engine side's timings of this step's sync (if it synced) into the metrics row."""
+    last = row["rollout"].get("last_sync") or {}
+    if row.get("sync_s"):
+        row["sync_receive_s"] = last.get("receive_s", 0.0)
+        row["sync_load_s"] = last.get("apply_s", 0.0)
+        row["sync_reset_cache_s"] = last.get("reset_cache_s", 0.0)
+        if "inplace" in last:  # 1.0: loaded through the model's loaders in place; 0.0: reload_weights
+            row["sync_inplace"] = last["inplace"]
+
+
+def phases_line(row: dict[str, Any]) -> str:
+    """The step's sync phases in milliseconds, appended to its progress line ("" without a sync)."""
+    if not row.get("sync_s"):
+        return ""
+    parts = [f"{name} {row[key] * 1e3:.1f}" for name, key in SYNC_PHASES.items() if name != "total" and key in row]
+    return " | sync ms: " + ", ".join(parts)
+
+
+def phase_medians(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Median milliseconds of each sync phase over the syncs after the first."""
+    import statistics
+
+    synced = [r for r in rows if r.get("sync_s")]
+    later = synced[1:] or synced  # the first sync also builds groups and maps buffers
+    out = {}
+    for name, key in SYNC_PHASES.items():
+        values = [r[key] for r in later if key in r]
+        if values:
+            out[name] = round(statistics.median(values) * 1e3, 3)
+    return out
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> Path:
     """Reward and throughput per step, one PNG."""
     import matplotlib

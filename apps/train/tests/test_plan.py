@@ -1,0 +1,79 @@
+"""The run's plan: what a run will start, decided from the config without starting Ray."""
+
+import json
+
+import msgspec
+import pytest
+from arl.queue.persistence import SNAPSHOT_FILENAME, write_snapshot
+
+from arl_train.checkpointing import resume_state
+from arl_train.config import load_config
+from arl_train.plan import plan, prepare, prepare_model, run_environment
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan")
+    return prepare_model(load_config(overrides=[f"output.dir={out}"]), out)
+
+
+def test_prepare_writes_the_config_builds_the_model_and_plans_the_default_run(tmp_path):
+    cfg = load_config(overrides=[f"output.dir={tmp_path}"])
+    p = prepare(cfg)
+    assert json.loads((tmp_path / "config.json").read_text())["output"]["dir"] == str(tmp_path)
+    assert (p.model_path / "config.json").is_file() and p.model_path.parent == tmp_path
+    assert p.resume == {} and p.first_step == 0 and p.initial_version == 0
+    assert [(s.index, s.kind) for s in p.replicas] == [(0, cfg.rollout.engine)]
+    assert p.env == run_environment(tmp_path) and p.env["ARL_LEDGER_DIR"] == str(tmp_path / "ledger")
+    assert p.trainer_env == {}  # a CPU trainer: no CUDA allocator setting
+    assert p.budget.max_queue > 0 and p.timeouts.step_s > p.timeouts.batch_s
+
+
+def test_a_colocated_gpu_plan_has_a_sleeping_replica_per_gpu_seeded_apart(tiny_model, tmp_path):
+    cfg = load_config(overrides=[
+        "resources.trainer_gpus=2", "rollout.replicas=2", "rollout.device=cuda", "rollout.engine=vllm",
+        "resources.colocate=true", "actor.expandable_segments=true", "seed=7"])
+    p = plan(cfg, tmp_path, tiny_model, {"step": 3, "version": 5})
+    assert p.layout.colocate and p.layout.replicas == 2 and p.layout.trainer_gpus == 2
+    assert [s.kind for s in p.replicas] == ["vllm", "vllm"]
+    assert [s.config.seed for s in p.replicas] == [7, 8]
+    assert all(s.config.initial_version == 5 and s.config.enable_sleep_mode for s in p.replicas)
+    assert (p.first_step, p.initial_version) == (3, 5)
+    assert "expandable_segments:True" in next(iter(p.trainer_env.values()))
+
+
+def _checkpoint(tmp_path, step):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    (ckpt / "trainer_state.json").write_text(json.dumps({"step": step, "version": step, "tasks_started": 40}))
+    write_snapshot(ckpt, [])
+    return ckpt
+
+
+def test_resume_restores_the_checkpoint_s_queue_and_position(tmp_path):
+    out = tmp_path / "out"
+    cfg = load_config(overrides=[f"output.dir={out}", f"trainer.resume_from={_checkpoint(tmp_path, 2)}",
+                                 "trainer.total_steps=4"])
+    p = prepare(cfg)
+    assert (p.first_step, p.initial_version, p.resume["tasks_started"]) == (2, 2, 40)
+    assert p.model_path == tmp_path / "ckpt"  # the checkpoint's weights, not a fresh model
+    assert (out / "queue" / SNAPSHOT_FILENAME).read_bytes() == (p.model_path / SNAPSHOT_FILENAME).read_bytes()
+
+
+def test_a_fresh_run_never_restores_an_earlier_run_s_queue(tmp_path):
+    (tmp_path / "queue").mkdir()
+    (tmp_path / "queue" / SNAPSHOT_FILENAME).write_bytes(b"old")
+    prepare(load_config(overrides=[f"output.dir={tmp_path}"]))
+    assert not (tmp_path / "queue" / SNAPSHOT_FILENAME).exists()
+
+
+def test_bad_resume_points_fail_by_name(tmp_path):
+    """`resume_state` refuses them itself, for callers that skip the config's load-time checks."""
+    cfg = load_config(overrides=[f"output.dir={tmp_path / 'a'}", "trainer.total_steps=4"])
+    at_end = msgspec.structs.replace(cfg.trainer, resume_from=str(_checkpoint(tmp_path, 4)))
+    with pytest.raises(ValueError, match="raise trainer.total_steps"):
+        resume_state(msgspec.structs.replace(cfg, trainer=at_end), tmp_path / "a")
+    not_one = msgspec.structs.replace(cfg.trainer, resume_from=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="not an arl checkpoint"):
+        resume_state(msgspec.structs.replace(cfg, trainer=not_one), tmp_path / "a")
