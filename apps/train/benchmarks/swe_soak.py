@@ -14,7 +14,8 @@ Two stages, then a hygiene check against a snapshot taken before the first:
    - `verifier_timeout`: a copy whose tests sleep past a 3 s verifier timeout: must fail by kind
      (verifier_timeout, retried once), never score;
    - `client_disconnect`: the agent first opens a streamed completion and drops the connection after the
-     first chunk, while the engine is still generating, then works normally: must score 1.0.
+     first chunk, while the engine is still generating, then works normally: must score 1.0, with that
+     turn counted as dropped (`AgentResult.dropped_turns` = 1) and absent from the trajectory.
    Every launched trial must come back (a result or a failure by kind): "lost" counts those that did not
    (exception, hang past the trial timeout) or came back with the wrong outcome.
 2. **App** (`--app-steps` > 0): `uv run apps/train --preset swe` (tiny model, the same tasks, local
@@ -229,9 +230,10 @@ async def trial(i: int, kind: str, task_id: str, task: Path, args: argparse.Name
                       "wall": time.monotonic() - started}
     row |= {"wall": time.monotonic() - started, "failed": result.failed, "kind": result.failure_kind,
             "reward": None if result.failed else result.reward, "segments": len(result.segments),
-            "error": (result.error or "")[:200]}
+            "dropped_turns": result.dropped_turns, "error": (result.error or "")[:200]}
     if kind in ("none", "client_disconnect"):
-        ok = not result.failed and result.reward == 1.0
+        # The reply the agent never received is counted as dropped, never recorded: one drop exactly there.
+        ok = not result.failed and result.reward == 1.0 and result.dropped_turns == int(kind == "client_disconnect")
     elif kind == "env_start_fails":
         ok = result.failed and result.failure_kind in ("sandbox", "invalid_task")
     else:
@@ -271,7 +273,9 @@ async def stage_trials(args: argparse.Namespace, tasks: list[tuple[str, Path]], 
             "by_fault": {k: dict(v) for k, v in by_fault.items()},
             "lost": sum(r["outcome"] == "lost" for r in rows), "wrong": sum(r["outcome"] == "wrong" for r in rows),
             "examples_not_ok": wrong,
-            "disconnect_segments": dict(Counter(r.get("segments") for r in rows if r["fault"] == "client_disconnect"))}
+            "disconnect_segments": dict(Counter(r.get("segments") for r in rows if r["fault"] == "client_disconnect")),
+            "dropped_turns_by_fault": {f: sum(r.get("dropped_turns") or 0 for r in rows if r["fault"] == f)
+                                       for f in ("none", *FAULTS)}}
 
 
 # ----- stage 2: the app with worker and replica kills -------------------------------------------------

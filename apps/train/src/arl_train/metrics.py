@@ -3,7 +3,7 @@
 Each step's row gets derived metrics before it is written (`derive`): the idle ratio of each side
 (trainer: time waiting for a batch / step time; rollout: engine time without a generation call over the
 step, from the server manager's cumulative utilization), turns and tool calls per trajectory, proxy
-rebuilds. Numeric values (nested ones flattened as `rollout/x`) also go to TensorBoard under
+rebuilds and dropped turns (replies a client never received). Numeric values (nested ones flattened as `rollout/x`) also go to TensorBoard under
 `output.dir/tensorboard`, and to wandb when it is installed (offline unless WANDB_MODE says otherwise).
 """
 
@@ -36,8 +36,9 @@ def derive(row: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, fl
         out["turns_per_trajectory"] = ro.get("turns", 0) / trajectories
         if "tool_calls" in ro:
             out["tool_calls_per_trajectory"] = ro["tool_calls"] / trajectories
-    if "proxy_rebuilds" in ro:
-        out["proxy_rebuilds"] = float(ro["proxy_rebuilds"])
+    for counter in ("proxy_rebuilds", "proxy_dropped_turns"):
+        if counter in ro:
+            out[counter] = float(ro[counter])
     return out
 
 

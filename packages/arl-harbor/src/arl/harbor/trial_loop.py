@@ -109,6 +109,7 @@ class _EmptyTrajectory(msgspec.Struct, kw_only=True):
     finish_reason: str = "stop"
     messages: list[dict[str, Any]] = msgspec.field(default_factory=list)
     rebuilds: int = 0
+    dropped_turns: int = 0
 
 
 _EMPTY = _EmptyTrajectory()
@@ -451,6 +452,7 @@ class HarborAgentLoop:
                 len(m.get("tool_calls") or []) for m in traj.messages if m.get("role") == "assistant"
             ),
             rebuilds=int(traj.rebuilds),
+            dropped_turns=int(traj.dropped_turns),
             rewards=rewards,
             routed_experts=getattr(first, "routed_experts", None),
             timings=timings,
@@ -471,6 +473,7 @@ class HarborAgentLoop:
             weight_versions=[],
             reward=0.0,
             num_turns=int(getattr(traj, "num_turns", 0) or 0),
+            dropped_turns=int(getattr(traj, "dropped_turns", 0) or 0),
             timings=timings,
             failed=True,
             failure_kind=outcome.kind,

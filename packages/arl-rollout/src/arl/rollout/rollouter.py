@@ -66,6 +66,8 @@ class RolloutStats:
         # Tool calls and proxy rebuilds of the trajectories trained on.
         self.tool_calls = 0
         self.proxy_rebuilds = 0
+        # Turns generated but never delivered to the agent (arl-proxy dropped them), over every trajectory.
+        self.proxy_dropped_turns = 0
         # Trajectories put into samples, their token-exact segments (more than one where the history was
         # rewritten), and tokens the engine sampled into them (each should have mask 1 in one segment).
         self.trajectories = 0
@@ -75,6 +77,7 @@ class RolloutStats:
 
     def record(self, result: AgentResult) -> None:
         """Count one trajectory's failure kind and phase timings."""
+        self.proxy_dropped_turns += result.dropped_turns
         if result.failed:
             self.failed_by_kind[result.failure_kind or "unknown"] += 1
         else:

@@ -28,6 +28,7 @@ def result_from_trajectory(trajectory: Trajectory, *, reward: float, **fields: A
     fields.setdefault("tool_calls", sum(len(m.get("tool_calls") or []) for m in trajectory.messages
                                         if m.get("role") == "assistant"))
     fields.setdefault("rebuilds", trajectory.rebuilds)
+    fields.setdefault("dropped_turns", trajectory.dropped_turns)
     return AgentResult(
         prompt_ids=list(first.prompt_ids) if first else [],
         response_ids=ids,

@@ -60,3 +60,6 @@ class AgentResult(msgspec.Struct, kw_only=True):
     # Tool calls the agent made, and times the proxy had to rebuild the token sequence (history rewritten).
     tool_calls: int = 0
     rebuilds: int = 0
+    # Turns the proxy generated but did not record because the reply never reached the agent (it
+    # disconnected mid-stream): nothing of them is in the trajectory; counted so a dashboard shows them.
+    dropped_turns: int = 0
