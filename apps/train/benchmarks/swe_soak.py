@@ -118,16 +118,19 @@ class DisconnectingShellAgent(_shell_agent_base()):  # type: ignore[misc]
 
 
 class SlowFirstGenerator:
-    """Wraps a generator: its first call (the disconnected one) takes a second, and is not counted."""
+    """The disconnected call first: it takes a second and is answered by `first`; every later call by
+    `rest`. Two generators, because arl-proxy aborts a generation whose client left: the aborted call
+    must not take a reply out of the agent's script (it would shift the script by one)."""
 
-    def __init__(self, inner: Any, delay_s: float = 1.0) -> None:
-        self.inner, self.delay_s, self.first = inner, delay_s, True
+    def __init__(self, first: Any, rest: Any, delay_s: float = 1.0) -> None:
+        self.first, self.rest, self.delay_s, self.pending_first = first, rest, delay_s, True
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: Any) -> Any:
-        if self.first:
-            self.first = False
+        if self.pending_first:
+            self.pending_first = False
             await asyncio.sleep(self.delay_s)
-        return await self.inner.generate(request_id, prompt_ids, sampling_params)
+            return await self.first.generate(request_id, prompt_ids, sampling_params)
+        return await self.rest.generate(request_id, prompt_ids, sampling_params)
 
 
 # ----- hygiene ----------------------------------------------------------------------------------------
@@ -215,7 +218,7 @@ async def trial(i: int, kind: str, task_id: str, task: Path, args: argparse.Name
         run_task = verifier_timeout_copy(task, variants)
     elif kind == "client_disconnect":
         fields["agent_import_path"] = "swe_soak:DisconnectingShellAgent"
-        generator = SlowFirstGenerator(ScriptedGenerator(tokenizer, ["(dropped)", *completions]))
+        generator = SlowFirstGenerator(ScriptedGenerator(tokenizer, ["(dropped)"]), generator)
     config = msgspec.convert(fields, HarborConfig)
     loop = HarborAgentLoop(config, tokenizer=tokenizer)
     t = Task(id=task_id, messages=[], agent="harbor", metadata={"harbor_task_path": str(run_task)})
@@ -247,7 +250,8 @@ async def stage_trials(args: argparse.Namespace, tasks: list[tuple[str, Path]], 
 
     tokenizer = tokenizer_for_checks()
     rng = random.Random(args.seed)
-    kinds = [rng.choice(FAULTS) if rng.random() < args.fault_rate else "none" for _ in range(args.trials)]
+    faults = args.faults.split(",")
+    kinds = [rng.choice(faults) if rng.random() < args.fault_rate else "none" for _ in range(args.trials)]
     variants = work / "variants"
     variants.mkdir(parents=True, exist_ok=True)
     gate = asyncio.Semaphore(args.concurrency)
@@ -330,6 +334,7 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--fault-rate", type=float, default=0.2)
+    parser.add_argument("--faults", default=",".join(FAULTS), help=f"the faults drawn from (any of {', '.join(FAULTS)})")
     parser.add_argument("--env", choices=("local", "docker"), default="local")
     parser.add_argument("--skip", default="humanize__humanize.i18n.activate__remove_assign")
     parser.add_argument("--trial-timeout", type=float, default=600.0)
@@ -339,6 +344,9 @@ def main() -> int:
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
     args.task_set = args.task_set.absolute()
+    unknown = set(args.faults.split(",")) - set(FAULTS)
+    if unknown:
+        parser.error(f"--faults: unknown {sorted(unknown)}; choose from {', '.join(FAULTS)}")
     if 0 < args.app_steps < 3:
         parser.error("--app-steps must be 0 or at least 3 (worker kill after step 1, replica kill after step 2)")
     if args.env == "docker":
