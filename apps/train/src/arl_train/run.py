@@ -45,7 +45,7 @@ class RunSummary(msgspec.Struct, kw_only=True):
     # Engine tensors not readable as parameters (vLLM CPU prepacks linear layers); covered by the probe.
     weights_prepacked: int
     probe_logprob_max_abs_diff: float
-    # Median milliseconds of each phase of the syncs after the first (see `SYNC_PHASES`).
+    # Median milliseconds of each phase of the syncs after the first (see `metrics.SYNC_PHASES`).
     sync_phases_ms: dict[str, float]
     # Engine tensor names the check could not match or found different (empty when equal).
     weights_problems: list[str]
@@ -83,7 +83,7 @@ def _check_followers(ray: Any, followers: list[Any]) -> None:
 
 @dataclass
 class _Started:
-    """What the lifecycle has started so far (torn down in reverse by `_teardown`)."""
+    """What the lifecycle has started so far (what `_teardown` stops)."""
 
     reservation: Any = None
     queue: Any = None
