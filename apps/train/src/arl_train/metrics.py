@@ -3,8 +3,9 @@
 Each step's row gets derived metrics before it is written (`derive`): the idle ratio of each side
 (trainer: time waiting for a batch / step time; rollout: engine time without a generation call over the
 step, from the server manager's cumulative utilization), turns and tool calls per trajectory, proxy
-rebuilds and dropped turns (replies a client never received). Numeric values (nested ones flattened as `rollout/x`) also go to TensorBoard under
-`output.dir/tensorboard`, and to wandb when it is installed (offline unless WANDB_MODE says otherwise).
+rebuilds and dropped turns (replies a client never received). Numeric values (nested ones flattened as
+`rollout/x`) also go to TensorBoard under `output.dir/tensorboard`, and to wandb when it is installed
+(offline unless WANDB_MODE says otherwise). The sync phases of a step are added to its row and line.
 """
 
 from __future__ import annotations
