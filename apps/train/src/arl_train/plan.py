@@ -98,8 +98,7 @@ def prepare_model(config: AppConfig, out_dir: Path) -> Path:
     return path
 
 
-def plan(config: AppConfig, out_dir: Path, model_path: Path, resume: dict[str, Any],
-         env: dict[str, str] | None = None) -> RunPlan:
+def plan(config: AppConfig, out_dir: Path, model_path: Path, resume: dict[str, Any]) -> RunPlan:
     """The run's plan from its config, model folder and resume state (pure: reads the model's config.json)."""
     layout = layout_of(config)
     check_model(layout, model_path)
@@ -108,7 +107,7 @@ def plan(config: AppConfig, out_dir: Path, model_path: Path, resume: dict[str, A
     return RunPlan(
         config=config,
         out_dir=out_dir,
-        env=run_environment(out_dir) if env is None else env,
+        env=run_environment(out_dir),
         model_path=model_path,
         resume=resume,
         layout=layout,
@@ -124,9 +123,9 @@ def prepare(config: AppConfig) -> RunPlan:
     out_dir = Path(config.output.dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_bytes(msgspec.json.format(msgspec.json.encode(config)))
-    env = run_environment(out_dir)
-    os.environ.update(env)  # before Ray or Harbor is imported: they read some of these at import time
+    # Before Ray or Harbor is imported: they read some of these at import time.
+    os.environ.update(run_environment(out_dir))
     check_harbor(config)  # a misconfigured Harbor agent/environment fails here, by name
     resume = resume_state(config, out_dir)
     model_path = Path(config.trainer.resume_from) if resume else prepare_model(config, out_dir)
-    return plan(config, out_dir, model_path, resume, env)
+    return plan(config, out_dir, model_path, resume)
