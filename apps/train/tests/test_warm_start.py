@@ -3,6 +3,8 @@ tokens, and a supervised pass whose loss goes down."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from arl.harbor.builtin_tasks import FAMILIES, random_task, random_tasks
@@ -88,12 +90,62 @@ def test_a_slipped_demonstration_fails_the_tasks_own_check(family, tmp_path):
     assert not solved(wrong.solution, tmp_path / "slip")
 
 
-def test_slip_rate_is_checked():
+def test_weakening_target_is_checked():
     from arl_train.config import ConfigError
 
-    assert warm_start_config(["warm_start.slip_rate=0.25"]).slip_rate == 0.25
-    with pytest.raises(ConfigError, match="slip_rate"):
-        warm_start_config(["warm_start.slip_rate=1.5"])
+    assert warm_start_config(["warm_start.weaken_to=0.3"]).weaken_to == 0.3
+    assert warm_start_config(["warm_start.weaken_to=null"]).weaken_to is None
+    with pytest.raises(ConfigError, match="weaken_to"):
+        warm_start_config(["warm_start.weaken_to=1.5"])
+
+
+class _ScriptedPolicy:
+    """Stands in for the model: `generate` appends, to every row, the turn `reply(task)` writes for the task
+    whose instruction the prompt holds (what `first_turn_success` must score)."""
+
+    def __init__(self, tokenizer, tasks, reply):
+        self.tokenizer, self.tasks, self.reply = tokenizer, tasks, reply
+
+    def generate(self, prompt, **_):
+        text = self.tokenizer.decode(prompt[0])
+        task = next(t for t in self.tasks if t.instruction.strip() in text)
+        turn = self.tokenizer(self.reply(task), add_special_tokens=False, return_tensors="pt")["input_ids"]
+        return torch.cat([prompt, turn.repeat(prompt.shape[0], 1)], dim=1)
+
+
+def test_first_turn_success_counts_exactly_the_oracle_calls(tokenizer):
+    from arl_train.warm_start import first_turn_success, slipped
+
+    tasks = random_tasks(8, seed=9)
+
+    def call(command):
+        return '<tool_call>\n{"name": "bash", "arguments": {"command": ' + json.dumps(command) + "}}\n</tool_call><|im_end|>"
+
+    def half_right(task):  # the oracle on the first four tasks, their slip on the others
+        return call(task.solution if tasks.index(task) < 4 else slipped(task).solution)
+
+    assert first_turn_success(_ScriptedPolicy(tokenizer, tasks, lambda t: call(t.solution)), tokenizer, tasks,
+                              samples=3, seed=0) == 1.0
+    assert first_turn_success(_ScriptedPolicy(tokenizer, tasks, half_right), tokenizer, tasks, samples=3, seed=0) == 0.5
+    no_call = _ScriptedPolicy(tokenizer, tasks, lambda t: t.solution + "<|im_end|>")  # the command as prose
+    assert first_turn_success(no_call, tokenizer, tasks, samples=2, seed=0) == 0.0
+    broken = _ScriptedPolicy(tokenizer, tasks, lambda t: '<tool_call>\n{"name": "bash", "arguments": {"command"<|im_end|>')
+    assert first_turn_success(broken, tokenizer, tasks, samples=2, seed=0) == 0.0
+
+
+def test_the_weakening_pass_stops_at_its_target(tmp_path):
+    """Demonstrations, then slipped steps until the measured first-turn success is at most weaken_to; the
+    record keeps every check and both passes' losses."""
+    from arl_train.warm_start import WarmStartConfig, prepare_agent_run
+
+    cfg = WarmStartConfig(tasks=4, examples=8, steps=2, batch_size=2, weaken_to=0.0, weaken_max_steps=3,
+                          check_samples=1)
+    prepare_agent_run(tmp_path / "w", cfg, run_seed=1, log=lambda _: None)
+    record = json.loads((tmp_path / "w" / "warm_start.json").read_text())
+    phases = [phase for phase, _, _ in record["first_turn_success"]]
+    assert phases[0] == "demonstrations" and set(phases[1:]) == {"weakening"}
+    assert record["first_turn_success"][-1][2] == 0.0 and len(record["weaken_losses"]) == len(phases) - 1
+    assert (tmp_path / "w" / "model_sft" / "config.json").is_file()
 
 
 def test_supervised_pass_is_deterministic_by_seed(tiny, tokenizer, tmp_path):

@@ -1,23 +1,33 @@
-"""The agent preset's warm start: random shell-task instances, their demonstrations, and a short
-supervised pass (SFT) of the tiny model on them, before RL takes over.
+"""The agent preset's warm start: random shell-task instances, their demonstrations, a supervised pass
+(SFT) of the tiny model on them, then a short pass that teaches it a careless habit for RL to unlearn.
 
 `uv run apps/train --preset agent` calls `prepare_agent_run`: it writes `warm_start.tasks` random
 instances of the built-in task families (`arl.harbor.builtin_tasks.random_tasks`: file names, numbers
-and words drawn at random, so the policy must read the instruction) as Harbor task dirs, builds the
-tiny model, trains it for `warm_start.steps` optimizer steps on demonstrations of *other* random
-instances (drawn with another seed), and saves the result as the run's starting model folder.
-A demonstration is the conversation the arl shell agent has with the model when it solves the task
-(system prompt and `bash` tool rendered by the chat template, a hermes tool call running the oracle's
-command, its output, then "Done."); the loss covers the assistant tokens only (each turn up to and
-including `<|im_end|>`), exactly the tokens the policy samples during RL.
+and words drawn at random, so the policy must read the instruction) as Harbor task dirs and builds the
+tiny model. Then two passes:
 
-The pass is short (240 steps): the warm-started policy mostly calls the tool in the right format but
-still miscopies names and numbers at temperature 1, so RL starts well below reward 1 and has room to
-improve (120 steps left seed 0 at ~0.07, too weak for GRPO to find a signal: apps/train/BENCHMARKS.md). It is also deterministic: the run's `seed` (or `warm_start.seed`) fixes the RL tasks,
-the demonstrations, the base model's initialisation and the batches, and the pass runs with
-`torch.use_deterministic_algorithms` on a fixed number of threads (`warm_start.threads`), so one seed
-gives the same warm-started weights, and so the same starting reward, every time. (Unpinned, 240 steps of
-the same setting started RL anywhere between 0.13 and 0.68: apps/train/BENCHMARKS.md, "Agent preset".)
+1. **Demonstrations** (`warm_start.steps` AdamW steps at `warm_start.lr`) of *other* random instances
+   (drawn with another seed). A demonstration is the conversation the arl shell agent has with the model
+   when it solves the task (system prompt and `bash` tool rendered by the chat template, a hermes tool
+   call running the oracle's command, its output, then "Done."); the loss covers the assistant tokens
+   only (each turn up to and including `<|im_end|>`), exactly the tokens the policy samples during RL.
+   300 steps bring every seed to its plateau (first-turn success ~0.6 at temperature 1).
+2. **Weakening** (`weaken_to`): steps on *slipped* demonstrations (`slipped`: a path without its .txt,
+   a directory where a file was asked) at `weaken_lr`, one at a time, until the policy's first-turn
+   success on the RL tasks (`first_turn_success`, measured after every step) falls to `weaken_to`.
+
+Why the second pass: where the first pass stops decides everything. Its success moves by ±0.3 from one
+step to the next at the end (seed 0: 0.45 at step 230, 0.17 at 240, 0.47 at 250), so a fixed step count
+started RL anywhere between 0.13 and 0.70, and from a policy at its plateau twelve RL steps show no
+rise; stopped early instead (success 0.2–0.4 on the way up), plain GRPO does not raise it in twelve
+steps either: the missing skill (copying names and numbers) is slow to learn. A habit picked up in a few
+small steps is what RL undoes within twelve (apps/train/BENCHMARKS.md, "Agent preset"), so every seed
+starts at the same measured success with a known behaviour to correct.
+
+Everything is deterministic: the run's `seed` (or `warm_start.seed`) fixes the RL tasks, the
+demonstrations, the base model's initialisation, the batches and the success checks' samples, and the
+passes run with `torch.use_deterministic_algorithms` on a fixed number of threads (`warm_start.threads`),
+so one seed gives the same warm-started weights every time.
 """
 
 from __future__ import annotations
@@ -47,21 +57,23 @@ class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tasks: int = 64
     # Demonstrations for the supervised pass (other random instances than the RL tasks).
     examples: int = 512
-    # Optimizer steps of the supervised pass, and its batch size and learning rate (AdamW).
-    steps: int = 240
+    # Optimizer steps of the demonstration pass, its batch size and learning rate (AdamW).
+    steps: int = 300
     batch_size: int = 16
     lr: float = 3e-3
-    # Seeds the RL tasks, the demonstrations, the base model (offset by model.seed) and the batches.
-    # None: the run's top-level `seed`, so `seed=N` alone reseeds the warm start, task sampling and RL.
+    # Seeds the RL tasks, the demonstrations, the base model (offset by model.seed), the batches and the
+    # success checks. None: the run's top-level `seed`, so `seed=N` alone reseeds the warm start and RL.
     seed: int | None = None
-    # Intra-op threads of the supervised pass: float sums depend on how they are split, so a fixed
-    # count (not the machine's) keeps the weights the same from machine to machine.
+    # Intra-op threads of the passes: float sums depend on how they are split, so a fixed count (not the
+    # machine's) keeps the weights the same from machine to machine.
     threads: Annotated[int, msgspec.Meta(ge=1)] = 2
-    # Share of demonstrations showing a typical slip (`slipped`: a path without its .txt, a directory
-    # where a file was asked) instead of the oracle's command, so the warm-started policy makes that
-    # slip about as often: a behaviour for RL to correct. Off by default: at 0.5 the RL runs measured so
-    # far did not correct it within 20 steps either (apps/train/BENCHMARKS.md).
-    slip_rate: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
+    # The weakening pass: steps on slipped demonstrations at `weaken_lr` until the first-turn success on
+    # the RL tasks (`check_samples` sampled turns per task) is at most `weaken_to`; at most
+    # `weaken_max_steps` (it fails if the success is still above then). None: no weakening pass.
+    weaken_to: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] | None = 0.25
+    weaken_lr: float = 3e-4
+    weaken_max_steps: Annotated[int, msgspec.Meta(ge=1)] = 40
+    check_samples: Annotated[int, msgspec.Meta(ge=1)] = 4
     # Shape of the tiny model built for the preset (arl_train.tiny_model.build_tiny_model).
     hidden_size: int = 64
     intermediate_size: int = 128
@@ -145,6 +157,38 @@ def sft_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int) 
     return (nll * weights).sum() / weights.sum().clamp(min=1.0)
 
 
+def first_turn_success(model: Any, tokenizer: Any, tasks: list[Any], *, samples: int, seed: int,
+                       max_tokens: int = 48) -> float:
+    """Share of `samples` first assistant turns per task, sampled at temperature 1, whose hermes tool call
+    runs exactly the task's oracle command: what the policy solves on its first try (the RL reward is at
+    least this, as a task's check accepts its oracle command). Seeded: the same model gives the same share."""
+    import torch
+
+    from arl.harbor.shell_agent import BASH_TOOL, SYSTEM_PROMPT
+    from arl.proxy.tool_parsers import parse_hermes
+
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    solved = 0
+    torch.manual_seed(seed)
+    for task in tasks:
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.instruction.strip()}]
+        text = tokenizer.apply_chat_template(messages, tools=[BASH_TOOL], tokenize=False, add_generation_prompt=True)
+        prompt = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]]).repeat(samples, 1)
+        with torch.no_grad():
+            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=1.0,
+                                 top_k=0, top_p=1.0, max_new_tokens=max_tokens, eos_token_id=end_of_turn,
+                                 pad_token_id=tokenizer.pad_token_id)
+        for row in out[:, prompt.shape[1]:]:
+            turn = tokenizer.decode(row).split("<|im_end|>")[0]
+            calls = parse_hermes(turn, [BASH_TOOL]).tool_calls
+            try:
+                arguments = json.loads(calls[0].arguments) if calls else None
+            except json.JSONDecodeError:
+                arguments = None
+            solved += isinstance(arguments, dict) and arguments.get("command") == task.solution
+    return solved / (samples * len(tasks))
+
+
 @contextlib.contextmanager
 def _deterministic(threads: int) -> Iterator[None]:
     """Deterministic torch kernels on `threads` intra-op threads; the process's settings come back after."""
@@ -163,10 +207,13 @@ def _deterministic(threads: int) -> Iterator[None]:
 def supervised_pass(model_dir: Path | str, out_dir: Path | str,
                     examples: list[tuple[list[int], list[int]]], *,
                     steps: int, batch_size: int, lr: float, seed: int = 0, threads: int = 2,
+                    stop: Callable[[int, Any], bool] | None = None,
                     log: Callable[[str], None] = print) -> list[float]:
-    """Train the model in `model_dir` on `examples` for `steps` AdamW steps; save it (with its
-    tokenizer) to `out_dir`. Returns the loss of every step. Deterministic: the same arguments give the
-    same losses and weights (seeded batches, deterministic kernels on `threads` threads)."""
+    """Train the model in `model_dir` on `examples` for up to `steps` AdamW steps; save it (with its
+    tokenizer) to `out_dir`. After each step, `stop(steps done, model)` may end the pass early (it runs
+    under its own RNG state, so it does not change the batches). Returns the loss of every step run.
+    Deterministic: the same arguments give the same losses and weights (seeded batches, deterministic
+    kernels on `threads` threads)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -196,6 +243,13 @@ def supervised_pass(model_dir: Path | str, out_dir: Path | str,
             if step % 10 == 0 or step == steps - 1:
                 log(f"arl: warm start step {step + 1}/{steps} loss {losses[-1]:.3f} "
                     f"({time.monotonic() - started:.0f}s)")
+            if stop is not None:
+                model.eval()
+                with torch.random.fork_rng(devices=[]):
+                    done = stop(step + 1, model)
+                model.train()
+                if done:
+                    break
     out = Path(out_dir)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -231,14 +285,40 @@ def prepare_agent_run(out_dir: Path | str, cfg: WarmStartConfig, *, model_seed: 
 
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     # Other draws than the RL tasks (a different seed); with few choices per slot, instructions recur.
-    slips = random.Random(seed + 2)
-    examples = [encode_demonstration(tokenizer, slipped(t) if slips.random() < cfg.slip_rate else t)
-                for t in random_tasks(cfg.examples, seed=seed + 1)]
+    demos = random_tasks(cfg.examples, seed=seed + 1)
+    examples = [encode_demonstration(tokenizer, t) for t in demos]
     log(f"arl: warm start: {len(examples)} demonstrations (~{len(examples[0][0])} tokens each), "
         f"{cfg.steps} steps, seed {seed}, {len(rl_tasks)} RL tasks in {tasks_dir}")
-    losses = supervised_pass(base, model_dir, examples, steps=cfg.steps, batch_size=cfg.batch_size,
-                             lr=cfg.lr, seed=seed, threads=cfg.threads, log=log)
-    record.write_text(json.dumps({"key": key, "losses": losses}) + "\n")
+    checks: list[tuple[str, int, float]] = []
+
+    def check(phase: str, step: int, model: Any) -> float:
+        success = first_turn_success(model, tokenizer, rl_tasks, samples=cfg.check_samples, seed=seed)
+        checks.append((phase, step, success))
+        log(f"arl: warm start {phase} step {step}: first-turn success {success:.3f}")
+        return success
+
+    def measure_at_the_end(step: int, model: Any) -> bool:
+        if step == cfg.steps:
+            check("demonstrations", step, model)
+        return False
+
+    weaken = cfg.weaken_to is not None
+    losses = supervised_pass(base, root / "model_demo" if weaken else model_dir, examples, steps=cfg.steps,
+                             batch_size=cfg.batch_size, lr=cfg.lr, seed=seed, threads=cfg.threads,
+                             stop=measure_at_the_end, log=log)
+    weaken_losses: list[float] = []
+    if weaken:
+        slips = [encode_demonstration(tokenizer, slipped(t)) for t in demos]
+        weaken_losses = supervised_pass(
+            root / "model_demo", model_dir, slips, steps=cfg.weaken_max_steps, batch_size=cfg.batch_size,
+            lr=cfg.weaken_lr, seed=seed, threads=cfg.threads,
+            stop=lambda step, model: check("weakening", step, model) <= cfg.weaken_to, log=lambda _: None)
+        if checks[-1][2] > cfg.weaken_to:
+            raise ValueError(f"warm_start: first-turn success still {checks[-1][2]:.3f} after "
+                             f"weaken_max_steps={cfg.weaken_max_steps} slipped steps (weaken_to={cfg.weaken_to}); "
+                             f"raise warm_start.weaken_max_steps or warm_start.weaken_lr")
+    record.write_text(json.dumps({"key": key, "losses": losses, "weaken_losses": weaken_losses,
+                                  "first_turn_success": checks}) + "\n")
     return tasks_dir, model_dir
 
 
