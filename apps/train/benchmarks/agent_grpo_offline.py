@@ -15,15 +15,13 @@ Prints the mean reward of each step's samples (README, "agent preset").
 from __future__ import annotations
 
 import argparse
-import json
 import random
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from arl.harbor.builtin_tasks import random_tasks
-from arl.harbor.shell_agent import BASH_TOOL, SYSTEM_PROMPT
-from arl.proxy.tool_parsers import parse_hermes
+from arl_train.warm_start import first_turn_prompt, runs_the_oracle
 
 MAX_TOKENS = 40
 
@@ -44,26 +42,15 @@ def main() -> None:
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
     tasks, rng = random_tasks(64, seed=args.seed), random.Random(args.seed)
 
-    def prompt_ids(task) -> list[int]:
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.instruction.strip()}]
-        text = tokenizer.apply_chat_template(messages, tools=[BASH_TOOL], tokenize=False, add_generation_prompt=True)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def reward(task, completion: str) -> float:
-        # The proxy's own hermes parser reads the call, as in the app (a turn it cannot parse has no calls).
-        calls = parse_hermes(completion.split("<|im_end|>")[0], [BASH_TOOL]).tool_calls
-        arguments = json.loads(calls[0].arguments) if calls else None
-        return float(isinstance(arguments, dict) and arguments.get("command") == task.solution)
-
     for step in range(1, args.steps + 1):
         groups, rewards, tokens = [], [], 0.0
         for task in rng.sample(tasks, args.tasks):
-            ids = torch.tensor([prompt_ids(task)]).repeat(args.samples, 1)
+            ids = torch.tensor([first_turn_prompt(tokenizer, task)]).repeat(args.samples, 1)
             with torch.no_grad():
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
                                      top_k=0, top_p=1.0, max_new_tokens=MAX_TOKENS, pad_token_id=tokenizer.pad_token_id)
             turn = out[:, ids.shape[1]:]
-            r = torch.tensor([reward(task, tokenizer.decode(row)) for row in turn])
+            r = torch.tensor([float(runs_the_oracle(task, tokenizer.decode(row))) for row in turn])
             advantages = (r - r.mean()) / (r.std() + 1e-6) if r.std() > 0 else torch.zeros_like(r)
             # The turn ends at its first <|im_end|>: later tokens (padding) are not trained.
             after_end = (turn == end_of_turn).long().cumsum(-1) - (turn == end_of_turn).long()

@@ -157,35 +157,47 @@ def sft_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int) 
     return (nll * weights).sum() / weights.sum().clamp(min=1.0)
 
 
+def first_turn_prompt(tokenizer: Any, task: Any) -> list[int]:
+    """Token ids of what the shell agent sends first for `task`: system prompt, `bash` tool, instruction,
+    and the generation prompt of the assistant's first turn."""
+    from arl.harbor.shell_agent import BASH_TOOL, SYSTEM_PROMPT
+
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.instruction.strip()}]
+    text = tokenizer.apply_chat_template(messages, tools=[BASH_TOOL], tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def runs_the_oracle(task: Any, turn: str) -> bool:
+    """Whether the assistant turn `turn` (text up to its `<|im_end|>`) calls `bash` with exactly the task's
+    oracle command, read by the proxy's own hermes parser as in a run (what the task's check accepts)."""
+    from arl.harbor.shell_agent import BASH_TOOL
+    from arl.proxy.tool_parsers import parse_hermes
+
+    calls = parse_hermes(turn.split("<|im_end|>")[0], [BASH_TOOL]).tool_calls
+    try:
+        arguments = json.loads(calls[0].arguments) if calls else None
+    except json.JSONDecodeError:
+        return False
+    return isinstance(arguments, dict) and arguments.get("command") == task.solution
+
+
 def first_turn_success(model: Any, tokenizer: Any, tasks: list[Any], *, samples: int, seed: int,
                        max_tokens: int = 48) -> float:
-    """Share of `samples` first assistant turns per task, sampled at temperature 1, whose hermes tool call
-    runs exactly the task's oracle command: what the policy solves on its first try (the RL reward is at
-    least this, as a task's check accepts its oracle command). Seeded: the same model gives the same share."""
+    """Share of `samples` first assistant turns per task, sampled at temperature 1, that run exactly the
+    task's oracle command (`runs_the_oracle`): what the policy solves on its first try (the RL reward is at
+    least this). Seeded: the same model gives the same share."""
     import torch
-
-    from arl.harbor.shell_agent import BASH_TOOL, SYSTEM_PROMPT
-    from arl.proxy.tool_parsers import parse_hermes
 
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
     solved = 0
     torch.manual_seed(seed)
     for task in tasks:
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.instruction.strip()}]
-        text = tokenizer.apply_chat_template(messages, tools=[BASH_TOOL], tokenize=False, add_generation_prompt=True)
-        prompt = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]]).repeat(samples, 1)
+        prompt = torch.tensor([first_turn_prompt(tokenizer, task)]).repeat(samples, 1)
         with torch.no_grad():
             out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=1.0,
                                  top_k=0, top_p=1.0, max_new_tokens=max_tokens, eos_token_id=end_of_turn,
                                  pad_token_id=tokenizer.pad_token_id)
-        for row in out[:, prompt.shape[1]:]:
-            turn = tokenizer.decode(row).split("<|im_end|>")[0]
-            calls = parse_hermes(turn, [BASH_TOOL]).tool_calls
-            try:
-                arguments = json.loads(calls[0].arguments) if calls else None
-            except json.JSONDecodeError:
-                arguments = None
-            solved += isinstance(arguments, dict) and arguments.get("command") == task.solution
+        solved += sum(runs_the_oracle(task, tokenizer.decode(row)) for row in out[:, prompt.shape[1]:])
     return solved / (samples * len(tasks))
 
 
