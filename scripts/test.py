@@ -33,6 +33,10 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["arl-queue", "arl-proxy", "arl-sync", "arl-rollout", "arl-trainer", "arl-harbor"]
+# The package parts' usual seconds on the 2-core CI machine: side by side, the longest start first, so the
+# last one to end is not a long part started late (a part not listed counts as the longest).
+TYPICAL_SECONDS = {"arl-harbor": 150, "arl-rollout": 105, "arl-trainer": 90, "arl-proxy": 30, "arl-sync": 14,
+                   "arl-queue": 12}
 APPS_PART = "apps"
 APPS_PATHS = ["apps", "tests"]
 # Enough to list every slow test of the apps part (~35), so the CI log prices each one (docs/guide/testing.md).
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         argv, pytest_args = argv[:cut], argv[cut + 1:]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("parts", nargs="*", default=[*PACKAGES, APPS_PART],
-                        help=f"any of {', '.join(PACKAGES)}, {APPS_PART} (default: all, in this order)")
+                        help=f"any of {', '.join(PACKAGES)}, {APPS_PART} (default: all)")
     parser.add_argument("--jobs", type=int, default=2,
                         help="package parts at a time, and pytest-xdist workers of the apps part (default 2)")
     args = parser.parse_args(argv)
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n=== {package} ({seconds:.0f} s) ===\n{output}", flush=True)
         return package, rc, seconds
 
-    packages = [p for p in args.parts if p != APPS_PART]
+    packages = sorted((p for p in args.parts if p != APPS_PART), key=lambda p: -TYPICAL_SECONDS.get(p, 1e9))
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results += pool.map(package_part, packages)
     if APPS_PART in args.parts:
