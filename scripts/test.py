@@ -12,11 +12,12 @@ Parts run side by side, `--jobs` at a time (default 2, the CI machine's cores): 
 that many processes (each part's output printed whole when it ends), then the apps part on that many
 pytest-xdist workers, whole test modules to a worker (`--dist loadscope`), so a module's shared app run
 (a module-scoped fixture) still runs once. Most of an app run's time is spent waiting on process
-starts, Ray and sandboxes rather than computing, which is what two at a time recovers.
+starts, Ray and sandboxes (one alone keeps the 2-core machine ~54% busy); two at a time fill it, and a
+third adds nothing (docs/guide/testing.md).
 
     uv run scripts/test.py                     # everything (what CI runs)
     uv run scripts/test.py arl-proxy apps      # some parts
-    uv run scripts/test.py --jobs 1            # one part, one test at a time, in order
+    uv run scripts/test.py --jobs 1            # one part and one test at a time
     uv run scripts/test.py -- -m "not slow"    # arguments after -- go to every pytest
 """
 
