@@ -11,7 +11,7 @@ in the workspace's environment (`.venv`, everything). Every part runs even when 
 Parts run side by side, `--jobs` at a time (default 2, the CI machine's cores): the package parts in
 that many processes (each part's output printed whole when it ends), then the apps part on that many
 pytest-xdist workers, whole test modules to a worker (`--dist loadscope`), so a module's shared app run
-(a module-scoped fixture) still runs once. Most of an app run's time is spent waiting on process
+(a module-scoped fixture) still runs once. Much of an app run's time is spent waiting on process
 starts, Ray and sandboxes (one alone keeps the 2-core machine ~54% busy); two at a time fill it, and a
 third adds nothing (docs/guide/testing.md).
 
