@@ -114,12 +114,13 @@ class _ScriptedPolicy:
 
 
 def test_first_turn_success_counts_exactly_the_oracle_calls(tokenizer):
+    from arl.harbor.agents.scripts import hermes_call
     from arl_train.warm_start import first_turn_success, slipped
 
     tasks = random_tasks(8, seed=9)
 
     def call(command):
-        return '<tool_call>\n{"name": "bash", "arguments": {"command": ' + json.dumps(command) + "}}\n</tool_call><|im_end|>"
+        return hermes_call(command) + "<|im_end|>"
 
     def half_right(task):  # the oracle on the first four tasks, their slip on the others
         return call(task.solution if tasks.index(task) < 4 else slipped(task).solution)
