@@ -68,5 +68,33 @@ def test_rejects_harmless_total_and_hanging_changes(tiny):
     assert run.timed_out and classify(passed, run).reject == "timeout"
 
 
+FLAKY_TEST = """
+import os
+from pathlib import Path
+
+
+def test_fails_on_every_third_run():
+    # A test whose outcome depends on the run, like a socket test under load: each run appends a byte to a
+    # shared file and fails when it was the third.
+    tally = Path(__file__).with_name("tally")
+    fd = os.open(tally, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(fd, b"x")
+    os.close(fd)
+    assert tally.stat().st_size % 3 != 0
+"""
+
+
+def test_baseline_leaves_out_a_flaky_test(tiny):
+    root, spec = tiny
+    (root / "tests" / "test_flaky.py").write_text(FLAKY_TEST)
+    baseline = Baseline(root, PYTHON, spec, runs=3)
+    assert baseline.discover() == ["tests/test_tinycalc.py"]  # the flaky file has no test that always passes
+    assert baseline.flaky == {"tests/test_flaky.py::test_fails_on_every_third_run"}
+    passed, _ = baseline.passed(["tests/test_tinycalc.py", "tests/test_flaky.py"])
+    assert len(passed) == 12 and not any("flaky" in t for t in passed)
+    with pytest.raises(ValueError, match="at least 2"):
+        Baseline(root, PYTHON, spec, runs=1)
+
+
 def test_classify_without_report():
     assert classify({"t::a"}, PytestRun(exitstatus=None)).reject.startswith("no report")

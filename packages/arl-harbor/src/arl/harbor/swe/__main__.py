@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--max-candidates", type=int, default=600, help="triples looked at per package, at most")
     b.add_argument("--jobs", type=int, default=2)
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--baseline-runs", type=int, default=3,
+                   help="pristine test-suite runs side by side; a test that fails in any is left out as flaky")
     b.add_argument("--cache", type=Path, default=Path(".cache/swe"))
     b.add_argument("--python", default=DEBIAN_PYTHON, help="the interpreter of the test venvs (Debian's)")
     v = sub.add_parser("verify", help="check oracle / untouched / edited-tests rewards on the host")
@@ -56,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "build":
         if args.max_per_package < 1 or args.jobs < 1:
             parser.error("--max-per-package and --jobs must be at least 1")
+        if args.baseline_runs < 2:
+            parser.error("--baseline-runs must be at least 2 (one run cannot tell a flaky test)")
         try:
             specs = select(_csv(args.packages))
         except ValueError as e:
@@ -65,10 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         command = "python -m arl.harbor.swe " + " ".join(shlex.quote(a) for a in argv)
         summary = build(specs, args.out.resolve(), args.cache.resolve(), max_per_package=args.max_per_package,
                         max_candidates=args.max_candidates, jobs=args.jobs, seed=args.seed, python=args.python,
-                        command=command, log=_log)
+                        baseline_runs=args.baseline_runs, command=command, log=_log)
         for p in summary["packages"]:
             _log(f"{p['package']} {p['version']}: kept {p['kept']} of {p['candidates_run']} run "
-                 f"({p['considered']} considered) in {p['seconds']} s")
+                 f"({p['considered']} considered) in {p['seconds']} s; {len(p['flaky_tests'])} flaky tests left out")
         _log(f"{summary['tasks_in_set']} tasks in {args.out} ({summary['seconds']} s); "
              f"operators: {summary['operators_in_set']}")
         return 0

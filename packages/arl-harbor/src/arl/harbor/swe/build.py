@@ -40,6 +40,7 @@ class PackageStats:
     operators: Counter = field(default_factory=Counter)
     seconds: float = 0.0
     test_files: int = 0
+    flaky_tests: list[str] = field(default_factory=list)  # pristine tests that did not pass in every baseline run
 
 
 @dataclass
@@ -62,8 +63,8 @@ def _task_id(spec: PackageSpec, cand: _Candidate) -> str:
 
 
 def build_package(spec: PackageSpec, out: Path, cache: Path, *, max_tasks: int, max_candidates: int,
-                  jobs: int, seed: int, python: str, log=print, source_root: Path | None = None,
-                  venv: Path | None = None) -> tuple[list[TaskRecord], PackageStats]:
+                  jobs: int, seed: int, python: str, baseline_runs: int = 3, log=print,
+                  source_root: Path | None = None, venv: Path | None = None) -> tuple[list[TaskRecord], PackageStats]:
     """Build up to `max_tasks` tasks of `spec` into `out`; returns their records and the stats.
 
     `source_root` / `venv` replace the fetched sdist / the prepared venv (a local package, e.g. in tests;
@@ -76,10 +77,11 @@ def build_package(spec: PackageSpec, out: Path, cache: Path, *, max_tasks: int, 
     venv = venv or venvs.ensure_venv(spec, cache, python=python)
     wheelhouse = venvs.package_wheelhouse(spec, cache, python=python)
     py = venv / "bin" / "python"
-    baseline = Baseline(root, py, spec)
+    baseline = Baseline(root, py, spec, runs=baseline_runs)
     test_files = baseline.discover()
     stats.test_files = len(test_files)
-    log(f"[{spec.key}] {len(test_files)} test files pass at baseline")
+    log(f"[{spec.key}] {len(test_files)} test files pass at baseline ({baseline_runs} runs side by side; "
+        f"{len(baseline.flaky)} flaky tests left out)")
 
     triples = []
     module_tests: dict[str, list[str]] = {}
@@ -158,13 +160,14 @@ def build_package(spec: PackageSpec, out: Path, cache: Path, *, max_tasks: int, 
                 log(f"[{spec.key}] kept {record.id}: {len(cls.fail_to_pass)} F2P, {len(cls.pass_to_pass)} P2P "
                     f"({len(records)}/{max_tasks}, {stats.candidates} run)")
     shutil.rmtree(work_root, ignore_errors=True)
+    stats.flaky_tests = sorted(baseline.flaky)
     stats.kept = len(records)
     stats.seconds = round(time.monotonic() - start, 1)
     return records, stats
 
 
 def build(specs: list[PackageSpec], out: Path, cache: Path, *, max_per_package: int, max_candidates: int,
-          jobs: int, seed: int, python: str, command: str = "", log=print) -> dict:
+          jobs: int, seed: int, python: str, baseline_runs: int = 3, command: str = "", log=print) -> dict:
     """Build every package's tasks into `out`, write manifest.jsonl and build.json; returns the summary."""
     start = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
@@ -172,12 +175,12 @@ def build(specs: list[PackageSpec], out: Path, cache: Path, *, max_per_package: 
     per_package = []
     for spec in specs:
         records, stats = build_package(spec, out, cache, max_tasks=max_per_package, max_candidates=max_candidates,
-                                       jobs=jobs, seed=seed, python=python, log=log)
+                                       jobs=jobs, seed=seed, python=python, baseline_runs=baseline_runs, log=log)
         all_records += records
         per_package.append({"package": spec.name, "version": spec.version, "test_files": stats.test_files,
                             "considered": stats.considered, "candidates_run": stats.candidates,
                             "kept": stats.kept, "seconds": stats.seconds, "rejects": dict(stats.rejects),
-                            "operators": dict(stats.operators)})
+                            "operators": dict(stats.operators), "flaky_tests": stats.flaky_tests})
     # Merge with tasks already in the manifest from other packages (building one package at a time).
     manifest = out / "manifest.jsonl"
     rows = {}
@@ -191,7 +194,7 @@ def build(specs: list[PackageSpec], out: Path, cache: Path, *, max_per_package: 
     rows.update({r.id: r.to_json() for r in all_records})
     manifest.write_text("".join(json.dumps(rows[k]) + "\n" for k in sorted(rows)))
     operators = Counter(r["operator"] for r in rows.values())
-    summary = {"command": command, "seed": seed, "jobs": jobs, "python": python,
+    summary = {"command": command, "seed": seed, "jobs": jobs, "baseline_runs": baseline_runs, "python": python,
                "pytest": venvs.PYTEST_REQUIREMENT, "seconds": round(time.monotonic() - start, 1),
                "tasks_in_set": len(rows), "tasks_built_now": len(all_records), "packages": per_package,
                "operators_in_set": dict(sorted(operators.items()))}

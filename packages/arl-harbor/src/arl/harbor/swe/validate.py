@@ -1,7 +1,8 @@
 """Which tests a bug breaks: the package's own tests before and after, FAIL_TO_PASS / PASS_TO_PASS.
 
-A package's baseline is its pristine source's test outcomes (run twice; a test counts only if it passed
-both times, so flaky tests never become FAIL_TO_PASS). A candidate bug is run against the test files
+A package's baseline is its pristine source's test outcomes, run `runs` times side by side (the load of
+the other runs is what exposes timing- and socket-dependent tests): a test counts only if it passed every
+time, so a flaky test never becomes FAIL_TO_PASS or PASS_TO_PASS; the ones that did not are `flaky`. A candidate bug is run against the test files
 that import its module only (`mapped_test_files`), with a timeout; it is kept when some baseline-passing
 tests now fail (FAIL_TO_PASS) and the others of those files still pass (PASS_TO_PASS).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -96,11 +98,15 @@ def classify(baseline_passed: set[str], run: PytestRun) -> Classification:
 class Baseline:
     """The pristine package's test outcomes, per set of test files (memoised, thread-safe)."""
 
-    def __init__(self, root: Path, python: Path, spec: PackageSpec, *, timeout_sec: float = 300.0) -> None:
-        self.root, self.python, self.spec, self.timeout_sec = root, python, spec, timeout_sec
+    def __init__(self, root: Path, python: Path, spec: PackageSpec, *, runs: int = 3,
+                 timeout_sec: float = 300.0) -> None:
+        if runs < 2:
+            raise ValueError(f"Baseline runs must be at least 2 to tell flaky tests (got {runs})")
+        self.root, self.python, self.spec, self.runs, self.timeout_sec = root, python, spec, runs, timeout_sec
         self._memo: dict[tuple[str, ...], tuple[set[str], float]] = {}
         self._lock = threading.Lock()
         self.test_files: list[str] = []
+        self.flaky: set[str] = set()  # passed in some runs of the pristine source and not in others
 
     def _args(self) -> list[str]:
         args = list(self.spec.pytest_args)
@@ -108,15 +114,25 @@ class Baseline:
             args += ["--ignore", skip]
         return args
 
-    def discover(self) -> list[str]:
-        """Run the whole suite (as configured) twice; record the test files whose tests pass."""
-        runs = [run_pytest(self.root, self.python, src_root=self.spec.src_root, args=self._args(),
-                           timeout_sec=self.timeout_sec) for _ in range(2)]
+    def _run_side_by_side(self, files: list[str] | None, args: list[str]) -> tuple[set[str], float]:
+        """Tests passing in every one of `runs` simultaneous runs (the rest that passed once are flaky)."""
+        with ThreadPoolExecutor(max_workers=self.runs) as pool:
+            runs = list(pool.map(lambda _: run_pytest(self.root, self.python, src_root=self.spec.src_root,
+                                                      files=files, args=args, timeout_sec=self.timeout_sec),
+                                 range(self.runs)))
         for run in runs:
             if run.exitstatus is None:
                 raise RuntimeError(f"{self.spec.key}: the pristine test suite did not run:\n{run.output[-3000:]}")
-        passed = runs[0].passed() & runs[1].passed()
-        files = sorted({t.split("::", 1)[0] for t in passed if is_test_path(t.split("::", 1)[0])})
+        every = set.intersection(*(r.passed() for r in runs))
+        some = set.union(*(r.passed() for r in runs))
+        with self._lock:
+            self.flaky |= {t for t in some - every if is_test_path(t.split("::", 1)[0])}
+        return {t for t in every if is_test_path(t.split("::", 1)[0])}, max(r.seconds for r in runs)
+
+    def discover(self) -> list[str]:
+        """Run the whole suite (as configured); record the test files with tests that pass every time."""
+        passed, _ = self._run_side_by_side(None, self._args())
+        files = sorted({t.split("::", 1)[0] for t in passed})
         files = [f for f in files if f not in self.spec.skip_test_files]
         if not files:
             raise RuntimeError(f"{self.spec.key}: no passing tests found in the pristine source")
@@ -124,15 +140,14 @@ class Baseline:
         return files
 
     def passed(self, files: list[str]) -> tuple[set[str], float]:
-        """Tests of `files` that pass twice on the pristine source, and the slower run's seconds."""
+        """Tests of `files` that pass in every run on the pristine source (never one flaky in any earlier
+        baseline run of this package), and the slowest run's seconds."""
         key = tuple(files)
         with self._lock:
             if key in self._memo:
                 return self._memo[key]
-        runs = [run_pytest(self.root, self.python, src_root=self.spec.src_root, files=files,
-                           args=self.spec.pytest_args, timeout_sec=self.timeout_sec) for _ in range(2)]
-        passed = runs[0].passed() & runs[1].passed()
-        result = ({t for t in passed if is_test_path(t.split("::", 1)[0])}, max(r.seconds for r in runs))
+        passed, seconds = self._run_side_by_side(files, list(self.spec.pytest_args))
         with self._lock:
+            result = (passed - self.flaky, seconds)
             self._memo[key] = result
         return result
