@@ -4,6 +4,7 @@ does the same for the same seed whatever --jobs is, and every task passes the ho
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -11,12 +12,12 @@ import pytest
 
 from arl.harbor.swe.build import build_package
 from arl.harbor.swe.testing import write_tiny_package
-from arl.harbor.swe.verify import verify_set
+from arl.harbor.swe.verify import run_scenario, verify_set
 from arl.harbor.tasks import load_harbor_tasks
 
 
 @pytest.mark.slow
-def test_build_tiny_package_end_to_end(tmp_path):
+def test_build_tiny_package_end_to_end(tmp_path, monkeypatch):
     root = tmp_path / "tinycalc-0.0.1"
     spec = write_tiny_package(root)
     sets = {}
@@ -39,3 +40,39 @@ def test_build_tiny_package_end_to_end(tmp_path):
     checks = verify_set(out, jobs=2, log=lambda _msg: None)
     assert [c.problems for c in checks] == [[], []]
     assert all(c.rewards == {"oracle": 1.0, "untouched": 0.0, "edit_tests": 0.0} for c in checks)
+
+    # A PASS_TO_PASS test that fails once (a flake) is run once more and counts when it passes then; one
+    # that always fails is rerun and still fails the task; with FAIL_TO_PASS failing nothing is rerun.
+    task = out / records[0].id
+    config = json.loads((task / "tests" / "config.json").read_text())
+    victim = config["pass_to_pass"][0]
+    pristine = task / "tests" / "pristine" / victim.split("::", 1)[0]
+    pristine.write_text(pristine.read_text() + FAILS_WHILE_NO_TALLY.format(node_id=victim))
+    tally = tmp_path / "tally"
+    python = out / "_venvs" / spec.name / "bin" / "python"
+    monkeypatch.setenv("TINY_TALLY", str(tally))
+    reward, _ = run_scenario(task, python, "oracle", config)
+    assert reward == {"reward": 1.0, "fail_to_pass": 1.0, "pass_to_pass": 1.0,
+                      "pass_to_pass_rerun": 1, "pass_to_pass_flaky": 1}
+    monkeypatch.setenv("TINY_TALLY", str(tmp_path / "no-such-dir" / "tally"))  # never written: fails every time
+    reward, _ = run_scenario(task, python, "oracle", config)
+    assert reward["reward"] == 0.0 and reward["pass_to_pass_rerun"] == 1 and reward["pass_to_pass_flaky"] == 0
+    reward, _ = run_scenario(task, python, "untouched", config)
+    assert reward["reward"] == 0.0 and "pass_to_pass_rerun" not in reward
+
+
+FAILS_WHILE_NO_TALLY = """
+
+import os as _os
+
+
+@pytest.fixture(autouse=True)
+def _flaky(request):
+    tally = _os.environ.get("TINY_TALLY")
+    if request.node.nodeid == "{node_id}" and tally and not _os.path.exists(tally):
+        try:
+            open(tally, "w").close()
+        except OSError:
+            pass
+        pytest.fail("a flake: fails while the tally file is missing")
+"""

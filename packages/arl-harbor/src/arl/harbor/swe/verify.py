@@ -43,7 +43,9 @@ class TaskCheck:
         return not self.problems
 
 
-def _run_scenario(task: Path, python: Path, scenario: str, config: dict) -> tuple[float | None, str]:
+def run_scenario(task: Path, python: Path, scenario: str, config: dict) -> tuple[dict | None, str]:
+    """Run one scenario ("oracle", "untouched", "edit_tests") in a temp copy of the task's testbed: the
+    verifier's reward.json (None: it wrote none) and why not."""
     with tempfile.TemporaryDirectory(prefix="arl-swe-verify-") as tmp:
         testbed, logs = Path(tmp) / "testbed", Path(tmp) / "logs"
         shutil.copytree(task / "environment" / "testbed", testbed, symlinks=True)
@@ -65,7 +67,7 @@ def _run_scenario(task: Path, python: Path, scenario: str, config: dict) -> tupl
         reward_file = logs / "reward.json"
         if not reward_file.is_file():
             return None, f"test.sh exit {proc.returncode}, no reward: {proc.stderr[-500:]}"
-        return float(json.loads(reward_file.read_text())["reward"]), ""
+        return json.loads(reward_file.read_text()), ""
 
 
 def verify_task(task: Path, set_dir: Path) -> TaskCheck:
@@ -82,7 +84,8 @@ def verify_task(task: Path, set_dir: Path) -> TaskCheck:
         return check
     expected = {"oracle": lambda r: r == 1.0, "untouched": lambda r: r == 0.0, "edit_tests": lambda r: r != 1.0}
     for scenario, good in expected.items():
-        reward, why = _run_scenario(task, python, scenario, config)
+        written, why = run_scenario(task, python, scenario, config)
+        reward = None if written is None else float(written["reward"])
         check.rewards[scenario] = reward
         if reward is None or not good(reward):
             check.problems.append(f"{scenario}: reward {reward} {why}".strip())

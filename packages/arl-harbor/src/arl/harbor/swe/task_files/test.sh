@@ -2,6 +2,7 @@
 # Verifier of an arl SWE task (written by `python -m arl.harbor.swe build`): restores the pristine test
 # files over the testbed, runs the FAIL_TO_PASS + PASS_TO_PASS tests with pytest and writes
 # reward.json = {"reward": 1.0 iff all listed tests passed, "fail_to_pass": ..., "pass_to_pass": ...}.
+# A few PASS_TO_PASS tests that fail when every FAIL_TO_PASS test passed run once more (flakes; score.py).
 # When the harness itself cannot run (no python/pytest, no report, a timeout) it writes NO reward file
 # and exits non-zero naming the cause: a verifier failure, never a reward of 0.
 # Overrides for running it outside the task image: ARL_SWE_PYTHON, ARL_SWE_TESTBED, ARL_SWE_LOGS.
@@ -35,13 +36,25 @@ done < <(find "$TESTBED" -name conftest.py -not -path '*/.git/*' -print0)
 find "$TESTBED" -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null
 
 REPORT="$LOGS/pytest_report.json"
-rm -f "$REPORT" "$LOGS/reward.json"
+RERUN_REPORT="$LOGS/pytest_rerun_report.json"
+rm -f "$REPORT" "$RERUN_REPORT" "$LOGS/reward.json"
 cd "$TESTBED" || fail "cannot enter $TESTBED"
-ARL_SWE_REPORT="$REPORT" PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$TESTS_DIR/plugin:$TESTBED/$SRC_ROOT" \
-  timeout -k 5 "$PYTEST_TIMEOUT_SEC" "$PY" -m pytest -p arl_swe_report -p no:cacheprovider -q --tb=short \
-  "${PYTEST_ARGS[@]}" "${TEST_FILES[@]}" >"$LOGS/pytest.log" 2>&1
-rc=$?
-if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then fail "pytest timed out after ${PYTEST_TIMEOUT_SEC}s (see $LOGS/pytest.log)"; fi
-[ -s "$REPORT" ] || fail "pytest (exit $rc) wrote no report; see $LOGS/pytest.log"
-(cd / && "$PY" "$TESTS_DIR/plugin/score.py" "$TESTS_DIR/config.json" "$REPORT" "$LOGS/reward.json") \
+run_pytest() {  # run_pytest REPORT LOG ARGS...: pytest with the report plugin; fails the verifier on a timeout
+  local report="$1" log="$2"; shift 2
+  ARL_SWE_REPORT="$report" PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$TESTS_DIR/plugin:$TESTBED/$SRC_ROOT" \
+    timeout -k 5 "$PYTEST_TIMEOUT_SEC" "$PY" -m pytest -p arl_swe_report -p no:cacheprovider -q --tb=short \
+    "${PYTEST_ARGS[@]}" "$@" >"$log" 2>&1
+  local rc=$?
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then fail "pytest timed out after ${PYTEST_TIMEOUT_SEC}s (see $log)"; fi
+  [ -s "$report" ] || fail "pytest (exit $rc) wrote no report; see $log"
+}
+run_pytest "$REPORT" "$LOGS/pytest.log" "${TEST_FILES[@]}"
+RERUN_IDS="$(cd / && "$PY" "$TESTS_DIR/plugin/score.py" --to-rerun "$TESTS_DIR/config.json" "$REPORT")" \
   || fail "scoring failed"
+SCORE_ARGS=("$TESTS_DIR/config.json" "$REPORT" "$LOGS/reward.json")
+if [ -n "$RERUN_IDS" ]; then
+  mapfile -t RERUN <<<"$RERUN_IDS"
+  run_pytest "$RERUN_REPORT" "$LOGS/pytest_rerun.log" "${RERUN[@]}"
+  SCORE_ARGS+=("$RERUN_REPORT")
+fi
+(cd / && "$PY" "$TESTS_DIR/plugin/score.py" "${SCORE_ARGS[@]}") || fail "scoring failed"
