@@ -9,6 +9,10 @@ Tiers, by what a test starts (the marks are declared in the root pyproject.toml)
 - `gpu`: a CUDA GPU (skipped here where torch sees none);
 - `unit`: none of these (nor `slow`): the quick pass, `-m unit`.
 
+App runs on the CPU placement share one Ray head per pytest process (`app_ray_head`, one per xdist
+worker) instead of starting Ray each; tests/test_train_e2e.py and tests/test_train_failures.py keep the
+app's own local start and shutdown, which is what `uv run apps/train` does.
+
 A test file marks `e2e`/`packaging` itself (`pytestmark`); `ray` and `container` follow from the fixtures
 a test uses (FIXTURE_TIERS), so a new test taking `docker_ready` is a container test without saying so.
 Every tiered test except `gpu` is also `slow`, so `-m "not slow"` stays the quick pass it always was.
@@ -23,9 +27,20 @@ FIXTURE_TIERS = {
     "ray4": "ray",  # apps/train test_reservation
     "docker_ready": "container",  # arl-harbor
     "agent_image": "container",  # arl-harbor
+    "app_ray_head": "ray",  # app runs (tests/, apps/bench): `ray.address=<it>`
 }
 SLOW_TIERS = ("e2e", "ray", "container", "packaging")
 TIERS = (*SLOW_TIERS, "gpu")
+
+
+@pytest.fixture(scope="session")
+def app_ray_head():
+    """The address of a Ray head for app runs with the CPU placement, started once per pytest process
+    (arl_train.testing.ray_head): each run connects with `ray.address=<it>` as a job of its own."""
+    from arl_train.testing import ray_head
+
+    with ray_head() as address:
+        yield address
 
 
 def pytest_collection_modifyitems(config, items):

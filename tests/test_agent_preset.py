@@ -18,7 +18,7 @@ from arl_train.run import run
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a full app run (tiers: conftest.py)
 
 
-def test_agent_preset_runs_a_few_steps(tmp_path):
+def test_agent_preset_runs_a_few_steps(tmp_path, app_ray_head):
     config = load_agent_config(
         None,
         [
@@ -30,6 +30,7 @@ def test_agent_preset_runs_a_few_steps(tmp_path):
             "actor.ppo_mini_batch_size=2",
             "rollout.n=2",
             f"output.dir={tmp_path}",
+            f"ray.address={app_ray_head}",
         ],
         log=print,
     )

@@ -22,7 +22,7 @@ from arl_train.ledger import CONSUMED, PRODUCED, TaskTracker
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
-    outcomes, book = faults.run_chain(tmp_path_factory.mktemp("faults"), "torch", total_steps=40, timeout_s=300)
+    outcomes, book = faults.run_chain(tmp_path_factory.mktemp("faults"), "torch", total_steps=28, timeout_s=300)
     print(faults.format_table(outcomes))
     return {o.fault: o for o in outcomes}, book
 

@@ -1,5 +1,6 @@
 """A short real run of apps/train on Harbor tasks: the built-in small task set in the local sandbox,
-terminus-2 talking to the per-trial proxy, vLLM (CPU build) and the trainer, a few steps.
+terminus-2 talking to the per-trial proxy, the in-tree torch engine and the trainer, a few steps (vLLM
+behind the proxy is tests/test_agent_preset.py's run).
 
 What it checks: Harbor trials become trained samples end to end, the per-phase timings and the
 trajectories' turns reach metrics.jsonl, nothing fails by kind that should not, and the engine still
@@ -22,7 +23,7 @@ pytestmark = [
 ]
 
 
-def test_harbor_terminus2_run_on_the_local_sandbox(tmp_path):
+def test_harbor_terminus2_run_on_the_local_sandbox(tmp_path, app_ray_head):
     from arl_train.tiny_model import build_tiny_model
 
     # terminus-2's first prompt is a few thousand tokens of the tiny byte-level tokenizer.
@@ -31,6 +32,7 @@ def test_harbor_terminus2_run_on_the_local_sandbox(tmp_path):
         mode="a",
         overrides=[
             "data.source=harbor:builtin:small",
+            "rollout.engine=torch",
             f"model.path={model}",
             "trainer.total_steps=2",
             "actor.ppo_mini_batch_size=2",
@@ -42,6 +44,7 @@ def test_harbor_terminus2_run_on_the_local_sandbox(tmp_path):
             "harbor.max_input_tokens=7000",
             "harbor.max_output_tokens=32",
             f"output.dir={tmp_path}",
+            f"ray.address={app_ray_head}",
         ],
     )
     summary = run(config, log=print)

@@ -7,8 +7,8 @@ checks the turn-taking and its calls, not memory release), wakes, receives the n
 generates the next step. So no sample is stale, no sample mixes weight versions, every step syncs,
 and at the end the engine holds exactly the trainer's (changed) weights.
 
-Every run of this module has the same placement (CPU), so they share one Ray head
-(`arl_train.testing.ray_head`) instead of starting Ray each.
+Every run of this module has the CPU placement, so they run on the Ray head of the pytest process
+(`app_ray_head`, root conftest.py) instead of starting Ray each.
 """
 
 import json
@@ -19,24 +19,17 @@ from safetensors.torch import load_file
 
 from arl_train.config import load_config
 from arl_train.run import run
-from arl_train.testing import ray_head
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a full app run (tiers: conftest.py)
 
 
-@pytest.fixture(scope="module")
-def head():
-    with ray_head() as address:
-        yield address
-
-
 @pytest.fixture
-def colocated_run(head):
-    """Three colocated steps of 4 samples on the module's Ray head: returns (summary, metrics rows)."""
+def colocated_run(app_ray_head):
+    """Three colocated steps of 4 samples on the shared Ray head: returns (summary, metrics rows)."""
     def run_colocated(tmp_path, *overrides, log=lambda _: None):
         config = load_config(overrides=["resources.colocate=true", "trainer.total_steps=3", "actor.ppo_mini_batch_size=4",
                                         "rollout.n=4", "rollout.max_tokens=8", f"output.dir={tmp_path}",
-                                        f"ray.address={head}", *overrides])
+                                        f"ray.address={app_ray_head}", *overrides])
         summary = run(config, log=log)
         return summary, [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return run_colocated

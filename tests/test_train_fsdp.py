@@ -43,9 +43,9 @@ def _consumed_once(out_dirs, expected):
     assert set(uids) <= produced
 
 
-def test_two_trainer_ranks_train_sync_and_resume(tmp_path):
-    data = _tasks(tmp_path)
-    first = run(load_config(overrides=[*COMMON, data, "trainer.total_steps=3", f"output.dir={tmp_path / 'a'}"]),
+def test_two_trainer_ranks_train_sync_and_resume(tmp_path, app_ray_head):
+    data, ray = _tasks(tmp_path), f"ray.address={app_ray_head}"
+    first = run(load_config(overrides=[*COMMON, data, ray, "trainer.total_steps=3", f"output.dir={tmp_path / 'a'}"]),
                 log=lambda _: None)
     assert first.steps == 3 and first.samples_consumed == 6
     rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
@@ -61,7 +61,7 @@ def test_two_trainer_ranks_train_sync_and_resume(tmp_path):
     initial = load_file(tmp_path / "a" / "model" / "model.safetensors")
     assert any(not torch.equal(trained[k], initial[k].to(trained[k].dtype)) for k in initial)
 
-    second = run(load_config(overrides=[*COMMON, data, "trainer.total_steps=4", f"trainer.resume_from={checkpoint}",
+    second = run(load_config(overrides=[*COMMON, data, ray, "trainer.total_steps=4", f"trainer.resume_from={checkpoint}",
                                         f"output.dir={tmp_path / 'b'}"]), log=lambda _: None)
     rows = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["version"]) for r in rows] == [(4, 4)]

@@ -5,7 +5,7 @@ recording the step, weight version, dataset position, queued samples and the bas
 resumes it to step 5. Checked: weights, optimizer, step, weight version and queued samples carry over,
 and the resumed trainer takes the base model (not the checkpoint it resumes from) as its reference.
 One chain serves both subjects (resume, KL): two app runs instead of three, on one Ray head
-(`arl_train.testing.ray_head`) instead of a Ray start per run.
+(`app_ray_head`, root conftest.py) instead of a Ray start per run.
 """
 
 import json
@@ -16,7 +16,6 @@ import torch
 from arl.queue.persistence import SNAPSHOT_FILENAME, read_snapshot
 from arl_train.config import load_config
 from arl_train.run import run
-from arl_train.testing import ray_head
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a full app run (tiers: conftest.py)
 
@@ -37,19 +36,18 @@ def _rows(out: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def chain(tmp_path_factory):
+def chain(tmp_path_factory, app_ray_head):
     """Run a (3 steps, checkpoint) then b (resumed from a's checkpoint to step 5), on one Ray head."""
     tmp = tmp_path_factory.mktemp("resume")
     data = _tasks(tmp)
     checkpoint = tmp / "a" / "checkpoint"
-    with ray_head() as address:
-        ray = f"ray.address={address}"
-        first = run(load_config(overrides=[*COMMON, data, ray, "trainer.total_steps=3", f"output.dir={tmp / 'a'}"]),
-                    log=lambda _: None)
-        queued = read_snapshot(checkpoint)  # samples produced but not yet trained on (read before b runs)
-        second = run(load_config(overrides=[*COMMON, data, ray, "trainer.total_steps=5",
-                                            f"trainer.resume_from={checkpoint}", f"output.dir={tmp / 'b'}"]),
-                     log=lambda _: None)
+    ray = f"ray.address={app_ray_head}"
+    first = run(load_config(overrides=[*COMMON, data, ray, "trainer.total_steps=3", f"output.dir={tmp / 'a'}"]),
+                log=lambda _: None)
+    queued = read_snapshot(checkpoint)  # samples produced but not yet trained on (read before b runs)
+    second = run(load_config(overrides=[*COMMON, data, ray, "trainer.total_steps=5",
+                                        f"trainer.resume_from={checkpoint}", f"output.dir={tmp / 'b'}"]),
+                 log=lambda _: None)
     return {"tmp": tmp, "data": data, "first": first, "second": second, "checkpoint": checkpoint, "queued": queued}
 
 

@@ -7,7 +7,7 @@ script must get, and token-exactness problems are printed per task, then a summa
 any task misses.
 
     uv run python packages/arl-harbor/benchmarks/swe_agent_checks.py .cache/swe-tasks/smoke \\
-        --env local --agent shell --script oracle,nop,edit-tests
+        --env local --agent shell --script oracle,nop,edit-tests [--concurrency 8]
 
 --env local: arl's unshare sandbox (root; the set dir is bound read-only at its own path, since the
 tasks' local_setup.sh reads the testbed and venvs from there); --env docker: the project's docker
@@ -109,22 +109,28 @@ async def main_async(args: argparse.Namespace) -> int:
             system_dirs.append(str(mini_venv.absolute()).strip("/"))
         overrides["environment_kwargs"] = {"system_dirs": system_dirs}
     started = time.monotonic()
-    results = []
-    print(f"# {len(tasks)} tasks × {scripts} · agent {args.agent} · env {args.env}", flush=True)
-    for task_id, task_dir in tasks:
-        for script in scripts:
+    print(f"# {len(tasks)} tasks × {scripts} · agent {args.agent} · env {args.env} · "
+          f"{args.concurrency} at a time", flush=True)
+    slots = asyncio.Semaphore(args.concurrency)
+
+    async def one(task_id: str, task_dir: Path, script: str):
+        async with slots:
             r = await run_check(task_dir, agent=args.agent, script=script, env=args.env, tokenizer=tokenizer,
                                 trials_dir=trials_dir, mini_venv=mini_venv, task_id=task_id,
                                 trial_timeout_sec=args.trial_timeout, config_overrides=dict(overrides),
                                 max_attempts=args.attempts)
-            results.append(r)
-            status = "ok  " if r.ok else "MISS"
-            extra = f" {r.failure_kind}: {r.error[:300]}" if r.failed or r.error else ""
-            extra += " (after a retried attempt)" if r.retried else ""
-            tokens = f" token problems: {r.token_problems}" if r.token_problems else ""
-            print(f"{status} {script:10s} reward={r.reward} f2p={r.rewards.get('fail_to_pass')} "
-                  f"p2p={r.rewards.get('pass_to_pass')} turns={r.generator_calls} segments={r.segments} "
-                  f"{r.wall_s:5.1f}s {task_id}{extra}{tokens}", flush=True)
+        status = "ok  " if r.ok else "MISS"
+        extra = f" {r.failure_kind}: {r.error[:300]}" if r.failed or r.error else ""
+        extra += " (after a retried attempt)" if r.retried else ""
+        tokens = f" token problems: {r.token_problems}" if r.token_problems else ""
+        print(f"{status} {script:10s} reward={r.reward} f2p={r.rewards.get('fail_to_pass')} "
+              f"p2p={r.rewards.get('pass_to_pass')} turns={r.generator_calls} segments={r.segments} "
+              f"{r.wall_s:5.1f}s {task_id}{extra}{tokens}", flush=True)
+        return r
+
+    # Task-major order, so with --concurrency 1 a task's scripts run one after another as before.
+    results = await asyncio.gather(*(one(task_id, task_dir, script) for task_id, task_dir in tasks
+                                     for script in scripts))
     wall = time.monotonic() - started
     print("\n# summary")
     for script in scripts:
@@ -163,7 +169,10 @@ def main() -> int:
                              "arl-swe-base-mini-swe-agent:bench, built with mini-swe-agent when missing)")
     parser.add_argument("--agent-cache", type=Path, default=REPO / ".cache" / "agents")
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument("--concurrency", type=int, default=1, help="trials at once (default 1)")
     args = parser.parse_args()
+    if args.concurrency < 1:
+        parser.error("--concurrency must be at least 1")
     if args.env == "docker":
         os.environ.setdefault("DOCKER_HOST", "unix:///run/arl-docker/docker.sock")
     return asyncio.run(main_async(args))
