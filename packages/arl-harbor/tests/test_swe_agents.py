@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from arl.harbor.agents.checks import run_check
-from arl.harbor.agents.scripts import MINI_SUBMIT, read_task, script_completions
+from arl.harbor.agents.scripts import MINI_SUBMIT, Write, completions, read_task, script_completions
 from arl.harbor.testing import write_swe_task
 
 from .conftest import needs_sandbox
@@ -113,6 +113,22 @@ def test_scripts_speak_each_agents_syntax(swe_task):
     assert all(c["keystrokes"].endswith("\n") for c in terminus[0]["commands"])
     with pytest.raises(ValueError, match="unknown script"):
         script_completions("shell", "cheat", swe_task)
+
+
+def test_terminus2_answers_stay_under_its_output_limit(tokenizer):
+    """A large file (a real task's patch can be 20 kB) is typed over several answers, each well under
+    terminus-2's 4,096-token limit (over it, terminus-2 runs none of the answer's commands)."""
+    import random
+
+    text = "".join(random.Random(0).choice("abcdefghij =()\n") for _ in range(30_000))
+    answers = [json.loads(a) for a in completions("terminus-2", [Write("/testbed/big.py", text)])]
+    assert len(answers) > 3
+    assert [a["task_complete"] for a in answers] == [False] * (len(answers) - 2) + [True, True]
+    assert answers[-1]["commands"] == []  # the confirmation
+    for answer in answers:
+        assert len(tokenizer.encode(json.dumps(answer))) < 3500
+    typed = [c["keystrokes"] for a in answers for c in a["commands"]]
+    assert typed[-1].startswith("base64 -d") and len(typed) == sum(len(a["commands"]) for a in answers)
 
 
 # ----- the three agents × three scripts in the local sandbox --------------------------------------------

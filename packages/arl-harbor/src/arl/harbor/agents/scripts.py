@@ -12,8 +12,9 @@ scripts exist for a SWE task (the contract of issue 31: `solution/fix.patch`, `t
 - `shell` (arl's shell agent) and `mini-swe-agent` (Harbor's default `mini` config, tool calling): one
   hermes `<tool_call>` of the `bash` tool per step (files written with a quoted heredoc); the shell agent
   ends with a plain answer, mini-swe-agent with its submit command in a call of its own;
-- `terminus-2`: one JSON answer whose `commands` are the keystrokes typed into its tmux terminal, then
-  the confirmation it asks for. Files are typed as base64 chunks (an interactive shell would expand `!`
+- `terminus-2`: JSON answers whose `commands` are the keystrokes typed into its tmux terminal (split so
+  that no answer passes terminus-2's output limit; the last one says task_complete), then the
+  confirmation it asks for. Files are typed as base64 chunks (an interactive shell would expand `!`
   and complete tabs inside a heredoc), then decoded.
 Feed the result to `arl.proxy.testing.ScriptedGenerator`.
 """
@@ -35,6 +36,9 @@ MINI_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 PATCH_PATH = "/tmp/arl_fix.patch"
 _HEREDOC_END = "ARL_FILE_EOF"
 _B64_CHUNK = 1024  # characters typed per terminus-2 keystroke line
+# Keystroke characters per terminus-2 answer: base64 is the worst case for a BPE tokenizer (Qwen3: about
+# 1.5 characters a token), so 4,000 characters stay well under terminus-2's 4,096-token output limit.
+_TURN_CHARS = 4000
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,20 @@ def hermes_call(command: str, text: str = "") -> str:
     return f"{text}\n\n<tool_call>\n{call}\n</tool_call>" if text else f"<tool_call>\n{call}\n</tool_call>"
 
 
+def _keystroke_turns(keys: list[str]) -> list[list[str]]:
+    """`keys` split into answers of at most _TURN_CHARS characters of keystrokes (always one answer):
+    terminus-2 refuses an answer over its output limit (4,096 tokens) without running any of it."""
+    turns: list[list[str]] = [[]]
+    size = 0
+    for key in keys:
+        if turns[-1] and size + len(key) > _TURN_CHARS:
+            turns.append([])
+            size = 0
+        turns[-1].append(key)
+        size += len(key)
+    return turns
+
+
 def completions(agent: str, steps: list[Step]) -> list[str]:
     """The assistant turns with which `agent` carries out `steps` and then stops."""
     if agent == "shell":
@@ -178,14 +196,15 @@ def completions(agent: str, steps: list[Step]) -> list[str]:
         return [*turns, hermes_call(MINI_SUBMIT, "Submitting.")]
     if agent == "terminus-2":
         keys = [line for s in steps for line in keystroke_commands(s)]
-        first = {
+        turns = _keystroke_turns(keys)
+        answers = [{
             "analysis": "Working on the task." if keys else "Nothing to do.",
             "plan": "Run the commands." if keys else "Stop.",
-            "commands": [{"keystrokes": k + "\n", "duration": 0.2} for k in keys],
-            "task_complete": True,
-        }
+            "commands": [{"keystrokes": k + "\n", "duration": 0.2} for k in turn],
+            "task_complete": last,
+        } for turn, last in zip(turns, [False] * (len(turns) - 1) + [True])]
         confirm = {"analysis": "Done.", "plan": "Confirm completion.", "commands": [], "task_complete": True}
-        return [json.dumps(first), json.dumps(confirm)]
+        return [*map(json.dumps, answers), json.dumps(confirm)]
     raise ValueError(f"unknown agent {agent!r}; choose one of {AGENTS}")
 
 
