@@ -2,9 +2,10 @@
 
 A package's baseline is its pristine source's test outcomes, run `runs` times side by side (the load of
 the other runs is what exposes timing- and socket-dependent tests): a test counts only if it passed every
-time, so a flaky test never becomes FAIL_TO_PASS or PASS_TO_PASS; the ones that did not are `flaky`. A candidate bug is run against the test files
-that import its module only (`mapped_test_files`), with a timeout; it is kept when some baseline-passing
-tests now fail (FAIL_TO_PASS) and the others of those files still pass (PASS_TO_PASS).
+time, so a flaky test never becomes FAIL_TO_PASS or PASS_TO_PASS; the ones that did not are `flaky`. A
+candidate bug is run against the test files that import its module only (`mapped_test_files`), with a
+timeout; it is kept when some baseline-passing tests now fail (FAIL_TO_PASS) and the others of those files
+still pass (PASS_TO_PASS).
 """
 
 from __future__ import annotations
