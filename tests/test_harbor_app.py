@@ -1,6 +1,5 @@
 """A short real run of apps/train on Harbor tasks: the built-in small task set in the local sandbox,
-terminus-2 talking to the per-trial proxy, the in-tree torch engine and the trainer, a few steps (vLLM
-behind the proxy is tests/test_agent_preset.py's run).
+terminus-2 talking to the per-trial proxy, vLLM (CPU build) and the trainer, a few steps.
 
 What it checks: Harbor trials become trained samples end to end, the per-phase timings and the
 trajectories' turns reach metrics.jsonl, nothing fails by kind that should not, and the engine still
@@ -32,7 +31,6 @@ def test_harbor_terminus2_run_on_the_local_sandbox(tmp_path, app_ray_head):
         mode="a",
         overrides=[
             "data.source=harbor:builtin:small",
-            "rollout.engine=torch",
             f"model.path={model}",
             "trainer.total_steps=2",
             "actor.ppo_mini_batch_size=2",
