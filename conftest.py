@@ -9,9 +9,10 @@ Tiers, by what a test starts (the marks are declared in the root pyproject.toml)
 - `gpu`: a CUDA GPU (skipped here where torch sees none);
 - `unit`: none of these (nor `slow`): the quick pass, `-m unit`.
 
-App runs on the CPU placement share one Ray head per pytest process (`app_ray_head`, one per xdist
-worker) instead of starting Ray each; tests/test_train_e2e.py and tests/test_train_failures.py keep the
-app's own local start and shutdown, which is what `uv run apps/train` does.
+App runs on the CPU placement, and tests that only need a Ray to connect to, share one Ray head per
+pytest process (`app_ray_head`, one per xdist worker) instead of starting Ray each;
+tests/test_train_e2e.py keeps the app's own local start and shutdown, which is what `uv run apps/train`
+does.
 
 A test file marks `e2e`/`packaging` itself (`pytestmark`); `ray` and `container` follow from the fixtures
 a test uses (FIXTURE_TIERS), so a new test taking `docker_ready` is a container test without saying so.

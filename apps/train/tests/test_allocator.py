@@ -41,13 +41,10 @@ class _Env:
 
 
 @pytest.mark.slow
-def test_ray_actor_gets_the_setting_beside_the_runs_environment():
+def test_ray_actor_gets_the_setting_beside_the_runs_environment(app_ray_head):
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"HF_HOME": "/tmp/x"}},
-             _temp_dir=os.environ.get("ARL_RAY_TMP", "/tmp/arl-ray"))
+    ray.init(address=app_ray_head, log_to_driver=False, runtime_env={"env_vars": {"HF_HOME": "/tmp/x"}})
     try:
         env = trainer_allocator_env(True, {})
         actor = ray.remote(_Env).options(num_cpus=0, runtime_env={"env_vars": env}).remote()

@@ -2,7 +2,6 @@
 cancels the await) is cancelled inside the actor too, so the engine stops decoding it."""
 
 import asyncio
-import os
 
 import pytest
 
@@ -15,13 +14,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def ray1():
+def ray1(app_ray_head):
+    """This process connected to the suite's Ray head (root conftest.py) for the module's tests."""
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
-             _temp_dir=os.environ.get("ARL_RAY_TMP", "/tmp/arl-ray"))
+    ray.init(address=app_ray_head, log_to_driver=False)
     yield ray
     ray.shutdown()
 
