@@ -32,8 +32,8 @@ STEPS, WARMUP = 10, 2
 def test_cpu_bench_and_simulator_agree(tmp_path, app_ray_head):
     torch.set_num_threads(1)
     out = tmp_path / "bench"
-    result = run_modes(CONFIG, [f"trainer.total_steps={STEPS}", f"ray.address={app_ray_head}"], ["colocated", "d"], out, warmup_steps=WARMUP,
-                       log=print)
+    result = run_modes(CONFIG, [f"trainer.total_steps={STEPS}", f"ray.address={app_ray_head}"], ["colocated", "d"],
+                       out, warmup_steps=WARMUP, log=print)
     json_path, png = write(result, out)
     print(table(result["modes"]))
     assert json.loads(json_path.read_text())["modes"].keys() == {"colocated", "d"}
