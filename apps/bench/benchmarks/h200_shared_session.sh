@@ -14,7 +14,8 @@
 # the concurrent study on the small workload, one compare each: conc (as the app runs it: up to 256
 # sequences in flight) | conccap (128 in flight, as raw_vllm_rates --share) | concmps and conccapmps (the same
 # with an MPS control daemon running, so that the two processes' kernels can overlap instead of being
-# time-sliced by the GPU) | smallmps, longklmps (all three schedules under MPS)
+# time-sliced by the GPU) | smallmps, longklmps (all three schedules under MPS) | longklmpsconc (colocated and
+# concurrent only, under MPS)
 set -u
 LOG=${1:-/tmp/s30}
 PHASES=${2:-small,longkl,rates}
@@ -64,6 +65,7 @@ for phase in ${PHASES//,/ }; do
     conccapmps) mps_on; compare conc_cap_mps concurrent 0.35 small "${CAP[@]}"; mps_off ;;
     smallmps) mps_on; compare small_mps colocated,time_sliced,concurrent 0.35 small; mps_off ;;
     longklmps) mps_on; compare long_prompt_kl_mps colocated,time_sliced,concurrent 0.45 long-prompt-kl "${LONG_PROMPT_KL[@]}"; mps_off ;;
+    longklmpsconc) mps_on; compare long_prompt_kl_mps colocated,concurrent 0.45 long-prompt-kl "${LONG_PROMPT_KL[@]}"; mps_off ;;
     rates|ratessmall|rateskl)
       w=small,long-prompt-kl; [ "$phase" = ratessmall ] && w=small; [ "$phase" = rateskl ] && w=long-prompt-kl
       OUT=$LOG/rates timeout 900 python apps/bench/benchmarks/raw_vllm_rates.py --workloads $w --share \
