@@ -45,24 +45,14 @@ DURATIONS = 40
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    # PYTHONDONTWRITEBYTECODE (set on the CI machine) would make every process compile every module it
+    # imports, every time: `import torch` 4.3 CPU-s instead of 1.6, `import vllm` 12.9 instead of 4.3, in
+    # each of the suite's hundreds of processes (Ray workers, vLLM engine cores, gloo ranks). Without
+    # it the first import writes the .pyc (into the test environments and the ignored __pycache__/).
+    dropped = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env.setdefault("UV_PYTHON_DOWNLOADS", "never")
     return env
-
-
-def compile_bytecode(python: Path | str) -> None:
-    """Compile the environment's modules and the workspace's sources to bytecode, once.
-
-    Where PYTHONDONTWRITEBYTECODE is set (as on the CI machine) no process writes a .pyc, so every
-    process compiles every module it imports, each time: `import torch` costs 4.3 s of CPU instead of
-    1.6 s, `import vllm` 12.9 s instead of 4.3 s, and the suite starts hundreds of such processes (Ray
-    workers, vLLM engine cores, gloo ranks). Up-to-date files are skipped, so a second call is quick.
-    """
-    sources = [str(p) for p in sorted(REPO_ROOT.glob("*/*/src"))]
-    script = ("import compileall, sys, sysconfig; "
-              "paths = [sysconfig.get_paths()['purelib'], *sys.argv[1:]]; "
-              "[compileall.compile_dir(p, quiet=2, workers=0) for p in paths]")
-    subprocess.run([str(python), "-c", script, *sources], cwd=REPO_ROOT, check=False, timeout=1800)
 
 
 def package_environment(package: str, env: dict[str, str]) -> Path:
@@ -70,9 +60,7 @@ def package_environment(package: str, env: dict[str, str]) -> Path:
     venv = REPO_ROOT / ".venvs" / package
     subprocess.run(["uv", "sync", "--locked", "--package", package, "--group", "test", "--quiet"],
                    cwd=REPO_ROOT, env=env | {"UV_PROJECT_ENVIRONMENT": str(venv)}, check=True, timeout=1800)
-    python = venv / "bin" / "python"
-    compile_bytecode(python)
-    return python
+    return venv / "bin" / "python"
 
 
 def run_part(python: Path | str, paths: list[str], pytest_args: list[str], env: dict[str, str], *,
@@ -137,7 +125,6 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         print(f"\n=== {APPS_PART} ===", flush=True)
         workers = ["-n", str(args.jobs), "--dist", "loadscope"] if args.jobs > 1 else []
-        compile_bytecode(sys.executable)
         rc, _ = run_part(sys.executable, APPS_PATHS, [*workers, *pytest_args], env)
         results.append((APPS_PART, rc, time.monotonic() - started))
     print("\n=== summary ===")

@@ -63,6 +63,21 @@ def test_ledger_every_sample_consumed_once_or_accounted(chain):
     assert book["steps_continuous"] and book["versions_continuous"], book
     assert book["dropped"]["generate_timeout"] >= 1  # the stalled prompts, counted with their reason
     assert book["final_run"]["weights_equal_after_sync"] is True
+    # The optimizer was restored at every resume (single-rank checkpoints): one Adam step per step.
+    assert book["final_run"]["adam_steps"] == [float(book["final_run"]["end_step"])], book["final_run"]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_sigkill_of_the_app_driver_leaves_no_ray_process(chain):
+    """Run C's driver (the app's command line, its own local Ray) is SIGKILLed with its actors up: the
+    watchdog (arl_train.watchdog) ends every process of the run, Ray's included, within 15 s."""
+    outcomes, _ = chain
+    detail = outcomes["driver SIGKILLed, resumed"].detail
+    running = detail["running_before"]
+    assert len(running) >= 5, running  # GCS, raylet, agents, actors
+    assert any("RolloutActor" in t for t in running) and any("raylet" in t for t in running), running
+    assert detail["left"] == [] and detail["cleanup_s"] < 15, detail
 
 
 # ----- fast: the bookkeeping of a chain, by hand -----------------------------------------------------

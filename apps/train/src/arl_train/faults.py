@@ -55,6 +55,8 @@ COMMON = [
     "actor.ppo_mini_batch_size=2", "rollout.n=2", "rollout.max_tokens=8",
     "async_training.staleness_threshold=1.0", "trainer.save_every=1",
 ]
+# Steps the final run (D) takes after its resume point before it ends normally.
+FINAL_STEPS = 3
 
 
 @dataclass
@@ -118,6 +120,16 @@ class AppRun:
                 pass
         return found
 
+    def titles(self) -> list[str]:
+        """The command lines (first 200 characters) of the run's processes, the driver's own left out."""
+        found = []
+        for pid in run_processes(self.run_id, exclude={self.proc.pid}, nested=True):
+            try:
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes()[:200].replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                pass
+        return found
+
     def kill_one(self, title: bytes, sig: signal.Signals = signal.SIGKILL) -> int:
         pids = self.pids(title)
         if not pids:
@@ -140,6 +152,14 @@ class AppRun:
             self.proc.kill()
             self.proc.wait(30)
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
+
+
+def adam_steps(checkpoint: Path) -> set[float]:
+    """The Adam step counts in a single-rank checkpoint's optimizer state (one per parameter)."""
+    import torch
+
+    state = torch.load(checkpoint / "optimizer.pt", weights_only=True)["state"]
+    return {float(s["step"]) for s in state.values()}
 
 
 def latest_checkpoint(out: Path) -> tuple[Path, int]:
@@ -349,32 +369,36 @@ def run_chain(root: Path, engine: str, total_steps: int, timeout_s: float) -> tu
         runs.append(b)
         c = _kill_and_resume(b, engine_title, "rollout engine killed, resumed", base, root, "C", outcomes, segments, timeout_s)
         runs.append(c)
-        # run C: the driver killed; nothing may outlive it
+        # run C: the driver killed; nothing may outlive it (its own Ray included)
         c.wait_step(c.last_step() + 1)
+        running = c.titles()
         killed = time.monotonic()
         os.kill(c.proc.pid, signal.SIGKILL)
         c.proc.wait(30)
         gone_s, left = wait_gone(c, 20)
         checkpoint, ck_step = latest_checkpoint(c.out)
         segments.append((c, ck_step))
-        d = AppRun("D", root, [*base, f"trainer.resume_from={checkpoint}"], timeout_s)
+        # run D ends FINAL_STEPS after its resume point: the chain's subject is the resume, not more steps.
+        end_step = min(total_steps, ck_step + FINAL_STEPS)
+        d = AppRun("D", root, [*base, f"trainer.resume_from={checkpoint}", f"trainer.total_steps={end_step}"], timeout_s)
         runs.append(d)
         first = d.wait_step(ck_step + 1)
         outcomes.append(Outcome("driver SIGKILLed, resumed",
                                 f"{len(left)} process(es) left {gone_s:.1f}s after; resumed at step {ck_step + 1}",
-                                not left, None, round(first - killed, 1), {"cleanup_s": round(gone_s, 1), "left": left}))
+                                not left, None, round(first - killed, 1),
+                                {"cleanup_s": round(gone_s, 1), "left": left, "running_before": running}))
         rc = d.wait_exit()
         segments.append((d, None))
         summary = json.loads((d.out / "summary.json").read_text()) if (d.out / "summary.json").is_file() else {}
         if rc != 0:
             raise RuntimeError(f"the final run exited {rc}: {d.tail()}")
-        outcomes.append(fault_corrupt_snapshot(checkpoint, root, total_steps))
+        outcomes.append(fault_corrupt_snapshot(checkpoint, root, end_step))
         model = a.out / "model"
         outcomes.append(fault_proxy(model))
     finally:
         for run in runs:
             run.cleanup()
-    book = check_ledger(segments, total_steps)
+    book = check_ledger(segments, end_step)
     # A sample lost is charged to the fault that ended the run that produced it (the stall shares run A
     # with the trainer kill); the last run's are charged to its normal end.
     lost = book["lost_per_run"]
@@ -386,6 +410,8 @@ def run_chain(root: Path, engine: str, total_steps: int, timeout_s: float) -> tu
     outcomes.append(Outcome("none: the resumed run ends normally", f"exit 0, final checkpoint holds {book['queued_at_end']} queued",
                             True, lost[3], None))
     book["final_run"] = {k: summary.get(k) for k in ("steps", "syncs", "weights_equal_after_sync")}
+    # The optimizer carried over three resumes: its final checkpoint counts every update of the chain.
+    book["final_run"] |= {"end_step": end_step, "adam_steps": sorted(adam_steps(d.out / "checkpoint"))}
     return outcomes, book
 
 
