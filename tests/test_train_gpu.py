@@ -1,15 +1,19 @@
-"""The app on GPUs with vLLM (device machine; skipped without CUDA): the colocated layout on one GPU
-and, with two GPUs, the split layout. Each runs a few steps of the tiny model and must end with the
+"""The app on GPUs with vLLM (device machine; skipped without CUDA): the colocated layout and the
+concurrent shared-GPU schedule under the run's own MPS daemon on one GPU and, with two GPUs, the split
+layout. Each runs a few steps of the tiny model and must end with the
 engine holding exactly the trainer's weights (every tensor compared bit for bit).
 
     python -m pytest -q -m gpu tests/test_train_gpu.py
 """
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from arl_train import mps
 from arl_train.config import load_config
 from arl_train.run import run
 
@@ -30,6 +34,18 @@ def test_colocated_on_one_gpu(tmp_path):
     assert s.weights_equal_after_sync and s.weights_max_abs_diff == 0.0, s.weights_problems
     assert s.weights_prepacked == 0  # every engine tensor was compared
     assert {"sleep", "wake_weights", "wake_kv", "load"} <= s.sync_phases_ms.keys()
+
+
+@pytest.mark.skipif(shutil.which(mps.CONTROL) is None, reason="no nvidia-cuda-mps-control on this machine")
+def test_concurrent_on_one_gpu_under_the_runs_own_mps_daemon(tmp_path):
+    pipes_before = set(Path("/tmp").glob("arl-mps-*"))
+    s = _run(tmp_path, "resources.shared_gpu=concurrent", "resources.mps=start", "async_training.staleness_threshold=1.0")
+    assert s.layout["shared_gpu"] == "concurrent" and s.layout["transport"] == "cuda_ipc" and s.steps == 3
+    assert s.weights_equal_after_sync and s.weights_max_abs_diff == 0.0, s.weights_problems
+    # The trainer rank and the replica's engine core were the daemon's clients; it quit at the end.
+    assert mps.clients_seen(tmp_path / "mps") >= 2, (tmp_path / "mps" / "control.log").read_text()
+    assert set(Path("/tmp").glob("arl-mps-*")) == pipes_before
+    assert subprocess.run(["pgrep", "-f", mps.CONTROL], capture_output=True, check=False).returncode == 1  # none left
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the split layout needs two GPUs")

@@ -59,6 +59,11 @@ def test_two_cpu_ranks_each_sync_the_replica_beside_them():
          "resources.trainer_memory_fraction = 0.5: splits a GPU"),
         (["resources.shared_gpu=concurrent", "rollout.device=cuda"], None, "resources.shared_gpu = 'concurrent': puts trainer"),
         (["resources.shared_gpu=sometimes"], None, "shared_gpu"),
+        ([*GPU, "resources.shared_gpu=time_sliced", "resources.mps=start"], None,
+         "resources.mps = 'start': is for resources.shared_gpu='concurrent'"),
+        (["resources.shared_gpu=concurrent", "resources.mps=start"], None, "resources.mps = 'start': needs GPUs"),
+        ([*GPU, "resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.3", "resources.mps=start",
+          "ray.address=auto"], None, "resources.mps = 'start': starts the daemon on this machine"),
     ],
 )
 def test_bad_shared_settings_are_refused_at_load_by_name(overrides, mode, message):

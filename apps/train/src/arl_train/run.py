@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from arl_train import watchdog
+from arl_train import mps, watchdog
 from arl_train.checkpointing import save_checkpoint
 from arl_train.metrics import MetricsLog, add_engine_phases, phase_medians, phases_line, plot, progress_line
 from arl_train.plan import RunPlan, prepare
@@ -254,18 +254,33 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
     if plan.resume:
         log(f"arl: resuming at step {plan.first_step}, weight version {plan.initial_version}")
     guard = watchdog.start()  # every process of the run ends with the driver, even on SIGKILL
-    _init_ray(config, plan.env, log)
-    metrics = MetricsLog(plan.out_dir / "metrics.jsonl")
-    started = _Started()
+    daemon = _start_mps(plan, log) if config.resources.mps == "start" else None
     try:
-        _start(ray, plan, log, started)
-        _train(ray, plan, started, metrics, log)
-        return _finish(ray, plan, started, metrics.rows, began, log)
+        _init_ray(config, plan.env, log)
+        metrics = MetricsLog(plan.out_dir / "metrics.jsonl")
+        started = _Started()
+        try:
+            _start(ray, plan, log, started)
+            _train(ray, plan, started, metrics, log)
+            return _finish(ray, plan, started, metrics.rows, began, log)
+        finally:
+            metrics.close()
+            _teardown(ray, started, failed=sys.exc_info()[0] is not None)
+            ray.shutdown()
     finally:
-        metrics.close()
-        _teardown(ray, started, failed=sys.exc_info()[0] is not None)
-        ray.shutdown()
+        if daemon is not None:
+            daemon.stop()
         guard.stop()
+
+
+def _start_mps(plan: RunPlan, log: Callable[[str], None]) -> mps.MpsDaemon:
+    """The run's own MPS control daemon (resources.mps='start'); its variables join the run's
+    environment before Ray starts, so every process of the run is its client."""
+    daemon = mps.start(plan.out_dir / "mps")
+    plan.env.update(daemon.env)
+    os.environ.update(daemon.env)
+    log(f"arl: MPS control daemon started (pipe {daemon.pipe_dir}, log {daemon.log_dir})")
+    return daemon
 
 
 def format_summary(summary: RunSummary) -> str:

@@ -256,6 +256,12 @@ class ResourcesConfig(_Section):
     # fraction, so the trainer fails with its own out-of-memory error instead of taking the replica's
     # memory); 0 = no cap. rollout.gpu_memory_utilization + this must stay <= 1.
     trainer_memory_fraction: float = 0.0
+    # concurrent on GPUs: "start" = the run starts its own CUDA MPS control daemon, makes every process
+    # of the run its client and stops it at the end, so that the trainer's and the replica's kernels
+    # run side by side instead of being time-sliced by the GPU (arl_train.mps; needs the run's own Ray
+    # and nvidia-cuda-mps-control); "off" = whatever the machine has (a daemon you started yourself:
+    # its CUDA_MPS_PIPE_DIRECTORY in the environment).
+    mps: Literal["off", "start"] = "off"
     # GPUs per node, to reject layouts that cannot be packed at config load (0 = check at start only).
     gpus_per_node: int = 0
     # How long to wait for Ray to grant the placement groups.

@@ -12,6 +12,7 @@ devices must exist here) is separate so that a config can be inspected on any ma
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,11 @@ def check_machine(config: AppConfig) -> None:
     only). Separate from `validate` so a layout can be loaded and inspected on any machine; the CLI
     calls both before anything starts."""
     _check_devices(config)
+    if config.resources.mps == "start":
+        from arl_train.mps import CONTROL
+
+        _require(shutil.which(CONTROL) is not None, "resources.mps", "start",
+                 f"needs {CONTROL} on PATH (it ships with the NVIDIA driver); or set resources.mps='off'")
 
 
 def _check_recorded_reference(checkpoint: str, recorded: Any, local: bool) -> None:
