@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 # Stale tokens on the CPU too: mode d, staleness_threshold 1, partial rollouts (aborted generations
@@ -153,6 +154,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--out", default="runs/conventions")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     parser.add_argument("--summarize", action="store_true", help="only summarise the runs already in --out")
     args = parser.parse_args()
     out = Path(args.out)
@@ -163,9 +165,10 @@ def main() -> None:
     if not args.summarize:
         os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
         # Seed-major order: every arm gets seed 0 before any arm gets seed 1.
-        for seed in (int(s) for s in args.seeds.split(",")):
-            for arm in arms:
-                run_one(arm, seed, args.steps, out)
+        runs = [(arm, int(seed)) for seed in args.seeds.split(",") for arm in arms]
+        # One app run keeps a 2-core machine about half busy (docs/guide/testing.md): two at a time fill it.
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            list(pool.map(lambda r: run_one(r[0], r[1], args.steps, out), runs))
     result = table(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(result, indent=1, default=str))
