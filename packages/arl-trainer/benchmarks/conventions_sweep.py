@@ -10,8 +10,8 @@ masked by sequence-level IS (Σ seq_is_masked_count / Σ num_seqs). With one opt
 (the embedded default) the PPO ratio is 1 at the update, so ppo_kl and clip_frac are 0 by
 construction; staleness shows in the behaviour→proximal gap instead.
 
-    nice -n 5 uv run packages/arl-trainer/benchmarks/conventions_sweep.py --arms kl_k3,kl_clamped \
-        --seeds 0,1,2 --steps 60 --out runs/conventions
+    uv run packages/arl-trainer/benchmarks/conventions_sweep.py --arms kl_k3,kl_clamped \
+        --seeds 0,1,2 --steps 100 --jobs 2 --out runs/conventions
     uv run packages/arl-trainer/benchmarks/conventions_sweep.py --summarize --out runs/conventions
 
 A finished run (its summary.json present) is not run again; the summary table goes to stdout and
@@ -128,7 +128,7 @@ def table(out: Path) -> dict[str, dict[str, float]]:
           "max/median | abs ppo_kl | clip_frac | clip_band_frac | tis_clip_frac | mean abs(behav − prox) | seqs masked | kl |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for arm in ARMS:
-        runs = sorted(out.glob(f"{arm}_s*"))
+        runs = sorted(r for r in out.glob(f"{arm}_s*") if r.is_dir())  # not the runs' logs beside them
         summaries = [s for s in (summarize_run(r) for r in runs) if s is not None]
         if not summaries:
             continue
