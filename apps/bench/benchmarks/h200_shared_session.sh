@@ -9,6 +9,12 @@
 #   setsid bash apps/bench/benchmarks/h200_shared_session.sh /tmp/s30 [phases] </dev/null >/dev/null 2>&1 &
 #   tail /tmp/s30/progress.log
 #
+# Poll in device calls back to back (the machine goes back after 30 s idle), and bring home what is done
+# at every poll, so that a machine taken back for other work loses nothing finished:
+#
+#   sleep 240; tail -3 /tmp/s30/progress.log
+#   tar czf $OUT/s30.tgz -C /tmp/s30 --exclude=model --exclude='checkpoint*' --exclude='*.safetensors' .
+#
 # phases (default small,longkl,rates): small | longkl (the compares; 9 steps, 1 warm-up: 8 measured) |
 # rates (raw_vllm_rates --share, both workloads) | ratessmall | rateskl |
 # the concurrent study on the small workload, one compare each: conc (as the app runs it: up to 256
