@@ -53,8 +53,17 @@ ARMS: dict[str, list[str]] = {
     "seqis_prod_remove": [*SEQ_IS, 'actor.algorithm.seq_is_agg="product"',
                           'actor.algorithm.seq_is_mask_denominator="remove"'],
     "norm_batch_max": [*SUM_NORM, 'actor.algorithm.norm_len_mode="batch_max"'],
-    # rollout.max_tokens (the generation budget) is 12 in the embedded default.
-    "norm_constant": [*SUM_NORM, 'actor.algorithm.norm_len_mode="constant"', "actor.algorithm.norm_len=12"],
+    # The constant is the workload's generation budget (rollout.max_tokens).
+    "norm_constant": [*SUM_NORM, 'actor.algorithm.norm_len_mode="constant"', "actor.algorithm.norm_len={budget}"],
+}
+# The task each run trains on, and its generation budget. digits: the embedded default (responses use
+# the whole budget of 12, so a batch's longest response is the budget). longtail: response lengths from
+# a lognormal (median 8, p99 32, at most 48; arl.rollout.longtail), so a batch's longest response moves
+# from step to step; its reward is synthetic (a hash of the text: advantages without a task to learn),
+# so only the loss's own behaviour (gradient norms, KL, masking) is comparable there, not the reward.
+WORKLOADS: dict[str, tuple[list[str], int]] = {
+    "digits": ([], 12),
+    "longtail": (['data.source="builtin:longtail?median=8&p99_ratio=4&max=48"', "rollout.max_tokens=48"], 48),
 }
 
 
@@ -98,12 +107,14 @@ def summarize_run(folder: Path) -> dict[str, float] | None:
     }
 
 
-def run_one(arm: str, seed: int, steps: int, out: Path) -> None:
+def run_one(arm: str, seed: int, steps: int, out: Path, workload: str = "digits") -> None:
     folder = out / f"{arm}_s{seed}"
     if (folder / "summary.json").exists():
         print(f"[sweep] {folder.name}: done already", file=sys.stderr)
         return
-    cmd = ["uv", "run", "apps/train", *BASE, *ARMS[arm], f"seed={seed}", f"trainer.total_steps={steps}",
+    overrides, budget = WORKLOADS[workload]
+    arm_keys = [key.format(budget=budget) for key in ARMS[arm]]
+    cmd = ["uv", "run", "apps/train", *BASE, *overrides, *arm_keys, f"seed={seed}", f"trainer.total_steps={steps}",
            f"output.dir={folder}"]
     print(f"[sweep] {' '.join(cmd)}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
@@ -155,6 +166,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--out", default="runs/conventions")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="digits", help="the task (WORKLOADS)")
     parser.add_argument("--summarize", action="store_true", help="only summarise the runs already in --out")
     args = parser.parse_args()
     out = Path(args.out)
@@ -168,7 +180,7 @@ def main() -> None:
         runs = [(arm, int(seed)) for seed in args.seeds.split(",") for arm in arms]
         # One app run keeps a 2-core machine about half busy (docs/guide/testing.md): two at a time fill it.
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            list(pool.map(lambda r: run_one(r[0], r[1], args.steps, out), runs))
+            list(pool.map(lambda r: run_one(r[0], r[1], args.steps, out, args.workload), runs))
     result = table(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(result, indent=1, default=str))
