@@ -94,6 +94,8 @@ def summarize_run(folder: Path) -> dict[str, float] | None:
         "grad_norm_max": max(grads) if grads else float("nan"),
         "grad_norm_median": median,
         "grad_spike": max(grads) / median if grads and median > 0 else float("nan"),
+        # How much the step's gradient norm swings from step to step (std / mean).
+        "grad_cv": statistics.pstdev(grads) / statistics.fmean(grads) if len(grads) > 1 else float("nan"),
         "ppo_kl_abs_mean": sum(abs(r.get("ppo_kl", 0.0)) for r in rows) / len(rows),
         "clip_frac": mean("clip_frac"),
         "clip_band_frac": mean("clip_band_frac"),
@@ -133,11 +135,11 @@ def run_one(arm: str, seed: int, steps: int, out: Path, workload: str = "digits"
 def table(out: Path) -> dict[str, dict[str, float]]:
     per_arm: dict[str, dict[str, float]] = {}
     keys = ("reward_first_tenth", "reward_last_tenth", "steps_to_0.9", "grad_norm_max", "grad_norm_median",
-            "grad_spike", "ppo_kl_abs_mean", "clip_frac", "clip_band_frac", "seq_masked_frac", "kl", "tis_clip_frac",
+            "grad_spike", "grad_cv", "ppo_kl_abs_mean", "clip_frac", "clip_band_frac", "seq_masked_frac", "kl", "tis_clip_frac",
             "behaviour_proximal_abs_diff")
     print("| arm | seeds | steps | reward first 10% | reward last 10% | steps to 0.9 | grad max | grad median | "
-          "max/median | abs ppo_kl | clip_frac | clip_band_frac | tis_clip_frac | mean abs(behav − prox) | seqs masked | kl |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "max/median | grad CV | abs ppo_kl | clip_frac | clip_band_frac | tis_clip_frac | mean abs(behav − prox) | seqs masked | kl |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for arm in ARMS:
         runs = sorted(r for r in out.glob(f"{arm}_s*") if r.is_dir())  # not the runs' logs beside them
         summaries = [s for s in (summarize_run(r) for r in runs) if s is not None]
@@ -152,7 +154,7 @@ def table(out: Path) -> dict[str, dict[str, float]]:
         per_arm[arm] = {**agg, "runs": {r.name: summarize_run(r) for r in runs}}
         print(f"| {arm} | {len(summaries)} | {agg['steps']} | {agg['reward_first_tenth']:.3f} | "
               f"{agg['reward_last_tenth']:.3f} | {agg['steps_to_0.9']:.1f} ({len(reached)}/{len(summaries)}) | "
-              f"{agg['grad_norm_max']:.3g} | {agg['grad_norm_median']:.3g} | {agg['grad_spike']:.2f} | "
+              f"{agg['grad_norm_max']:.3g} | {agg['grad_norm_median']:.3g} | {agg['grad_spike']:.2f} | {agg['grad_cv']:.2f} | "
               f"{agg['ppo_kl_abs_mean']:.2e} | {agg['clip_frac']:.4f} | {agg['clip_band_frac']:.4f} | "
               f"{agg['tis_clip_frac']:.4f} | {agg['behaviour_proximal_abs_diff']:.3g} | "
               f"{agg['seq_masked_frac']:.3f} | {agg['kl']:.3g} |")
