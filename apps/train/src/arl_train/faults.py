@@ -110,25 +110,22 @@ class AppRun:
             time.sleep(0.2)
         return time.monotonic()
 
-    def pids(self, title: bytes) -> list[int]:
+    def _cmdlines(self) -> list[tuple[int, bytes]]:
+        """(pid, command line) of the run's processes, the driver's own left out (gone ones skipped)."""
         found = []
         for pid in run_processes(self.run_id, exclude={self.proc.pid}, nested=True):
             try:
-                if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(title):
-                    found.append(pid)
+                found.append((pid, Path(f"/proc/{pid}/cmdline").read_bytes()))
             except OSError:
                 pass
         return found
 
+    def pids(self, title: bytes) -> list[int]:
+        return [pid for pid, cmdline in self._cmdlines() if cmdline.startswith(title)]
+
     def titles(self) -> list[str]:
         """The command lines (first 200 characters) of the run's processes, the driver's own left out."""
-        found = []
-        for pid in run_processes(self.run_id, exclude={self.proc.pid}, nested=True):
-            try:
-                found.append(Path(f"/proc/{pid}/cmdline").read_bytes()[:200].replace(b"\0", b" ").decode(errors="replace"))
-            except OSError:
-                pass
-        return found
+        return [cmdline[:200].replace(b"\0", b" ").decode(errors="replace") for _, cmdline in self._cmdlines()]
 
     def kill_one(self, title: bytes, sig: signal.Signals = signal.SIGKILL) -> int:
         pids = self.pids(title)

@@ -151,9 +151,8 @@ def check_layout(config: AppConfig) -> None:
                 f"exceeds resources.gpus_per_node={r.gpus_per_node}: a replica's GPUs are packed on one node")
         require(r.trainer_gpus <= r.gpus_per_node, "resources.trainer_gpus", r.trainer_gpus,
                 f"exceeds resources.gpus_per_node={r.gpus_per_node}: the trainer's GPUs are packed on one node")
-    require(r.mps == "off" or r.shared_gpu == "concurrent", "resources.mps", r.mps,
-            "is for resources.shared_gpu='concurrent', the one schedule where the trainer and the replica run at "
-            f"once (resources.shared_gpu={r.shared_gpu!r})")
+    if r.mps != "off":
+        _check_mps(config)
     if r.colocate or r.shared_gpu != "off":
         key, value = (("resources.colocate", True) if r.shared_gpu == "off" else ("resources.shared_gpu", r.shared_gpu))
         setting = "resources.colocate=true" if r.shared_gpu == "off" else f"resources.shared_gpu={r.shared_gpu!r}"
@@ -208,6 +207,20 @@ def resolve(config: AppConfig) -> AppConfig:
     return msgspec.structs.replace(config, resources=r, async_training=at, sync=sync)
 
 
+def _check_mps(config: AppConfig) -> None:
+    """`resources.mps='start'`: the concurrent schedule, on GPUs, with the run's own Ray (the daemon
+    starts on this machine)."""
+    r, key = config.resources, "resources.mps"
+    require(r.shared_gpu == "concurrent", key, r.mps,
+            "is for resources.shared_gpu='concurrent', the one schedule where the trainer and the replica run at "
+            f"once (resources.shared_gpu={r.shared_gpu!r})")
+    require(config.rollout.device == "cuda" or r.trainer_gpus > 0, key, r.mps,
+            "needs GPUs: the run has none (rollout.device='cpu', resources.trainer_gpus=0)")
+    require(config.ray.address is None, key, r.mps,
+            f"starts the daemon on this machine, so it needs the run's own Ray (ray.address unset, is "
+            f"{config.ray.address!r}); on a cluster start MPS on each GPU node yourself (docs/guide/gpu-placement.md)")
+
+
 def _check_shared_gpu(config: AppConfig) -> None:
     """A shared-GPU schedule is asynchronous, one replica of one GPU per trainer rank, and (concurrent
     on GPUs) a memory split that leaves both sides room."""
@@ -225,12 +238,6 @@ def _check_shared_gpu(config: AppConfig) -> None:
     require(not r.trainer_memory_fraction or mode == "concurrent", "resources.trainer_memory_fraction",
             r.trainer_memory_fraction, f"splits a GPU between a resident replica and the trainer: it is for "
             f"{key}='concurrent' ({key}={mode!r} sleeps the replica)")
-    if r.mps == "start":
-        require(ro.device == "cuda" or r.trainer_gpus > 0, "resources.mps", r.mps,
-                "needs GPUs: the run has none (rollout.device='cpu', resources.trainer_gpus=0)")
-        require(config.ray.address is None, "resources.mps", r.mps,
-                f"starts the daemon on this machine, so it needs the run's own Ray (ray.address unset, is "
-                f"{config.ray.address!r}); on a cluster start MPS on each GPU node yourself (docs/guide/gpu-placement.md)")
     if mode == "concurrent" and ro.device == "cuda":
         require(not r.trainer_memory_fraction or ro.gpu_memory_utilization + r.trainer_memory_fraction <= 1,
                 "resources.trainer_memory_fraction", r.trainer_memory_fraction,
