@@ -21,7 +21,9 @@
 # sequences in flight) | conccap (128 in flight, as raw_vllm_rates --share) | concmps and conccapmps (the same
 # with an MPS control daemon running, so that the two processes' kernels can overlap instead of being
 # time-sliced by the GPU) | smallmps, longklmps (all three schedules under MPS) | longklmpsconc (colocated and
-# concurrent only, under MPS)
+# concurrent only, under MPS) |
+# conv: issue #29's loss conventions on a learnable long tail, time-sliced (packages/arl-trainer/benchmarks/
+# conventions_sweep.py --workload h200_longtail: one run per arm, CONV_ARMS, CONV_STEPS steps, seed 0)
 set -u
 LOG=${1:-/tmp/s30}
 PHASES=${2:-small,longkl,rates}
@@ -72,6 +74,11 @@ for phase in ${PHASES//,/ }; do
     smallmps) mps_on; compare small_mps colocated,time_sliced,concurrent 0.35 small; mps_off ;;
     longklmps) mps_on; compare long_prompt_kl_mps colocated,time_sliced,concurrent 0.45 long-prompt-kl "${LONG_PROMPT_KL[@]}"; mps_off ;;
     longklmpsconc) mps_on; compare long_prompt_kl_mps colocated,concurrent 0.45 long-prompt-kl "${LONG_PROMPT_KL[@]}"; mps_off ;;
+    conv)
+      timeout 2400 python packages/arl-trainer/benchmarks/conventions_sweep.py --workload h200_longtail \
+        --arms "${CONV_ARMS:-kl_k3,kl_clamped,norm_batch_max,norm_constant}" --seeds 0 --steps "${CONV_STEPS:-30}" \
+        --out "$LOG/conventions" > "$LOG/conventions.log" 2>&1
+      say "conventions exit $?" ;;
     rates|ratessmall|rateskl)
       w=small,long-prompt-kl; [ "$phase" = ratessmall ] && w=small; [ "$phase" = rateskl ] && w=long-prompt-kl
       OUT=$LOG/rates timeout 900 python apps/bench/benchmarks/raw_vllm_rates.py --workloads $w --share \

@@ -34,6 +34,17 @@ def test_longtail_tasks_carry_their_length_and_are_labelled_synthetic():
     assert load_tasks("builtin:longtail", seed=0, size=3)[0].metadata["target_tokens"] >= 1  # defaults
 
 
+def test_longtail_with_the_digits_reward_is_learnable_and_not_labelled_synthetic():
+    tasks = load_tasks("builtin:longtail?median=20&max=64&reward=digits", seed=0, size=5)
+    assert all(t.reward_fn == "digits" and "synthetic" not in t.metadata for t in tasks)
+    reward = get_reward("digits")
+    assert reward("12 4", None) == 0.75 and reward("abcd", None) == 0.0  # the share of digit characters
+    # Same lengths and prompts as the default reward: only the reward changes.
+    hashed = load_tasks("builtin:longtail?median=20&max=64", seed=0, size=5)
+    assert [t.messages for t in tasks] == [t.messages for t in hashed]
+    assert [t.metadata["sampling"] for t in tasks] == [t.metadata["sampling"] for t in hashed]
+
+
 def test_bad_longtail_parameters_are_named():
     with pytest.raises(DatasetError, match="mediam"):
         load_tasks("builtin:longtail?mediam=3", seed=0, size=2)
@@ -41,6 +52,8 @@ def test_bad_longtail_parameters_are_named():
         load_tasks("builtin:longtail?median=abc", seed=0, size=2)
     with pytest.raises(DatasetError, match="p99_ratio"):
         load_tasks("builtin:longtail?p99_ratio=0.5", seed=0, size=2)
+    with pytest.raises(DatasetError, match="reward"):
+        load_tasks("builtin:longtail?reward=exact", seed=0, size=2)
     with pytest.raises(DatasetError, match="longtail"):
         load_tasks("builtin:nope", seed=0, size=2)
 

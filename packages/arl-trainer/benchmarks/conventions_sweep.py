@@ -26,8 +26,10 @@ import os
 import statistics
 import subprocess
 import sys
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 # Stale tokens on the CPU too: mode d, staleness_threshold 1, partial rollouts (aborted generations
@@ -56,15 +58,42 @@ ARMS: dict[str, list[str]] = {
     # The constant is the workload's generation budget (rollout.max_tokens).
     "norm_constant": [*SUM_NORM, 'actor.algorithm.norm_len_mode="constant"', "actor.algorithm.norm_len={budget}"],
 }
-# The task each run trains on, and its generation budget. digits: the embedded default (responses use
-# the whole budget of 12, so a batch's longest response is the budget). longtail: response lengths from
-# a lognormal (median 8, p99 32, at most 48; arl.rollout.longtail), so a batch's longest response moves
-# from step to step; its reward is synthetic (a hash of the text: advantages without a task to learn),
-# so only the loss's own behaviour (gradient norms, KL, masking) is comparable there, not the reward.
-WORKLOADS: dict[str, tuple[list[str], int]] = {
-    "digits": ([], 12),
-    "longtail": (['data.source="builtin:longtail?median=8&p99_ratio=4&max=48"', "rollout.max_tokens=48"], 48),
+@dataclass(frozen=True)
+class Workload:
+    """The task each run trains on: an app config (None: the embedded default), overrides, and the
+    generation budget (the constant of `norm_constant`)."""
+
+    config: str | None
+    overrides: tuple[str, ...]
+    budget: int
+
+
+# digits: the embedded default (responses use the whole budget of 12, so a batch's longest response is
+# the budget). longtail: response lengths from a lognormal (median 8, p99 32, at most 48;
+# arl.rollout.longtail), so a batch's longest response moves from step to step, with the digits reward
+# (the share of digit characters, which the model learns). h200_longtail: the same on one H200 (the
+# random Qwen3-0.6B shape, vLLM, 16 prompts × 8 per step, lengths median 256 / p99 ≈ 1,600, at most
+# 2,048), time-sliced on the shared GPU; two optimizer updates per step, so that the PPO ratio moves
+# away from 1 within a step and ppo_kl / clip_frac measure something.
+WORKLOADS: dict[str, Workload] = {
+    "digits": Workload(None, (), 12),
+    "longtail": Workload(None, ('data.source="builtin:longtail?median=8&p99_ratio=4&max=48&reward=digits"',
+                                "rollout.max_tokens=48"), 48),
+    "h200_longtail": Workload(
+        "apps/bench/configs/h200x2.toml",
+        ('data.source="builtin:longtail?median=256&p99_ratio=6.27&max=2048&reward=digits"', "rollout.max_tokens=2048",
+         "rollout.max_model_len=2304", "resources.shared_gpu=time_sliced", "actor.ppo_mini_batch_size=8",
+         "async_training.require_batches=2",
+         "actor.optim.lr=3e-5"),
+        2048,
+    ),
 }
+
+
+def app_command() -> list[str]:
+    """How to start apps/train: through uv where it is installed, else with this interpreter (the device
+    machines have no uv; their staged environment puts the packages on PYTHONPATH)."""
+    return ["uv", "run", "apps/train"] if shutil.which("uv") else [sys.executable, "apps/train/__main__.py"]
 
 
 def summarize_run(folder: Path) -> dict[str, float] | None:
@@ -109,15 +138,21 @@ def summarize_run(folder: Path) -> dict[str, float] | None:
     }
 
 
+def app_args(arm: str, seed: int, steps: int, folder: Path, workload: str) -> list[str]:
+    """apps/train's command line for one run of `arm` on `workload`."""
+    spec = WORKLOADS[workload]
+    config = ["--config", spec.config] if spec.config else []
+    arm_keys = [key.format(budget=spec.budget) for key in ARMS[arm]]
+    return [*config, *BASE, *spec.overrides, *arm_keys, f"seed={seed}", f"trainer.total_steps={steps}",
+            f"output.dir={folder}"]
+
+
 def run_one(arm: str, seed: int, steps: int, out: Path, workload: str = "digits") -> None:
     folder = out / f"{arm}_s{seed}"
     if (folder / "summary.json").exists():
         print(f"[sweep] {folder.name}: done already", file=sys.stderr)
         return
-    overrides, budget = WORKLOADS[workload]
-    arm_keys = [key.format(budget=budget) for key in ARMS[arm]]
-    cmd = ["uv", "run", "apps/train", *BASE, *overrides, *arm_keys, f"seed={seed}", f"trainer.total_steps={steps}",
-           f"output.dir={folder}"]
+    cmd = [*app_command(), *app_args(arm, seed, steps, folder, workload)]
     print(f"[sweep] {' '.join(cmd)}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)

@@ -5,14 +5,20 @@ lognormal distribution (median `median`, 99th percentile `median × p99_ratio`, 
 [`min`, `max`]), like the response lengths of SWE and reasoning rollouts. Each task carries its own
 target length as a sampling override (`metadata["sampling"] = {"max_tokens": L, "ignore_eos": true}`),
 so even a randomly initialised model produces exactly L tokens per response. Prompts are a few random
-words. The reward is `synthetic_hash` (deterministic, meaningless): these tasks exist to load the
-system, not to teach the model anything, and their samples say so (`metadata["synthetic"]`).
+words. The reward, `reward=`:
+- `hash` (default): `synthetic_hash`, deterministic and meaningless. Such tasks exist to load the
+  system, not to teach the model anything, and their samples say so (`metadata["synthetic"]`).
+- `digits`: the share of the response's characters that are digits (`digits`), which a randomly
+  initialised model can learn. It makes the long tail a training workload whose reward curve means
+  something (the loss-convention runs of docs/design/loss-conventions.md); its samples are not
+  labelled synthetic.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from typing import Literal
 from urllib.parse import parse_qsl
 
 import msgspec
@@ -43,6 +49,8 @@ class LongTailSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max: int = 8192
     # Random words per prompt.
     prompt_words: int = 16
+    # The reward: "hash" (synthetic, nothing to learn) or "digits" (learnable; see the module docstring).
+    reward: Literal["hash", "digits"] = "hash"
 
     @property
     def log_sigma(self) -> float:
@@ -60,8 +68,11 @@ class LongTailSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 def parse_spec(query: str) -> LongTailSpec:
     """`median=659&p99_ratio=8` → LongTailSpec; unknown or malformed keys are named."""
-    raw: dict[str, float | int] = {}
+    raw: dict[str, float | int | str] = {}
     for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
+        if key == "reward":
+            raw[key] = value
+            continue
         try:
             raw[key] = int(value) if value.lstrip("-").isdigit() else float(value)
         except ValueError:
@@ -69,7 +80,7 @@ def parse_spec(query: str) -> LongTailSpec:
     try:
         return msgspec.convert(raw, LongTailSpec, strict=False).validate()
     except msgspec.ValidationError as exc:
-        raise DatasetError(f"builtin:longtail: {exc} (parameters: {list(msgspec.structs.fields(LongTailSpec))!r})") from None
+        raise DatasetError(f"builtin:longtail: {exc} (parameters: {[f.name for f in msgspec.structs.fields(LongTailSpec)]})") from None
 
 
 def sample_lengths(spec: LongTailSpec, count: int, *, seed: int) -> list[int]:
@@ -79,8 +90,13 @@ def sample_lengths(spec: LongTailSpec, count: int, *, seed: int) -> list[int]:
     return [min(spec.max, max(spec.min, round(math.exp(rng.gauss(mu, sigma))))) for _ in range(count)]
 
 
+# The reward function each `reward=` names, and whether its samples are labelled synthetic.
+_REWARDS = {"hash": ("synthetic_hash", True), "digits": ("digits", False)}
+
+
 def longtail_tasks(query: str, *, seed: int, size: int) -> list[Task]:
     spec = parse_spec(query)
+    reward_fn, synthetic = _REWARDS[spec.reward]
     lengths = sample_lengths(spec, size, seed=seed)
     rng = random.Random(seed + 1)
     tasks = []
@@ -90,13 +106,13 @@ def longtail_tasks(query: str, *, seed: int, size: int) -> list[Task]:
             Task(
                 id=f"longtail-{i}",
                 messages=[{"role": "user", "content": f"Continue: {words}"}],
-                reward_fn="synthetic_hash",
+                reward_fn=reward_fn,
                 metadata={
                     "sampling": {"max_tokens": length, "ignore_eos": True},
                     "target_tokens": length,
-                    "synthetic": True,
                     "workload": "longtail",
-                },
+                }
+                | ({"synthetic": True} if synthetic else {}),
             )
         )
     return tasks

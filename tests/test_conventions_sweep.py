@@ -1,0 +1,48 @@
+"""The loss-convention sweep's runs (packages/arl-trainer/benchmarks/conventions_sweep.py) load and
+validate as apps/train would load them, for every workload and arm: a run that fails on its config only
+once it reaches the GPU machine costs device time."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from arl_train.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("conventions_sweep", ROOT / "packages/arl-trainer/benchmarks/conventions_sweep.py")
+sweep = importlib.util.module_from_spec(_spec)
+sys.modules["conventions_sweep"] = sweep
+_spec.loader.exec_module(sweep)
+
+
+def _load(args: list[str]):
+    """apps/train's own reading of a command line: --config FILE, --mode M, then overrides."""
+    config, mode, overrides = None, None, []
+    it = iter(args)
+    for arg in it:
+        if arg == "--config":
+            config = ROOT / next(it)
+        elif arg == "--mode":
+            mode = next(it)
+        else:
+            overrides.append(arg)
+    return load_config(config, overrides, mode)
+
+
+@pytest.mark.parametrize("workload", list(sweep.WORKLOADS))
+@pytest.mark.parametrize("arm", list(sweep.ARMS))
+def test_every_run_of_the_sweep_loads(workload, arm, tmp_path):
+    config = _load(sweep.app_args(arm, 0, 5, tmp_path / "run", workload))
+    assert config.trainer.total_steps == 5 and config.async_training.partial_rollout
+    if arm == "norm_constant":  # the constant is the workload's generation budget
+        assert config.actor.algorithm.norm_len == sweep.WORKLOADS[workload].budget == config.rollout.max_tokens
+
+
+def test_the_gpu_workload_is_the_learnable_long_tail_time_sliced_on_one_gpu(tmp_path):
+    config = _load(sweep.app_args("kl_clamped", 0, 5, tmp_path / "run", "h200_longtail"))
+    assert "reward=digits" in config.data.source and config.resources.shared_gpu == "time_sliced"
+    assert config.model.path == "builtin:qwen3-0.6b-random" and config.rollout.device == "cuda"
+    # Two optimizer updates per step (16 prompts, mini-batches of 8): ppo_kl and clip_frac are not 0 by construction.
+    assert config.async_training.require_batches == 2 and config.actor.ppo_mini_batch_size == 8
