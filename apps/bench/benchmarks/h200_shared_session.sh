@@ -20,8 +20,9 @@
 # the concurrent study on the small workload, one compare each: conc (as the app runs it: up to 256
 # sequences in flight) | conccap (128 in flight, as raw_vllm_rates --share) | concmps and conccapmps (the same
 # with an MPS control daemon running, so that the two processes' kernels can overlap instead of being
-# time-sliced by the GPU) | smallmps, longklmps (all three schedules under MPS) | longklmpsconc (colocated and
-# concurrent only, under MPS) |
+# time-sliced by the GPU) | smallmps, longklmps (all three schedules under MPS) | longklmpsconc (colocated, and
+# concurrent under the run's own MPS daemon: resources.mps=start) | small17 (the three schedules on the
+# Qwen3-1.7B shape, concurrent with resources.mps=start) |
 # conv: issue #29's loss conventions on a learnable long tail, time-sliced (packages/arl-trainer/benchmarks/
 # conventions_sweep.py --workload h200_longtail: one run per arm, CONV_ARMS, CONV_STEPS steps, seed 0)
 set -u
@@ -41,7 +42,7 @@ compare() {  # name modes concurrent-memory rates-workload overrides...
   local rates=()
   [ -f "$LOG/rates/raw_rates.json" ] && rates=(--rates "$LOG/rates/raw_rates.json" --rates-workload "$rw")
   timeout 1500 python apps/bench/__main__.py compare --preset h200x2 --modes "$modes" --warmup-steps 1 \
-    --shared-overrides "$SHARED" --concurrent-overrides "rollout.gpu_memory_utilization=$mem" "${rates[@]}" \
+    --shared-overrides "$SHARED" --concurrent-overrides "rollout.gpu_memory_utilization=$mem ${CONC_EXTRA:-}" "${rates[@]}" \
     --out "$LOG/bench_$name" trainer.total_steps=$STEPS "$@" > "$LOG/bench_$name.log" 2>&1
   say "compare $name exit $?"
 }
@@ -73,7 +74,8 @@ for phase in ${PHASES//,/ }; do
     conccapmps) mps_on; compare conc_cap_mps concurrent 0.35 small "${CAP[@]}"; mps_off ;;
     smallmps) mps_on; compare small_mps colocated,time_sliced,concurrent 0.35 small; mps_off ;;
     longklmps) mps_on; compare long_prompt_kl_mps colocated,time_sliced,concurrent 0.45 long-prompt-kl "${LONG_PROMPT_KL[@]}"; mps_off ;;
-    longklmpsconc) mps_on; compare long_prompt_kl_mps colocated,concurrent 0.45 long-prompt-kl "${LONG_PROMPT_KL[@]}"; mps_off ;;
+    longklmpsconc) CONC_EXTRA=resources.mps=start compare long_prompt_kl_mps colocated,concurrent 0.45 long-prompt-kl "${LONG_PROMPT_KL[@]}" ;;
+    small17) CONC_EXTRA=resources.mps=start compare small_17b colocated,time_sliced,concurrent 0.35 balanced model.path=builtin:qwen3-1.7b-random ;;
     conv)
       timeout 2400 python packages/arl-trainer/benchmarks/conventions_sweep.py --workload h200_longtail \
         --arms "${CONV_ARMS:-kl_k3,kl_clamped,norm_batch_max,norm_constant}" --seeds 0 --steps "${CONV_STEPS:-30}" \

@@ -27,3 +27,17 @@ def test_shipped_config_loads(path):
 def test_bench_preset_takes_the_larger_shapes(shape):
     config = load_config(ROOT / "apps" / "bench" / "configs" / "h200x2.toml", [f"model.path=builtin:{shape}"])
     assert config.model.path == f"builtin:{shape}"
+
+
+LONG_PROMPT_KL = ["data.source=builtin:longtail?median=659&p99_ratio=6.27&max=7168&prompt_words=340",
+                  "rollout.max_tokens=7168", "actor.algorithm.kl_coef=0.001"]
+
+
+@pytest.mark.parametrize("workload", [[], ["model.path=builtin:qwen3-1.7b-random"], LONG_PROMPT_KL],
+                         ids=["small", "qwen3-1.7b", "long-prompt-kl"])
+def test_concurrent_under_the_runs_own_mps_loads_on_the_bench_preset(workload):
+    # h200_shared_session.sh's longklmpsconc and small17 phases: concurrent with resources.mps=start.
+    overrides = ["resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.45", "resources.mps=start",
+                 "async_training.staleness_threshold=1.0", *workload]
+    config = load_config(ROOT / "apps" / "bench" / "configs" / "h200x2.toml", overrides, "d")
+    assert (config.resources.shared_gpu, config.resources.mps) == ("concurrent", "start")
