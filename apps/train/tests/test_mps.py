@@ -54,6 +54,20 @@ def test_start_hands_the_daemon_its_folders_and_stop_asks_it_to_quit(tmp_path, f
     assert not pipe.exists()
 
 
+def test_stop_gives_back_the_environment_export_changed(tmp_path, fake_control, monkeypatch):
+    # apps/bench runs several runs in one process: the one after an MPS run must not inherit its variables.
+    fake_control()
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    monkeypatch.setenv("CUDA_MPS_LOG_DIRECTORY", "/somewhere/else")
+    daemon = mps.start(tmp_path / "mps")
+    daemon.export()
+    assert os.environ["CUDA_MPS_PIPE_DIRECTORY"] == str(daemon.pipe_dir)
+    assert os.environ["CUDA_MPS_LOG_DIRECTORY"] == str(tmp_path / "mps")
+    daemon.stop()
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+    assert os.environ["CUDA_MPS_LOG_DIRECTORY"] == "/somewhere/else"
+
+
 def test_a_daemon_that_fails_to_start_is_an_error_with_its_words(tmp_path, fake_control):
     fake_control(exit_code=3)
     before = set(Path("/tmp").glob("arl-mps-*"))

@@ -37,9 +37,18 @@ class MpsDaemon:
     pipe_dir: Path
     log_dir: Path
     env: dict[str, str]
+    # What `export` replaced in this process's environment, for `stop` to put back.
+    _replaced: dict[str, str | None] | None = None
+
+    def export(self) -> None:
+        """Put `env` in this process's environment, so that the processes it starts are clients."""
+        self._replaced = {key: os.environ.get(key) for key in self.env}
+        os.environ.update(self.env)
 
     def stop(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Ask the daemon to quit (it stops its server first), wait until it has, remove the pipe folder."""
+        """Ask the daemon to quit (it stops its server first), wait until it has, remove the pipe folder,
+        and give back the environment `export` changed: a later run in this process (apps/bench runs
+        several) must not point its CUDA processes at a daemon that is gone."""
         pids = [int(p.read_text().strip() or 0) for p in self.pipe_dir.glob("*.pid")]  # the daemon's own
         try:
             subprocess.run([CONTROL], input="quit\n", text=True, env=os.environ | self.env, capture_output=True,
@@ -49,6 +58,15 @@ class MpsDaemon:
                 time.sleep(0.1)
         finally:
             shutil.rmtree(self.pipe_dir, ignore_errors=True)
+            self._restore_environment()
+
+    def _restore_environment(self) -> None:
+        for key, value in (self._replaced or {}).items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._replaced = None
 
 
 def start(log_dir: Path, timeout_s: float = START_TIMEOUT_S) -> MpsDaemon:

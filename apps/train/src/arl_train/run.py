@@ -278,7 +278,7 @@ def _start_mps(plan: RunPlan, log: Callable[[str], None]) -> mps.MpsDaemon:
     environment before Ray starts, so every process of the run is its client."""
     daemon = mps.start(plan.out_dir / "mps")
     plan.env.update(daemon.env)
-    os.environ.update(daemon.env)
+    daemon.export()
     log(f"arl: MPS control daemon started (pipe {daemon.pipe_dir}, log {daemon.log_dir})")
     return daemon
 
