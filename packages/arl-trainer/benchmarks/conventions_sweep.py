@@ -15,7 +15,8 @@ construction; staleness shows in the behaviour→proximal gap instead.
     uv run packages/arl-trainer/benchmarks/conventions_sweep.py --summarize --out runs/conventions
 
 A finished run (its summary.json present) is not run again; the summary table goes to stdout and
-`<out>/sweep.json`.
+`<out>/sweep.json` (with each arm's reward curve in tenths of the run), the reward and gradient-norm
+curves (each arm's mean over its seeds) to `<out>/curves.png`.
 """
 
 from __future__ import annotations
@@ -96,12 +97,17 @@ def app_command() -> list[str]:
     return ["uv", "run", "apps/train"] if shutil.which("uv") else [sys.executable, "apps/train/__main__.py"]
 
 
-def summarize_run(folder: Path) -> dict[str, float] | None:
+def step_rows(folder: Path) -> list[dict[str, float]]:
+    """The trainer steps of a run's metrics.jsonl (rows with a reward); [] when it has none yet."""
     path = folder / "metrics.jsonl"
     if not path.exists():
-        return None
+        return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "reward_mean" in r]
+    return [r for r in rows if "reward_mean" in r]
+
+
+def summarize_run(folder: Path) -> dict[str, float] | None:
+    rows = step_rows(folder)
     if not rows:
         return None
     reward = [r["reward_mean"] for r in rows]
@@ -135,6 +141,9 @@ def summarize_run(folder: Path) -> dict[str, float] | None:
         "groups_of_one": sum(r.get("groups_of_one", 0) for r in rows),
         "staleness_mean": mean("staleness_mean"),
         "mixed_version_samples": mean("mixed_version_samples"),
+        # The reward curve in ten points: the mean of each tenth of the run.
+        "reward_by_tenth": [statistics.fmean(reward[i * len(reward) // 10:(i + 1) * len(reward) // 10] or reward)
+                            for i in range(10)],
     }
 
 
@@ -183,6 +192,7 @@ def table(out: Path) -> dict[str, dict[str, float]]:
         agg = {k: statistics.fmean([s[k] for s in summaries]) for k in keys}
         reached = [s["steps_to_0.9"] for s in summaries if s["steps_to_0.9"] == s["steps_to_0.9"]]
         agg["steps_to_0.9"] = statistics.fmean(reached) if reached else float("nan")
+        agg["reward_by_tenth"] = [statistics.fmean(s["reward_by_tenth"][i] for s in summaries) for i in range(10)]
         agg["reached_0.9"] = len(reached)
         agg["seeds"] = len(summaries)
         agg["steps"] = min(s["steps"] for s in summaries)
@@ -194,6 +204,39 @@ def table(out: Path) -> dict[str, dict[str, float]]:
               f"{agg['tis_clip_frac']:.4f} | {agg['behaviour_proximal_abs_diff']:.3g} | "
               f"{agg['seq_masked_frac']:.3f} | {agg['kl']:.3g} |")
     return per_arm
+
+
+def plot_curves(out: Path) -> Path | None:
+    """`<out>/curves.png`: reward and gradient norm per step, each arm's mean over its seeds."""
+    per_arm = {arm: [step_rows(r) for r in sorted(out.glob(f"{arm}_s*")) if r.is_dir()] for arm in ARMS}
+    per_arm = {arm: [rows for rows in runs if rows] for arm, runs in per_arm.items()}
+    per_arm = {arm: runs for arm, runs in per_arm.items() if runs}
+    if not per_arm:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (reward_ax, grad_ax) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    for arm, runs in per_arm.items():
+        steps = min(len(rows) for rows in runs)  # the steps every seed has
+        x = [runs[0][i]["step"] for i in range(steps)]
+        reward_ax.plot(x, [statistics.fmean(rows[i]["reward_mean"] for rows in runs) for i in range(steps)], label=arm)
+        grad_ax.plot(x, [statistics.fmean(rows[i].get("grad_norm", float("nan")) for rows in runs) for i in range(steps)],
+                     label=arm)
+    seeds = max(len(runs) for runs in per_arm.values())
+    reward_ax.set_ylabel(f"reward (mean of {seeds} seeds)")
+    grad_ax.set_ylabel("grad_norm")
+    grad_ax.set_xlabel("step")
+    for ax in (reward_ax, grad_ax):
+        ax.grid(alpha=0.3)
+    reward_ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "curves.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def main() -> None:
@@ -221,6 +264,7 @@ def main() -> None:
     result = table(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(result, indent=1, default=str))
+    print(f"curves: {plot_curves(out)}")
 
 
 if __name__ == "__main__":
