@@ -4,7 +4,7 @@ Runs `uv run apps/train` (the embedded default: builtin:tiny model, builtin:digi
 one run at a time, in mode d with staleness_threshold 1 and partial rollouts so that stale and
 mixed-version tokens reach the loss, then summarises each run's metrics.jsonl:
 reward (mean of the first / last tenth of the steps, first step with reward_mean >= 0.9),
-grad_norm (max, median, max/median: spikes), ppo_kl (mean |ppo_kl|), clip_frac / clip_band_frac
+grad_norm (max, median, max/median: spikes; CV and step-to-step jitter), ppo_kl (mean |ppo_kl|), clip_frac / clip_band_frac
 (means), the off-policy gap (tis_clip_frac, behaviour_proximal_abs_diff) and the fraction of sequences
 masked by sequence-level IS (Σ seq_is_masked_count / Σ num_seqs). With one optimizer update per step
 (the embedded default) the PPO ratio is 1 at the update, so ppo_kl and clip_frac are 0 by
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -114,6 +115,7 @@ def summarize_run(folder: Path) -> dict[str, float] | None:
     tenth = max(1, len(rows) // 10)
     grads = [r["grad_norm"] for r in rows if "grad_norm" in r]
     median = statistics.median(grads) if grads else 0.0
+    jumps = [abs(math.log(b / a)) for a, b in zip(grads, grads[1:]) if a > 0 and b > 0]
 
     def mean(key: str) -> float:
         vals = [r[key] for r in rows if key in r]
@@ -129,8 +131,11 @@ def summarize_run(folder: Path) -> dict[str, float] | None:
         "grad_norm_max": max(grads) if grads else float("nan"),
         "grad_norm_median": median,
         "grad_spike": max(grads) / median if grads and median > 0 else float("nan"),
-        # How much the step's gradient norm swings from step to step (std / mean).
+        # How much the gradient norm varies over the run (std / mean): on a task that is learned this
+        # includes the fall of the gradient as the reward saturates.
         "grad_cv": statistics.pstdev(grads) / statistics.fmean(grads) if len(grads) > 1 else float("nan"),
+        # How much it jumps from one step to the next, whatever its trend: median |ln(g_t / g_{t-1})|.
+        "grad_jitter": statistics.median(jumps) if jumps else float("nan"),
         "ppo_kl_abs_mean": sum(abs(r.get("ppo_kl", 0.0)) for r in rows) / len(rows),
         "clip_frac": mean("clip_frac"),
         "clip_band_frac": mean("clip_band_frac"),
@@ -179,11 +184,11 @@ def run_one(arm: str, seed: int, steps: int, out: Path, workload: str = "digits"
 def table(out: Path) -> dict[str, dict[str, float]]:
     per_arm: dict[str, dict[str, float]] = {}
     keys = ("reward_first_tenth", "reward_last_tenth", "steps_to_0.9", "grad_norm_max", "grad_norm_median",
-            "grad_spike", "grad_cv", "ppo_kl_abs_mean", "clip_frac", "clip_band_frac", "seq_masked_frac", "kl", "tis_clip_frac",
+            "grad_spike", "grad_cv", "grad_jitter", "ppo_kl_abs_mean", "clip_frac", "clip_band_frac", "seq_masked_frac", "kl", "tis_clip_frac",
             "behaviour_proximal_abs_diff")
     print("| arm | seeds | steps | reward first 10% | reward last 10% | steps to 0.9 | grad max | grad median | "
-          "max/median | grad CV | abs ppo_kl | clip_frac | clip_band_frac | tis_clip_frac | mean abs(behav − prox) | seqs masked | kl |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "max/median | grad CV | grad jitter | abs ppo_kl | clip_frac | clip_band_frac | tis_clip_frac | mean abs(behav − prox) | seqs masked | kl |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for arm in ARMS:
         runs = sorted(r for r in out.glob(f"{arm}_s*") if r.is_dir())  # not the runs' logs beside them
         summaries = [s for s in (summarize_run(r) for r in runs) if s is not None]
@@ -200,6 +205,7 @@ def table(out: Path) -> dict[str, dict[str, float]]:
         print(f"| {arm} | {len(summaries)} | {agg['steps']} | {agg['reward_first_tenth']:.3f} | "
               f"{agg['reward_last_tenth']:.3f} | {agg['steps_to_0.9']:.1f} ({len(reached)}/{len(summaries)}) | "
               f"{agg['grad_norm_max']:.3g} | {agg['grad_norm_median']:.3g} | {agg['grad_spike']:.2f} | {agg['grad_cv']:.2f} | "
+              f"{agg['grad_jitter']:.3f} | "
               f"{agg['ppo_kl_abs_mean']:.2e} | {agg['clip_frac']:.4f} | {agg['clip_band_frac']:.4f} | "
               f"{agg['tis_clip_frac']:.4f} | {agg['behaviour_proximal_abs_diff']:.3g} | "
               f"{agg['seq_masked_frac']:.3f} | {agg['kl']:.3g} |")
