@@ -1,14 +1,16 @@
-"""Loss-convention sweep (issue #29): the digits task under each choice of each convention, several seeds.
+"""Loss-convention sweep (issue #29): a task under each choice of each convention, several seeds.
 
-Runs `uv run apps/train` (the embedded default: builtin:tiny model, builtin:digits, vLLM on the CPU)
-one run at a time, in mode d with staleness_threshold 1 and partial rollouts so that stale and
-mixed-version tokens reach the loss, then summarises each run's metrics.jsonl:
-reward (mean of the first / last tenth of the steps, first step with reward_mean >= 0.9),
-grad_norm (max, median, max/median: spikes; CV and step-to-step jitter), ppo_kl (mean |ppo_kl|), clip_frac / clip_band_frac
-(means), the off-policy gap (tis_clip_frac, behaviour_proximal_abs_diff) and the fraction of sequences
-masked by sequence-level IS (Σ seq_is_masked_count / Σ num_seqs). With one optimizer update per step
-(the embedded default) the PPO ratio is 1 at the update, so ppo_kl and clip_frac are 0 by
-construction; staleness shows in the behaviour→proximal gap instead.
+Runs apps/train (`uv run apps/train`; on a machine without uv, this interpreter on apps/train/__main__.py)
+`--jobs` runs at a time on a workload (`--workload`, WORKLOADS: the embedded default's digits task, a
+learnable long tail on the CPU, or one on one H200), in mode d with staleness_threshold 1 and partial
+rollouts so that stale and mixed-version tokens reach the loss, then summarises each run's
+metrics.jsonl: reward (mean of the first / last tenth of the steps, first step with reward_mean >= 0.9,
+the curve in tenths), grad_norm (max, median, max/median: spikes; CV and step-to-step jitter), ppo_kl
+(mean |ppo_kl|), clip_frac / clip_band_frac (means), the off-policy gap (tis_clip_frac,
+behaviour_proximal_abs_diff) and the fraction of sequences masked by sequence-level IS
+(Σ seq_is_masked_count / Σ num_seqs). With one optimizer update per step (the CPU workloads) the PPO
+ratio is 1 at the update, so ppo_kl and clip_frac are 0 by construction; staleness shows in the
+behaviour→proximal gap instead.
 
     uv run packages/arl-trainer/benchmarks/conventions_sweep.py --arms kl_k3,kl_clamped \
         --seeds 0,1,2 --steps 100 --jobs 2 --out runs/conventions
@@ -26,9 +28,9 @@ import json
 import math
 import os
 import statistics
+import shutil
 import subprocess
 import sys
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
