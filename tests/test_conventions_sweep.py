@@ -46,3 +46,12 @@ def test_the_gpu_workload_is_the_learnable_long_tail_time_sliced_on_one_gpu(tmp_
     assert config.model.path == "builtin:qwen3-0.6b-random" and config.rollout.device == "cuda"
     # Two optimizer updates per step (16 prompts, mini-batches of 8): ppo_kl and clip_frac are not 0 by construction.
     assert config.async_training.require_batches == 2 and config.actor.ppo_mini_batch_size == 8
+
+
+def test_updates_split_the_same_prompts_into_more_mini_batches(tmp_path):
+    one = _load(sweep.app_args("norm_constant", 0, 5, tmp_path / "run", "longtail"))
+    two = _load(sweep.app_args("norm_constant", 0, 5, tmp_path / "run", "longtail", updates=2))
+    assert (one.actor.ppo_mini_batch_size, one.async_training.require_batches) == (8, 1)
+    assert (two.actor.ppo_mini_batch_size, two.async_training.require_batches) == (4, 2)
+    with pytest.raises(SystemExit, match="does not divide"):
+        sweep.app_args("norm_constant", 0, 5, tmp_path / "run", "longtail", updates=3)

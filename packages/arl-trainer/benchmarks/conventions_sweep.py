@@ -62,14 +62,19 @@ ARMS: dict[str, list[str]] = {
     # The constant is the workload's generation budget (rollout.max_tokens).
     "norm_constant": [*SUM_NORM, 'actor.algorithm.norm_len_mode="constant"', "actor.algorithm.norm_len={budget}"],
 }
+
+
 @dataclass(frozen=True)
 class Workload:
-    """The task each run trains on: an app config (None: the embedded default), overrides, and the
-    generation budget (the constant of `norm_constant`)."""
+    """The task each run trains on: an app config (None: the embedded default), overrides, the
+    generation budget (the constant of `norm_constant`), the prompts one trainer step consumes and the
+    optimizer updates it makes of them (default; `--updates` sets it)."""
 
     config: str | None
     overrides: tuple[str, ...]
     budget: int
+    prompts_per_step: int = 8
+    updates: int = 1
 
 
 # digits: the embedded default (responses use the whole budget of 12, so a batch's longest response is
@@ -78,7 +83,8 @@ class Workload:
 # (the share of digit characters, which the model learns). h200_longtail: the same on one H200 (the
 # random Qwen3-0.6B shape, vLLM, 16 prompts × 8 per step, lengths median 256 / p99 ≈ 1,600, at most
 # 2,048), time-sliced on the shared GPU; two optimizer updates per step, so that the PPO ratio moves
-# away from 1 within a step and ppo_kl / clip_frac measure something. Its lr: at 3e-5 this shape learned
+# away from 1 within a step and ppo_kl / clip_frac measure something (the CPU workloads do with
+# `--updates 2`). Its lr: at 3e-5 this shape learned
 # the reward in 13 steps on the CPU (arl-trainer BENCHMARKS.md), so 1.5e-5 spreads it over ~30.
 WORKLOADS: dict[str, Workload] = {
     "digits": Workload(None, (), 12),
@@ -87,10 +93,10 @@ WORKLOADS: dict[str, Workload] = {
     "h200_longtail": Workload(
         "apps/bench/configs/h200x2.toml",
         ('data.source="builtin:longtail?median=256&p99_ratio=6.27&max=2048&reward=digits"', "rollout.max_tokens=2048",
-         "rollout.max_model_len=2304", "resources.shared_gpu=time_sliced", "actor.ppo_mini_batch_size=8",
-         "async_training.require_batches=2",
-         "actor.optim.lr=1.5e-5"),
+         "rollout.max_model_len=2304", "resources.shared_gpu=time_sliced", "actor.optim.lr=1.5e-5"),
         2048,
+        prompts_per_step=16,
+        updates=2,
     ),
 }
 
@@ -155,21 +161,26 @@ def summarize_run(folder: Path) -> dict[str, float] | None:
     }
 
 
-def app_args(arm: str, seed: int, steps: int, folder: Path, workload: str) -> list[str]:
-    """apps/train's command line for one run of `arm` on `workload`."""
+def app_args(arm: str, seed: int, steps: int, folder: Path, workload: str, updates: int | None = None) -> list[str]:
+    """apps/train's command line for one run of `arm` on `workload`, making `updates` optimizer updates
+    per step (None: the workload's) of the same prompts."""
     spec = WORKLOADS[workload]
+    updates = updates or spec.updates
+    if spec.prompts_per_step % updates:
+        raise SystemExit(f"--updates {updates} does not divide {workload}'s {spec.prompts_per_step} prompts per step")
     config = ["--config", spec.config] if spec.config else []
+    batches = [f"actor.ppo_mini_batch_size={spec.prompts_per_step // updates}", f"async_training.require_batches={updates}"]
     arm_keys = [key.format(budget=spec.budget) for key in ARMS[arm]]
-    return [*config, *BASE, *spec.overrides, *arm_keys, f"seed={seed}", f"trainer.total_steps={steps}",
+    return [*config, *BASE, *spec.overrides, *batches, *arm_keys, f"seed={seed}", f"trainer.total_steps={steps}",
             f"output.dir={folder}"]
 
 
-def run_one(arm: str, seed: int, steps: int, out: Path, workload: str = "digits") -> None:
+def run_one(arm: str, seed: int, steps: int, out: Path, workload: str = "digits", updates: int | None = None) -> None:
     folder = out / f"{arm}_s{seed}"
     if (folder / "summary.json").exists():
         print(f"[sweep] {folder.name}: done already", file=sys.stderr)
         return
-    cmd = [*app_command(), *app_args(arm, seed, steps, folder, workload)]
+    cmd = [*app_command(), *app_args(arm, seed, steps, folder, workload, updates)]
     print(f"[sweep] {' '.join(cmd)}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
@@ -256,6 +267,9 @@ def main() -> None:
     parser.add_argument("--out", default="runs/conventions")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     parser.add_argument("--workload", choices=list(WORKLOADS), default="digits", help="the task (WORKLOADS)")
+    parser.add_argument("--updates", type=int, default=None,
+                        help="optimizer updates per step, of the same prompts (default: the workload's; > 1 makes "
+                             "ppo_kl and clip_frac measure something)")
     parser.add_argument("--summarize", action="store_true", help="only summarise the runs already in --out")
     args = parser.parse_args()
     out = Path(args.out)
@@ -269,7 +283,7 @@ def main() -> None:
         runs = [(arm, int(seed)) for seed in args.seeds.split(",") for arm in arms]
         # One app run keeps a 2-core machine about half busy (docs/guide/testing.md): two at a time fill it.
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            list(pool.map(lambda r: run_one(r[0], r[1], args.steps, out, args.workload), runs))
+            list(pool.map(lambda r: run_one(r[0], r[1], args.steps, out, args.workload, args.updates), runs))
     result = table(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(result, indent=1, default=str))
