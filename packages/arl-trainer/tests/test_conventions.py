@@ -56,9 +56,9 @@ def test_k3_raw_and_clamped_by_hand():
 
 
 def test_kl_clamps_are_config_fields_and_reach_the_loss():
-    # The measured default (docs/design/loss-conventions.md) is raw k3; the clamps (±20 / ±10) apply to low_var_kl.
+    # The measured default (docs/design/loss-conventions.md) is the clamped k3, with clamps ±20 / ±10.
     assert (AlgorithmConfig().kl_estimator, AlgorithmConfig().kl_log_ratio_clamp, AlgorithmConfig().kl_value_clamp) == (
-        "k3", 20.0, 10.0)
+        "low_var_kl", 20.0, 10.0)
     cfg = AlgorithmConfig(kl_coef=0.1, kl_estimator="low_var_kl")
     logp = torch.zeros(3, dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([0.5, 3.0, -3.0], dtype=torch.float64)

@@ -77,9 +77,9 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Weight of the KL(π_θ ‖ π_ref) penalty to a reference policy; 0 = no KL (no reference forward needed).
     kl_coef: float = 0.0
     # KL estimator per token: "k1" (log ratio), "k2" (½ log ratio²), "k3" (r − 1 − log r, ≥ 0), "low_var_kl" (clamped k3).
-    # Default "k3" (raw), chosen by measurement (docs/design/loss-conventions.md): the clamped form
-    # stops pulling exactly the tokens that drifted furthest from the reference.
-    kl_estimator: KLEstimator = "k3"
+    # Default "low_var_kl", chosen by measurement (docs/design/loss-conventions.md): with two updates per
+    # step on stale samples raw k3 threw a 226× gradient spike, and it bought little KL for its reward.
+    kl_estimator: KLEstimator = "low_var_kl"
     # Clamps of "low_var_kl" (clamped k3): log r = log π_ref − log π to ±kl_log_ratio_clamp, the value to
     # ±kl_value_clamp; a clamped token carries no KL gradient. "k3" is the same estimator unclamped.
     kl_log_ratio_clamp: float = 20.0
