@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from arl_train.cli import build_parser
 from arl_train.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,17 +19,9 @@ _spec.loader.exec_module(sweep)
 
 
 def _load(args: list[str]):
-    """apps/train's own reading of a command line: --config FILE, --mode M, then overrides."""
-    config, mode, overrides = None, None, []
-    it = iter(args)
-    for arg in it:
-        if arg == "--config":
-            config = ROOT / next(it)
-        elif arg == "--mode":
-            mode = next(it)
-        else:
-            overrides.append(arg)
-    return load_config(config, overrides, mode)
+    """The config apps/train builds from this command line (its own parser, run from the repo root)."""
+    parsed = build_parser().parse_args(args)
+    return load_config(ROOT / parsed.config if parsed.config else None, parsed.overrides, parsed.mode)
 
 
 @pytest.mark.parametrize("workload", list(sweep.WORKLOADS))

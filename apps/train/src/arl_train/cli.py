@@ -17,18 +17,7 @@ def main(argv: list[str] | None = None) -> int:
         from arl.harbor.tasks import main as harbor_tasks
 
         return harbor_tasks(argv[1:] if argv[1:2] in (["list"], ["validate"]) else ["validate", *argv[1:]])
-    parser = argparse.ArgumentParser(
-        prog="arl-train",
-        description="Fully asynchronous RL: the embedded default trains a tiny model on a built-in task on CPU.",
-    )
-    parser.add_argument("--config", type=Path, default=None, help="TOML config (default: apps/train/configs/default.toml)")
-    parser.add_argument("--mode", choices=["a", "b", "c", "d"], default=None, help="preset of the four async modes (README)")
-    parser.add_argument("--preset", choices=["agent", "swe"], default=None,
-                        help="agent: configs/agent.toml + a supervised warm start on shell-agent demonstrations, "
-                             "then RL on Harbor shell tasks (README); swe: configs/swe.toml on this CPU with the "
-                             "tiny model on a few real SWE tasks (docs/guide/swe.md)")
-    parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. rollout.n=8")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         if args.preset == "agent":
             from arl_train.warm_start import load_agent_config
@@ -62,6 +51,22 @@ def main(argv: list[str] | None = None) -> int:
         print("arl-train: the engine's weights differ from the trainer's after the last sync", file=sys.stderr)
         return 1
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `uv run apps/train` (without the `harbor-tasks` subcommand)."""
+    parser = argparse.ArgumentParser(
+        prog="arl-train",
+        description="Fully asynchronous RL: the embedded default trains a tiny model on a built-in task on CPU.",
+    )
+    parser.add_argument("--config", type=Path, default=None, help="TOML config (default: apps/train/configs/default.toml)")
+    parser.add_argument("--mode", choices=["a", "b", "c", "d"], default=None, help="preset of the four async modes (README)")
+    parser.add_argument("--preset", choices=["agent", "swe"], default=None,
+                        help="agent: configs/agent.toml + a supervised warm start on shell-agent demonstrations, "
+                             "then RL on Harbor shell tasks (README); swe: configs/swe.toml on this CPU with the "
+                             "tiny model on a few real SWE tasks (docs/guide/swe.md)")
+    parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. rollout.n=8")
+    return parser
 
 
 def root_cause(exc: BaseException) -> str:
