@@ -16,7 +16,7 @@ async def test_one_step_sleeps_after_the_batch_and_wakes_around_the_sync():
     inner = Inner(log)
     control = ColocatedControl(inner, RolloutHandle(log), sleep_level=1, timeout_s=5,
                                release_trainer_memory=lambda: log.append(("release_trainer_memory",)))
-    source = ColocatedSource(inner, control, required=5)
+    source = ColocatedSource(inner, control.sleep, required=5)
     got = await source.get_batch(5)
     assert log == [("get_batch", 5)] and not control.asleep  # 3 of 5: generation goes on
     got += await source.get_batch(2)
@@ -43,7 +43,7 @@ async def test_the_trainers_memory_still_on_its_way_out_is_settled_and_released_
     control = ColocatedControl(inner, RolloutHandle(log), sleep_level=2, timeout_s=5,
                                release_trainer_memory=lambda: log.append(("release_trainer_memory",)),
                                settle_trainer_memory=settle)
-    source = ColocatedSource(inner, control, required=3)
+    source = ColocatedSource(inner, control.sleep, required=3)
     await source.get_batch(3)
     await control.pause()
     await control.update_weights("tcp://x", b"{}", 1)

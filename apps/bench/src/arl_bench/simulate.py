@@ -163,6 +163,7 @@ async def _simulate(
     from arl.rollout.testing import CostModelEngine, TokenAgentLoop, virtual_time
     from arl.trainer import Trainer, TrainerConfig
     from arl.trainer.testing import SimPolicy, SimPublisher, SimRolloutControl, SimSource, TrainerTimeline
+    from arl_train.colocated import ColocatedSource
 
     loop = asyncio.get_running_loop()
     knobs = dict(MODES[mode])
@@ -212,8 +213,8 @@ async def _simulate(
             rollouter, timeline, resume_extra_s=calib.sync.colocated_wake_s if sleeps else 0.0
         )
         source: Any = SimSource(queue, timeline)
-        if mode == "time_sliced":
-            source = _YieldingSource(source, rollouter, prompts)
+        if mode == "time_sliced":  # once the step's prompts are taken, in-flight generations are aborted
+            source = ColocatedSource(source, rollouter.pause, prompts)  # (they resume after the sync)
         train_share = calib.share.trainer if mode == "concurrent" else 1.0
         trainer = Trainer(
             SimPolicy(
@@ -299,27 +300,6 @@ class _SharedTimeline:
         finally:
             for e in self.engines:
                 e.set_speed(1.0)
-
-
-class _YieldingSource:
-    """time_sliced: once the step's prompts are taken, the replicas' in-flight generations are aborted
-    (the rollouter's partial pause; they resume after the sync) and nothing generates while the
-    trainer computes."""
-
-    def __init__(self, inner: Any, rollouter: Any, required: int) -> None:
-        self.inner, self.rollouter, self.required = inner, rollouter, required
-        self._taken = 0
-
-    async def get_batch(self, n: int, timeout: float | None = None) -> list[Any]:
-        batch = await self.inner.get_batch(n, timeout)
-        self._taken += len(batch)
-        if self._taken >= self.required:
-            self._taken = 0
-            await self.rollouter.pause()
-        return batch
-
-    async def size(self) -> int:
-        return await self.inner.size()
 
 
 def simulate(

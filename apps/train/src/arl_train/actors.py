@@ -310,7 +310,7 @@ class TrainerActor:
             self.colocated = ColocatedControl(
                 control, rollout_handle, cfg.rollout.sleep_level, RPC_TIMEOUT_S,
                 settle_trainer_memory=self.policy.settle_optimizer_offload if offload_overlap else None)
-            source = ColocatedSource(source, self.colocated, at.require_batches * actor.ppo_mini_batch_size)
+            source = ColocatedSource(source, self.colocated.sleep, at.require_batches * actor.ppo_mini_batch_size)
             control = self.colocated
         self.trainer = Trainer(
             self.policy,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 
@@ -92,11 +92,13 @@ class ColocatedControl:
 
 
 class ColocatedSource:
-    """The trainer's sample source: once a step's `required` samples are taken, the replicas sleep."""
+    """The trainer's sample source: once a step's `required` samples are taken, `on_batch_taken` runs
+    (colocated: `ColocatedControl.sleep`, the replicas go to sleep; the simulator's time-sliced schedule:
+    the rollouter's partial pause)."""
 
-    def __init__(self, inner: Any, control: ColocatedControl, required: int) -> None:
+    def __init__(self, inner: Any, on_batch_taken: Callable[[], Awaitable[Any]], required: int) -> None:
         self.inner = inner
-        self.control = control
+        self.on_batch_taken = on_batch_taken
         self.required = required
         self._taken = 0
 
@@ -105,7 +107,7 @@ class ColocatedSource:
         self._taken += len(batch)
         if self._taken >= self.required:
             self._taken = 0
-            await self.control.sleep()
+            await self.on_batch_taken()
         return batch
 
     async def size(self) -> int:
