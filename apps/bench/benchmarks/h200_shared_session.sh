@@ -24,7 +24,8 @@
 # concurrent under the run's own MPS daemon: resources.mps=start) | small17 (the three schedules on the
 # Qwen3-1.7B shape, concurrent with resources.mps=start) |
 # conv: issue #29's loss conventions on a learnable long tail, time-sliced (packages/arl-trainer/benchmarks/
-# conventions_sweep.py --workload h200_longtail: one run per arm, CONV_ARMS, CONV_STEPS steps, seed 0)
+# conventions_sweep.py --workload h200_longtail: one run per arm, CONV_ARMS (default: the KL, norm_len and
+# seq-IS denominator arms), CONV_STEPS steps (default 30; ~4.5 min per arm at 20 on an H100), seed 0)
 set -u
 LOG=${1:-/tmp/s30}
 PHASES=${2:-small,longkl,rates}
@@ -78,7 +79,7 @@ for phase in ${PHASES//,/ }; do
     small17) CONC_EXTRA=resources.mps=start compare small_17b colocated,time_sliced,concurrent 0.35 balanced model.path=builtin:qwen3-1.7b-random ;;
     conv)
       timeout 2400 python packages/arl-trainer/benchmarks/conventions_sweep.py --workload h200_longtail \
-        --arms "${CONV_ARMS:-kl_k3,kl_clamped,norm_batch_max,norm_constant}" --seeds 0 --steps "${CONV_STEPS:-30}" \
+        --arms "${CONV_ARMS:-kl_k3,kl_clamped,norm_batch_max,norm_constant,seqis_prod_keep,seqis_prod_remove}" --seeds 0 --steps "${CONV_STEPS:-30}" \
         --out "$LOG/conventions" > "$LOG/conventions.log" 2>&1
       say "conventions exit $?" ;;
     rates|ratessmall|rateskl)

@@ -28,7 +28,6 @@ import json
 import math
 import os
 import statistics
-import shutil
 import subprocess
 import sys
 import time
@@ -102,9 +101,10 @@ WORKLOADS: dict[str, Workload] = {
 
 
 def app_command() -> list[str]:
-    """How to start apps/train: through uv where it is installed, else with this interpreter (the device
-    machines have no uv; their staged environment puts the packages on PYTHONPATH)."""
-    return ["uv", "run", "apps/train"] if shutil.which("uv") else [sys.executable, "apps/train/__main__.py"]
+    """How to start apps/train: with this interpreter (`uv run python …` locally puts it in the workspace's
+    environment; the device machines' staged environment puts the packages on PYTHONPATH). Not `uv run
+    apps/train`: where uv is installed but the workspace is not synced, it would try to resolve it."""
+    return [sys.executable, "apps/train/__main__.py"]
 
 
 def step_rows(folder: Path) -> list[dict[str, float]]:
