@@ -41,3 +41,11 @@ def test_concurrent_under_the_runs_own_mps_loads_on_the_bench_preset(workload):
                  "async_training.staleness_threshold=1.0", *workload]
     config = load_config(ROOT / "apps" / "bench" / "configs" / "h200x2.toml", overrides, "d")
     assert (config.resources.shared_gpu, config.resources.mps) == ("concurrent", "start")
+
+
+def test_concurrent_with_the_trainers_sm_cap_loads_on_the_bench_preset():
+    # h200_shared_session.sh's longklsm phase.
+    overrides = ["resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.45", "resources.mps=start",
+                 "resources.mps_trainer_sm_percent=60", "async_training.staleness_threshold=1.0", *LONG_PROMPT_KL]
+    config = load_config(ROOT / "apps" / "bench" / "configs" / "h200x2.toml", overrides, "d")
+    assert config.resources.mps_trainer_sm_percent == 60

@@ -42,6 +42,16 @@ def test_a_colocated_gpu_plan_has_a_sleeping_replica_per_gpu_seeded_apart(tiny_m
     assert "expandable_segments:True" in next(iter(p.trainer_env.values()))
 
 
+@pytest.mark.parametrize("cap", [0, 60])
+def test_under_the_runs_mps_daemon_the_trainer_starts_with_its_sm_cap(tiny_model, tmp_path, cap):
+    cfg = load_config(overrides=[
+        "resources.trainer_gpus=1", "rollout.device=cuda", "rollout.engine=vllm", "resources.shared_gpu=concurrent",
+        "rollout.gpu_memory_utilization=0.3", "resources.mps=start", f"resources.mps_trainer_sm_percent={cap}",
+        "actor.expandable_segments=false"])
+    expected = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "60"} if cap else {}
+    assert plan(cfg, tmp_path, tiny_model, {}).trainer_env == expected
+
+
 def _checkpoint(tmp_path, step):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -64,6 +64,10 @@ def test_two_cpu_ranks_each_sync_the_replica_beside_them():
         (["resources.shared_gpu=concurrent", "resources.mps=start"], None, "resources.mps = 'start': needs GPUs"),
         ([*GPU, "resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.3", "resources.mps=start",
           "ray.address=auto"], None, "resources.mps = 'start': starts the daemon on this machine"),
+        ([*GPU, "resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.3",
+          "resources.mps_trainer_sm_percent=50"], None, "resources.mps_trainer_sm_percent = 50: caps the trainer's SMs"),
+        ([*GPU, "resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.3", "resources.mps=start",
+          "resources.mps_trainer_sm_percent=120"], None, "resources.mps_trainer_sm_percent = 120: must be in"),
     ],
 )
 def test_bad_shared_settings_are_refused_at_load_by_name(overrides, mode, message):

@@ -153,6 +153,11 @@ def check_layout(config: AppConfig) -> None:
                 f"exceeds resources.gpus_per_node={r.gpus_per_node}: the trainer's GPUs are packed on one node")
     if r.mps != "off":
         _check_mps(config)
+    require(0 <= r.mps_trainer_sm_percent <= 100, "resources.mps_trainer_sm_percent", r.mps_trainer_sm_percent,
+            "must be in [0, 100] (0: no cap)")
+    require(not r.mps_trainer_sm_percent or r.mps == "start", "resources.mps_trainer_sm_percent",
+            r.mps_trainer_sm_percent, "caps the trainer's SMs under the run's MPS daemon: it needs "
+            f"resources.mps='start' (is {r.mps!r}); without MPS the GPU ignores it")
     if r.colocate or r.shared_gpu != "off":
         key, value = (("resources.colocate", True) if r.shared_gpu == "off" else ("resources.shared_gpu", r.shared_gpu))
         setting = "resources.colocate=true" if r.shared_gpu == "off" else f"resources.shared_gpu={r.shared_gpu!r}"

@@ -98,6 +98,15 @@ def prepare_model(config: AppConfig, out_dir: Path) -> Path:
     return path
 
 
+def trainer_environment(config: AppConfig) -> dict[str, str]:
+    """What a GPU trainer rank's environment adds before CUDA initialises in it: the allocator setting,
+    and under the run's MPS daemon its cap on the trainer's SMs."""
+    env = trainer_allocator_env(config.actor.expandable_segments)
+    if config.resources.mps_trainer_sm_percent:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(config.resources.mps_trainer_sm_percent)
+    return env
+
+
 def plan(config: AppConfig, out_dir: Path, model_path: Path, resume: dict[str, Any]) -> RunPlan:
     """The run's plan from its config, model folder and resume state (pure: reads the model's config.json)."""
     layout = layout_of(config)
@@ -114,7 +123,7 @@ def plan(config: AppConfig, out_dir: Path, model_path: Path, resume: dict[str, A
         budget=run_budget(config),
         timeouts=run_timeouts(config),
         replicas=replicas,
-        trainer_env=trainer_allocator_env(config.actor.expandable_segments) if layout.trainer_gpus else {},
+        trainer_env=trainer_environment(config) if layout.trainer_gpus else {},
     )
 
 

@@ -262,6 +262,10 @@ class ResourcesConfig(_Section):
     # and nvidia-cuda-mps-control); "off" = whatever the machine has (a daemon you started yourself:
     # its CUDA_MPS_PIPE_DIRECTORY in the environment).
     mps: Literal["off", "start"] = "off"
+    # With resources.mps="start": the share of each GPU's SMs the trainer's kernels may use, in percent
+    # (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in the trainer processes' environment), so that the replica
+    # keeps the rest while both run; 0 = no cap. For a run that is rollout-bound under MPS.
+    mps_trainer_sm_percent: int = 0
     # GPUs per node, to reject layouts that cannot be packed at config load (0 = check at start only).
     gpus_per_node: int = 0
     # How long to wait for Ray to grant the placement groups.
