@@ -84,6 +84,15 @@ async def test_vllm_engine_end_to_end(model_dir, tmp_path, monkeypatch):
         out = await engine.generate("d", prompt, SamplingParams(max_tokens=10, seed=3))
         assert out.stop_reason == "length" and out.weight_versions == [1] * 10
         assert max(abs(a - b) for a, b in zip(out.log_probs, hf_logprobs(hf, prompt, out.token_ids))) < 1e-4
+
+        # The scheduler's window (its own stat logger): four requests at once ran together in a cache
+        # far larger than they need, so none was preempted; reading starts a new window.
+        engine.pop_scheduler_stats()
+        await asyncio.gather(*(engine.generate(f"e{i}", prompt, SamplingParams(max_tokens=20, seed=i)) for i in range(4)))
+        window = engine.pop_scheduler_stats()
+        assert window["running_max"] >= 2 and window["preempted"] == 0 and window["waiting_max"] >= 0
+        assert 0 < window["kv_cache_usage_max"] < 0.5, window
+        assert engine.pop_scheduler_stats()["running_max"] == 0
     finally:
         sender.close()
         await engine.stop()

@@ -63,6 +63,12 @@ class ModeResult(msgspec.Struct, kw_only=True):
     # Partial generations resumed after an abort (a sync, or a time-sliced yield) over the measured steps.
     resumed_requests: int = 0
     staleness_max: int = 0
+    # The replicas' schedulers over the measured steps (vLLM; 0 for an engine that reports none): requests
+    # preempted (recomputed from the prompt: the KV cache ran out), the most waiting at once, the highest
+    # KV-cache use.
+    preempted_requests: int = 0
+    waiting_max: int = 0
+    kv_cache_usage_max: float = 0.0
 
 
 def app_supports_colocate() -> bool:
@@ -128,7 +134,15 @@ def summarize(mode: str, app_mode: str, overrides: list[str], rows: list[dict[st
         rollout_rate=generated / max(1e-9, busy),
         resumed_requests=int(r1.get("resumed_requests", 0) - (before["rollout"].get("resumed_requests", 0) if before else 0)),
         staleness_max=max(int(r.get("staleness_max", 0)) for r in window),
+        preempted_requests=int(sum(_scheduler(r, "preempted") for r in window)),
+        waiting_max=int(max(_scheduler(r, "waiting_max") for r in window)),
+        kv_cache_usage_max=max(_scheduler(r, "kv_cache_usage_max") for r in window),
     )
+
+
+def _scheduler(row: dict[str, Any], key: str) -> float:
+    """One step's scheduler counter (the window since the previous step's row; 0 where none was kept)."""
+    return float(row["rollout"].get("scheduler", {}).get(key, 0.0))
 
 
 def alone_rates(results: dict[str, ModeResult], rates: dict[str, float] | None = None) -> dict[str, float]:

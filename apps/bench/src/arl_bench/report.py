@@ -19,6 +19,8 @@ COLUMNS = (
     ("trainer slowed", "trainer_slowed_fraction", "{:.0%}"),
     ("rollout work", "rollout_work_fraction", "{:.0%}"),
     ("rollout slowed", "rollout_slowed_fraction", "{:.0%}"),
+    ("preempted", "preempted_requests", "{:.0f}"),
+    ("KV use max", "kv_cache_usage_max", "{:.0%}"),
 )
 
 

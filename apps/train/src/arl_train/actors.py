@@ -26,6 +26,7 @@ from arl_train.package_configs import engine_config, run_budget, sync_config, tr
 from arl_train.placement import TrainerRank, layout_of, sender_host
 from arl_train.sections import AppConfig
 from arl_train.shared_gpu import TimeSlicedControl, TimeSlicedSource, limit_trainer_memory
+from arl.rollout.engines.vllm_scheduler_stats import merge_windows
 from arl.trainer.group import (
     GroupPublisher,
     LeaderPolicy,
@@ -154,6 +155,17 @@ class RolloutActor:
         t0 = time.perf_counter()
         await self.rollouter.manager.each_healthy(lambda _, e: e.wake_up(tags))
         return time.perf_counter() - t0
+
+    async def pop_scheduler_stats(self) -> dict[str, float]:
+        """The healthy replicas' scheduler counters since the last call, merged (`merge_windows`; {} for
+        engines that keep none). The step loop calls it once per step."""
+        windows: list[dict[str, float]] = []
+
+        async def scheduler(_: int, engine: Any) -> None:
+            windows.append(await engine.scheduler_stats())
+
+        await self.rollouter.manager.each_healthy(scheduler)
+        return merge_windows([w for w in windows if w])
 
     async def stats(self) -> dict[str, Any]:
         self._check_alive()

@@ -94,6 +94,12 @@ class EngineActor:
     async def weight_version(self) -> int:
         return self.engine.weight_version
 
+    async def scheduler_stats(self) -> dict[str, float]:
+        """The engine's scheduler counters since the last call ({} for an engine that keeps none;
+        `arl.rollout.engines.vllm_scheduler_stats`)."""
+        pop = getattr(self.engine, "pop_scheduler_stats", None)
+        return pop() if pop is not None else {}
+
     async def in_flight(self) -> int:
         """Requests the engine is generating now (-1: this engine does not say)."""
         return getattr(self.engine, "in_flight", -1)
@@ -174,6 +180,9 @@ class RemoteEngine:
 
     async def sleep(self, level: int) -> bool:
         return await self._call(self.handle.sleep.remote(level), "sleep")
+
+    async def scheduler_stats(self) -> dict[str, float]:
+        return await self._call(self.handle.scheduler_stats.remote(), "scheduler_stats")
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
         await self._call(self.handle.wake_up.remote(tags), "wake_up")

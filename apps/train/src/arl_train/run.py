@@ -147,6 +147,7 @@ def _train(ray: Any, plan: RunPlan, started: _Started, metrics: MetricsLog, log:
         row = _await_step(ray, started.trainer.train_step.remote(), started.rollout, plan.timeouts.step_s,
                           started.following)
         row["rollout"] = ray.get(started.rollout.stats.remote(), timeout=60)
+        row["rollout"]["scheduler"] = ray.get(started.rollout.pop_scheduler_stats.remote(), timeout=60)
         add_engine_phases(row)
         metrics.write(row)
         log(progress_line(row, total) + phases_line(row))

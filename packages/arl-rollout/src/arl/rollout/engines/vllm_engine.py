@@ -22,6 +22,7 @@ import msgspec
 
 from arl.proxy.types import SamplingParams, TokenOutput
 from arl.rollout.engine import PauseMode
+from arl.rollout.engines.vllm_scheduler_stats import SchedulerWindow
 from arl.rollout.errors import EngineError, WeightSyncError
 from arl.rollout.routed_experts import rows_from_vllm, vllm_prompt_start
 
@@ -87,6 +88,7 @@ class VllmEngine:
         self._on_cuda = False
         #: Seconds of each phase of the last `load_weights` (see `load_weights`).
         self.last_sync: dict[str, float] = {}
+        self._scheduler = SchedulerWindow()
 
     @property
     def weight_version(self) -> int:
@@ -105,11 +107,17 @@ class VllmEngine:
         loop = asyncio.get_running_loop()
         try:
             self._llm = await asyncio.wait_for(
-                loop.run_in_executor(None, lambda: AsyncLLM.from_engine_args(args)),
+                loop.run_in_executor(None, lambda: AsyncLLM.from_engine_args(
+                    args, stat_loggers=[self._scheduler.logger_factory()])),
                 self.config.start_timeout_s,
             )
         except TimeoutError:
             raise EngineError(f"vLLM did not start within {self.config.start_timeout_s}s") from None
+
+    def pop_scheduler_stats(self) -> dict[str, float]:
+        """The scheduler's counters since the last call (`SchedulerWindow.pop`): preempted requests,
+        the most running and waiting at once, the highest KV-cache use."""
+        return self._scheduler.pop()
 
     async def sleep(self, level: int = 1) -> None:
         """Release GPU memory while another process (the colocated trainer) uses the GPU: level 1

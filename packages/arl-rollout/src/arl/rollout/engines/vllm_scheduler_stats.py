@@ -1,0 +1,75 @@
+"""What a vLLM replica's scheduler did between two reads: requests preempted, the most requests running
+and waiting at once, the highest KV-cache use.
+
+A rollout-bound run (the replica generates all the time and the trainer waits) needs to know whether
+the replica's batch was limited by its KV cache: preempted requests are recomputed from their prompt,
+and waiting ones are not decoded at all. vLLM reports these per engine step to the stat loggers of its
+`AsyncLLM` (in the process that holds it); `SchedulerWindow.logger_factory()` is such a logger, and
+`pop()` returns the window since the last call and starts a new one. vLLM calls `SchedulerStats` and
+`IterationStats` unstable interfaces: every field is read with a default, so a renamed field reads as
+0 instead of failing the replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+class SchedulerWindow:
+    """Counters of one replica's scheduler since the last `pop()`."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.preempted = 0
+        self.running_max = 0
+        self.waiting_max = 0
+        self.kv_cache_usage_max = 0.0
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        if scheduler_stats is not None:
+            self.running_max = max(self.running_max, int(getattr(scheduler_stats, "num_running_reqs", 0)))
+            self.waiting_max = max(self.waiting_max, int(getattr(scheduler_stats, "num_waiting_reqs", 0)))
+            usage = float(getattr(scheduler_stats, "kv_cache_usage", 0.0))
+            self.kv_cache_usage_max = max(self.kv_cache_usage_max, usage)
+        if iteration_stats is not None:
+            self.preempted += int(getattr(iteration_stats, "num_preempted_reqs", 0))
+
+    def pop(self) -> dict[str, float]:
+        """The window's counters (`preempted`, `running_max`, `waiting_max`, `kv_cache_usage_max` in
+        [0, 1]); the next window starts empty."""
+        out = {"preempted": float(self.preempted), "running_max": float(self.running_max),
+               "waiting_max": float(self.waiting_max), "kv_cache_usage_max": self.kv_cache_usage_max}
+        self._reset()
+        return out
+
+    def logger_factory(self) -> Callable[..., Any]:
+        """A factory for `AsyncLLM(stat_loggers=[...])`: vLLM calls it once per engine core, each logger
+        feeding this window. With `disable_log_stats` vLLM then collects stats for it alone (its own
+        periodic log lines stay off)."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        window = self
+
+        class _WindowLogger(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                       engine_idx: int = 0) -> None:
+                window.record(scheduler_stats, iteration_stats)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return _WindowLogger
+
+
+def merge_windows(windows: list[dict[str, float]]) -> dict[str, float]:
+    """Several replicas' windows as one: preemptions summed, the maxima the largest of any replica."""
+    if not windows:
+        return {}
+    keys = {k for w in windows for k in w}
+    return {k: (sum if k == "preempted" else max)(w.get(k, 0.0) for w in windows) for k in sorted(keys)}
