@@ -55,10 +55,12 @@ def test_colocated_run_takes_turns_trains_and_syncs(tmp_path, colocated_run):
     assert summary.weights_equal_after_sync and summary.weights_max_abs_diff == 0.0
     assert summary.probe_logprob_max_abs_diff < 1e-4
     assert summary.rollout["engine_versions"] == [3]
-    # vLLM's scheduler, per step (each row: the window since the previous one): the step's 4 requests ran
-    # in a KV cache far larger than they need, none preempted.
-    assert all(r["rollout"]["scheduler"]["running_max"] >= 1 and r["rollout"]["scheduler"]["preempted"] == 0
-               and r["rollout"]["scheduler"]["kv_cache_usage_max"] > 0 for r in rows)
+    # vLLM's scheduler, in windows between the rows (a step's sync is followed at once by the next batch's
+    # generation, so a row's window may hold the next step's): every request ran in a KV cache far larger
+    # than they need, none preempted.
+    windows = [r["rollout"]["scheduler"] for r in rows]
+    assert max(w["running_max"] for w in windows) >= 4 and 0 < max(w["kv_cache_usage_max"] for w in windows) < 0.5
+    assert sum(w["preempted"] for w in windows) == 0
     # trainer.profile_step: step 2 alone was recorded, as an ops table and a Chrome trace.
     assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["step_2.json", "step_2.txt"]
     assert "aten::mm" in (tmp_path / "profile" / "step_2.txt").read_text()

@@ -26,7 +26,7 @@ from arl_train.package_configs import engine_config, run_budget, sync_config, tr
 from arl_train.placement import TrainerRank, layout_of, sender_host
 from arl_train.sections import AppConfig
 from arl_train.shared_gpu import TimeSlicedControl, TimeSlicedSource, limit_trainer_memory
-from arl.rollout.engines.vllm_scheduler_stats import merge_windows
+from arl.rollout.engines.vllm_scheduler_stats import ReplicaWindows
 from arl.trainer.group import (
     GroupPublisher,
     LeaderPolicy,
@@ -39,6 +39,7 @@ from arl.trainer.group import (
 __all__ = ["RolloutActor", "TrainerActor", "engine_config", "reference_path_of", "run_budget"]
 
 RPC_TIMEOUT_S = 600.0
+SCHEDULER_STATS_TIMEOUT_S = 10.0
 
 
 def _limit_threads() -> None:
@@ -57,6 +58,7 @@ class RolloutActor:
         self.rollouter: Any = None
         self._run_task: asyncio.Task[None] | None = None
         self._engines: list[Any] = []
+        self._scheduler_windows = ReplicaWindows()  # the replicas' vLLM schedulers, one window per step
         self._agent_loops: dict[str, Any] = {}
         self._pool: Any = None
 
@@ -157,15 +159,20 @@ class RolloutActor:
         return time.perf_counter() - t0
 
     async def pop_scheduler_stats(self) -> dict[str, float]:
-        """The healthy replicas' scheduler counters since the last call, merged (`merge_windows`; {} for
-        engines that keep none). The step loop calls it once per step."""
-        windows: list[dict[str, float]] = []
+        """The healthy replicas' scheduler counters since the last call, as one window (`ReplicaWindows`;
+        {} for engines that keep none). The step loop calls it once per step. A diagnostic must not
+        stall the run: a replica that does not answer within SCHEDULER_STATS_TIMEOUT_S (stopped, or its
+        actor busy) is left out of this step's window (its preemptions are counted at its next read)."""
+        reads: dict[int, dict[str, float]] = {}
 
-        async def scheduler(_: int, engine: Any) -> None:
-            windows.append(await engine.scheduler_stats())
+        async def scheduler(replica: int, engine: Any) -> None:
+            with contextlib.suppress(TimeoutError):
+                read = await asyncio.wait_for(engine.scheduler_stats(), SCHEDULER_STATS_TIMEOUT_S)
+                if read:
+                    reads[replica] = read
 
         await self.rollouter.manager.each_healthy(scheduler)
-        return merge_windows([w for w in windows if w])
+        return self._scheduler_windows.merge(reads)
 
     async def stats(self) -> dict[str, Any]:
         self._check_alive()
