@@ -95,8 +95,8 @@ class EngineActor:
         return self.engine.weight_version
 
     async def scheduler_stats(self) -> dict[str, float]:
-        """The engine's scheduler counters since the last call ({} for an engine that keeps none;
-        `arl.rollout.engines.vllm_scheduler_stats`)."""
+        """The engine's scheduler counters (`VllmEngine.pop_scheduler_stats`; {} for an engine that keeps
+        none)."""
         pop = getattr(self.engine, "pop_scheduler_stats", None)
         return pop() if pop is not None else {}
 

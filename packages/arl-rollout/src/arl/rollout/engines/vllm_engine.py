@@ -115,8 +115,8 @@ class VllmEngine:
             raise EngineError(f"vLLM did not start within {self.config.start_timeout_s}s") from None
 
     def pop_scheduler_stats(self) -> dict[str, float]:
-        """The scheduler's counters since the last call (`SchedulerWindow.pop`): preempted requests,
-        the most running and waiting at once, the highest KV-cache use."""
+        """The scheduler's counters (`SchedulerWindow.pop`): requests preempted since the engine started,
+        and since the last call the most running and waiting at once and the highest KV-cache use."""
         return self._scheduler.pop()
 
     async def sleep(self, level: int = 1) -> None:
