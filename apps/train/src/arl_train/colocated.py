@@ -12,7 +12,8 @@ AdamW state's way out to host memory runs beside the weight wake and the transfe
 `placement.resolve` makes colocated runs synchronous (staleness 0, one sync per step, no partial
 rollout), so when the trainer has its batch no generation is in flight. The two wrappers slot into the
 trainer loop's seams: `ColocatedSource` (the sample source: sleep once the batch is complete) and
-`ColocatedControl` (the rollout control: wake around the weight transfer). vLLM's CPU build accepts
+`ColocatedControl` (the rollout control: wake around the weight transfer; what it shares with
+time_sliced's control is `SleepingReplicaControl`). vLLM's CPU build accepts
 sleep/wake and ignores them (it has no sleep mode); the turn-taking is the same.
 """
 
@@ -38,35 +39,54 @@ def release_cached_gpu_memory() -> None:
         torch.cuda.empty_cache()
 
 
-class ColocatedControl:
-    """`RolloutControl` that wakes the sleeping replicas around the weight transfer."""
+class SleepingReplicaControl:
+    """What the rollout controls of a shared GPU have in common (colocated's and time_sliced's): the
+    plain control they wrap, the rollout actor whose replicas sleep and wake, and the wake-ups timed."""
 
     def __init__(self, inner: Any, rollout_handle: Any, sleep_level: int, timeout_s: float,
                  release_trainer_memory: Callable[[], None] = release_cached_gpu_memory,
                  settle_trainer_memory: Callable[[], float] | None = None) -> None:
-        """`settle_trainer_memory`: the trainer's memory still on its way out when the sync starts (the
-        optimizer state's overlapped offload): called before the KV cache wakes, returns the seconds
-        it waited (`colocated_offload_wait_s`); that memory is then released too."""
+        """`inner`: the plain rollout control; `rollout_handle`: the rollout actor (sleep / wake_up /
+        resume). `settle_trainer_memory`: the trainer's memory still on its way out when the sync starts
+        (the optimizer state's overlapped offload): called before the KV cache wakes, returns the
+        seconds it waited; that memory is then released too."""
         self.inner = inner
         self.rollout = rollout_handle
         self.sleep_level = sleep_level
         self.timeout_s = timeout_s
         self.release_trainer_memory = release_trainer_memory
         self.settle_trainer_memory = settle_trainer_memory
-        self.asleep = False
         self._timings: dict[str, float] = {}
+
+    def _add(self, key: str, seconds: float) -> None:
+        self._timings[key] = self._timings.get(key, 0.0) + seconds
+
+    async def _wake(self, tags: list[str] | None, key: str) -> None:
+        """Wake the replicas' `tags` (None: everything), timed under `key`."""
+        t0 = time.perf_counter()
+        await asyncio.wait_for(self.rollout.wake_up.remote(tags), self.timeout_s)
+        self._add(key, time.perf_counter() - t0)
+
+    async def update_weights(self, sync_address: str | list[str], sync_config_json: bytes, version: int) -> None:
+        await self.inner.update_weights(sync_address, sync_config_json, version)
+
+    def pop_timings(self) -> dict[str, float]:
+        """The phases timed since the last call (seconds; the trainer's step metrics)."""
+        out, self._timings = self._timings, {}
+        return out
+
+
+class ColocatedControl(SleepingReplicaControl):
+    """`RolloutControl` that wakes the sleeping replicas around the weight transfer."""
+
+    asleep = False  # the replicas sleep: from the step's batch to the weight sync
 
     async def sleep(self) -> None:
         """The step's samples are in: release the replicas' GPU memory for the trainer."""
         t0 = time.perf_counter()
         await asyncio.wait_for(self.rollout.sleep.remote(self.sleep_level), self.timeout_s)
         self.asleep = True
-        self._timings["colocated_sleep_s"] = time.perf_counter() - t0
-
-    async def _wake(self, tags: list[str], key: str) -> None:
-        t0 = time.perf_counter()
-        await asyncio.wait_for(self.rollout.wake_up.remote(tags), self.timeout_s)
-        self._timings[key] = time.perf_counter() - t0
+        self._add("colocated_sleep_s", time.perf_counter() - t0)
 
     async def pause(self) -> None:
         await self.inner.pause()
@@ -74,21 +94,15 @@ class ColocatedControl:
             self.release_trainer_memory()
             await self._wake(["weights"], "colocated_wake_weights_s")
 
-    async def update_weights(self, sync_address: str | list[str], sync_config_json: bytes, version: int) -> None:
-        await self.inner.update_weights(sync_address, sync_config_json, version)
-
     async def resume(self, queued_samples: int) -> None:
         if self.asleep:
             if self.settle_trainer_memory is not None:  # the KV cache takes the memory it frees
-                self._timings["colocated_offload_wait_s"] = self.settle_trainer_memory()
+                self._add("colocated_offload_wait_s", self.settle_trainer_memory())
                 self.release_trainer_memory()
             await self._wake(["kv_cache"], "colocated_wake_kv_s")
             self.asleep = False
         await self.inner.resume(queued_samples)
 
-    def pop_timings(self) -> dict[str, float]:
-        out, self._timings = self._timings, {}
-        return out
 
 
 class ColocatedSource:

@@ -27,34 +27,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
-from arl_train.colocated import release_cached_gpu_memory
+from arl_train.colocated import SleepingReplicaControl
 
 
-class TimeSlicedControl:
+class TimeSlicedControl(SleepingReplicaControl):
     """`RolloutControl` of a time-sliced GPU: yields it to the trainer once the batch is ready, wakes
-    the replica around the weight transfer, hands the GPU back after a step without a sync."""
+    the replica around the weight transfer, hands the GPU back after a step without a sync. Its
+    `inner` control's pause aborts the in-flight generations (time_sliced runs resume partials)."""
 
-    def __init__(self, inner: Any, rollout_handle: Any, sleep_level: int, timeout_s: float,
-                 release_trainer_memory: Callable[[], None] = release_cached_gpu_memory,
-                 settle_trainer_memory: Callable[[], float] | None = None) -> None:
-        """`inner`: the plain rollout control (pause aborts the in-flight generations: time_sliced runs
-        resume partials); `rollout_handle`: the rollout actor (sleep / wake_up / resume)."""
-        self.inner = inner
-        self.rollout = rollout_handle
-        self.sleep_level = sleep_level
-        self.timeout_s = timeout_s
-        self.release_trainer_memory = release_trainer_memory
-        self.settle_trainer_memory = settle_trainer_memory
-        self.yielded = False  # generation paused and the replica asleep: the trainer has the GPU
-        self.weights_awake = True
-        self.yields = 0
-        self._timings: dict[str, float] = {}
-
-    def _add(self, key: str, seconds: float) -> None:
-        self._timings[key] = self._timings.get(key, 0.0) + seconds
+    yielded = False  # generation paused and the replica asleep: the trainer has the GPU
+    weights_awake = True
+    yields = 0  # GPU yields so far (metric shared_yields_total)
 
     async def yield_gpu(self) -> None:
         """The trainer's batch is in: abort the in-flight generations (kept, resumed later) and put the
@@ -71,11 +56,6 @@ class TimeSlicedControl:
         self.weights_awake = False
         self.yields += 1
 
-    async def _wake(self, tags: list[str] | None, key: str) -> None:
-        t0 = time.perf_counter()
-        await asyncio.wait_for(self.rollout.wake_up.remote(tags), self.timeout_s)
-        self._add(key, time.perf_counter() - t0)
-
     async def _wake_kv_cache(self) -> None:
         if self.settle_trainer_memory is not None:  # the KV cache takes the memory the state frees
             self._add("shared_offload_wait_s", self.settle_trainer_memory())
@@ -91,9 +71,6 @@ class TimeSlicedControl:
         self.release_trainer_memory()  # the weights' memory must be back before the sync writes into it
         await self._wake(["weights"], "shared_wake_weights_s")
         self.weights_awake = True
-
-    async def update_weights(self, sync_address: str | list[str], sync_config_json: bytes, version: int) -> None:
-        await self.inner.update_weights(sync_address, sync_config_json, version)
 
     async def resume(self, queued_samples: int) -> None:
         if self.yielded:
@@ -115,8 +92,7 @@ class TimeSlicedControl:
         self._add("shared_resume_s", time.perf_counter() - t0)
 
     def pop_timings(self) -> dict[str, float]:
-        out, self._timings = self._timings | {"shared_yields_total": float(self.yields)}, {}
-        return out
+        return super().pop_timings() | {"shared_yields_total": float(self.yields)}
 
 
 class TimeSlicedSource:
