@@ -1,6 +1,6 @@
 """Loss-convention sweep (issue #29): a task under each choice of each convention, several seeds.
 
-Runs apps/train (`uv run apps/train`; on a machine without uv, this interpreter on apps/train/__main__.py)
+Runs apps/train (this interpreter on apps/train/__main__.py: start the sweep with `uv run python`)
 `--jobs` runs at a time on a workload (`--workload`, WORKLOADS: the embedded default's digits task, a
 learnable long tail on the CPU, or one on one H200), in mode d with staleness_threshold 1 and partial
 rollouts so that stale and mixed-version tokens reach the loss, then summarises each run's
