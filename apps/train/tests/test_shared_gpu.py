@@ -1,16 +1,17 @@
 """Shared-GPU schedules (`resources.shared_gpu`, arl_train.shared_gpu): what load_config makes of them,
 the settings it refuses by name, and the order of a time-sliced step's calls (the end-to-end runs are in
-tests/test_train_colocated.py)."""
+tests/test_train_colocated.py), and the error a trainer out of memory beside a resident replica gets."""
 
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from arl_train.actors import engine_config
 from arl_train.config import ConfigError, load_config
 from arl_train.placement import layout_of
-from arl_train.shared_gpu import TimeSlicedControl, TimeSlicedSource
+from arl_train.shared_gpu import SharedGpuOutOfMemory, TimeSlicedControl, TimeSlicedSource, explain_out_of_memory
 
 sys.path.insert(0, str(Path(__file__).parent))  # turn_doubles (--import-mode=importlib)
 from turn_doubles import Inner, RolloutHandle  # noqa: E402
@@ -121,3 +122,21 @@ async def test_samples_dropped_after_the_yield_give_the_replica_the_gpu_back_unt
     assert log[-6:] == [("release",), ("wake_up", None), ("resume_generation", None), ("get_batch", 1),
                         ("pause",), ("sleep", 1)]
     assert control.yielded and control.yields == 2
+
+
+def test_out_of_memory_beside_a_resident_replica_names_the_keys_of_the_split():
+    cfg = load_config(overrides=[*GPU, "resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.35",
+                                 "actor.max_tokens_per_microbatch=16384"])
+    torch_message = "CUDA out of memory. Tried to allocate 128.00 MiB. GPU 0 has a total capacity of 79.18 GiB"
+    with pytest.raises(SharedGpuOutOfMemory) as caught:
+        with explain_out_of_memory(cfg):
+            raise torch.OutOfMemoryError(torch_message)
+    message = str(caught.value)
+    for named in ("rollout.gpu_memory_utilization=0.35", "actor.max_tokens_per_microbatch (is 16384)",
+                  "actor.activation_checkpointing", "actor.activation_offload", "resources.shared_gpu='time_sliced'",
+                  f"torch: {torch_message}"):
+        assert named in message
+    assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
+    with pytest.raises(ValueError):  # any other error passes through as it is
+        with explain_out_of_memory(cfg):
+            raise ValueError("not memory")

@@ -44,6 +44,10 @@ def _compare(args: argparse.Namespace) -> int:
             f"{m} {v:.2f}× (measured {result['share_of_ideal'].get(m, float('nan')):.0%} of it)"
             for m, v in result["ideal_speedups"].items()))
     print(f"arl-bench: {json_path}, {png}")
+    for mode, error in result["failed_modes"].items():
+        print(f"arl-bench: mode {mode} failed: {error}", file=sys.stderr)
+    if result["failed_modes"]:
+        return 1
     if not all(r["weights_equal_after_sync"] for r in result["modes"].values()):
         print("arl-bench: a run ended with engine weights different from the trainer's", file=sys.stderr)
         return 1

@@ -257,6 +257,7 @@ def run_modes(
     first = load_config(config_path, overrides)
     model = prepare_model(first, out_dir)
     results: dict[str, ModeResult] = {}
+    failed: dict[str, str] = {}
     for mode in modes:
         app_mode, extra = mode_settings(mode)
         if mode == "colocated":
@@ -267,12 +268,19 @@ def run_modes(
             extra = [*extra, *concurrent_overrides]
         # No final checkpoint unless asked for: it measures nothing and costs minutes at 7B.
         mode_overrides = ["trainer.save_final=false", *overrides, *extra, f"model.path={model}", f"output.dir={out_dir / mode}"]
-        config = load_config(config_path, mode_overrides, app_mode)
         log(f"bench: mode {mode} (app mode {app_mode} {' '.join(extra)}) …")
         started = time.perf_counter()
-        summary = run(config, log=lambda line: None)
-        rows = [json.loads(line) for line in (out_dir / mode / "metrics.jsonl").read_text().splitlines() if line]
-        results[mode] = summarize(mode, app_mode, extra, rows, summary, warmup_steps)
+        # A mode that is refused or fails (e.g. out of GPU memory) is recorded and the others still run:
+        # the modes that finished keep their figures and the report is written.
+        try:
+            config = load_config(config_path, mode_overrides, app_mode)
+            summary = run(config, log=lambda line: None)
+            rows = [json.loads(line) for line in (out_dir / mode / "metrics.jsonl").read_text().splitlines() if line]
+            results[mode] = summarize(mode, app_mode, extra, rows, summary, warmup_steps)
+        except Exception as exc:
+            failed[mode] = failure_line(exc)
+            log(f"bench: mode {mode} failed after {time.perf_counter() - started:.0f} s: {failed[mode]}")
+            continue
         if mode == "colocated" and colocated_scale != 1.0:
             r = results[mode]
             r.samples_per_s *= colocated_scale
@@ -307,4 +315,12 @@ def run_modes(
         "colocated_scale": colocated_scale,
         "model": str(model),
         "modes": {m: msgspec.to_builtins(r) for m, r in results.items()},
+        "failed_modes": failed,
     }
+
+
+def failure_line(exc: BaseException) -> str:
+    """A failed mode's error in one line: its type and the last line of its message (a Ray task error
+    carries the remote traceback; its last line is the cause, e.g. torch's out-of-memory message)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:2000]

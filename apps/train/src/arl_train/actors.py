@@ -25,7 +25,7 @@ from arl_train.harbor_section import harbor_config, load_app_tasks, run_timeouts
 from arl_train.package_configs import engine_config, run_budget, sync_config, trainer_config
 from arl_train.placement import TrainerRank, layout_of, sender_host
 from arl_train.sections import AppConfig
-from arl_train.shared_gpu import TimeSlicedControl, TimeSlicedSource, limit_trainer_memory
+from arl_train.shared_gpu import TimeSlicedControl, TimeSlicedSource, explain_out_of_memory, limit_trainer_memory
 from arl.rollout.engines.vllm_scheduler_stats import ReplicaWindows
 from arl.trainer.group import (
     GroupPublisher,
@@ -277,7 +277,8 @@ class TrainerActor:
         at, actor = cfg.async_training, cfg.actor
         layout = layout_of(cfg)
         self.rank = rank or TrainerRank()  # the data-parallel seam: rank / world / rendezvous address
-        if layout.shared_gpu == "concurrent" and layout.trainer_gpus:  # before the model takes any memory
+        self.beside_resident_replica = layout.shared_gpu == "concurrent" and bool(layout.trainer_gpus)
+        if self.beside_resident_replica:  # before the model takes any memory
             limit_trainer_memory(cfg.resources.trainer_memory_fraction)
         tcfg = trainer_config(cfg, batch_timeout_s=timeouts.batch_s)
         # Colocated: the state's way out runs beside the replicas' weight wake and the sync, settled before
@@ -357,7 +358,8 @@ class TrainerActor:
         step = self.trainer.step + 1
         recording = (profiled_step(Path(self.config.output.dir) / "profile", step)
                      if step == self.config.trainer.profile_step else contextlib.nullcontext())
-        with recording:
+        memory = explain_out_of_memory(self.config) if self.beside_resident_replica else contextlib.nullcontext()
+        with recording, memory:
             metrics = await self.trainer.train_step()
         if self.shared_source is not None:  # a step without a sync hands the GPU back now
             await self.shared_source.end_step()

@@ -17,7 +17,8 @@ weight versions, the staleness budget, `max_version_lag` and lossless resume wor
 * **concurrent**: nothing to schedule here: the replica stays resident and keeps generating while the
   trainer trains, the memory split by `rollout.gpu_memory_utilization` and
   `resources.trainer_memory_fraction` (`limit_trainer_memory`); the sync pauses it for the transfer only
-  (the plain rollout control, as in the split modes).
+  (the plain rollout control, as in the split modes). A trainer step that runs out of memory beside the
+  replica fails with `SharedGpuOutOfMemory`, which names the keys of the split (`explain_out_of_memory`).
 
 vLLM's CPU build accepts sleep/wake and ignores them, so on the CPU the turn-taking is exercised
 (aborts, resumes, the order of the calls) but no memory moves.
@@ -26,7 +27,9 @@ vLLM's CPU build accepts sleep/wake and ignores them, so on the CPU the turn-tak
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from arl_train.colocated import SleepingReplicaControl
@@ -133,3 +136,34 @@ def limit_trainer_memory(fraction: float) -> None:
 
     if fraction > 0 and torch.cuda.is_available():
         torch.cuda.set_per_process_memory_fraction(fraction)
+
+
+class SharedGpuOutOfMemory(RuntimeError):
+    """The trainer ran out of GPU memory beside the resident replica of `resources.shared_gpu='concurrent'`:
+    the memory split does not fit this model on this GPU. The message names the keys that change it."""
+
+
+def concurrent_oom_message(config: Any, cause: BaseException) -> str:
+    """What to change when the trainer runs out of memory beside a resident replica, with this run's values."""
+    actor, r = config.actor, config.resources
+    first = next((line for line in str(cause).splitlines() if line.strip()), type(cause).__name__)
+    cap = f", resources.trainer_memory_fraction={r.trainer_memory_fraction}" if r.trainer_memory_fraction else ""
+    return (f"the trainer ran out of GPU memory beside the resident replica (resources.shared_gpu='concurrent', "
+            f"rollout.gpu_memory_utilization={config.rollout.gpu_memory_utilization} of the GPU for the replica{cap}). "
+            f"Give the replica less (lower rollout.gpu_memory_utilization), or the trainer's step less: lower "
+            f"actor.max_tokens_per_microbatch (is {actor.max_tokens_per_microbatch}), set "
+            f"actor.activation_checkpointing (is {actor.activation_checkpointing!r}), actor.activation_offload=true "
+            f"or actor.optimizer_offload=true; or use resources.shared_gpu='time_sliced', whose replica frees its "
+            f"memory while the trainer trains. torch: {first}")
+
+
+@contextlib.contextmanager
+def explain_out_of_memory(config: Any) -> Iterator[None]:
+    """Around a trainer step of `resources.shared_gpu='concurrent'` on a GPU: a CUDA out-of-memory error
+    becomes `SharedGpuOutOfMemory`, which says which keys split the GPU (torch's own message names none)."""
+    import torch
+
+    try:
+        yield
+    except torch.OutOfMemoryError as exc:
+        raise SharedGpuOutOfMemory(concurrent_oom_message(config, exc)) from exc
