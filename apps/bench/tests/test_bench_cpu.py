@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from arl_bench.calibrate import calibration_from_bench, match_engine_speed, measure_decode_curve
-from arl_bench.compare import run_modes
+from arl_bench.compare import report_from_runs, run_modes
 from arl_bench.report import table, write
 from arl_bench.simulate import SimWorkload, simulate
 
@@ -47,6 +47,12 @@ def test_cpu_bench_and_simulator_agree(tmp_path, app_ray_head):
     assert result["modes"]["colocated"]["staleness_mean"] == 0.0
     assert result["modes"]["colocated"]["speedup_over_colocated"] == 1.0
     assert math.isfinite(result["modes"]["d"]["speedup_over_colocated"])
+    # `apps/bench report` rebuilds the same figures from the run folders alone.
+    again = report_from_runs(out, WARMUP)
+    assert again["failed_modes"] == {} and again["modes"].keys() == {"colocated", "d"}
+    for mode, r in result["modes"].items():
+        for key in ("samples_per_s", "tokens_per_s", "trainer_idle_fraction", "rollout_rate", "speedup_over_colocated"):
+            assert again["modes"][mode][key] == pytest.approx(r[key]), (mode, key)
 
     # Calibrate the simulator from this machine: the torch engine's decode curve measured directly,
     # train rate and sync times from the run above; then simulate the same workload.

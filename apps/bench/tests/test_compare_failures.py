@@ -1,10 +1,13 @@
 """A compare whose modes fail keeps going: each failure is recorded with its cause, the report is still
-written, and the command exits non-zero. The failures here are real refusals at load (no Ray starts)."""
+written, and the command exits non-zero. The failures here are real refusals at load (no Ray starts).
+`apps/bench report` on folders without a finished run says so (its figures from finished runs are
+checked against the compare's own in test_bench_cpu.py)."""
 
 import json
 from pathlib import Path
 
-from arl_bench.compare import failure_line, run_modes
+from arl_bench.cli import main
+from arl_bench.compare import failure_line, report_from_runs, run_modes
 from arl_bench.report import write
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cpu.toml"
@@ -33,3 +36,15 @@ def test_failure_line_keeps_the_cause_of_a_remote_traceback():
                           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 128.00 MiB.\n")
     assert failure_line(remote) == "RuntimeError: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 128.00 MiB."
     assert failure_line(ValueError()) == "ValueError: "
+
+
+def test_report_from_runs_counts_an_unfinished_run_as_failed(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2  # no run folder at all
+    assert "no mode's run folder" in capsys.readouterr().err
+    (tmp_path / "concurrent").mkdir()
+    (tmp_path / "concurrent" / "metrics.jsonl").write_text("")  # what a run that died in its first step leaves
+    result = report_from_runs(tmp_path, warmup_steps=1)
+    assert result["modes"] == {}
+    assert "did not finish" in result["failed_modes"]["concurrent"]
+    assert main(["report", str(tmp_path), "--warmup-steps", "1"]) == 1
+    assert json.loads((tmp_path / "bench.json").read_text())["failed_modes"] == result["failed_modes"]

@@ -1,7 +1,9 @@
-"""`uv run apps/bench compare|simulate …` (see apps/bench/README.md).
+"""`uv run apps/bench compare|report|simulate …` (see apps/bench/README.md).
 
 compare   run one workload as colocated-synchronous and as async modes a–d (full apps/train runs),
           print the table, write bench.json and bench.png.
+report    the same table, bench.json and bench.png from a compare's run folders, for a compare that
+          did not write them (stopped, or its machine taken back).
 simulate  project the speedup of mode d (and the shared-GPU schedules, --modes) over colocated at
           several GPU counts on a virtual clock, from a calibration file; write sim.json.
 """
@@ -18,7 +20,6 @@ HERE = Path(__file__).resolve().parents[2]
 
 def _compare(args: argparse.Namespace) -> int:
     from arl_bench.compare import BENCH_MODES, run_modes
-    from arl_bench.report import table, write
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in BENCH_MODES]
@@ -33,6 +34,28 @@ def _compare(args: argparse.Namespace) -> int:
                        concurrent_overrides=args.concurrent_overrides.split() if args.concurrent_overrides else [],
                        shared_overrides=args.shared_overrides.split() if args.shared_overrides else [],
                        rates=_rates_row(args.rates, args.rates_workload) if args.rates else None)
+    return _write_and_print(result, out)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from arl_bench.compare import report_from_runs
+
+    out = Path(args.out)
+    if not out.is_dir():
+        print(f"arl-bench: {out} is not a folder (a compare's --out, one subfolder per mode)", file=sys.stderr)
+        return 2
+    result = report_from_runs(out.resolve(), args.warmup_steps,
+                              _rates_row(args.rates, args.rates_workload) if args.rates else None)
+    if not result["modes"] and not result["failed_modes"]:
+        print(f"arl-bench: no mode's run folder (metrics.jsonl) in {out}", file=sys.stderr)
+        return 2
+    return _write_and_print(result, out)
+
+
+def _write_and_print(result: dict, out: Path) -> int:
+    """bench.json, bench.png and the table; 1 when a mode failed or ended with weights unlike the trainer's."""
+    from arl_bench.report import table, write
+
     json_path, png = write(result, out)
     print(table(result["modes"]))
     if result.get("turn_taking_bound_tokens_per_s"):
@@ -119,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="raw_vllm_rates.py's raw_rates.json: the shared schedules' ideals from its rates")
     c.add_argument("--rates-workload", default="small", help="the workload of --rates to use")
     c.add_argument("overrides", nargs="*", help="section.key=value for every mode, e.g. trainer.total_steps=8")
+    r = sub.add_parser("report", help="the table and bench.json of a compare that did not write them, "
+                       "from its run folders (stopped, or its machine taken back)")
+    r.add_argument("out", help="the compare's --out folder (one subfolder per mode)")
+    r.add_argument("--warmup-steps", type=int, default=2, help="as the compare's")
+    r.add_argument("--rates", type=Path, default=None, help="as the compare's")
+    r.add_argument("--rates-workload", default="small", help="as the compare's")
     s = sub.add_parser("simulate", help="project mode d vs colocated at scale on a virtual clock")
     s.add_argument("--calibration", default=str(HERE / "calibration" / "h200.toml"))
     s.add_argument("--gpus", default="8,32,128")
@@ -137,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", default="runs/bench-sim")
     args = parser.parse_args(argv)
     try:
-        return _compare(args) if args.command == "compare" else _simulate(args)
+        return {"compare": _compare, "report": _report, "simulate": _simulate}[args.command](args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"arl-bench: {exc}", file=sys.stderr)
         return 2

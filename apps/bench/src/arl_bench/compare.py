@@ -18,6 +18,9 @@ first compile). Per mode it reports, over the measured window:
   or a split mode, whose batches stay refilled as concurrent's do, not colocated's draining ones), or
   from `raw_vllm_rates.py --share` figures (`rates`). With those figures the compare also reports each
   schedule's ideal speedup over colocated (`ideal_speedups`) and how close it came.
+
+`run_modes` runs the modes and reports; `report_from_runs` makes the same report from the run folders
+of a compare that did not get to (`apps/bench report`).
 """
 
 from __future__ import annotations
@@ -290,6 +293,20 @@ def run_modes(
         log(f"bench: mode {mode}: {r.samples_per_s:.3f} samples/s, trainer idle {r.trainer_idle_fraction:.0%}, "
             f"rollout idle {r.rollout_idle_fraction:.0%}, sync {r.sync_s_per_step:.3f} s/step "
             f"[{time.perf_counter() - started:.0f} s]")
+    return report(results, failed, rates, warmup_steps,
+                  config=str(config_path) if config_path else "apps/train default",
+                  overrides=overrides,
+                  colocated_native=app_supports_colocate(),
+                  colocated_overrides=list(colocated_overrides),
+                  colocated_scale=colocated_scale,
+                  model=str(model))
+
+
+def report(results: dict[str, ModeResult], failed: dict[str, str], rates: dict[str, Any] | None,
+           warmup_steps: int, **recorded: Any) -> dict[str, Any]:
+    """The compare's result from its modes' figures: each mode's speedup over colocated and slowed
+    shares, the turn-taking bounds from this compare's own rates, the ideals from `rates`; `recorded`
+    (what was run) goes into it as it is."""
     if "colocated" in results:
         base = results["colocated"].samples_per_s
         for r in results.values():
@@ -307,16 +324,37 @@ def run_modes(
         "share_of_turn_taking_bound": {m: results[m].tokens_per_s / v for m, v in bounds.items()},
         "ideal_speedups": ideals,
         "share_of_ideal": {m: results[m].speedup_over_colocated / v for m, v in ideals.items() if m in results},
-        "config": str(config_path) if config_path else "apps/train default",
-        "overrides": overrides,
         "warmup_steps": warmup_steps,
-        "colocated_native": app_supports_colocate(),
-        "colocated_overrides": list(colocated_overrides),
-        "colocated_scale": colocated_scale,
-        "model": str(model),
+        **recorded,
         "modes": {m: msgspec.to_builtins(r) for m, r in results.items()},
         "failed_modes": failed,
     }
+
+
+def report_from_runs(out_dir: Path, warmup_steps: int, rates: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report of a compare from its run folders (`out_dir/<mode>/`, as `run_modes` writes them), for
+    a compare that did not get to write its own: stopped, or its machine taken back. A mode's folder
+    without summary.json (its run did not finish) is a failed mode."""
+    import json
+    from types import SimpleNamespace
+
+    results: dict[str, ModeResult] = {}
+    failed: dict[str, str] = {}
+    for mode in BENCH_MODES:
+        folder = out_dir / mode
+        if not (folder / "metrics.jsonl").exists():
+            continue
+        if not (folder / "summary.json").exists():
+            failed[mode] = f"the run did not finish: {folder / 'summary.json'} is missing"
+            continue
+        app_mode, extra = mode_settings(mode)
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line]
+        summary = SimpleNamespace(**json.loads((folder / "summary.json").read_text()))
+        try:
+            results[mode] = summarize(mode, app_mode, extra, rows, summary, warmup_steps)
+        except ValueError as exc:  # too few steps for the warm-up
+            failed[mode] = failure_line(exc)
+    return report(results, failed, rates, warmup_steps, from_runs=str(out_dir))
 
 
 def failure_line(exc: BaseException) -> str:
