@@ -50,6 +50,9 @@ compare() {  # name modes concurrent-memory rates-workload overrides...
     --shared-overrides "$SHARED" --concurrent-overrides "rollout.gpu_memory_utilization=$mem ${CONC_EXTRA:-}" "${rates[@]}" \
     --out "$LOG/bench_$name" trainer.total_steps=$STEPS "$@" > "$LOG/bench_$name.log" 2>&1
   say "compare $name exit $?"
+  # Stopped by its timeout: the report from the runs that finished.
+  [ -f "$LOG/bench_$name/bench.json" ] || python apps/bench/__main__.py report "$LOG/bench_$name" --warmup-steps 1 \
+    >> "$LOG/bench_$name.log" 2>&1
 }
 # MPS: a per-session control daemon (pipe and log under $LOG; the device's compute mode is left as it is).
 # Every CUDA process started while it runs (the Ray workers inherit the environment) becomes its client.
