@@ -24,7 +24,7 @@
 # concurrent under the run's own MPS daemon: resources.mps=start) | small17 (the three schedules on the
 # Qwen3-1.7B shape, concurrent with resources.mps=start, its replica at SMALL17_MEM of the GPU, default 0.35,
 # plus SMALL17_CONC_EXTRA: on an 80 GiB H100 0.35 left the trainer out of memory, so there e.g.
-# SMALL17_MEM=0.25 SMALL17_CONC_EXTRA=actor.max_tokens_per_microbatch=8192) | longklsm (long-prompt-kl: time_sliced, for the
+# SMALL17_MEM=0.2 SMALL17_CONC_EXTRA=actor.max_tokens_per_microbatch=8192) | longklsm (long-prompt-kl: time_sliced, for the
 # replica's refilled rate, and concurrent under the run's MPS with the trainer capped at SM_PCT% of the SMs,
 # default 60, the replica at CONC_MEM of the memory, default 0.45) |
 # conv: issue #29's loss conventions on a learnable long tail, time-sliced (packages/arl-trainer/benchmarks/
