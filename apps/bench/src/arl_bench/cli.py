@@ -45,7 +45,8 @@ def _report(args: argparse.Namespace) -> int:
         print(f"arl-bench: {out} is not a folder (a compare's --out, one subfolder per mode)", file=sys.stderr)
         return 2
     result = report_from_runs(out.resolve(), args.warmup_steps,
-                              _rates_row(args.rates, args.rates_workload) if args.rates else None)
+                              _rates_row(args.rates, args.rates_workload) if args.rates else None,
+                              colocated_scale=args.colocated_scale)
     if not result["modes"] and not result["failed_modes"]:
         print(f"arl-bench: no mode's run folder (metrics.jsonl) in {out}", file=sys.stderr)
         return 2
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                        "from its run folders (stopped, or its machine taken back)")
     r.add_argument("out", help="the compare's --out folder (one subfolder per mode)")
     r.add_argument("--warmup-steps", type=int, default=2, help="as the compare's")
+    r.add_argument("--colocated-scale", type=float, default=1.0, help="as the compare's")
     r.add_argument("--rates", type=Path, default=None, help="as the compare's")
     r.add_argument("--rates-workload", default="small", help="as the compare's")
     s = sub.add_parser("simulate", help="project mode d vs colocated at scale on a virtual clock")

@@ -284,11 +284,8 @@ def run_modes(
             failed[mode] = failure_line(exc)
             log(f"bench: mode {mode} failed after {time.perf_counter() - started:.0f} s: {failed[mode]}")
             continue
-        if mode == "colocated" and colocated_scale != 1.0:
-            r = results[mode]
-            r.samples_per_s *= colocated_scale
-            r.tokens_per_s *= colocated_scale
-            r.generated_tokens_per_s *= colocated_scale
+        if mode == "colocated":
+            scale_throughput(results[mode], colocated_scale)
         r = results[mode]
         log(f"bench: mode {mode}: {r.samples_per_s:.3f} samples/s, trainer idle {r.trainer_idle_fraction:.0%}, "
             f"rollout idle {r.rollout_idle_fraction:.0%}, sync {r.sync_s_per_step:.3f} s/step "
@@ -300,6 +297,13 @@ def run_modes(
                   colocated_overrides=list(colocated_overrides),
                   colocated_scale=colocated_scale,
                   model=str(model))
+
+
+def scale_throughput(result: ModeResult, k: float) -> None:
+    """`--colocated-scale k`: count a run k times (k copies of a 1/k-batch run on 1/k of the GPUs)."""
+    result.samples_per_s *= k
+    result.tokens_per_s *= k
+    result.generated_tokens_per_s *= k
 
 
 def report(results: dict[str, ModeResult], failed: dict[str, str], rates: dict[str, Any] | None,
@@ -331,7 +335,8 @@ def report(results: dict[str, ModeResult], failed: dict[str, str], rates: dict[s
     }
 
 
-def report_from_runs(out_dir: Path, warmup_steps: int, rates: dict[str, Any] | None = None) -> dict[str, Any]:
+def report_from_runs(out_dir: Path, warmup_steps: int, rates: dict[str, Any] | None = None,
+                     colocated_scale: float = 1.0) -> dict[str, Any]:
     """The report of a compare from its run folders (`out_dir/<mode>/`, as `run_modes` writes them), for
     a compare that did not get to write its own: stopped, or its machine taken back. A mode's folder
     without summary.json (its run did not finish) is a failed mode."""
@@ -354,7 +359,10 @@ def report_from_runs(out_dir: Path, warmup_steps: int, rates: dict[str, Any] | N
             results[mode] = summarize(mode, app_mode, extra, rows, summary, warmup_steps)
         except ValueError as exc:  # too few steps for the warm-up
             failed[mode] = failure_line(exc)
-    return report(results, failed, rates, warmup_steps, from_runs=str(out_dir))
+            continue
+        if mode == "colocated":
+            scale_throughput(results[mode], colocated_scale)
+    return report(results, failed, rates, warmup_steps, from_runs=str(out_dir), colocated_scale=colocated_scale)
 
 
 def failure_line(exc: BaseException) -> str:
