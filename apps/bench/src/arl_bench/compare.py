@@ -33,6 +33,8 @@ import msgspec
 
 BENCH_MODES = ("colocated", "a", "b", "c", "d", "time_sliced", "concurrent")
 SHARED_MODES = ("time_sliced", "concurrent")
+# The trainer's per-pass peaks of allocated GPU memory in a step's metrics (arl.trainer.engine).
+TRAINER_PEAK_KEYS = ("peak_mem_update_gib", "peak_mem_proximal_gib", "peak_mem_ref_gib")
 
 
 class ModeResult(msgspec.Struct, kw_only=True):
@@ -72,6 +74,9 @@ class ModeResult(msgspec.Struct, kw_only=True):
     preempted_requests: int = 0
     waiting_max: int = 0
     kv_cache_usage_max: float = 0.0
+    # The trainer's most GPU memory allocated in one pass of a measured step (its update, proximal or
+    # reference pass; GiB, rank 0; 0 on the CPU): what concurrent's memory split must leave it.
+    trainer_peak_mem_gib: float = 0.0
 
 
 def app_supports_colocate() -> bool:
@@ -140,6 +145,7 @@ def summarize(mode: str, app_mode: str, overrides: list[str], rows: list[dict[st
         preempted_requests=int(sum(_scheduler(r, "preempted") for r in window)),
         waiting_max=int(max(_scheduler(r, "waiting_max") for r in window)),
         kv_cache_usage_max=max(_scheduler(r, "kv_cache_usage_max") for r in window),
+        trainer_peak_mem_gib=max(r.get(key, 0.0) for r in window for key in TRAINER_PEAK_KEYS),
     )
 
 

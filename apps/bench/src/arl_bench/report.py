@@ -21,6 +21,7 @@ COLUMNS = (
     ("rollout slowed", "rollout_slowed_fraction", "{:.0%}"),
     ("preempted", "preempted_requests", "{:.0f}"),
     ("KV use max", "kv_cache_usage_max", "{:.0%}"),
+    ("trainer GiB", "trainer_peak_mem_gib", "{:.1f}"),
 )
 
 

@@ -1,0 +1,31 @@
+"""`summarize`: one mode's figures over the measured window of its metrics rows (rows as apps/train
+writes them: one per trainer step, the rollout's running totals under `rollout`)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from arl_bench.compare import summarize
+
+
+def step_row(step: int, **extra: float) -> dict:
+    """Step `step` of a run that trains 100 samples of 1,000 tokens in 10 s a step, generating the whole time."""
+    return {"step_s": 10.0, "samples_seen": 100 * step, "sampled_tokens_per_s": 1000.0, "train_s": 4.0, "wait_s": 6.0,
+            "sync_s": 0.5, "staleness_mean": 0.5, "staleness_max": 2, "response_length_mean": 100.0,
+            "rollout": {"manager_elapsed_s": 10.0 * step, "engine_busy_s": 9.0 * step, "engine_generated_tokens": 12000.0 * step,
+                        "engine_replicas": 1.0, "resumed_requests": 3 * step},
+            **extra}
+
+
+def test_the_window_leaves_the_warm_up_out_and_takes_the_trainers_peak_memory():
+    rows = [step_row(1, peak_mem_update_gib=70.0),  # warm-up: left out
+            step_row(2, peak_mem_update_gib=50.5, peak_mem_proximal_gib=11.4),
+            step_row(3, peak_mem_update_gib=49.0, peak_mem_ref_gib=52.25)]
+    summary = SimpleNamespace(weights_equal_after_sync=True, wall_s=30.0, output_dir="/runs/x")
+    r = summarize("time_sliced", "d", [], rows, summary, warmup_steps=1)
+    assert r.steps_measured == 2
+    assert r.samples_per_s == pytest.approx(200 / 20)
+    assert r.trainer_idle_fraction == pytest.approx(0.6) and r.trainer_work_fraction == pytest.approx(0.4)
+    assert r.rollout_rate == pytest.approx(24000 / 18) and r.resumed_requests == 6
+    assert r.trainer_peak_mem_gib == 52.25  # the reference pass of step 3, not the warm-up's 70
+    assert summarize("colocated", "a", [], [step_row(1), step_row(2)], summary, 1).trainer_peak_mem_gib == 0.0  # CPU
