@@ -25,6 +25,7 @@ of a compare that did not get to (`apps/bench report`).
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -254,8 +255,6 @@ def run_modes(
     rollout.gpu_memory_utilization=0.35). `rates`: one workload's row of raw_vllm_rates' JSON (g_sync,
     g_cont, t_response, and with --share the shares): the ideals the shared schedules are measured against.
     """
-    import json
-
     from arl_train.config import load_config
     from arl_train.plan import prepare_model
     from arl_train.run import run
@@ -284,8 +283,7 @@ def run_modes(
         try:
             config = load_config(config_path, mode_overrides, app_mode)
             summary = run(config, log=lambda line: None)
-            rows = [json.loads(line) for line in (out_dir / mode / "metrics.jsonl").read_text().splitlines() if line]
-            results[mode] = summarize(mode, app_mode, extra, rows, summary, warmup_steps)
+            results[mode] = summarize(mode, app_mode, extra, metrics_rows(out_dir / mode), summary, warmup_steps)
         except Exception as exc:
             failed[mode] = failure_line(exc)
             log(f"bench: mode {mode} failed after {time.perf_counter() - started:.0f} s: {failed[mode]}")
@@ -346,7 +344,6 @@ def report_from_runs(out_dir: Path, warmup_steps: int, rates: dict[str, Any] | N
     """The report of a compare from its run folders (`out_dir/<mode>/`, as `run_modes` writes them), for
     a compare that did not get to write its own: stopped, or its machine taken back. A mode's folder
     without summary.json (its run did not finish) is a failed mode."""
-    import json
     from types import SimpleNamespace
 
     results: dict[str, ModeResult] = {}
@@ -359,16 +356,20 @@ def report_from_runs(out_dir: Path, warmup_steps: int, rates: dict[str, Any] | N
             failed[mode] = f"the run did not finish: {folder / 'summary.json'} is missing"
             continue
         app_mode, extra = mode_settings(mode)
-        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line]
         summary = SimpleNamespace(**json.loads((folder / "summary.json").read_text()))
         try:
-            results[mode] = summarize(mode, app_mode, extra, rows, summary, warmup_steps)
+            results[mode] = summarize(mode, app_mode, extra, metrics_rows(folder), summary, warmup_steps)
         except ValueError as exc:  # too few steps for the warm-up
             failed[mode] = failure_line(exc)
             continue
         if mode == "colocated":
             scale_throughput(results[mode], colocated_scale)
     return report(results, failed, rates, warmup_steps, from_runs=str(out_dir), colocated_scale=colocated_scale)
+
+
+def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """A run's metrics.jsonl: one row per trainer step."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
 
 
 def failure_line(exc: BaseException) -> str:
