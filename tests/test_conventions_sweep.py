@@ -31,6 +31,9 @@ def test_every_run_of_the_sweep_loads(workload, arm, tmp_path):
     assert config.trainer.total_steps == 5 and config.async_training.partial_rollout
     if arm == "norm_constant":  # the constant is the workload's generation budget
         assert config.actor.algorithm.norm_len == sweep.WORKLOADS[workload].budget == config.rollout.max_tokens
+    if arm.startswith("seqis"):  # the workload's band
+        algorithm = config.actor.algorithm
+        assert (algorithm.seq_is_low, algorithm.seq_is_high) == sweep.WORKLOADS[workload].seq_is_band
 
 
 def test_the_gpu_workload_is_the_learnable_long_tail_time_sliced_on_one_gpu(tmp_path):
