@@ -140,3 +140,14 @@ def test_out_of_memory_beside_a_resident_replica_names_the_keys_of_the_split():
     with pytest.raises(ValueError):  # any other error passes through as it is
         with explain_out_of_memory(cfg):
             raise ValueError("not memory")
+
+
+@pytest.mark.gpu
+def test_a_real_cuda_out_of_memory_becomes_the_shared_gpu_error():
+    """What CUDA raises when an allocation does not fit is what `explain_out_of_memory` catches."""
+    cfg = load_config(overrides=[*GPU, "resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.35"])
+    too_big = torch.cuda.get_device_properties(0).total_memory * 2
+    with pytest.raises(SharedGpuOutOfMemory, match="rollout.gpu_memory_utilization=0.35") as caught:
+        with explain_out_of_memory(cfg):
+            torch.empty(too_big, dtype=torch.uint8, device="cuda")
+    assert "torch: CUDA out of memory" in str(caught.value)
