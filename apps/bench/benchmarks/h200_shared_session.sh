@@ -22,9 +22,10 @@
 # with an MPS control daemon running, so that the two processes' kernels can overlap instead of being
 # time-sliced by the GPU) | smallmps, longklmps (all three schedules under MPS) | longklmpsconc (colocated, and
 # concurrent under the run's own MPS daemon: resources.mps=start) | small17 (the three schedules on the
-# Qwen3-1.7B shape, concurrent with resources.mps=start, its replica at SMALL17_MEM of the GPU, default 0.35,
-# plus SMALL17_CONC_EXTRA: on an 80 GiB H100 0.35 left the trainer out of memory, so there e.g.
-# SMALL17_MEM=0.2 SMALL17_CONC_EXTRA=actor.max_tokens_per_microbatch=8192) | longklsm (long-prompt-kl: time_sliced, for the
+# Qwen3-1.7B shape, concurrent with resources.mps=start, its replica sized by compare --size-concurrent from
+# the trainer's peak in the colocated and time_sliced runs and the card's memory (0.35 of an 80 GiB H100 left
+# the trainer out of memory), plus SMALL17_CONC_EXTRA, e.g. actor.max_tokens_per_microbatch=8192; SMALL17_MEM,
+# default 0.35, only where no peak was measured) | longklsm (long-prompt-kl: time_sliced, for the
 # replica's refilled rate, and concurrent under the run's MPS with the trainer capped at SM_PCT% of the SMs,
 # default 60, the replica at CONC_MEM of the memory, default 0.45) |
 # conv: issue #29's loss conventions on a learnable long tail, time-sliced (packages/arl-trainer/benchmarks/
@@ -46,7 +47,7 @@ compare() {  # name modes concurrent-memory rates-workload overrides...
   local name=$1 modes=$2 mem=$3 rw=$4; shift 4
   local rates=()
   [ -f "$LOG/rates/raw_rates.json" ] && rates=(--rates "$LOG/rates/raw_rates.json" --rates-workload "$rw")
-  timeout 1500 python apps/bench/__main__.py compare --preset h200x2 --modes "$modes" --warmup-steps 1 \
+  timeout 1500 python apps/bench/__main__.py compare --preset h200x2 --modes "$modes" --warmup-steps 1 ${COMPARE_FLAGS:-} \
     --shared-overrides "$SHARED" --concurrent-overrides "rollout.gpu_memory_utilization=$mem ${CONC_EXTRA:-}" "${rates[@]}" \
     --out "$LOG/bench_$name" trainer.total_steps=$STEPS "$@" > "$LOG/bench_$name.log" 2>&1
   say "compare $name exit $?"
@@ -85,7 +86,7 @@ for phase in ${PHASES//,/ }; do
     longklmpsconc) CONC_EXTRA=resources.mps=start compare long_prompt_kl_mps colocated,concurrent 0.45 long-prompt-kl "${LONG_PROMPT_KL[@]}" ;;
     longklsm) CONC_EXTRA="resources.mps=start resources.mps_trainer_sm_percent=${SM_PCT:-60}" \
         compare long_prompt_kl_sm time_sliced,concurrent "${CONC_MEM:-0.45}" long-prompt-kl "${LONG_PROMPT_KL[@]}" ;;
-    small17) CONC_EXTRA="resources.mps=start ${SMALL17_CONC_EXTRA:-}" \
+    small17) CONC_EXTRA="resources.mps=start ${SMALL17_CONC_EXTRA:-}" COMPARE_FLAGS=--size-concurrent \
         compare small_17b colocated,time_sliced,concurrent "${SMALL17_MEM:-0.35}" balanced model.path=builtin:qwen3-1.7b-random ;;
     conv)
       timeout 2400 python packages/arl-trainer/benchmarks/conventions_sweep.py --workload h200_longtail \

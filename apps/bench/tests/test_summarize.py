@@ -28,4 +28,8 @@ def test_the_window_leaves_the_warm_up_out_and_takes_the_trainers_peak_memory():
     assert r.trainer_idle_fraction == pytest.approx(0.6) and r.trainer_work_fraction == pytest.approx(0.4)
     assert r.rollout_rate == pytest.approx(24000 / 18) and r.resumed_requests == 6
     assert r.trainer_peak_mem_gib == 52.25  # the reference pass of step 3, not the warm-up's 70
+    assert r.gpu_memory_gib == 0.0  # a summary without the trainer's placement (a CPU run's has 0)
     assert summarize("colocated", "a", [], [step_row(1), step_row(2)], summary, 1).trainer_peak_mem_gib == 0.0  # CPU
+    on_gpu = SimpleNamespace(weights_equal_after_sync=True, wall_s=30.0, output_dir="/runs/x",
+                             trainer={"device": "cuda", "gpu_memory_gib": 79.2})
+    assert summarize("time_sliced", "d", [], rows, on_gpu, 1).gpu_memory_gib == 79.2  # the card, for sizing

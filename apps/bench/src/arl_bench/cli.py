@@ -33,7 +33,8 @@ def _compare(args: argparse.Namespace) -> int:
                        colocated_scale=args.colocated_scale,
                        concurrent_overrides=args.concurrent_overrides.split() if args.concurrent_overrides else [],
                        shared_overrides=args.shared_overrides.split() if args.shared_overrides else [],
-                       rates=_rates_row(args.rates, args.rates_workload) if args.rates else None)
+                       rates=_rates_row(args.rates, args.rates_workload) if args.rates else None,
+                       size_concurrent=args.size_concurrent)
     return _write_and_print(result, out)
 
 
@@ -137,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="multiply colocated throughput (k copies of a 1/k-batch run on 1/k of the GPUs)")
     c.add_argument("--concurrent-overrides", default="",
                    help="space-separated overrides for the concurrent run only (its memory split)")
+    c.add_argument("--size-concurrent", action="store_true",
+                   help="concurrent's replica gets what the trainer's peak in the modes before it leaves of the card")
     c.add_argument("--shared-overrides", default="",
                    help="space-separated overrides for both shared-GPU runs (e.g. their staleness budget)")
     c.add_argument("--rates", type=Path, default=None,

@@ -78,6 +78,8 @@ class ModeResult(msgspec.Struct, kw_only=True):
     # The trainer's most GPU memory allocated in one pass of a measured step (its update, proximal or
     # reference pass; GiB, rank 0; 0 on the CPU): what concurrent's memory split must leave it.
     trainer_peak_mem_gib: float = 0.0
+    # The trainer's card's memory (GiB; 0 on the CPU).
+    gpu_memory_gib: float = 0.0
 
 
 def app_supports_colocate() -> bool:
@@ -147,6 +149,7 @@ def summarize(mode: str, app_mode: str, overrides: list[str], rows: list[dict[st
         waiting_max=int(max(_scheduler(r, "waiting_max") for r in window)),
         kv_cache_usage_max=max(_scheduler(r, "kv_cache_usage_max") for r in window),
         trainer_peak_mem_gib=max(r.get(key, 0.0) for r in window for key in TRAINER_PEAK_KEYS),
+        gpu_memory_gib=float(getattr(summary, "trainer", {}).get("gpu_memory_gib", 0.0)),
     )
 
 
@@ -230,6 +233,33 @@ def ideal_speedups(g_sync: float, g_cont: float, t: float, g_share: float = 0.0,
     return out
 
 
+# What the card holds besides the trainer's allocated peak and the replica's share: two CUDA contexts,
+# the trainer allocator's cached blocks, NCCL/IPC buffers.
+SIZING_MARGIN_GIB = 4.0
+MIN_REPLICA_SHARE = 0.1
+
+
+def replica_share_beside(trainer_peak_gib: float, card_gib: float, margin_gib: float = SIZING_MARGIN_GIB) -> float:
+    """The replica's `rollout.gpu_memory_utilization` beside a trainer that peaks at `trainer_peak_gib` on a
+    card of `card_gib`: what is left after the peak and `margin_gib`, rounded down to 0.05, at most 0.8
+    (apps/train's limit). Raises ValueError when less than MIN_REPLICA_SHARE is left."""
+    share = min(0.8, int((card_gib - trainer_peak_gib - margin_gib) / card_gib * 20) / 20)
+    if share < MIN_REPLICA_SHARE:
+        raise ValueError(f"the trainer peaks at {trainer_peak_gib:.1f} GiB of the card's {card_gib:.1f}: "
+                         f"less than {MIN_REPLICA_SHARE} of it is left for a resident replica")
+    return share
+
+
+def concurrent_share_from(results: dict[str, ModeResult]) -> float | None:
+    """Concurrent's replica share sized from the trainer's peak in this compare's runs on a GPU (the
+    largest over them), or None when none of them measured one (CPU runs, or no mode ran yet)."""
+    measured = [r for r in results.values() if r.trainer_peak_mem_gib > 0 and r.gpu_memory_gib > 0]
+    if not measured:
+        return None
+    peak = max(r.trainer_peak_mem_gib for r in measured)
+    return replica_share_beside(peak, max(r.gpu_memory_gib for r in measured))
+
+
 def run_modes(
     config_path: Path | None,
     overrides: list[str],
@@ -242,6 +272,7 @@ def run_modes(
     concurrent_overrides: list[str] = (),
     shared_overrides: list[str] = (),
     rates: dict[str, Any] | None = None,
+    size_concurrent: bool = False,
     log: Any = print,
 ) -> dict[str, Any]:
     """Run every mode on the same config (one shared model folder) and compare them.
@@ -254,6 +285,9 @@ def run_modes(
     `concurrent_overrides` to the concurrent run only (its memory split, e.g.
     rollout.gpu_memory_utilization=0.35). `rates`: one workload's row of raw_vllm_rates' JSON (g_sync,
     g_cont, t_response, and with --share the shares): the ideals the shared schedules are measured against.
+    `size_concurrent`: concurrent's replica gets the share of the card that the trainer's peak in the
+    modes run before it leaves (`concurrent_share_from`; list concurrent last), overriding
+    `concurrent_overrides`' where one was measured.
     """
     from arl_train.config import load_config
     from arl_train.plan import prepare_model
@@ -266,6 +300,7 @@ def run_modes(
     model = prepare_model(first, out_dir)
     results: dict[str, ModeResult] = {}
     failed: dict[str, str] = {}
+    sized_share: float | None = None  # concurrent's replica share, when size_concurrent sized it
     for mode in modes:
         app_mode, extra = mode_settings(mode)
         if mode == "colocated":
@@ -274,6 +309,15 @@ def run_modes(
             extra = [*extra, *shared_overrides]
         if mode == "concurrent":
             extra = [*extra, *concurrent_overrides]
+        if mode == "concurrent" and size_concurrent:
+            try:
+                sized_share = concurrent_share_from(results)
+            except ValueError as exc:
+                failed[mode] = failure_line(exc)
+                log(f"bench: mode {mode} not run: {failed[mode]}")
+                continue
+            if sized_share is not None:
+                extra = [*extra, f"rollout.gpu_memory_utilization={sized_share}"]
         # No final checkpoint unless asked for: it measures nothing and costs minutes at 7B.
         mode_overrides = ["trainer.save_final=false", *overrides, *extra, f"model.path={model}", f"output.dir={out_dir / mode}"]
         log(f"bench: mode {mode} (app mode {app_mode} {' '.join(extra)}) …")
@@ -300,6 +344,7 @@ def run_modes(
                   colocated_native=app_supports_colocate(),
                   colocated_overrides=list(colocated_overrides),
                   colocated_scale=colocated_scale,
+                  concurrent_sized=sized_share,
                   model=str(model))
 
 

@@ -372,10 +372,15 @@ class TrainerActor:
         return metrics
 
     async def placement(self) -> dict[str, Any]:
-        """Where this rank runs: its device, CUDA_VISIBLE_DEVICES, its CUDA allocator setting and the
-        sender's address."""
+        """Where this rank runs: its device (and on a GPU the card's memory), CUDA_VISIBLE_DEVICES, its
+        CUDA allocator setting and the sender's address."""
+        import torch
+
+        device = getattr(self.policy, "device", "")
+        on_cuda = torch.device(device).type == "cuda" if device else False
         return {
-            "device": str(getattr(self.policy, "device", "")),
+            "device": str(device),
+            "gpu_memory_gib": torch.cuda.get_device_properties(device).total_memory / 2**30 if on_cuda else 0.0,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             "cuda_alloc_conf": os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
             "sync_address": self.publisher.address if self.publisher is not None else "",
