@@ -309,14 +309,13 @@ def run_modes(
             extra = [*extra, *shared_overrides]
         if mode == "concurrent":
             extra = [*extra, *concurrent_overrides]
-        if mode == "concurrent" and size_concurrent:
             try:
-                sized_share = concurrent_share_from(results)
-            except ValueError as exc:
+                sized_share = concurrent_share_from(results) if size_concurrent else None
+            except ValueError as exc:  # no room for a replica beside the trainer's peak
                 failed[mode] = failure_line(exc)
                 log(f"bench: mode {mode} not run: {failed[mode]}")
                 continue
-            if sized_share is not None:
+            if sized_share is not None:  # last, so it wins over concurrent_overrides'
                 extra = [*extra, f"rollout.gpu_memory_utilization={sized_share}"]
         # No final checkpoint unless asked for: it measures nothing and costs minutes at 7B.
         mode_overrides = ["trainer.save_final=false", *overrides, *extra, f"model.path={model}", f"output.dir={out_dir / mode}"]
