@@ -290,6 +290,7 @@ def run_modes(
     `concurrent_overrides`' where one was measured.
     """
     from arl_train.config import load_config
+    from arl_train.metrics import read_metrics
     from arl_train.plan import prepare_model
     from arl_train.run import run
 
@@ -326,7 +327,8 @@ def run_modes(
         try:
             config = load_config(config_path, mode_overrides, app_mode)
             summary = run(config, log=lambda line: None)
-            results[mode] = summarize(mode, app_mode, extra, metrics_rows(out_dir / mode), summary, warmup_steps)
+            rows = read_metrics(out_dir / mode / "metrics.jsonl")
+            results[mode] = summarize(mode, app_mode, extra, rows, summary, warmup_steps)
         except Exception as exc:
             failed[mode] = failure_line(exc)
             log(f"bench: mode {mode} failed after {time.perf_counter() - started:.0f} s: {failed[mode]}")
@@ -390,6 +392,8 @@ def report_from_runs(out_dir: Path, warmup_steps: int, rates: dict[str, Any] | N
     without summary.json (its run did not finish) is a failed mode."""
     from types import SimpleNamespace
 
+    from arl_train.metrics import read_metrics
+
     results: dict[str, ModeResult] = {}
     failed: dict[str, str] = {}
     for mode in BENCH_MODES:
@@ -402,18 +406,13 @@ def report_from_runs(out_dir: Path, warmup_steps: int, rates: dict[str, Any] | N
         app_mode, extra = mode_settings(mode)
         summary = SimpleNamespace(**json.loads((folder / "summary.json").read_text()))
         try:
-            results[mode] = summarize(mode, app_mode, extra, metrics_rows(folder), summary, warmup_steps)
+            results[mode] = summarize(mode, app_mode, extra, read_metrics(folder / "metrics.jsonl"), summary, warmup_steps)
         except ValueError as exc:  # too few steps for the warm-up
             failed[mode] = failure_line(exc)
             continue
         if mode == "colocated":
             scale_throughput(results[mode], colocated_scale)
     return report(results, failed, rates, warmup_steps, from_runs=str(out_dir), colocated_scale=colocated_scale)
-
-
-def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """A run's metrics.jsonl: one row per trainer step."""
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
 
 
 def failure_line(exc: BaseException) -> str:

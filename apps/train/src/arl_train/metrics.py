@@ -86,6 +86,11 @@ class ScalarSinks:
             self.wandb.finish()
 
 
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows a `MetricsLog` wrote to `path` (metrics.jsonl): one per trainer step."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 class MetricsLog:
     """Appends one JSON object per step to `path` (flushed, so a crash keeps what was written), with
     the derived metrics added; the same scalars go to TensorBoard (+ wandb) in `path`'s folder."""
