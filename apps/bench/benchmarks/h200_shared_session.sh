@@ -25,9 +25,10 @@
 # Qwen3-1.7B shape, concurrent with resources.mps=start, its replica sized by compare --size-concurrent from
 # the trainer's peak in the colocated and time_sliced runs and the card's memory (0.35 of an 80 GiB H100 left
 # the trainer out of memory), plus SMALL17_CONC_EXTRA, e.g. actor.max_tokens_per_microbatch=8192; SMALL17_MEM,
-# default 0.35, only where no peak was measured) | longklsm (long-prompt-kl: time_sliced, for the
-# replica's refilled rate, and concurrent under the run's MPS with the trainer capped at SM_PCT% of the SMs,
-# default 60, the replica at CONC_MEM of the memory, default 0.45) |
+# default 0.35, only where no peak was measured) | longklsm (long-prompt-kl: colocated, time_sliced (the
+# replica's refilled rate) and concurrent under the run's MPS with the trainer capped at SM_PCT% of the SMs,
+# default 60, the replica sized by compare --size-concurrent from the two earlier runs' trainer peak;
+# CONC_MEM, default 0.45, only where no peak was measured) |
 # conv: issue #29's loss conventions on a learnable long tail, time-sliced (packages/arl-trainer/benchmarks/
 # conventions_sweep.py --workload h200_longtail: one run per arm, CONV_ARMS (default: the KL, norm_len and
 # seq-IS denominator arms), CONV_STEPS steps (default 30; ~4.5 min per arm at 20 on an H100), seed 0)
@@ -84,8 +85,8 @@ for phase in ${PHASES//,/ }; do
     smallmps) mps_on; compare small_mps colocated,time_sliced,concurrent 0.35 small; mps_off ;;
     longklmps) mps_on; compare long_prompt_kl_mps colocated,time_sliced,concurrent 0.45 long-prompt-kl "${LONG_PROMPT_KL[@]}"; mps_off ;;
     longklmpsconc) CONC_EXTRA=resources.mps=start compare long_prompt_kl_mps colocated,concurrent 0.45 long-prompt-kl "${LONG_PROMPT_KL[@]}" ;;
-    longklsm) CONC_EXTRA="resources.mps=start resources.mps_trainer_sm_percent=${SM_PCT:-60}" \
-        compare long_prompt_kl_sm time_sliced,concurrent "${CONC_MEM:-0.45}" long-prompt-kl "${LONG_PROMPT_KL[@]}" ;;
+    longklsm) CONC_EXTRA="resources.mps=start resources.mps_trainer_sm_percent=${SM_PCT:-60}" COMPARE_FLAGS=--size-concurrent \
+        compare long_prompt_kl_sm colocated,time_sliced,concurrent "${CONC_MEM:-0.45}" long-prompt-kl "${LONG_PROMPT_KL[@]}" ;;
     small17) CONC_EXTRA="resources.mps=start ${SMALL17_CONC_EXTRA:-}" COMPARE_FLAGS=--size-concurrent \
         compare small_17b colocated,time_sliced,concurrent "${SMALL17_MEM:-0.35}" balanced model.path=builtin:qwen3-1.7b-random ;;
     conv)
