@@ -3,8 +3,8 @@ the raw rates, and each side's share of wall time slowed by the other."""
 
 import pytest
 
-from arl_bench.compare import (ModeResult, add_slowdowns, alone_rates, best_mix, ideal_speedups, mode_settings,
-                               turn_taking_ideals)
+from arl_bench.compare import (ModeResult, add_slowdowns, alone_rates, at_once_bound, best_mix, ideal_speedups,
+                               mode_settings, turn_taking_ideals)
 
 
 def test_ideals_from_the_rates():
@@ -53,3 +53,14 @@ def test_turn_taking_bound_from_the_rates_alone_of_the_same_compare():
     # 1/(1/100 + 1/80) for both shared schedules; colocated at its own draining rate 1/(1/100 + 1/50).
     assert bounds == pytest.approx({"time_sliced": 400 / 9, "concurrent": 400 / 9, "colocated": 100 / 3})
     assert turn_taking_ideals({"colocated": _mode(100.0, 50.0)}, {"trainer": 100.0}) == {}
+
+
+def test_concurrents_bound_is_the_best_mix_of_the_shares_it_kept():
+    results = {"time_sliced": _mode(100.0, 100.0), "concurrent": _mode(60.0, 60.0)}
+    # At once each side kept 60%: always at once gives 60 tokens/s, more than taking turns (50).
+    assert at_once_bound(results, alone_rates(results)) == pytest.approx(60.0)
+    # The trainer kept 40%, the replica 80%: at once for x of the time, the trainer alone for the rest,
+    # x·80 = x·40 + (1 − x)·100, so x = 100/140 and the bound is 80·x.
+    results["concurrent"] = _mode(40.0, 80.0)
+    assert at_once_bound(results, alone_rates(results)) == pytest.approx(80 * 100 / 140)
+    assert at_once_bound({"time_sliced": _mode(100.0, 100.0)}, {"trainer": 100.0, "rollout": 100.0}) is None

@@ -64,6 +64,9 @@ def _write_and_print(result: dict, out: Path) -> int:
         print("arl-bench: turn-taking bound from this run's rates alone (trained tokens/s) " + ", ".join(
             f"{m} {v:,.0f} (measured {result['share_of_turn_taking_bound'][m]:.0%} of it)"
             for m, v in result["turn_taking_bound_tokens_per_s"].items()))
+    if result.get("at_once_bound_tokens_per_s"):
+        print(f"arl-bench: concurrent's bound from the shares it kept at once (trained tokens/s) "
+              f"{result['at_once_bound_tokens_per_s']:,.0f} (measured {result['share_of_at_once_bound']:.0%} of it)")
     if result.get("ideal_speedups"):
         print("arl-bench: ideal over colocated " + ", ".join(
             f"{m} {v:.2f}× (measured {result['share_of_ideal'].get(m, float('nan')):.0%} of it)"

@@ -201,6 +201,16 @@ def turn_taking_ideals(results: dict[str, ModeResult], alone: dict[str, float]) 
     return out
 
 
+def at_once_bound(results: dict[str, ModeResult], alone: dict[str, float]) -> float | None:
+    """Concurrent's bound from its own run, in trained tokens/s: the best mix (`best_mix`) of the rates
+    alone and the shares each side kept at once in that run. How well the schedule used the sharing it
+    got; None without a concurrent run or both rates alone."""
+    r = results.get("concurrent")
+    if r is None or not (alone.get("trainer") and alone.get("rollout")) or r.trainer_rate <= 0 or r.rollout_rate <= 0:
+        return None
+    return best_mix(alone["rollout"], alone["trainer"], r.rollout_rate / alone["rollout"], r.trainer_rate / alone["trainer"])
+
+
 def best_mix(g: float, t: float, g_share: float, t_share: float) -> float:
     """Most tokens per second one GPU can generate *and* train when the engine alone decodes `g`, the
     trainer alone trains `t` (both per response token), and running at once they keep `g_share` and
@@ -372,10 +382,13 @@ def report(results: dict[str, ModeResult], failed: dict[str, str], rates: dict[s
         ideals = ideal_speedups(rates["g_sync"], rates["g_cont"], rates["t_response"],
                                 rates.get("share_engine", 0.0), rates.get("share_trainer", 0.0))
     bounds = turn_taking_ideals(results, alone)
+    at_once = at_once_bound(results, alone)
     return {
         "rates_alone": alone,
         "turn_taking_bound_tokens_per_s": bounds,
         "share_of_turn_taking_bound": {m: results[m].tokens_per_s / v for m, v in bounds.items()},
+        "at_once_bound_tokens_per_s": at_once,
+        "share_of_at_once_bound": results["concurrent"].tokens_per_s / at_once if at_once else None,
         "ideal_speedups": ideals,
         "share_of_ideal": {m: results[m].speedup_over_colocated / v for m, v in ideals.items() if m in results},
         "warmup_steps": warmup_steps,
