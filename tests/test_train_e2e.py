@@ -2,7 +2,11 @@
 
 Checks what the embedded default promises: samples flow through the queue, weights are synced
 (with in-flight generations aborted and resumed: partial rollout), and after the last sync the
-engine's weights equal the trainer's. Responses are long here so that syncs catch requests in flight.
+engine's weights equal the trainer's. Responses are long and the replica generates for one batch's
+prompts at a time, so that generation, not training, sets the pace: every sync then finds requests in
+flight that already hold tokens of the old weights. (With all of the staleness budget's prompts at once,
+the tiny model could finish them before the sync on a machine whose trainer is slowed by a neighbour,
+and the only requests caught were ones just started, with no token yet: resumed, but not mixed.)
 """
 
 import json
@@ -21,7 +25,8 @@ def test_short_async_run_syncs_weights_and_resumes_partial_rollouts(tmp_path):
             "trainer.total_steps=4",
             "actor.ppo_mini_batch_size=4",
             "rollout.n=4",
-            "rollout.max_tokens=160",
+            "rollout.max_tokens=400",
+            "rollout.max_concurrent_per_replica=4",
             "async_training.staleness_threshold=1.0",
             f"output.dir={tmp_path}",
         ]
