@@ -103,7 +103,7 @@ WORKLOADS: dict[str, Workload] = {
         updates=2,
         # ~300-token responses: behaviour and proximal log probs differed by 0.065 per token (mean abs, the
         # norm arms' GPU runs), so a product's log drifts by ~1 over a sequence and [0.9, 1.1] would mask
-        # nearly every one; [0.5, 2] should mask about half (an estimate: the runs report the share).
+        # nearly every one; [0.5, 2] masked 43-46% in the GPU runs (packages/arl-trainer/BENCHMARKS.md).
         seq_is_band=(0.5, 2.0),
     ),
 }
