@@ -33,3 +33,32 @@ def test_the_window_leaves_the_warm_up_out_and_takes_the_trainers_peak_memory():
     on_gpu = SimpleNamespace(weights_equal_after_sync=True, wall_s=30.0, output_dir="/runs/x",
                              trainer={"device": "cuda", "gpu_memory_gib": 79.2})
     assert summarize("time_sliced", "d", [], rows, on_gpu, 1).gpu_memory_gib == 79.2  # the card, for sizing
+
+
+def test_the_table_leaves_a_cell_blank_where_the_compare_had_no_colocated_run():
+    from arl_bench.report import COLUMNS, table
+
+    row = {"samples_per_s": 1.146, "tokens_per_s": 6772.3, "speedup_over_colocated": float("nan")}
+    line = table({"time_sliced": row}).splitlines()[2]
+    assert "1.146" in line and "6772" in line
+    assert "nan" not in line and line.count("—") == len(COLUMNS) - 2  # the speedup and the columns not given
+
+
+def test_a_window_that_trained_more_than_it_generated_is_flagged(tmp_path, capsys):
+    """The eleventh session's 4-step long-prompt-kl compare: time_sliced trained 6,310 tokens/s while
+    generating 4,997, colocated exactly what it generated."""
+    from arl_bench.cli import _write_and_print
+    from arl_bench.compare import drawn_from_stock
+
+    colocated = {"samples_per_s": 0.719, "tokens_per_s": 4953.4, "generated_tokens_per_s": 4952.3,
+                 "trainer_idle_fraction": 0.56, "rollout_idle_fraction": 0.42, "speedup_over_colocated": 1.0,
+                 "weights_equal_after_sync": True}
+    time_sliced = {**colocated, "tokens_per_s": 6310.4, "generated_tokens_per_s": 4996.7, "speedup_over_colocated": 1.49}
+    assert drawn_from_stock(colocated) == pytest.approx(0.0002, abs=1e-4)
+    assert drawn_from_stock(time_sliced) == pytest.approx(0.263, abs=1e-3)
+    assert drawn_from_stock({"tokens_per_s": 10.0, "generated_tokens_per_s": 0.0}) == 0.0  # a run that generated nothing
+    result = {"modes": {"colocated": colocated, "time_sliced": time_sliced}, "failed_modes": {}}
+    assert _write_and_print(result, tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "time_sliced trained 26% more tokens than it generated" in out
+    assert "colocated trained" not in out

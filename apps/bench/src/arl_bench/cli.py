@@ -56,6 +56,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _write_and_print(result: dict, out: Path) -> int:
     """bench.json, bench.png and the table; 1 when a mode failed or ended with weights unlike the trainer's."""
+    from arl_bench.compare import STOCK_WARNING_SHARE, drawn_from_stock
     from arl_bench.report import table, write
 
     json_path, png = write(result, out)
@@ -71,6 +72,10 @@ def _write_and_print(result: dict, out: Path) -> int:
         print("arl-bench: ideal over colocated " + ", ".join(
             f"{m} {v:.2f}× (measured {result['share_of_ideal'].get(m, float('nan')):.0%} of it)"
             for m, v in result["ideal_speedups"].items()))
+    for mode, r in result["modes"].items():
+        if (extra := drawn_from_stock(r)) > STOCK_WARNING_SHARE:
+            print(f"arl-bench: {mode} trained {extra:.0%} more tokens than it generated in the measured window: "
+                  f"it drew on the warm-up's stock, so its rates overstate a long run's; measure more steps")
     print(f"arl-bench: {json_path}, {png}")
     for mode, error in result["failed_modes"].items():
         print(f"arl-bench: mode {mode} failed: {error}", file=sys.stderr)

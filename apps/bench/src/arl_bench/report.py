@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,16 @@ def table(modes: dict[str, dict[str, Any]]) -> str:
     head = f"{'mode':<12}" + "".join(f"{name:>15}" for name, _, _ in COLUMNS)
     lines = [head, "-" * len(head)]
     for mode, r in modes.items():
-        lines.append(f"{mode:<12}" + "".join(f"{fmt.format(r.get(key, float('nan'))):>15}" for _, key, fmt in COLUMNS))
+        lines.append(f"{mode:<12}" + "".join(f"{cell(r.get(key), fmt):>15}" for _, key, fmt in COLUMNS))
     return "\n".join(lines)
+
+
+def cell(value: float | None, fmt: str) -> str:
+    """One table cell; "—" where the compare had nothing to measure it against (e.g. the speedup of a
+    compare run without colocated)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return fmt.format(value)
 
 
 def write(result: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
@@ -51,7 +60,7 @@ def plot(modes: dict[str, dict[str, Any]], path: Path) -> Path:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     bars = ax1.bar(names, [modes[m]["samples_per_s"] for m in names], color="tab:blue")
     for bar, m in zip(bars, names, strict=True):
-        ax1.annotate(f"{modes[m]['speedup_over_colocated']:.2f}×", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+        ax1.annotate(cell(modes[m].get("speedup_over_colocated"), "{:.2f}×"), (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                      ha="center", va="bottom")
     ax1.set_ylabel("trainer samples/s")
     ax1.set_title("throughput (speedup over colocated)")
