@@ -243,8 +243,7 @@ def ideal_speedups(g_sync: float, g_cont: float, t: float, g_share: float = 0.0,
     return out
 
 
-# What the card holds besides the trainer's allocated peak and the replica's share: two CUDA contexts,
-# the trainer allocator's cached blocks, NCCL/IPC buffers.
+# Above this excess the report warns that a mode's window trained from the warm-up's stock.
 STOCK_WARNING_SHARE = 0.10
 
 
@@ -252,12 +251,14 @@ def drawn_from_stock(mode: dict[str, Any]) -> float:
     """How much more the trainer trained than the rollout generated in a mode's measured window, as a
     share of what was generated (0 when it trained no more). An async mode's warm-up step generates
     ahead of what it trains (the staleness budget's batches: 203k tokens generated against 39k trained
-    in the eleventh session's long-prompt-kl run), so a window of a few steps trains from that stock
+    in a long-prompt-kl run on an H100), so a window of a few steps trains from that stock
     and its rates overstate a long run's; colocated, which trains exactly what it generated, stays at 0."""
     generated = mode.get("generated_tokens_per_s", 0.0)
     return max(0.0, mode["tokens_per_s"] / generated - 1) if generated > 0 else 0.0
 
 
+# What the card holds besides the trainer's allocated peak and the replica's share: two CUDA contexts,
+# the trainer allocator's cached blocks, NCCL/IPC buffers.
 SIZING_MARGIN_GIB = 4.0
 MIN_REPLICA_SHARE = 0.1
 
