@@ -5,7 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from arl_bench.compare import summarize
+from arl_bench.cli import _write_and_print
+from arl_bench.compare import drawn_from_stock, summarize
+from arl_bench.report import COLUMNS, table
 
 
 def step_row(step: int, **extra: float) -> dict:
@@ -36,8 +38,6 @@ def test_the_window_leaves_the_warm_up_out_and_takes_the_trainers_peak_memory():
 
 
 def test_the_table_leaves_a_cell_blank_where_the_compare_had_no_colocated_run():
-    from arl_bench.report import COLUMNS, table
-
     row = {"samples_per_s": 1.146, "tokens_per_s": 6772.3, "speedup_over_colocated": float("nan")}
     line = table({"time_sliced": row}).splitlines()[2]
     assert "1.146" in line and "6772" in line
@@ -45,11 +45,8 @@ def test_the_table_leaves_a_cell_blank_where_the_compare_had_no_colocated_run():
 
 
 def test_a_window_that_trained_more_than_it_generated_is_flagged(tmp_path, capsys):
-    """The eleventh session's 4-step long-prompt-kl compare: time_sliced trained 6,310 tokens/s while
+    """Figures of a 4-step long-prompt-kl compare on an H100: time_sliced trained 6,310 tokens/s while
     generating 4,997, colocated exactly what it generated."""
-    from arl_bench.cli import _write_and_print
-    from arl_bench.compare import drawn_from_stock
-
     colocated = {"samples_per_s": 0.719, "tokens_per_s": 4953.4, "generated_tokens_per_s": 4952.3,
                  "trainer_idle_fraction": 0.56, "rollout_idle_fraction": 0.42, "speedup_over_colocated": 1.0,
                  "weights_equal_after_sync": True}

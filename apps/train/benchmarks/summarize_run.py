@@ -12,6 +12,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from arl_train.metrics import read_metrics
+
 PHASES = ("sync_s", "sync_pause_s", "sync_transfer_s", "sync_receive_s", "sync_load_s", "sync_reset_cache_s",
           "sync_resume_s", "colocated_sleep_s", "colocated_wake_weights_s", "colocated_offload_wait_s",
           "colocated_wake_kv_s")
@@ -22,7 +24,7 @@ def main() -> None:
     out: dict = {"name": name, "run_dir": str(run_dir)}
     rows = []
     if (run_dir / "metrics.jsonl").is_file():
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        rows = read_metrics(run_dir / "metrics.jsonl")
     if (run_dir / "summary.json").is_file():
         s = json.loads((run_dir / "summary.json").read_text())
         out.update({k: s.get(k) for k in ("layout", "steps", "syncs", "reward_first_tenth", "reward_last_tenth",
