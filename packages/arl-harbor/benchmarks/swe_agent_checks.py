@@ -9,8 +9,8 @@ any task misses.
     uv run python packages/arl-harbor/benchmarks/swe_agent_checks.py .cache/swe-tasks/smoke \\
         --env local --agent shell --script oracle,nop,edit-tests [--concurrency 8]
 
---env local: arl's unshare sandbox (root; the set dir is bound read-only at its own path, since the
-tasks' local_setup.sh reads the testbed and venvs from there); --env docker: the project's docker
+--env local: arl's unshare sandbox (root; a trial sees only its own task's environment: its testbed and the
+package's venv, bound by the task's local_binds.json); --env docker: the project's docker
 environment (`DOCKER_HOST`, images `hb__<hash>` built on first use). mini-swe-agent needs a host venv
 in the local sandbox (built under --agent-cache on first use) and, in docker, task images that contain
 it at /opt/mini-swe-agent (`arl.harbor.agents.install dockerfile-lines`).
@@ -102,12 +102,6 @@ async def main_async(args: argparse.Namespace) -> int:
     tokenizer = tokenizer_for_checks()
     trials_dir = Path(args.trials_dir or tempfile.mkdtemp(prefix="arl-swe-checks-"))
     overrides: dict = {}
-    if args.env == "local":
-        # The tasks' local_setup.sh and test.sh read the testbed and the package venvs from the set.
-        system_dirs = [*DEFAULT_SYSTEM_DIRS, str(task_set).strip("/")]
-        if mini_venv is not None:
-            system_dirs.append(str(mini_venv.absolute()).strip("/"))
-        overrides["environment_kwargs"] = {"system_dirs": system_dirs}
     started = time.monotonic()
     print(f"# {len(tasks)} tasks × {scripts} · agent {args.agent} · env {args.env} · "
           f"{args.concurrency} at a time", flush=True)

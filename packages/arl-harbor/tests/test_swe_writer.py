@@ -17,6 +17,7 @@ from harbor.models.task.config import TaskConfig
 from arl.harbor.swe.issue import write_issue
 from arl.harbor.swe.testing import write_tiny_package
 from arl.harbor.swe.venvs import copy_venv
+from arl.harbor.swe.verify import host_grading_env
 from arl.harbor.swe.writer import TaskRecord, write_task
 from arl.harbor.tasks import resolve_source, validate_task
 
@@ -45,10 +46,8 @@ def task(tmp_path):
 
 
 def _test_sh(task_dir: Path, testbed: Path, logs: Path, python: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    # On the host, the set's venv of the package (the local sandbox binds it at /arl/venv instead).
-    env.update(ARL_SWE_TESTBED=str(testbed), ARL_SWE_LOGS=str(logs),
-               ARL_SWE_PYTHON=python or str(task_dir.parent / "_venvs" / "tinycalc" / "bin" / "python"))
+    env = host_grading_env(task_dir, testbed, logs,
+                           Path(python or task_dir.parent / "_venvs" / "tinycalc" / "bin" / "python"))
     return subprocess.run(["bash", str(task_dir / "tests" / "test.sh")], env=env, capture_output=True, text=True,
                           timeout=300)
 
@@ -68,18 +67,21 @@ def test_task_dir_is_valid_and_complete(task):
     assert config.environment.workdir == "/testbed" and config.metadata["operator"] == "func_pm_ctrl_invert_if"
     assert resolve_source(f"harbor:{task.parent}")[0][0] == "tinycalc__clamp"
     dockerfile = (task / "environment" / "Dockerfile").read_text()
-    assert dockerfile.startswith("FROM arl-swe-base:bookworm\nCOPY testbed /testbed\n") and "WORKDIR /testbed" in dockerfile
+    assert dockerfile.startswith("FROM arl-swe-base:bookworm\nCOPY testbed /testbed\nCOPY testbed /arl/base\n")
+    assert "WORKDIR /testbed" in dockerfile
     assert "wheels" not in dockerfile  # no extra test deps
     assert "ENV PATH=/arl/venv/bin:$PATH" in dockerfile
     binds = json.loads((task / "environment" / "local_binds.json").read_text())
-    assert binds == {"/arl/venv": "../../_venvs/tinycalc"}
+    assert binds == {"/arl/venv": "../../_venvs/tinycalc", "/arl/base": "testbed"}
     assert (task / "environment" / binds["/arl/venv"] / "bin" / "python").exists()
     log = subprocess.run(["git", "log", "--oneline"], cwd=task / "environment" / "testbed", capture_output=True,
                          text=True, check=True).stdout
     assert len(log.splitlines()) == 1
     config_json = json.loads((task / "tests" / "config.json").read_text())
     assert config_json["fail_to_pass"] == F2P and config_json["pass_to_pass"] == P2P
-    assert (task / "tests" / "pristine" / "tests" / "test_tinycalc.py").is_file()
+    assert config.verifier.environment_mode == "separate" and config.artifacts == ["/testbed"]
+    assert sorted(p.name for p in (task / "tests" / "plugin").iterdir()) == [
+        "arl_swe_report.py", "grade_change.py", "pytest.ini", "score.py"]
     instruction = (task / "instruction.md").read_text()
     assert "test_clamp_high" in instruction and "assert 0 == 10" in instruction
     assert "invert" not in instruction and "func_pm" not in instruction and "clamp(" in instruction
@@ -89,21 +91,26 @@ def test_test_sh_rewards_bug_oracle_and_edited_tests(task, tmp_path):
     testbed, logs = _testbed(task, tmp_path), tmp_path / "run" / "logs"
     proc = _test_sh(task, testbed, logs)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads((logs / "reward.json").read_text()) == {"reward": 0.0, "fail_to_pass": 0.0, "pass_to_pass": 1.0}
+    assert json.loads((logs / "reward.json").read_text()) == {
+        "reward": 0.0, "fail_to_pass": 0.0, "pass_to_pass": 1.0, "protected_touched": 0.0}
 
     # An agent that rewrites the failing tests gains nothing: the pristine tests are put back.
     (testbed / "tests" / "test_tinycalc.py").write_text("def test_clamp_high():\n    pass\n")
     (testbed / "conftest.py").write_text("import pytest\n\n@pytest.hookimpl(tryfirst=True)\n"
                                          "def pytest_pyfunc_call(pyfuncitem):\n    return True\n")
     assert _test_sh(task, testbed, logs).returncode == 0
-    assert json.loads((logs / "reward.json").read_text())["reward"] == 0.0
+    reward = json.loads((logs / "reward.json").read_text())
+    assert reward["reward"] == 0.0 and reward["protected_touched"] == 2.0
     assert not (testbed / "conftest.py").exists()
+    change = json.loads((logs / "change.json").read_text())
+    assert change["restored"] == {"tests/test_tinycalc.py": "test"} and change["deleted"] == {"conftest.py": "test"}
 
     env = {**os.environ, "ARL_SWE_TESTBED": str(testbed)}
     subprocess.run(["bash", str(task / "solution" / "solve.sh")], env=env, check=True, capture_output=True, timeout=60)
     proc = _test_sh(task, testbed, logs)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads((logs / "reward.json").read_text()) == {"reward": 1.0, "fail_to_pass": 1.0, "pass_to_pass": 1.0}
+    assert json.loads((logs / "reward.json").read_text()) == {
+        "reward": 1.0, "fail_to_pass": 1.0, "pass_to_pass": 1.0, "protected_touched": 0.0}
 
 
 def test_test_sh_writes_no_reward_when_pytest_is_missing(task, tmp_path):
@@ -116,7 +123,19 @@ def test_test_sh_writes_no_reward_when_pytest_is_missing(task, tmp_path):
     assert not (logs / "reward.json").exists()
 
 
-def test_test_sh_writes_no_reward_without_a_testbed(task, tmp_path):
+def test_test_sh_grades_a_removed_testbed_as_an_empty_change(task, tmp_path):
+    """The agent deleted /testbed: its tests come back from the base, its source does not; a plain 0."""
     proc = _test_sh(task, tmp_path / "nowhere", tmp_path / "logs")
-    assert proc.returncode != 0 and "no testbed" in proc.stderr
-    assert not (tmp_path / "logs" / "reward.json").exists()
+    assert proc.returncode == 0, proc.stderr
+    reward = json.loads((tmp_path / "logs" / "reward.json").read_text())
+    assert reward["reward"] == 0.0 and reward["protected_touched"] > 0 and "agent_broke_verifier" not in reward
+
+
+def test_test_sh_writes_no_reward_without_its_base_copy(task, tmp_path):
+    testbed, logs = _testbed(task, tmp_path), tmp_path / "run" / "logs"
+    env = host_grading_env(task, testbed, logs, task.parent / "_venvs" / "tinycalc" / "bin" / "python")
+    env["ARL_SWE_BASE"] = str(tmp_path / "no-base")
+    proc = subprocess.run(["bash", str(task / "tests" / "test.sh")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 3 and "no base copy" in proc.stderr
+    assert not (logs / "reward.json").exists()

@@ -3,7 +3,9 @@
 Each step's row gets derived metrics before it is written (`derive`): the idle ratio of each side
 (trainer: time waiting for a batch / step time; rollout: engine time without a generation call over the
 step, from the server manager's cumulative utilization), turns and tool calls per trajectory, proxy
-rebuilds and dropped turns (replies a client never received). Numeric values (nested ones flattened as
+rebuilds and dropped turns (replies a client never received), and per sign of reward hacking the grading
+saw (`AgentResult.tells`, e.g. SWE trials that touched protected files) the trials of this step that showed
+it (`tells/<name>`, also on the step's line when any did). Numeric values (nested ones flattened as
 `rollout/x`) also go to TensorBoard under `output.dir/tensorboard`, and to wandb when it is installed
 (offline unless WANDB_MODE says otherwise). The sync phases of a step are added to its row and line.
 """
@@ -40,6 +42,9 @@ def derive(row: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, fl
     for counter in ("proxy_rebuilds", "proxy_dropped_turns"):
         if counter in ro:
             out[counter] = float(ro[counter])
+    tells_before = before.get("tells") or {}
+    for name, count in (ro.get("tells") or {}).items():
+        out[f"tells/{name}"] = float(count - tells_before.get(name, 0))
     return out
 
 
@@ -129,7 +134,14 @@ def progress_line(row: dict[str, Any], total_steps: int) -> str:
         f"samples/s {row['samples_per_s']:.2f} | sync {row['sync_s'] * 1000:.0f} ms | "
         f"version {row['version']} | loss {row['loss']:+.4f}"
         + (f" | kl_ref {row['kl_ref_mean']:.2e}" if "kl_ref_mean" in row else "")
+        + tells_line(row)
     )
+
+
+def tells_line(row: dict[str, Any]) -> str:
+    """This step's trials per sign of reward hacking, for the progress line ("" when there were none)."""
+    seen = {k.removeprefix("tells/"): v for k, v in row.items() if k.startswith("tells/") and v > 0}
+    return (" | hacking tells: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(seen.items()))) if seen else ""
 
 
 #: Sync phases in a step's metrics (seconds): the trainer's pause / transfer / resume around the

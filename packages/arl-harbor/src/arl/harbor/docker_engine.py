@@ -123,6 +123,22 @@ class DockerEngine:
     async def info(self) -> dict[str, Any]:
         return await self._json("GET", "/info")
 
+    async def inspect(self, container: str) -> dict[str, Any] | None:
+        """The container's inspect document, None when it no longer exists."""
+        try:
+            return await self._json("GET", f"/containers/{container}/json")
+        except DockerEngineError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def processes(self, container: str) -> list[tuple[int, int, str]]:
+        """(pid, ppid, command) of every process of a running container, in the host's PID namespace."""
+        data = await self._json("GET", f"/containers/{container}/top", params={"ps_args": "-o pid,ppid,comm"})
+        titles = [t.upper() for t in data.get("Titles") or []]
+        pid, ppid, command = titles.index("PID"), titles.index("PPID"), len(titles) - 1
+        return [(int(row[pid]), int(row[ppid]), " ".join(row[command:])) for row in data.get("Processes") or []]
+
     # -- exec ------------------------------------------------------------------------------------
 
     async def exec(

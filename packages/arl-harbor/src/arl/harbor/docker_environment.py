@@ -15,10 +15,15 @@
    with the task's workdir as cwd and ignores whether creating the log dirs worked; in a verifier image
    built from `tests/` without that dir, nothing was created and the verifier failed
    (`DownloadVerifierDirError`). Here the workdir is created first and a failure to create the dirs raises.
-4. **Teardown does not wait 10 s.** The main service's PID 1 is `sh -c "sleep infinity"`, which ignores
+4. **The agent's end is checked.** When the agent's environment stops, what it left running (besides the
+   container's init and terminus-2's terminal) is recorded (`arl.harbor.agent_end`), and the stop fails
+   when the container still runs after it. A separate verifier's artifact directory the agent removed or
+   replaced by a link is carried as an empty directory (an empty change, graded as such), not a failed
+   collection.
+5. **Teardown does not wait 10 s.** The main service's PID 1 is `sh -c "sleep infinity"`, which ignores
    SIGTERM, so every `compose down` waited out Docker's 10 s stop timeout; here it gets SIGKILL at once
    (the container is discarded anyway).
-5. **Execs and file copies go to the Docker Engine API, not through `docker compose`.** Harbor runs each
+6. **Execs and file copies go to the Docker Engine API, not through `docker compose`.** Harbor runs each
    of a trial's ~10 execs and ~5 copies as a `docker compose` CLI call (two Go processes that parse the
    compose files and query the daemon each time; ~1.5 CPU s per trial, the largest CPU cost of a docker
    trial outside its own processes: BENCHMARKS.md). Here the main service's container is looked up once
@@ -50,6 +55,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import filelock
+from arl.harbor.agent_end import leftover_commands, write_agent_end
 from arl.harbor.docker_engine import DockerEngine, DockerEngineError, engine_socket_path
 from arl.harbor.errors import HarborError
 
@@ -191,6 +197,7 @@ async def build_task_image(
 
 
 _GO_MODE_DIR = 1 << 31  # os.ModeDir in the Engine API's path stat
+_GO_MODE_SYMLINK = 1 << 27  # os.ModeSymlink
 
 
 def _rebased_members(tar: tarfile.TarFile, top: str, new_top: str) -> list[tarfile.TarInfo]:
@@ -415,9 +422,49 @@ class DockerEnvironment(_HarborDockerEnvironment):
         target.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(_extract, tar_bytes, source.name or "/", target)
 
-    async def stop(self, delete: bool) -> None:
+    async def service_download_dir(self, source_dir: str, target_dir: Path | str, *, service: str | None = None) -> None:
+        container = await self._main_container()
+        if container is not None and self.is_main_service(service):
+            assert self._engine is not None
+            stat = await self._engine.path_stat(container, source_dir)
+            mode = int((stat or {}).get("mode", 0))
+            if stat is None or mode & _GO_MODE_SYMLINK or not mode & _GO_MODE_DIR:
+                # Removed or replaced by the agent: nothing of it is carried (an empty change).
+                Path(target_dir).mkdir(parents=True, exist_ok=True)
+                return
+        await super().service_download_dir(source_dir, target_dir, service=service)
+
+    async def _record_agent_end(self, container: str) -> None:
+        """What the agent left running in its container (not for a separate verifier's container)."""
+        assert self._engine is not None
+        if "__verifier__" in self.session_id:
+            return
         try:
+            info = await self._engine.inspect(container)
+            if info is None or not info.get("State", {}).get("Running"):
+                return
+            processes = await self._engine.processes(container)
+        except DockerEngineError as e:
+            self.logger.debug(f"cannot list the container's processes before its stop: {e}")
+            return
+        left = leftover_commands(processes, int(info["State"].get("Pid") or 0))
+        await asyncio.to_thread(write_agent_end, self.trial_paths.trial_dir, left)
+
+    async def _check_ended(self, container: str) -> None:
+        """The container runs no more after the stop (HarborError if it does)."""
+        assert self._engine is not None
+        info = await self._engine.inspect(container)
+        if info is not None and info.get("State", {}).get("Running"):
+            raise HarborError(f"the container {container[:12]} still runs after its stop")
+
+    async def stop(self, delete: bool) -> None:
+        container = self._container_id
+        try:
+            if container is not None and self._engine is not None:
+                await self._record_agent_end(container)
             await super().stop(delete)
+            if container is not None and self._engine is not None:
+                await self._check_ended(container)
         finally:
             self._container_id = None
             if self._engine is not None:

@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from arl.harbor.agent_end import leftover_commands, write_agent_end
 from arl.harbor.errors import SandboxError, SandboxExecTimeoutError, SandboxStartError, SandboxTaskError
 from arl.harbor.sandbox_limits import SandboxLimits
 from arl.harbor.sandbox_net import SandboxNetwork, parse_routes
@@ -230,6 +231,34 @@ def local_binds(environment_dir: Path) -> dict[str, Path]:
             )
         binds[str(PurePosixPath(inner))] = source
     return binds
+
+
+def _namespaces(pid: int) -> tuple[str, ...]:
+    """The PID and user namespaces of `pid` (a nested PID namespace stays in the sandbox's user one)."""
+    out = []
+    for kind in ("pid", "user"):
+        with contextlib.suppress(OSError):
+            out.append(os.readlink(f"/proc/{pid}/ns/{kind}"))
+    return tuple(out)
+
+
+def _processes_in(namespaces: tuple[str, ...]) -> list[tuple[int, int, str]]:
+    """(pid, ppid, command) of every host process in one of `namespaces`."""
+    found = []
+    own = set(_namespaces(os.getpid()))
+    wanted = set(namespaces) - own  # never this process's own namespaces (a sandbox that never unshared)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if not wanted.intersection(_namespaces(int(entry.name))):
+                continue
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        command = stat[stat.index("(") + 1 : stat.rindex(")")]
+        found.append((int(entry.name), int(stat.rsplit(")", 1)[1].split()[1]), command))
+    return found
 
 
 class LocalSandboxEnvironment(BaseEnvironment):
@@ -496,8 +525,9 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     async def start(self, force_build: bool) -> None:
         self.preflight(network=self._network)
-        copies = self._plan_environment()
         self._binds = local_binds(self.environment_dir)
+        # A bind of the same path stands in for the Dockerfile's COPY (e.g. a read-only base copy).
+        copies = [c for c in self._plan_environment() if c[1].rstrip("/") not in self._binds]
         dirs = self._sandbox_dirs()
         await asyncio.to_thread(self._prepare_host_dirs, dirs)
         self._limits = await asyncio.to_thread(self._limits_for_task)
@@ -593,9 +623,14 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     async def stop(self, delete: bool) -> None:
         if self._init_pid is not None:
+            namespaces = _namespaces(self._init_pid)
+            if not self._is_separate_verifier():
+                left = leftover_commands(_processes_in(namespaces), self._init_pid)
+                await asyncio.to_thread(write_agent_end, self.trial_paths.trial_dir, left)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._init_pid, signal.SIGKILL)  # the PID namespace dies with its init
             self._init_pid = None
+            await self._check_ended(namespaces)
         if self._holder is not None:
             if self._holder.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -611,6 +646,23 @@ class LocalSandboxEnvironment(BaseEnvironment):
             self._limits = None
         if delete:
             await asyncio.to_thread(shutil.rmtree, self._sandbox_root, True)
+
+    def _is_separate_verifier(self) -> bool:
+        return "__verifier__" in self.session_id
+
+    async def _check_ended(self, namespaces: tuple[str, ...]) -> None:
+        """Every process of the sandbox has ended (waits up to 5 s; SandboxError naming survivors if not)."""
+        survivors: list[tuple[int, int, str]] = []
+        for _ in range(100):
+            survivors = _processes_in(namespaces)
+            if not survivors:
+                return
+            for pid, _ppid, _command in survivors:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(0.05)
+        names = ", ".join(f"{pid} {command}" for pid, _ppid, command in survivors[:5])
+        raise SandboxError(f"processes of the sandbox survived its stop: {names}")
 
     # -- exec ------------------------------------------------------------------------------------
 

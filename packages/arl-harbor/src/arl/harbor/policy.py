@@ -25,6 +25,9 @@ fail under a `FailurePolicy`; `reward_for` gives the scalar reward of an accepte
 |                  | (DNS lookups recorded during verification; see `network_attempts`)    |         |
 | verifier_harness | reward 0 while the verifier's output shows its harness could not run   | drop    |
 |                  | (`pytest: command not found`, `No module named pytest`; `harness_failure`)|       |
+| agent_broke_verifier | the verifier reports `agent_broke_verifier` (the agent's change made its | zero |
+|                  | tests crash, hang or leave no report after its harness was checked)    |         |
+| sandbox          | also: an artifact of a separate verifier could not be collected         | retry   |
 | no_reward        | no exception, but no `reward_key` in verifier_result.rewards           | retry   |
 | invalid_task     | `Trial.create` raised (bad task dir or trial config), SandboxTaskError | drop    |
 |                  | (the local sandbox cannot prepare the task as defined)                 |         |
@@ -44,7 +47,11 @@ from harbor.models.trial.error_policy import FailureCause, policy_for
 from harbor.models.trial.result import TrialResult
 
 __all__ = [
+    "AGENT_BROKE_VERIFIER",
     "Decision",
+    "artifact_failures",
+    "broken_verifier_cause",
+    "tells",
     "FailurePolicy",
     "classify",
     "classify_exception",
@@ -186,6 +193,51 @@ def harness_failure(output: str) -> str | None:
     start = output.rfind("\n", 0, match.start()) + 1
     end = output.find("\n", match.end())
     return output[start : end if end >= 0 else len(output)].strip()[:300]
+
+
+# The reward key a verifier sets when the agent's change broke it (and the line it prints why).
+AGENT_BROKE_VERIFIER = "agent_broke_verifier"
+_BROKE_LINE = re.compile(r"the agent's change broke the verifier: (?P<cause>.*)")
+# Reward keys that are signs of reward hacking (counted per trial), besides the agent's leftover processes.
+_TELL_KEYS = ("protected_touched", "change_refused", AGENT_BROKE_VERIFIER)
+
+
+def broken_verifier_cause(trial_dir: Path) -> str:
+    """Why the agent's change broke the verifier, from its output ("" when it did not say)."""
+    match = _BROKE_LINE.search(verifier_output(trial_dir))
+    return match.group("cause").strip()[:300] if match else ""
+
+
+def artifact_failures(trial_dir: Path) -> list[str]:
+    """Artifacts Harbor could not collect from the agent's environment (its `artifacts/manifest.json`).
+
+    Environments carry what the agent removed as an empty directory, so a failed collection is the
+    infrastructure's: the verifier would grade an environment without the agent's change.
+    """
+    path = trial_dir / "artifacts" / "manifest.json"
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if isinstance(entries, dict):
+        entries = entries.get("entries") or entries.get("artifacts") or []
+    return [str(e.get("source")) for e in entries if isinstance(e, dict) and e.get("status") == "failed"]
+
+
+def tells(result: TrialResult | None, trial_dir: Path) -> dict[str, float]:
+    """The signs of reward hacking in a trial: the grader's keys of reward.json, the leftover processes."""
+    from arl.harbor.agent_end import read_leftover_processes
+
+    found: dict[str, float] = {}
+    rewards = (result.verifier_result.rewards or {}) if result is not None and result.verifier_result else {}
+    for key in _TELL_KEYS:
+        value = rewards.get(key)
+        if isinstance(value, int | float) and value > 0:
+            found[key] = float(value)
+    left = read_leftover_processes(trial_dir)
+    if left:
+        found["leftover_processes"] = float(left)
+    return found
 
 
 def decide(policy: FailurePolicy, kind: FailureKind, attempt: int) -> tuple[Decision, Action]:

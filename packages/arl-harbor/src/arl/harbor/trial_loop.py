@@ -27,7 +27,18 @@ from typing import Any
 
 import msgspec
 from arl.harbor.errors import HarborConfigError, HarborError
-from arl.harbor.policy import classify, decide, harness_failure, network_attempts, reward_for, verifier_output
+from arl.harbor.policy import (
+    AGENT_BROKE_VERIFIER,
+    artifact_failures,
+    broken_verifier_cause,
+    classify,
+    decide,
+    harness_failure,
+    network_attempts,
+    reward_for,
+    tells,
+    verifier_output,
+)
 from arl.harbor.types import AttemptRecord, FailureKind, HarborConfig
 from arl.proxy.generator import Generator
 from arl.proxy.types import SamplingParams, TokenOutput
@@ -308,11 +319,22 @@ class HarborAgentLoop:
         return outcome
 
     def _check_verifier(self, outcome: _Attempt, result: TrialResult, trial_dir: Path) -> None:
-        """A verifier that could not run never yields a reward: reclassify its 0, name its cause."""
+        """A verifier that could not run never yields a reward: reclassify its 0, name its cause. One that
+        the agent's change broke yields the agent's 0 (`agent_broke_verifier`)."""
         if result.verifier is None:
             return
+        rewards = result.verifier_result.rewards if result.verifier_result is not None else None
+        lost = artifact_failures(trial_dir)
+        if lost and outcome.kind in ("ok", "verifier_error", "no_reward"):
+            # Graded without the agent's change (environments carry what the agent removed as empty).
+            outcome.kind = "sandbox"
+            outcome.error = f"the agent's environment did not hand over {', '.join(lost)} for grading"
+            return
+        if outcome.kind == "ok" and (rewards or {}).get(AGENT_BROKE_VERIFIER):
+            outcome.kind = "agent_broke_verifier"
+            outcome.error = f"the agent's change broke the verifier: {broken_verifier_cause(trial_dir) or 'no cause given'}"
+            return
         if outcome.kind == "ok":
-            rewards = result.verifier_result.rewards if result.verifier_result is not None else None
             value = (rewards or {}).get(self.config.reward_key)
             if isinstance(value, int | float) and value == 0:
                 line = harness_failure(verifier_output(trial_dir))
@@ -458,6 +480,7 @@ class HarborAgentLoop:
             timings=timings,
             error=outcome.error,
             failure_kind="" if outcome.kind == "ok" else outcome.kind,
+            tells=self._tells(outcome),
         )
 
     def _failed(self, outcome: _Attempt, history: list[AttemptRecord], retried_wall: float) -> AgentResult:
@@ -478,7 +501,12 @@ class HarborAgentLoop:
             failed=True,
             failure_kind=outcome.kind,
             error=f"harbor trial failed after {len(history)} attempt(s): {summary}",
+            tells=self._tells(outcome),
         )
+
+    @staticmethod
+    def _tells(outcome: _Attempt) -> dict[str, float]:
+        return tells(outcome.result, outcome.trial_dir) if outcome.trial_dir is not None else {}
 
     def _cleanup(self, outcome: _Attempt) -> None:
         if not self.config.keep_trial_dirs and outcome.trial_dir is not None:

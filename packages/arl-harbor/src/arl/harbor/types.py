@@ -35,6 +35,7 @@ FailureKind = Literal[
     "verifier_error",
     "verifier_network",
     "verifier_harness",
+    "agent_broke_verifier",
     "no_reward",
     "harbor_error",
     "invalid_task",
@@ -85,6 +86,11 @@ class FailurePolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # not found`, `No module named pytest`): the 0 says nothing about the solution. Deterministic for the
     # task/environment pair, so dropped; fix the task's environment (its image or local_setup.sh).
     verifier_harness: Action = "drop"
+    # The verifier could not produce a reward because of the agent's change (a SWE grader that ran its own
+    # harness fine before applying the change, then got no report, a crash or a timeout from the tests):
+    # the agent's failure, kept with reward 0.0 — never retried or dropped, or breaking the verifier would
+    # be the cheapest way to avoid a 0.
+    agent_broke_verifier: Action = "zero"
     # The trial ended without an exception but without the configured reward key.
     no_reward: Action = "retry"
     # Harbor refused an operation for good (e.g. unsupported by the environment).

@@ -57,6 +57,8 @@ class RolloutStats:
         # "agent_timeout" kept, "context_length" zeroed) by kind.
         self.failed_by_kind: Counter[str] = Counter()
         self.kept_by_kind: Counter[str] = Counter()
+        # Trials in which the grading saw each sign of reward hacking (AgentResult.tells), failed or kept.
+        self.tells: Counter[str] = Counter()
         # Sum and count of each agent-loop phase timing (e.g. Harbor's "agent_execution"), in seconds.
         self.phase_seconds: Counter[str] = Counter()
         self.phase_count: Counter[str] = Counter()
@@ -78,6 +80,7 @@ class RolloutStats:
     def record(self, result: AgentResult) -> None:
         """Count one trajectory's failure kind and phase timings."""
         self.proxy_dropped_turns += result.dropped_turns
+        self.tells.update(name for name, value in result.tells.items() if value > 0)
         if result.failed:
             self.failed_by_kind[result.failure_kind or "unknown"] += 1
         else:
@@ -100,12 +103,13 @@ class RolloutStats:
         self.sampled_tokens += trained if sampled_tokens is None else sampled_tokens
 
     def as_dict(self) -> dict[str, object]:
-        skip = {"started_at", "_extra", "failed_by_kind", "kept_by_kind", "phase_seconds", "phase_count"}
+        skip = {"started_at", "_extra", "failed_by_kind", "kept_by_kind", "tells", "phase_seconds", "phase_count"}
         extra = dict(self._extra()) if self._extra is not None else {}
         return {k: v for k, v in vars(self).items() if k not in skip} | {
             "elapsed_s": time.monotonic() - self.started_at,
             "failed_by_kind": dict(self.failed_by_kind),
             "kept_by_kind": dict(self.kept_by_kind),
+            "tells": dict(self.tells),
             "phase_mean_s": {k: self.phase_seconds[k] / self.phase_count[k] for k in self.phase_count},
             "segments_per_trajectory": self.segments / self.trajectories if self.trajectories else 0.0,
             # 1.0 when every sampled token is trained (segments on); lower when a rewrite lost some.

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arl.harbor.swe import mutate, sources, venvs
-from arl.harbor.swe.issue import write_issue
+from arl.harbor.swe.issue import task_paths, write_issue
 from arl.harbor.swe.packages import PackageSpec
 from arl.harbor.swe.runner import run_pytest
 from arl.harbor.swe.validate import Baseline, classify, source_modules, mapped_test_files
@@ -115,6 +115,8 @@ def build_package(spec: PackageSpec, out: Path, cache: Path, *, max_tasks: int, 
         finally:
             path.write_text(original)
             workers.put(worker)
+        # The issue text shows the task's own paths, never the builder's cache or venv.
+        run.messages = {k: task_paths(v, testbed=worker, venv=venv) for k, v in run.messages.items()}
         return classify(base_passed, run), run
 
     records: list[TaskRecord] = []

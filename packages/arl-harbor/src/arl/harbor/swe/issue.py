@@ -8,7 +8,11 @@ function is not named either, only what the tests show.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+# Where the task image keeps what the builder's venv holds: Debian's python3 with pytest and the test deps
+# installed system-wide by pip (arl-swe-base's build, the task Dockerfile's RUN step).
+IMAGE_SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
 _MAX_FAILING_LISTED = 10
 _MAX_EXCERPTS = 2
 _MAX_EXCERPT_LINES = 30
@@ -21,6 +25,22 @@ def _excerpt(text: str) -> str:
     if len(lines) > _MAX_EXCERPT_LINES:
         lines = ["..."] + lines[-_MAX_EXCERPT_LINES:]
     return "\n".join(lines)
+
+
+def task_paths(text: str, *, testbed: Path, venv: Path) -> str:
+    """`text` (pytest's output on the builder's host) with the host's paths as the task sees them: the
+    worker's copy of the source as /testbed, the builder's venv as the image's interpreter and site dir."""
+    replacements: dict[str, str] = {}
+    for path in {venv, venv.resolve()}:
+        for site in sorted(path.glob("lib/python3*/site-packages")):
+            replacements[str(site)] = IMAGE_SITE_PACKAGES
+        replacements[str(path / "bin")] = "/usr/bin"
+        replacements[str(path)] = "/usr"
+    for path in {testbed, testbed.resolve()}:
+        replacements[str(path)] = "/testbed"
+    for host in sorted(replacements, key=len, reverse=True):  # the longest first: site-packages before venv
+        text = text.replace(host, replacements[host])
+    return text
 
 
 def write_issue(package: str, version: str, fail_to_pass: list[str], messages: dict[str, str],

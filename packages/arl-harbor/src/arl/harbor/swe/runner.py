@@ -19,7 +19,7 @@ from pathlib import Path
 TASK_FILES = Path(__file__).with_name("task_files")
 
 
-def _own_config(testbed: Path) -> Path | None:
+def own_config(testbed: Path) -> Path | None:
     """The testbed's pytest config file, found as pytest looks in the rootdir (None: it has none)."""
     markers = {"pytest.ini": None, ".pytest.ini": None, "pyproject.toml": ("[tool.pytest.ini_options]", "[tool.pytest]"),
                "tox.ini": ("[pytest]",), "setup.cfg": ("[tool:pytest]",)}
@@ -56,7 +56,7 @@ def run_pytest(testbed: Path, python: str | Path, *, src_root: str = ".", files:
                    PYTHONPATH=f"{TASK_FILES}:{(testbed / src_root).resolve()}")
         # Pin the rootdir and config to the testbed's own: pytest would otherwise search the folders above
         # it (on the host, this project's own pyproject.toml) when the package ships no config.
-        config = _own_config(testbed)
+        config = own_config(testbed)
         if config is None:
             config = Path(tmp) / "pytest.ini"
             config.write_text("[pytest]\n")

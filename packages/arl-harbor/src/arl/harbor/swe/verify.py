@@ -43,16 +43,23 @@ class TaskCheck:
         return not self.problems
 
 
+def host_grading_env(task: Path, testbed: Path, logs: Path, python: Path) -> dict[str, str]:
+    """The environment that runs a task's tests/test.sh on the host instead of its grading environment:
+    the testbed and logs given, the set's venv of the package (the sandbox binds it at /arl/venv), the
+    task's own testbed as the base copy, and pytest run as the caller (no user of its own to drop to)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env.update(ARL_SWE_TESTBED=str(testbed), ARL_SWE_LOGS=str(logs), ARL_SWE_PYTHON=str(python),
+               ARL_SWE_BASE=str(task / "environment" / "testbed"), ARL_SWE_RUNNER_UID="")
+    return env
+
+
 def run_scenario(task: Path, python: Path, scenario: str, config: dict) -> tuple[dict | None, str]:
     """Run one scenario ("oracle", "untouched", "edit_tests") in a temp copy of the task's testbed: the
     verifier's reward.json (None: it wrote none) and why not."""
     with tempfile.TemporaryDirectory(prefix="arl-swe-verify-") as tmp:
         testbed, logs = Path(tmp) / "testbed", Path(tmp) / "logs"
         shutil.copytree(task / "environment" / "testbed", testbed, symlinks=True)
-        env = {**os.environ, "ARL_SWE_TESTBED": str(testbed), "ARL_SWE_LOGS": str(logs),
-               "ARL_SWE_PYTHON": str(python)}  # the set's venv of the package (the sandbox binds it at /arl/venv)
-        for key in ("VIRTUAL_ENV", "PYTHONPATH"):
-            env.pop(key, None)
+        env = host_grading_env(task, testbed, logs, python)
         if scenario == "oracle":
             proc = subprocess.run(["bash", str(task / "solution" / "solve.sh")], env=env, capture_output=True,
                                   text=True, timeout=_RUN_TIMEOUT_SEC)

@@ -1,10 +1,13 @@
-"""Write one SWE task as an ordinary Harbor task dir (the layout of /work/coord/SWE_CONTRACT.md).
+"""Write one SWE task as an ordinary Harbor task dir (the layout in arl.harbor.swe's README).
 
-<task>/task.toml, instruction.md; environment/Dockerfile (FROM arl-swe-base:bookworm, testbed at
-/testbed, the package's extra test wheels installed offline), environment/testbed/ (the buggy source, a
-git repo with one commit), environment/wheels/, environment/local_binds.json + local_setup.sh (the local sandbox's
-stand-in for the Dockerfile: the package's venv bound at /arl/venv); tests/test.sh, tests/config.json, tests/plugin/ (the report plugin and scorer),
-tests/pristine/ (the test files restored before grading); solution/fix.patch + solve.sh (the oracle).
+<task>/task.toml (graded in a separate, clean environment: Harbor's separate verifier mode, the agent's
+/testbed carried as an artifact), instruction.md; environment/Dockerfile (FROM arl-swe-base:bookworm, the
+testbed at /testbed and a base copy at /arl/base, the package's extra test wheels installed offline),
+environment/testbed/ (the buggy source, a git repo with one commit), environment/wheels/,
+environment/local_binds.json + local_setup.sh (the local sandbox's stand-in for the Dockerfile: the
+package's venv bound at /arl/venv, the testbed at /arl/base); tests/test.sh (the grader), tests/config.json,
+tests/plugin/ (the change grader, the report plugin, the scorer, an empty pytest config);
+solution/fix.patch + solve.sh (the oracle).
 """
 
 from __future__ import annotations
@@ -17,12 +20,11 @@ import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from arl.harbor.swe.packages import PackageSpec
-from arl.harbor.swe.runner import TASK_FILES
-from arl.harbor.swe.validate import is_test_path
+from arl.harbor.swe.runner import TASK_FILES, own_config
 
 BASE_IMAGE = "arl-swe-base:bookworm"
 AGENT_TIMEOUT_SEC = 1800.0
@@ -30,7 +32,10 @@ VERIFIER_TIMEOUT_SEC = 300.0
 BUILD_TIMEOUT_SEC = 600.0
 MEMORY_MB = 2048
 SANDBOX_VENV = "/arl/venv"  # where the local sandbox binds the package's venv (environment/local_binds.json)
-_ROOT_CONFIG_FILES = ("pytest.ini", "setup.cfg", "tox.ini", "pyproject.toml", "conftest.py")
+# The repository as built, read-only in the grading environment: what the agent's change is measured against.
+BASE_DIR = "/arl/base"
+# The grader's files, copied into tests/plugin/.
+PLUGIN_FILES = ("arl_swe_report.py", "score.py", "grade_change.py", "pytest.ini")
 _GIT_ENV = {"GIT_AUTHOR_NAME": "arl", "GIT_AUTHOR_EMAIL": "arl@localhost", "GIT_COMMITTER_NAME": "arl",
             "GIT_COMMITTER_EMAIL": "arl@localhost", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
             "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
@@ -67,25 +72,6 @@ def unified_patch(rel: str, before: str, after: str) -> str:
     return "".join(out)
 
 
-def pristine_test_files(root: Path, test_files: list[str]) -> list[str]:
-    """What test.sh restores: the test files, everything in test dirs, every conftest.py, root configs."""
-    keep = set(test_files)
-    for path in root.rglob("*"):
-        if not path.is_file() or ".git" in path.parts:
-            continue
-        rel = path.relative_to(root).as_posix()
-        parts = PurePosixPath(rel).parts
-        if "__pycache__" in parts:
-            continue
-        if path.name == "conftest.py" or any(p in ("tests", "test") for p in parts[:-1]):
-            keep.add(rel)
-        elif len(parts) == 1 and rel in _ROOT_CONFIG_FILES:
-            keep.add(rel)
-        elif is_test_path(rel) and rel in test_files:
-            keep.add(rel)
-    return sorted(keep)
-
-
 def _write(path: Path, text: str, mode: int | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -113,7 +99,7 @@ def write_task(task_dir: Path, *, record: TaskRecord, spec: PackageSpec, pristin
 
     q = shlex.quote
     wheels = sorted(wheelhouse.glob("*.whl")) if wheelhouse else []
-    docker = [f"FROM {BASE_IMAGE}", "COPY testbed /testbed"]
+    docker = [f"FROM {BASE_IMAGE}", "COPY testbed /testbed", f"COPY testbed {BASE_DIR}"]
     if wheels:
         (env_dir / "wheels").mkdir(parents=True)
         for w in wheels:
@@ -126,10 +112,11 @@ def write_task(task_dir: Path, *, record: TaskRecord, spec: PackageSpec, pristin
     docker += [f"ENV PYTHONPATH={src_path}", f"ENV PATH={SANDBOX_VENV}/bin:$PATH", "WORKDIR /testbed", ""]
     _write(env_dir / "Dockerfile", "\n".join(docker))
     # The local sandbox honours the Dockerfile's COPY and ENV itself; the package's venv (Debian's python3.11,
-    # pytest, the test deps) is bound read-only at /arl/venv (arl.harbor.environment's local_binds.json,
-    # relative to environment/, so the set can move), and local_setup.sh stands in for the RUN step.
+    # pytest, the test deps) is bound read-only at /arl/venv and the testbed at /arl/base (a bind stands in
+    # for the COPY of the same path; arl.harbor.environment's local_binds.json, relative to environment/,
+    # so the set can move), and local_setup.sh stands in for the RUN step.
     rel_venv = os.path.relpath(venv_dir, env_dir)
-    _write(env_dir / "local_binds.json", json.dumps({SANDBOX_VENV: rel_venv}) + "\n")
+    _write(env_dir / "local_binds.json", json.dumps({SANDBOX_VENV: rel_venv, BASE_DIR: "testbed"}) + "\n")
     _write(env_dir / "local_setup.sh", f"""#!/bin/bash
 # Stand-in for the Dockerfile's RUN steps in arl's local (unshare) sandbox: the testbed is already at
 # /testbed (the Dockerfile's COPY) and the package's venv is bound at {SANDBOX_VENV} (local_binds.json), so
@@ -140,13 +127,11 @@ set -e
 """, 0o755)
 
     tests_dir = task_dir / "tests"
-    for rel in pristine_test_files(pristine_root, record.test_files):
-        dest = tests_dir / "pristine" / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(pristine_root / rel, dest)
     (tests_dir / "plugin").mkdir(parents=True, exist_ok=True)
-    for name in ("arl_swe_report.py", "score.py"):
+    for name in PLUGIN_FILES:
         shutil.copy2(TASK_FILES / name, tests_dir / "plugin" / name)
+    config_file = own_config(testbed)
+    pytest_config = config_file.relative_to(testbed).as_posix() if config_file is not None else ""
     test_sh = (TASK_FILES / "test.sh").read_text()
     # A bug can make the suite much slower than at baseline (its validation run shows how slow): the
     # verifier gets 10x that run, at least VERIFIER_TIMEOUT_SEC, and pytest 30 s less.
@@ -158,13 +143,15 @@ set -e
         "@PYTEST_ARGS@": " ".join(q(a) for a in spec.pytest_args),
         "@PYTEST_TIMEOUT_SEC@": str(pytest_timeout),
         "@VENV_PYTHON@": q(f"{SANDBOX_VENV}/bin/python"),
+        "@BASE_DIR@": BASE_DIR,
+        "@PYTEST_CONFIG@": q(pytest_config),
     }.items():
         test_sh = test_sh.replace(key, value)
     _write(tests_dir / "test.sh", test_sh, 0o755)
     config = {"fail_to_pass": record.fail_to_pass, "pass_to_pass": record.pass_to_pass,
               "package": spec.name, "version": spec.version, "module": record.module,
               "function": record.function, "operator": record.operator, "test_files": record.test_files,
-              "src_root": spec.src_root, "pytest_args": list(spec.pytest_args)}
+              "src_root": spec.src_root, "pytest_args": list(spec.pytest_args), "pytest_config": pytest_config}
     _write(tests_dir / "config.json", json.dumps(config, indent=1) + "\n")
 
     _write(task_dir / "solution" / "fix.patch", unified_patch(record.module, buggy_text, original))
@@ -176,7 +163,10 @@ cd "${ARL_SWE_TESTBED:-/testbed}"
 patch -p1 --forward --batch < "$SOLUTION_DIR/fix.patch"
 """, 0o755)
     _write(task_dir / "instruction.md", instruction)
+    # Graded in a separate environment from the same image: the agent's /testbed is carried there after
+    # every process of the agent's environment ended (Harbor's separate verifier mode).
     _write(task_dir / "task.toml", f"""schema_version = "1.4"
+artifacts = ["/testbed"]
 
 [metadata]
 package = {json.dumps(spec.name)}
@@ -188,6 +178,7 @@ category = "swe"
 
 [verifier]
 timeout_sec = {verifier_timeout}
+environment_mode = "separate"
 
 [agent]
 timeout_sec = {AGENT_TIMEOUT_SEC}

@@ -1,7 +1,10 @@
-"""Scores an arl SWE task (run by tests/test.sh):
+"""Scores an arl SWE task (run by tests/test.sh, as root):
 
-    score.py CONFIG REPORT REWARD_JSON [RERUN_REPORT]   # write the reward
+    score.py CONFIG REPORT REWARD_JSON CHANGE_JSON [RERUN_REPORT]   # write the reward
     score.py --to-rerun CONFIG REPORT                   # print the PASS_TO_PASS ids worth one rerun
+    score.py --take-report SOURCE DEST                  # copy the runner's report out, checked
+    score.py --refused CHANGE_JSON REWARD_JSON          # reward 0: grade_change.py refused the change
+    score.py --broken REASON REWARD_JSON                # reward 0: the change broke the verifier
 
 reward = 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passed, else 0.0; the pass fractions of each
 list are extra keys. A listed test that did not run (e.g. its module no longer imports) counts as failed.
@@ -12,12 +15,19 @@ when every FAIL_TO_PASS test passed and at most MAX_RERUN PASS_TO_PASS tests fai
 once more and a pass there counts (`pass_to_pass_rerun`: how many were rerun, `pass_to_pass_flaky`: how
 many passed on the rerun). A solution that really breaks a test fails it twice; one that breaks many is
 never rerun.
+
+Besides the reward, reward.json says how the change was graded, as numbers (Harbor's rewards are a map of
+numbers): `protected_touched` (paths grade_change.py put back), `change_refused`, `agent_broke_verifier`.
+The runner's report is written by a process running the agent's code: it is read without following links,
+bounded in size and checked in shape; anything else is a verifier the change broke.
 """
 
 import json
+import os
 import sys
 
 MAX_RERUN = 3
+_REPORT_LIMIT = 64 * 1024 * 1024
 
 
 def _load(path):
@@ -37,6 +47,30 @@ def to_rerun(config, outcomes):
     return failed if len(failed) <= MAX_RERUN else []
 
 
+def take_report(source, dest):
+    """Copy the runner's report to `dest` when it is a plain JSON file of the plugin's shape; False if not."""
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(_REPORT_LIMIT + 1)
+    try:
+        data = json.loads(raw) if len(raw) <= _REPORT_LIMIT else None
+    except ValueError:
+        data = None
+    if not (isinstance(data, dict) and isinstance(data.get("tests"), dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in data["tests"].items())):
+        return False
+    with open(dest, "w") as f:
+        json.dump(data, f)
+    return True
+
+
+def protected_touched(change):
+    return float(len(change.get("restored") or {}) + len(change.get("deleted") or {}))
+
+
 def score(config, outcomes, rerun_outcomes=None):
     rerun = to_rerun(config, outcomes) if rerun_outcomes is not None else []
     flaky = {i for i in rerun if rerun_outcomes.get(i) == "passed"}
@@ -52,18 +86,33 @@ def score(config, outcomes, rerun_outcomes=None):
     return {"reward": 1.0 if all_passed else 0.0, **result}
 
 
+def _write(path, reward):
+    with open(path, "w") as f:
+        json.dump(reward, f)
+    print(json.dumps(reward))
+
+
 def main() -> int:
     if sys.argv[1] == "--to-rerun":
         config, report = sys.argv[2:4]
         for node_id in to_rerun(_load(config), _load(report)["tests"]):
             print(node_id)
         return 0
-    config_path, report_path, reward_path = sys.argv[1:4]
-    rerun_outcomes = _load(sys.argv[4])["tests"] if len(sys.argv) > 4 else None
+    if sys.argv[1] == "--take-report":
+        return 0 if take_report(sys.argv[2], sys.argv[3]) else 1
+    if sys.argv[1] == "--refused":
+        change = _load(sys.argv[2])
+        print(f"the change is refused: {change.get('refused')}", file=sys.stderr)
+        _write(sys.argv[3], {"reward": 0.0, "change_refused": 1.0, "protected_touched": protected_touched(change)})
+        return 0
+    if sys.argv[1] == "--broken":
+        _write(sys.argv[3], {"reward": 0.0, "agent_broke_verifier": 1.0})
+        return 0
+    config_path, report_path, reward_path, change_path = sys.argv[1:5]
+    rerun_outcomes = _load(sys.argv[5])["tests"] if len(sys.argv) > 5 else None
     reward = score(_load(config_path), _load(report_path)["tests"], rerun_outcomes)
-    with open(reward_path, "w") as f:
-        json.dump(reward, f)
-    print(json.dumps(reward))
+    reward["protected_touched"] = protected_touched(_load(change_path))
+    _write(reward_path, reward)
     return 0
 
 

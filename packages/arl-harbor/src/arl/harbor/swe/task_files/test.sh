@@ -1,60 +1,99 @@
 #!/bin/bash
-# Verifier of an arl SWE task (written by `python -m arl.harbor.swe build`): restores the pristine test
-# files over the testbed, runs the FAIL_TO_PASS + PASS_TO_PASS tests with pytest and writes
-# reward.json = {"reward": 1.0 iff all listed tests passed, "fail_to_pass": ..., "pass_to_pass": ...}.
-# A few PASS_TO_PASS tests that fail when every FAIL_TO_PASS test passed run once more (flakes; score.py).
-# When the harness itself cannot run (no python/pytest, no report, a timeout) it writes NO reward file
-# and exits non-zero naming the cause: a verifier failure, never a reward of 0.
-# Overrides for running it outside the task image: ARL_SWE_PYTHON, ARL_SWE_TESTBED, ARL_SWE_LOGS.
+# Grader of an arl SWE task (written by `python -m arl.harbor.swe build`). It runs as root in a clean
+# environment started from the task's image after the agent's environment is gone (Harbor's separate
+# verifier mode); the agent's /testbed was carried into it. In order:
+#   1. the harness must run before the change is looked at (python, pytest, the base copy): when it
+#      cannot, NO reward file and exit 3 (an infrastructure failure, retried);
+#   2. grade_change.py keeps only what a fix may touch and puts the rest back as in the base, or refuses
+#      the change (reward 0, change_refused);
+#   3. pytest runs the FAIL_TO_PASS + PASS_TO_PASS tests as an unprivileged user that can write nothing
+#      here but its own report folder, with its config, rootdir and plugins pinned and `python -P` (no
+#      current-dir imports); every process of that user is killed before the report is read;
+#   4. score.py writes reward.json = {"reward": 1.0 iff all listed tests passed, ...}. A few PASS_TO_PASS
+#      failures when every FAIL_TO_PASS test passed are rerun once (flakes).
+# After step 1 nothing but the agent's change differs from a correct run, so a verifier the change broke
+# (no report, a crash, a timeout) scores 0.0 with agent_broke_verifier = 1 and the cause on stderr.
+# Overrides for running it outside the task image: ARL_SWE_PYTHON, ARL_SWE_TESTBED, ARL_SWE_BASE,
+# ARL_SWE_LOGS, ARL_SWE_RUNNER_UID (default 65534; "" runs pytest as the caller).
 set -u
 TESTS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TESTBED="${ARL_SWE_TESTBED:-/testbed}"
+BASE="${ARL_SWE_BASE:-@BASE_DIR@}"
 LOGS="${ARL_SWE_LOGS:-/logs/verifier}"
+RUNNER_UID="${ARL_SWE_RUNNER_UID-65534}"
 SRC_ROOT=@SRC_ROOT@
+PYTEST_CONFIG=@PYTEST_CONFIG@
 TEST_FILES=(@TEST_FILES@)
 PYTEST_ARGS=(@PYTEST_ARGS@)
 PYTEST_TIMEOUT_SEC=@PYTEST_TIMEOUT_SEC@
 fail() { echo "arl-swe verifier cannot run: $*" >&2; exit 3; }
 
-# The interpreter: an explicit one, else the package's venv bound by the local sandbox, else python3 (image).
+# 1. The harness, checked from / before the change can matter.
 PY=""
 for cand in "${ARL_SWE_PYTHON:-}" @VENV_PYTHON@ python3; do
   [ -n "$cand" ] || continue
-  if [ -x "$cand" ] || command -v "$cand" >/dev/null 2>&1; then PY="$cand"; break; fi
+  if [ -x "$cand" ] || command -v "$cand" >/dev/null 2>&1; then PY="$(command -v "$cand")"; break; fi
 done
 [ -n "$PY" ] || fail "no python interpreter found"
-(cd / && "$PY" -c "import pytest") >/dev/null 2>&1 || fail "pytest is not importable by $PY"
-[ -d "$TESTBED" ] || fail "no testbed at $TESTBED"
+(cd / && "$PY" -I -c "import pytest") >/dev/null 2>&1 || fail "pytest is not importable by $PY"
+[ -d "$BASE" ] || fail "no base copy of the repository at $BASE"
 mkdir -p "$LOGS" || fail "cannot create $LOGS"
+chown 0:0 "$LOGS" 2>/dev/null; chmod 755 "$LOGS" || fail "cannot protect $LOGS"
+RUN_AS=()
+if [ -n "$RUNNER_UID" ]; then
+  command -v setpriv >/dev/null 2>&1 || fail "no setpriv to drop privileges"
+  RUN_AS=(setpriv "--reuid=$RUNNER_UID" "--regid=$RUNNER_UID" --clear-groups --)
+  "${RUN_AS[@]}" "$PY" -I -c "import pytest" >/dev/null 2>&1 || fail "pytest is not importable by uid $RUNNER_UID"
+fi
+REPORT_DIR="$(mktemp -d /tmp/arl-swe-report.XXXXXX)" || fail "cannot create a report folder"
+[ -z "$RUNNER_UID" ] || chown "$RUNNER_UID:$RUNNER_UID" "$REPORT_DIR" || fail "cannot hand $REPORT_DIR to the runner"
 
-# Undo any edit to the tests: pristine copies back, conftest.py files the package does not ship removed.
-cp -a "$TESTS_DIR/pristine/." "$TESTBED/" || fail "cannot restore the pristine tests into $TESTBED"
-while IFS= read -r -d '' f; do
-  rel="${f#"$TESTBED"/}"
-  [ -f "$TESTS_DIR/pristine/$rel" ] || rm -f "$f"
-done < <(find "$TESTBED" -name conftest.py -not -path '*/.git/*' -print0)
-find "$TESTBED" -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null
-
-REPORT="$LOGS/pytest_report.json"
-RERUN_REPORT="$LOGS/pytest_rerun_report.json"
-rm -f "$REPORT" "$RERUN_REPORT" "$LOGS/reward.json"
-cd "$TESTBED" || fail "cannot enter $TESTBED"
-run_pytest() {  # run_pytest REPORT LOG ARGS...: pytest with the report plugin; fails the verifier on a timeout
-  local report="$1" log="$2"; shift 2
-  ARL_SWE_REPORT="$report" PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$TESTS_DIR/plugin:$TESTBED/$SRC_ROOT" \
-    timeout -k 5 "$PYTEST_TIMEOUT_SEC" "$PY" -m pytest -p arl_swe_report -p no:cacheprovider -q --tb=short \
-    "${PYTEST_ARGS[@]}" "$@" >"$log" 2>&1
-  local rc=$?
-  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then fail "pytest timed out after ${PYTEST_TIMEOUT_SEC}s (see $log)"; fi
-  [ -s "$report" ] || fail "pytest (exit $rc) wrote no report; see $log"
+broke() {  # the agent's change made the verifier fail: a kept 0, with the cause
+  echo "arl-swe verifier: the agent's change broke the verifier: $*" >&2
+  "$PY" -I "$TESTS_DIR/plugin/score.py" --broken "$*" "$LOGS/reward.json" || fail "scoring failed"
+  exit 0
 }
-run_pytest "$REPORT" "$LOGS/pytest.log" "${TEST_FILES[@]}"
-RERUN_IDS="$(cd / && "$PY" "$TESTS_DIR/plugin/score.py" --to-rerun "$TESTS_DIR/config.json" "$REPORT")" \
+
+# 2. The change: only what a fix may touch.
+[ -d "$TESTBED" ] || mkdir -p "$TESTBED"  # the agent removed it: an empty change, graded as such
+"$PY" -I "$TESTS_DIR/plugin/grade_change.py" "$TESTS_DIR/config.json" "$BASE" "$TESTBED" "$LOGS/change.json"
+rc=$?
+if [ "$rc" -eq 10 ]; then
+  "$PY" -I "$TESTS_DIR/plugin/score.py" --refused "$LOGS/change.json" "$LOGS/reward.json" || fail "scoring failed"
+  exit 0
+fi
+[ "$rc" -eq 0 ] || fail "grade_change.py exited $rc"
+# Nothing of the runner's may write the tree it tests (a test could rewrite a test file not yet collected).
+chown -R 0:0 "$TESTBED" && chmod -R u+rwX,go+rX,go-w "$TESTBED" || fail "cannot protect $TESTBED"
+
+# 3. pytest, as the runner user, pinned.
+CONFIG_ARGS=(-c "$TESTS_DIR/plugin/pytest.ini")
+[ -z "$PYTEST_CONFIG" ] || CONFIG_ARGS=(-c "$TESTBED/$PYTEST_CONFIG")
+kill_runner() {  # every process the tests left behind
+  [ -z "$RUNNER_UID" ] || "${RUN_AS[@]}" "$PY" -I -c "import os, signal; os.kill(-1, signal.SIGKILL)" 2>/dev/null
+}
+run_pytest() {  # run_pytest REPORT LOG ARGS...: the tests, their report copied out by root
+  local report="$1" log="$2"; shift 2
+  rm -f "$REPORT_DIR/report.json"
+  (cd "$TESTBED" && "${RUN_AS[@]}" env -u PYTEST_ADDOPTS -u PYTEST_PLUGINS -u PYTHONSTARTUP -u PYTHONHOME \
+    -u BASH_ENV HOME="$REPORT_DIR" ARL_SWE_REPORT="$REPORT_DIR/report.json" PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONPATH="$TESTS_DIR/plugin:$TESTBED/$SRC_ROOT" \
+    timeout -k 5 "$PYTEST_TIMEOUT_SEC" "$PY" -P -m pytest -p arl_swe_report -p no:cacheprovider \
+    "--rootdir=$TESTBED" "${CONFIG_ARGS[@]}" -q --tb=short "${PYTEST_ARGS[@]}" "$@") >"$log" 2>&1
+  local rc=$?
+  kill_runner
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then broke "pytest timed out after ${PYTEST_TIMEOUT_SEC}s (see $log)"; fi
+  "$PY" -I "$TESTS_DIR/plugin/score.py" --take-report "$REPORT_DIR/report.json" "$report" \
+    || broke "pytest (exit $rc) left no readable report (see $log)"
+}
+run_pytest "$LOGS/pytest_report.json" "$LOGS/pytest.log" "${TEST_FILES[@]}"
+RERUN_IDS="$("$PY" -I "$TESTS_DIR/plugin/score.py" --to-rerun "$TESTS_DIR/config.json" "$LOGS/pytest_report.json")" \
   || fail "scoring failed"
-SCORE_ARGS=("$TESTS_DIR/config.json" "$REPORT" "$LOGS/reward.json")
+SCORE_ARGS=("$TESTS_DIR/config.json" "$LOGS/pytest_report.json" "$LOGS/reward.json" "$LOGS/change.json")
 if [ -n "$RERUN_IDS" ]; then
   mapfile -t RERUN <<<"$RERUN_IDS"
-  run_pytest "$RERUN_REPORT" "$LOGS/pytest_rerun.log" "${RERUN[@]}"
-  SCORE_ARGS+=("$RERUN_REPORT")
+  run_pytest "$LOGS/pytest_rerun_report.json" "$LOGS/pytest_rerun.log" "${RERUN[@]}"
+  SCORE_ARGS+=("$LOGS/pytest_rerun_report.json")
 fi
-(cd / && "$PY" "$TESTS_DIR/plugin/score.py" "${SCORE_ARGS[@]}") || fail "scoring failed"
+# 4. The reward.
+"$PY" -I "$TESTS_DIR/plugin/score.py" "${SCORE_ARGS[@]}" || fail "scoring failed"
