@@ -117,7 +117,7 @@ def test_swe_preset_config_on_this_cpu(tmp_path: Path, monkeypatch: pytest.Monke
     assert binds == {"/arl/venv": str((task_set / "_venvs" / "x").resolve())}  # still the set's venv
     h = harbor_config(config)
     assert h.environment_import_path == "arl.harbor.environment:LocalSandboxEnvironment"
-    assert str(task_set.resolve()).strip("/") in h.environment_kwargs["system_dirs"]
+    assert "system_dirs" not in h.environment_kwargs  # nothing of the set is visible in the sandbox
     assert h.agent_import_path == "arl.harbor.shell_agent:ShellAgent"  # swe.toml's agent, kept
     with pytest.raises(ConfigError, match="swe.env"):
         swe_preset.load_swe_config(None, ["swe.env=podman", f"output.dir={out}"], log=lambda _: None)

@@ -82,7 +82,6 @@ def tokenizer_for_checks():
 
 async def main_async(args: argparse.Namespace) -> int:
     from arl.harbor.agents.checks import run_check
-    from arl.harbor.environment import DEFAULT_SYSTEM_DIRS
 
     task_set = args.task_set.absolute()
     tasks = load_tasks(task_set)

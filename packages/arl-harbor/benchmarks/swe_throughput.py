@@ -20,6 +20,12 @@ cgroup's cpuacct; any container of the daemon, so another user's containers coun
 and their sum per trial. Images are built before the first docker wave
 (`arl.harbor.docker_environment.build_task_image`) so no wave pays a build.
 
+--grading: `separate` (the tasks as built: graded in a clean environment from the task's image after the
+agent's environment is stopped), `shared` (a copy of the set whose task.toml drops the separate verifier
+mode and the /testbed artifact: the same grader runs in the agent's own environment, as tasks were graded
+before; what `separate` costs on top of it is the second environment and the carried testbed), in the
+order given, each with every env.
+
 --envs: `local` (arl's sandbox), `docker` (arl's DockerEnvironment: execs and copies over the Engine
 API), `docker-compose` (the same environment with `engine_api=False`: every exec and copy a `docker
 compose` CLI call, Harbor's own path), in the order given; repeating one (`docker-compose,docker,local,
@@ -143,6 +149,27 @@ def load_tasks(task_set: Path, skip: set[str]) -> list[tuple[str, Path]]:
     return [(r["id"], task_set / r["id"]) for r in rows if r["id"] not in skip]
 
 
+def shared_grading_copy(task_set: Path, tasks: list[tuple[str, Path]], work: Path) -> list[tuple[str, Path]]:
+    """Copies of `tasks` graded in the agent's own environment (no separate verifier, no artifact)."""
+    import re
+
+    out = []
+    for task_id, task_dir in tasks:
+        copy = work / "shared-set" / task_id
+        if not copy.is_dir():
+            shutil.copytree(task_dir, copy, symlinks=True)
+            binds = copy / "environment" / "local_binds.json"
+            if binds.is_file():  # relative to the task's environment/: keep pointing at the set's venvs
+                table = json.loads(binds.read_text())
+                binds.write_text(json.dumps({k: str((task_dir / "environment" / v).resolve())
+                                             for k, v in table.items()}))
+            toml = copy / "task.toml"
+            text = re.sub(r'(?m)^(artifacts = .*|environment_mode = "separate")\n', "", toml.read_text())
+            toml.write_text(text)
+        out.append((task_id, copy))
+    return out
+
+
 def harbor_fields(env: str, task_set: Path, trials_dir: Path, trial_timeout: float) -> dict[str, Any]:
     from arl.harbor.agents.checks import harbor_config_fields
 
@@ -152,10 +179,6 @@ def harbor_fields(env: str, task_set: Path, trials_dir: Path, trial_timeout: flo
     fields = harbor_config_fields("shell", base_env, trials_dir=trials_dir, trial_timeout_sec=trial_timeout)
     if env == "docker-compose":
         fields["environment_kwargs"] = {**fields.get("environment_kwargs", {}), "engine_api": False}
-    if env == "local":  # the tasks' local_setup.sh and test.sh read the testbed and venvs from the set
-        from arl.harbor.environment import DEFAULT_SYSTEM_DIRS
-
-        fields["environment_kwargs"] = {"system_dirs": [*DEFAULT_SYSTEM_DIRS, str(task_set).strip("/")]}
     fields["policy"] = {"max_attempts": 1, "retry_backoff_sec": 0.0}
     return fields
 
@@ -186,8 +209,8 @@ async def one_trial(i: int, task_id: str, task_dir: Path, fields: dict[str, Any]
 
 
 async def wave(env: str, n: int, tasks: list[tuple[str, Path]], task_set: Path, tokenizer: Any, work: Path,
-               trial_timeout: float) -> dict[str, Any]:
-    trials_dir = work / f"{env}-{n}"
+               trial_timeout: float, grading: str = "separate") -> dict[str, Any]:
+    trials_dir = work / f"{grading}-{env}-{n}"
     fields = harbor_fields(env, task_set, trials_dir, trial_timeout)
     busy0, total0 = cpu_times()
     self0, children0, daemons0, containers0 = self_cpu_s(), children_cpu_s(), daemon_cpu(), containers_cpu_s()
@@ -197,7 +220,7 @@ async def wave(env: str, n: int, tasks: list[tuple[str, Path]], task_set: Path, 
     wall = time.monotonic() - started
     busy1, total1 = cpu_times()
     out: dict[str, Any] = {
-        "env": env, "concurrency": n, "wall_s": wall, "trials_per_s": n / wall,
+        "env": env, "grading": grading, "concurrency": n, "wall_s": wall, "trials_per_s": n / wall,
         "rewards": dict(Counter(str(r["reward"]) for r in rows if not r["failed"])),
         "failed": dict(Counter(r["kind"] for r in rows if r["failed"])),
         "errors": sorted({r["error"] for r in rows if r["failed"]})[:3],
@@ -220,7 +243,7 @@ async def wave(env: str, n: int, tasks: list[tuple[str, Path]], task_set: Path, 
 
 def fmt(w: dict[str, Any]) -> str:
     ph = " | ".join(f"{w['phases'][p]['median']:.1f}/{w['phases'][p]['p90']:.1f}" for p in PHASES)
-    return (f"| {w['env']} | {w['concurrency']} | {w['trials_per_s']:.2f} | {w['wall_s']:.0f} | {ph} | "
+    return (f"| {w['env']} | {w.get('grading', 'separate')} | {w['concurrency']} | {w['trials_per_s']:.2f} | {w['wall_s']:.0f} | {ph} | "
             f"{w['rewards']} {w['failed'] or ''} | {100 * w['cpu_busy']:.0f}% / {w['loadavg']:.1f} | "
             f"{w['self_cpu_s']:.0f} | {w['children_cpu_s']:.0f} | {w['daemon_cpu_s']:.0f} | "
             f"{w['containers_cpu_s']:.0f} | **{w['cpu_s_per_trial']:.1f}** |")
@@ -243,26 +266,30 @@ async def main_async(args: argparse.Namespace) -> int:
     from arl.proxy.testing import ScriptedGenerator  # noqa: F401
 
     envs = args.envs.split(",")
+    work = Path(tempfile.mkdtemp(prefix="arl-swe-tp-", dir=args.work_dir))
+    task_lists = {g: tasks if g == "separate" else shared_grading_copy(task_set, tasks, work)
+                  for g in args.grading.split(",")}
     if any(e.startswith("docker") for e in envs):
         from arl.harbor.docker_environment import build_task_image
 
-        for _, task_dir in tasks:
-            await build_task_image(task_dir / "environment", network="none")
-    work = Path(tempfile.mkdtemp(prefix="arl-swe-tp-", dir=args.work_dir))
+        for graded_tasks in task_lists.values():
+            for _, task_dir in graded_tasks:
+                await build_task_image(task_dir / "environment", network="none")
     results = []
     print(f"# {len(tasks)} tasks of {task_set}; shell agent, oracle script; cores {os.cpu_count()}")
-    print("| env | concurrent | trials/s | wall s | environment | agent | verifier | teardown | trial | "
+    print("| env | grading | concurrent | trials/s | wall s | environment | agent | verifier | teardown | trial | "
           "rewards / failed | CPU busy / load | this process CPU s | its children CPU s | docker daemons CPU s | "
           "containers CPU s | CPU s per trial |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     try:
         for n in (int(x) for x in args.concurrency.split(",")):
-            for env in envs:
-                w = await wave(env, n, tasks, task_set, tokenizer, work, args.trial_timeout)
-                results.append(w)
-                print(fmt(w), flush=True)
-                if w["errors"]:
-                    print(f"#   errors: {w['errors']}", flush=True)
+            for grading, graded_tasks in task_lists.items():
+                for env in envs:
+                    w = await wave(env, n, graded_tasks, task_set, tokenizer, work, args.trial_timeout, grading)
+                    results.append(w)
+                    print(fmt(w), flush=True)
+                    if w["errors"]:
+                        print(f"#   errors: {w['errors']}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if args.json_out:
@@ -279,6 +306,8 @@ def main() -> int:
                              "docker-compose (the same through `docker compose` CLI calls, Harbor's path)")
     parser.add_argument("--skip", default="humanize__humanize.i18n.activate__remove_assign",
                         help="task ids left out (default: the smoke task whose oracle fails in the image)")
+    parser.add_argument("--grading", default="separate",
+                        help="comma-separated: separate (as built), shared (the verifier in the agent's environment)")
     parser.add_argument("--trial-timeout", type=float, default=1800.0)
     parser.add_argument("--work-dir", default=None, help="where trial dirs go (default: /tmp)")
     parser.add_argument("--json-out", type=Path, default=None)

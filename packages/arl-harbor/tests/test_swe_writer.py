@@ -139,3 +139,19 @@ def test_test_sh_writes_no_reward_without_its_base_copy(task, tmp_path):
                           timeout=300)
     assert proc.returncode == 3 and "no base copy" in proc.stderr
     assert not (logs / "reward.json").exists()
+
+
+def test_issue_text_shows_the_tasks_own_paths(tmp_path):
+    """Tracebacks in instruction.md name /testbed and the image's interpreter, never the builder's folders."""
+    from arl.harbor.swe.issue import IMAGE_SITE_PACKAGES, task_paths
+
+    venv, worker = tmp_path / "cache" / "venvs" / "pkg-1.0", tmp_path / "cache" / "work" / "pkg-1.0" / "w0"
+    (venv / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    worker.mkdir(parents=True)
+    text = (f"{worker}/pkg/mod.py:12: in add\n    return a - b\n"
+            f"{venv}/lib/python3.11/site-packages/_pytest/python.py:166: in pytest_pyfunc_call\n"
+            f"{venv}/bin/python -m pytest\n")
+    out = task_paths(text, testbed=worker, venv=venv)
+    assert str(tmp_path) not in out
+    assert "/testbed/pkg/mod.py:12: in add" in out
+    assert f"{IMAGE_SITE_PACKAGES}/_pytest/python.py:166" in out and "/usr/bin/python -m pytest" in out

@@ -83,9 +83,22 @@ def preset_config(overrides: list[str]) -> tuple[SwePresetConfig, list[str]]:
 
 def ensure_task_set(task_set: Path, log=print) -> Path:
     """`task_set`, first building the smoke set's packages there when it has no manifest (PyPI sdists,
-    a few minutes)."""
+    a few minutes). A set whose tasks are graded the old way (in the agent's own environment, which a
+    policy can game) is rebuilt when it is the project's smoke set, refused otherwise."""
+    from arl.harbor.swe.writer import outdated_grading
+
     if (task_set / "manifest.jsonl").is_file():
-        return task_set
+        stale = outdated_grading(task_set)
+        if not stale:
+            return task_set
+        if task_set.resolve() != SMOKE_SET.resolve():
+            raise ConfigError(
+                f"the SWE task set {task_set} grades in the agent's own environment ({len(stale)} tasks, e.g. "
+                f"{stale[0]}), which a policy can game; rebuild it: python -m arl.harbor.swe build --out {task_set}")
+        import shutil
+
+        log(f"arl: the smoke set in {task_set} grades the old way; rebuilding it")
+        shutil.rmtree(task_set)
     log(f"arl: building a SWE task set in {task_set} (python -m arl.harbor.swe build {' '.join(SMOKE_BUILD)})")
     cmd = [sys.executable, "-m", "arl.harbor.swe", "build", "--out", str(task_set), *SMOKE_BUILD]
     subprocess.run(cmd, check=True, timeout=1800)
@@ -146,14 +159,11 @@ def environment_overrides(env: str, task_set: Path) -> list[str]:
         from arl.harbor.docker_environment import DOCKER_IMPORT_PATH
 
         return [f"harbor.environment_import_path={DOCKER_IMPORT_PATH}"]
-    from arl.harbor.environment import DEFAULT_SYSTEM_DIRS, LocalSandboxEnvironment  # noqa: F401
     from arl.harbor.types import LOCAL_SANDBOX_IMPORT_PATH
 
-    # The tasks' local_setup.sh and test.sh read the testbed and the package venvs from the set's folder:
-    # it is bound read-only at its own path.
-    dirs = [*DEFAULT_SYSTEM_DIRS, str(task_set.resolve()).strip("/")]
-    return [f"harbor.environment_import_path={LOCAL_SANDBOX_IMPORT_PATH}",
-            "harbor.environment_kwargs=" + "{system_dirs = " + json.dumps(dirs) + "}"]
+    # Nothing of the set is bound into the sandbox: each task's local_binds.json binds its own testbed and
+    # the package's venv, so a trial sees no other task, no solution and no test list.
+    return [f"harbor.environment_import_path={LOCAL_SANDBOX_IMPORT_PATH}"]
 
 
 def load_swe_config(path: Path | None, overrides: list[str], mode: str | None = None, log=print):

@@ -1,6 +1,7 @@
 """Test helpers: write tiny Harbor task directories that run in the local sandbox in about a second.
 
-Also a minimal SWE task following issue 31's contract (`write_swe_task`) and, re-exported from
+Also a real SWE task of a tiny package, written by the task-set builder's writer (`write_swe_task`) and,
+re-exported from
 `arl.harbor.agents.scripts`, the scripted policies (oracle / nop / edit-tests) in each SWE agent's syntax
 (`script_completions(agent, script, task_dir)`, for `arl.proxy.testing.ScriptedGenerator`).
 
@@ -132,144 +133,24 @@ class ScriptedAgent(BaseAgent):
         )
 
 
-# ----- a minimal SWE task (issue 31's contract) ------------------------------------------------------
-
-SWE_BUGGY = '''"""A tiny calculator."""
-
-
-def add(a, b):
-    return a - b
-
-
-def mul(a, b):
-    return a * b
-'''
-SWE_FIXED = SWE_BUGGY.replace("return a - b", "return a + b")
-SWE_TESTS = '''from calc import add, mul
-
-
-def test_add():
-    assert add(2, 3) == 5
-
-
-def test_mul():
-    assert mul(2, 3) == 6
-'''
-SWE_INSTRUCTION = """`calc.add` returns wrong results.
-
-Running the test suite, `tests/test_calc.py::test_add` fails:
-
-    assert add(2, 3) == 5
-    AssertionError: assert -1 == 5
-
-`add(a, b)` should return the sum of its arguments. Fix the package in /testbed (do not change the tests).
-"""
-# The verifier's test runner: stdlib only (the local sandbox's Python has no pytest), same reward keys
-# as the contract's pytest verifier: reward 1.0 iff every listed test passes, plus the pass fractions.
-SWE_RUNNER = '''import importlib.util, json, sys, traceback
-config, out = json.load(open(sys.argv[1])), sys.argv[2]
-sys.path.insert(0, "/testbed")
-modules = {}
-def passed(node):
-    path, *names = node.split("::")
-    try:
-        if path not in modules:
-            spec = importlib.util.spec_from_file_location(path.replace("/", "_")[:-3], "/testbed/" + path)
-            modules[path] = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(modules[path])
-        obj = modules[path]
-        for name in names:
-            obj = getattr(obj() if isinstance(obj, type) else obj, name)
-        obj()
-        return True
-    except Exception:
-        traceback.print_exc()
-        return False
-f2p = [passed(n) for n in config["fail_to_pass"]]
-p2p = [passed(n) for n in config["pass_to_pass"]]
-frac = lambda xs: sum(xs) / len(xs) if xs else 1.0
-json.dump({"reward": float(all(f2p) and all(p2p)), "fail_to_pass": frac(f2p), "pass_to_pass": frac(p2p)},
-          open(out, "w"))
-print("fail_to_pass", f2p, "pass_to_pass", p2p)
-'''
-SWE_TEST_SH = """#!/bin/bash
-# Restore the pristine tests (an agent that edited them gains nothing), then run FAIL_TO_PASS + PASS_TO_PASS.
-command -v python3 >/dev/null || { echo "verifier: python3 is not installed" >&2; exit 2; }
-mkdir -p /logs/verifier
-cp -a /tests/pristine/. /testbed/
-cd /testbed && python3 /tests/run_tests.py /tests/config.json /logs/verifier/reward.json
-"""
-
-
-def _unified_patch(path: str, before: str, after: str) -> str:
-    import difflib
-
-    body = difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{path}", f"b/{path}")
-    return f"diff --git a/{path} b/{path}\n" + "".join(body)
+# ----- a real SWE task of a tiny package -------------------------------------------------------------
 
 
 def write_swe_task(
     root: Path,
-    name: str = "calc-add",
+    name: str = "tinycalc__clamp",
     *,
     base_image: str = "arl-swe-base:bookworm",
     agent_timeout_sec: float = 300.0,
     verifier_timeout_sec: float = 60.0,
-    build_timeout_sec: float = 600.0,
-    memory_mb: int = 2048,
+    venv: Path | None = None,
+    cache: Path | None = None,
 ) -> Path:
-    """Writes a minimal SWE task following issue 31's contract and returns its directory.
+    """Writes a SWE task of `arl.harbor.swe.testing`'s tinycalc package with the builder's own writer (so
+    it is graded exactly as a built set's tasks are) and returns its directory: `clamp` returns the wrong
+    bound; FAIL_TO_PASS `test_clamp_high` / `test_clamp_low`, PASS_TO_PASS `test_clamp_inside` /
+    `test_counter`. See `arl.harbor.swe.testing.write_tinycalc_task` for `venv` and `cache`."""
+    from arl.harbor.swe.testing import write_tinycalc_task
 
-    A one-module package at /testbed (a git repo of one commit) whose `add` subtracts;
-    FAIL_TO_PASS `tests/test_calc.py::test_add`, PASS_TO_PASS `tests/test_calc.py::test_mul`;
-    `solution/fix.patch` is the reverse patch. `environment/Dockerfile` builds `FROM base_image`;
-    `environment/local_setup.sh` unpacks the same testbed at /testbed in the local sandbox (the host's
-    python3 runs it; the verifier needs no pytest).
-    """
-    import base64
-    import io
-    import subprocess
-    import tarfile
-
-    task = root / name
-    env, tests, solution = task / "environment", task / "tests", task / "solution"
-    testbed = env / "testbed"
-    for d in (testbed / "calc", testbed / "tests", tests / "pristine" / "tests", solution):
-        d.mkdir(parents=True, exist_ok=True)
-    (testbed / "calc" / "__init__.py").write_text(SWE_BUGGY)
-    (testbed / "tests" / "test_calc.py").write_text(SWE_TESTS)
-    (tests / "pristine" / "tests" / "test_calc.py").write_text(SWE_TESTS)
-    git = ["git", "-C", str(testbed), "-c", "user.name=arl", "-c", "user.email=arl@localhost"]
-    subprocess.run([*git[:3], "init", "-q"], check=True, timeout=30)
-    subprocess.run([*git, "add", "-A"], check=True, timeout=30)
-    subprocess.run([*git, "commit", "-q", "-m", "testbed"], check=True, timeout=30)
-    f2p, p2p = ["tests/test_calc.py::test_add"], ["tests/test_calc.py::test_mul"]
-    (tests / "config.json").write_text(json.dumps(
-        {"fail_to_pass": f2p, "pass_to_pass": p2p, "package": "calc", "version": "0",
-         "function": "calc.add"}))
-    (tests / "run_tests.py").write_text(SWE_RUNNER)
-    patch = _unified_patch("calc/__init__.py", SWE_BUGGY, SWE_FIXED)
-    (solution / "fix.patch").write_text(patch)
-    (task / "instruction.md").write_text(SWE_INSTRUCTION)
-    (task / "task.toml").write_text(
-        f'schema_version = "1.4"\n\n[metadata]\npackage = "calc"\n\n'
-        f"[verifier]\ntimeout_sec = {float(verifier_timeout_sec)}\n\n"
-        f"[agent]\ntimeout_sec = {float(agent_timeout_sec)}\n\n"
-        f"[environment]\nbuild_timeout_sec = {float(build_timeout_sec)}\ncpus = 1\nmemory_mb = {memory_mb}\n"
-        f'workdir = "/testbed"\nnetwork_mode = "no-network"\n'
-    )
-    (env / "Dockerfile").write_text(f"FROM {base_image}\nCOPY testbed /testbed\nWORKDIR /testbed\n")
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        tar.add(testbed, arcname=".")
-    blob = base64.b64encode(buffer.getvalue()).decode()
-    (env / "local_setup.sh").write_text(
-        "#!/bin/bash\nset -e\nmkdir -p /testbed\n"
-        f"base64 -d > /tmp/testbed.tgz <<'EOF'\n{blob}\nEOF\n"
-        "tar -xzf /tmp/testbed.tgz -C /testbed && rm /tmp/testbed.tgz\n"
-    )
-    solve = "#!/bin/bash\ncd /testbed && patch -p1 < /solution/fix.patch\n"
-    for path, text in ((tests / "test.sh", SWE_TEST_SH), (solution / "solve.sh", solve)):
-        path.write_text(text)
-        path.chmod(0o755)
-    return task
+    return write_tinycalc_task(root, name=name, base_image=base_image, agent_timeout_sec=agent_timeout_sec,
+                               verifier_timeout_sec=verifier_timeout_sec, venv=venv, cache=cache)

@@ -2,6 +2,8 @@
 
 `write_tiny_package(root)` writes `tinycalc` (a flat package, tests in tests/) under `root` and returns
 its PackageSpec; its functions are rich enough for every function-level operator to apply.
+`write_tinycalc_task(root)` writes one SWE task of it with the builder's own writer (a bug in `clamp`),
+for tests of agents and of grading that need a real task without building a set.
 """
 
 from __future__ import annotations
@@ -122,3 +124,60 @@ def write_tiny_package(root: Path) -> PackageSpec:
     (root / "tests" / "test_tinycalc.py").write_text(TINY_TESTS)
     (root / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: tinycalc\nVersion: 0.0.1\n")
     return PackageSpec("tinycalc", "0.0.1")
+
+
+# The bug of the tinycalc task: `clamp` returns the other bound.
+_CLAMP_BUG = (("    if x < lo:\n        return lo", "    if x < lo:\n        return hi"),
+              ("    elif x > hi:\n        return hi", "    elif x > hi:\n        return lo"))
+TINYCALC_FAIL_TO_PASS = ["tests/test_tinycalc.py::test_clamp_high", "tests/test_tinycalc.py::test_clamp_low"]
+TINYCALC_PASS_TO_PASS = ["tests/test_tinycalc.py::test_clamp_inside", "tests/test_tinycalc.py::test_counter"]
+
+
+def write_tinycalc_task(root: Path, *, name: str = "tinycalc__clamp", base_image: str | None = None,
+                        agent_timeout_sec: float | None = None, verifier_timeout_sec: float | None = None,
+                        venv: Path | None = None, cache: Path | None = None) -> Path:
+    """A SWE task of tinycalc (its `clamp` returns the wrong bound) written by the builder's own writer
+    under `root/name`, graded exactly as a built set's tasks are; returns its directory.
+
+    `venv`: the package's test venv for the local sandbox (Debian's python3.11 with pytest), else one made
+    by `venvs.ensure_venv` under `cache` (default `$ARL_SWE_TEST_CACHE`, else `<tmp>/arl-swe-testing`;
+    pytest's wheels come from PyPI the first time). The timeouts and the image's base replace the
+    writer's when given.
+    """
+    import os
+    import re
+    import tempfile
+
+    from arl.harbor.swe import venvs
+    from arl.harbor.swe.issue import write_issue
+    from arl.harbor.swe.writer import TaskRecord, write_task
+
+    source = Path(root) / "_src" / name
+    spec = write_tiny_package(source)
+    original = (source / "tinycalc" / "__init__.py").read_text()
+    buggy = original
+    for before, after in _CLAMP_BUG:
+        buggy = buggy.replace(before, after)
+    if venv is None:
+        cache = cache or Path(os.environ.get("ARL_SWE_TEST_CACHE") or Path(tempfile.gettempdir()) / "arl-swe-testing")
+        venv = venvs.ensure_venv(spec, cache)
+    record = TaskRecord(id=name, package=spec.name, version=spec.version, module="tinycalc/__init__.py",
+                        function="clamp", operator="func_pm_ctrl_invert_if", fail_to_pass=TINYCALC_FAIL_TO_PASS,
+                        pass_to_pass=TINYCALC_PASS_TO_PASS, validate_s=0.5, test_files=["tests/test_tinycalc.py"])
+    message = "tests/test_tinycalc.py:14: in test_clamp_high\n    assert clamp(30, 0, 10) == 10\nE   assert 0 == 10"
+    instruction = write_issue(spec.name, spec.version, TINYCALC_FAIL_TO_PASS,
+                              {TINYCALC_FAIL_TO_PASS[0]: message}, len(TINYCALC_PASS_TO_PASS))
+    task = write_task(Path(root) / name, record=record, spec=spec, pristine_root=source, buggy_text=buggy,
+                      instruction=instruction, wheelhouse=None, venv_dir=Path(venv))
+    toml = task / "task.toml"
+    text = toml.read_text()
+    if agent_timeout_sec is not None:
+        text = re.sub(r"(?m)^(\[agent\]\ntimeout_sec = ).*$", rf"\g<1>{float(agent_timeout_sec)}", text)
+    if verifier_timeout_sec is not None:
+        text = re.sub(r"(?m)^(\[verifier\]\ntimeout_sec = ).*$", rf"\g<1>{float(verifier_timeout_sec)}", text)
+    toml.write_text(text)
+    if base_image is not None:
+        dockerfile = task / "environment" / "Dockerfile"
+        lines = dockerfile.read_text().splitlines(True)
+        dockerfile.write_text("".join(f"FROM {base_image}\n" if ln.startswith("FROM ") else ln for ln in lines))
+    return task

@@ -34,6 +34,8 @@ MEMORY_MB = 2048
 SANDBOX_VENV = "/arl/venv"  # where the local sandbox binds the package's venv (environment/local_binds.json)
 # The repository as built, read-only in the grading environment: what the agent's change is measured against.
 BASE_DIR = "/arl/base"
+# How the task is graded; tasks without it (or older) share the agent's environment with their verifier.
+GRADING = "clean-environment-1"
 # The grader's files, copied into tests/plugin/.
 PLUGIN_FILES = ("arl_swe_report.py", "score.py", "grade_change.py", "pytest.ini")
 _GIT_ENV = {"GIT_AUTHOR_NAME": "arl", "GIT_AUTHOR_EMAIL": "arl@localhost", "GIT_COMMITTER_NAME": "arl",
@@ -84,6 +86,18 @@ def _git_commit(testbed: Path, message: str) -> None:
     for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"],
                 ["git", "commit", "-q", "--no-gpg-sign", "-m", message]):
         subprocess.run(cmd, cwd=testbed, env=env, check=True, capture_output=True, timeout=120)
+
+
+def outdated_grading(task_set: Path) -> list[str]:
+    """The tasks of a built set that are not graded the current way (`GRADING`), by id."""
+    import tomllib
+
+    stale = []
+    for toml in sorted(task_set.glob("*/task.toml")):
+        metadata = tomllib.loads(toml.read_text()).get("metadata", {})
+        if metadata.get("arl_grading") != GRADING:
+            stale.append(toml.parent.name)
+    return stale
 
 
 def write_task(task_dir: Path, *, record: TaskRecord, spec: PackageSpec, pristine_root: Path,
@@ -175,6 +189,7 @@ module = {json.dumps(record.module)}
 function = {json.dumps(record.function)}
 operator = {json.dumps(record.operator)}
 category = "swe"
+arl_grading = {json.dumps(GRADING)}
 
 [verifier]
 timeout_sec = {verifier_timeout}
