@@ -38,3 +38,16 @@ def test_rows_go_to_jsonl_and_tensorboard(tmp_path):
     tags = set(acc.Tags()["scalars"])
     assert {"trainer_idle_ratio", "rollout_idle_ratio", "reward_mean", "rollout/turns"} <= tags
     assert [(e.step, e.value) for e in acc.Scalars("trainer_idle_ratio")] == [(1, 0.25), (2, 0.75)]
+
+
+def test_tells_per_step_and_on_the_step_line():
+    from arl_train.metrics import progress_line
+
+    first = _row(1, 1.0, 4.0, 10.0, 10.0, 6, 3, tells={"protected_touched": 2})
+    second = _row(2, 1.0, 4.0, 20.0, 15.0, 12, 6, tells={"protected_touched": 2, "leftover_processes": 1})
+    d2 = derive(second, first)
+    assert d2["tells/protected_touched"] == 0.0 and d2["tells/leftover_processes"] == 1.0
+    row = {**second, **d2, "staleness_mean": 0.0, "staleness_max": 0, "samples_per_s": 1.0, "sync_s": 0.0,
+           "version": 2, "loss": 0.0}
+    assert progress_line(row, 10).endswith("| hacking tells: leftover_processes 1")
+    assert "hacking" not in progress_line({**row, "tells/leftover_processes": 0.0}, 10)

@@ -75,6 +75,7 @@ kill_runner() {  # every process the tests left behind
 run_pytest() {  # run_pytest REPORT LOG ARGS...: the tests, their report copied out by root
   local report="$1" log="$2"; shift 2
   rm -f "$REPORT_DIR/report.json"
+  local started=$SECONDS
   (cd "$TESTBED" && "${RUN_AS[@]}" env -u PYTEST_ADDOPTS -u PYTEST_PLUGINS -u PYTHONSTARTUP -u PYTHONHOME \
     -u BASH_ENV HOME="$REPORT_DIR" ARL_SWE_REPORT="$REPORT_DIR/report.json" PYTHONDONTWRITEBYTECODE=1 \
     PYTHONPATH="$TESTS_DIR/plugin:$TESTBED/$SRC_ROOT" \
@@ -82,7 +83,10 @@ run_pytest() {  # run_pytest REPORT LOG ARGS...: the tests, their report copied 
     "--rootdir=$TESTBED" "${CONFIG_ARGS[@]}" -q --tb=short "${PYTEST_ARGS[@]}" "$@") >"$log" 2>&1
   local rc=$?
   kill_runner
-  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then broke "pytest timed out after ${PYTEST_TIMEOUT_SEC}s (see $log)"; fi
+  # 137 is also a test process killed by SIGKILL: a timeout only when the time was up.
+  if [ "$rc" -eq 124 ] || { [ "$rc" -eq 137 ] && [ $((SECONDS - started)) -ge "$PYTEST_TIMEOUT_SEC" ]; }; then
+    broke "pytest timed out after ${PYTEST_TIMEOUT_SEC}s (see $log)"
+  fi
   "$PY" -I "$TESTS_DIR/plugin/score.py" --take-report "$REPORT_DIR/report.json" "$report" \
     || broke "pytest (exit $rc) left no readable report (see $log)"
 }
