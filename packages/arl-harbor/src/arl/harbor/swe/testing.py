@@ -159,8 +159,12 @@ def write_tinycalc_task(root: Path, *, name: str = "tinycalc__clamp", base_image
     for before, after in _CLAMP_BUG:
         buggy = buggy.replace(before, after)
     if venv is None:
+        import filelock
+
         cache = cache or Path(os.environ.get("ARL_SWE_TEST_CACHE") or Path(tempfile.gettempdir()) / "arl-swe-testing")
-        venv = venvs.ensure_venv(spec, cache)
+        cache.mkdir(parents=True, exist_ok=True)
+        with filelock.FileLock(str(cache / ".venv.lock"), timeout=900):  # test processes side by side
+            venv = venvs.ensure_venv(spec, cache)
     record = TaskRecord(id=name, package=spec.name, version=spec.version, module="tinycalc/__init__.py",
                         function="clamp", operator="func_pm_ctrl_invert_if", fail_to_pass=TINYCALC_FAIL_TO_PASS,
                         pass_to_pass=TINYCALC_PASS_TO_PASS, validate_s=0.5, test_files=["tests/test_tinycalc.py"])
