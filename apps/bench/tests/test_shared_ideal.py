@@ -64,3 +64,31 @@ def test_concurrents_bound_is_the_best_mix_of_the_shares_it_kept():
     results["concurrent"] = _mode(40.0, 80.0)
     assert at_once_bound(results, alone_rates(results)) == pytest.approx(80 * 100 / 140)
     assert at_once_bound({"time_sliced": _mode(100.0, 100.0)}, {"trainer": 100.0, "rollout": 100.0}) is None
+
+
+def _window(trained, generated, samples):
+    return {"tokens_per_s": trained, "generated_tokens_per_s": generated, "samples_per_s": samples}
+
+
+def test_the_headline_comes_from_a_steady_window_or_else_from_the_bounds():
+    from arl_bench.cli import headline_line
+    from arl_bench.compare import headline
+
+    bounds = {"colocated": 5617.0, "time_sliced": 7302.0}
+    # Both trained within ±5% of what they generated: the window's own ratios, tokens first.
+    steady = {"colocated": _window(5000.0, 5000.0, 10.0), "time_sliced": _window(6300.0, 6100.0, 14.0)}
+    h = headline(steady, bounds, None)["time_sliced"]
+    assert h["source"] == "steady window" and h["trained_tokens_speedup"] == pytest.approx(1.26)
+    assert h["samples_speedup"] == pytest.approx(1.4)
+    # time_sliced trained 26% more than it generated (the warm-up's stock): the bounds' 1.30x, the window's
+    # 1.32x only as a footnote; no samples/s headline.
+    stock = {"colocated": _window(4953.0, 4952.0, 10.0), "time_sliced": _window(6538.0, 5189.0, 15.4),
+             "concurrent": _window(7281.0, 5763.0, 12.1)}
+    h = headline(stock, bounds, 7730.0)
+    assert h["time_sliced"]["source"] == "bounds" and h["time_sliced"]["samples_speedup"] is None
+    assert h["time_sliced"]["trained_tokens_speedup"] == pytest.approx(7302 / 5617)
+    assert h["time_sliced"]["window_trained_tokens_speedup"] == pytest.approx(6538 / 4953)
+    assert h["concurrent"]["trained_tokens_speedup"] == pytest.approx(7730 / 5617)
+    line = headline_line(h)
+    assert "time_sliced 1.30× trained tokens/s from the bounds" in line and "footnote" in line
+    assert headline({"time_sliced": _window(1.0, 1.0, 1.0)}, bounds, None) == {}  # no colocated: no headline

@@ -72,6 +72,8 @@ def _write_and_print(result: dict, out: Path) -> int:
         print("arl-bench: ideal over colocated " + ", ".join(
             f"{m} {v:.2f}× (measured {result['share_of_ideal'].get(m, float('nan')):.0%} of it)"
             for m, v in result["ideal_speedups"].items()))
+    if result.get("headline"):
+        print("arl-bench: " + headline_line(result["headline"]))
     for mode, r in result["modes"].items():
         if (extra := drawn_from_stock(r)) > STOCK_WARNING_SHARE:
             print(f"arl-bench: {mode} trained {extra:.0%} more tokens than it generated in the measured window: "
@@ -85,6 +87,24 @@ def _write_and_print(result: dict, out: Path) -> int:
         print("arl-bench: a run ended with engine weights different from the trainer's", file=sys.stderr)
         return 1
     return 0
+
+
+def headline_line(headline: dict[str, dict]) -> str:
+    """The speedups over colocated a headline may state (compare.headline), trained tokens/s first."""
+    parts = []
+    for mode, h in headline.items():
+        window = f"window {h['window_trained_tokens_speedup']:.2f}×"
+        if h["source"] == "steady window":
+            parts.append(f"{mode} {h['trained_tokens_speedup']:.2f}× trained tokens/s, {h['samples_speedup']:.2f}× "
+                         f"samples/s (steady window: trained within ±5% of generated)")
+        elif h["source"] == "bounds":
+            imbalance = h["window_imbalance"]
+            why = f"trained {imbalance:.0%} off what it generated" if imbalance is not None else "no generation"
+            parts.append(f"{mode} {h['trained_tokens_speedup']:.2f}× trained tokens/s from the bounds (the window "
+                         f"is not steady: {why}; {window} as a footnote only)")
+        else:
+            parts.append(f"{mode}: no headline (the window is not steady and it has no bound; {window})")
+    return "headline over colocated: " + "; ".join(parts)
 
 
 def _rates_row(path: Path, workload: str) -> dict:

@@ -257,6 +257,54 @@ def drawn_from_stock(mode: dict[str, Any]) -> float:
     return max(0.0, mode["tokens_per_s"] / generated - 1) if generated > 0 else 0.0
 
 
+# A window is steady state when each mode trained within this share of what it generated.
+STEADY_STATE_SHARE = 0.05
+
+
+def window_imbalance(mode: dict[str, Any]) -> float | None:
+    """|trained / generated − 1| of a mode's measured window (None when it generated nothing)."""
+    generated = mode.get("generated_tokens_per_s", 0.0)
+    return abs(mode["tokens_per_s"] / generated - 1) if generated > 0 else None
+
+
+def is_steady(mode: dict[str, Any]) -> bool:
+    imbalance = window_imbalance(mode)
+    return imbalance is not None and imbalance <= STEADY_STATE_SHARE
+
+
+def headline(modes: dict[str, dict[str, Any]], bounds: dict[str, float],
+             at_once: float | None) -> dict[str, dict[str, Any]]:
+    """Each mode's speedup over colocated as a headline may state it, trained tokens/s first.
+
+    From the window when both it and colocated trained within ±STEADY_STATE_SHARE of what they generated
+    (steady state); otherwise from the bounds of this compare's own rates (colocated's own, time_sliced's
+    turn-taking, concurrent's at-once), which is what a long run can sustain, with the window's figure kept
+    as a footnote (`window_*`). Samples/s only from a steady window (None otherwise)."""
+    if "colocated" not in modes:
+        return {}
+    base = modes["colocated"]
+    sustained = {**bounds, **({"concurrent": at_once} if at_once else {})}
+    out: dict[str, dict[str, Any]] = {}
+    for name, mode in modes.items():
+        if name == "colocated":
+            continue
+        window_tokens = mode["tokens_per_s"] / base["tokens_per_s"]
+        window_samples = mode["samples_per_s"] / base["samples_per_s"]
+        steady = is_steady(mode) and is_steady(base)
+        entry: dict[str, Any] = {"source": "steady window" if steady else "bounds",
+                                 "window_trained_tokens_speedup": window_tokens,
+                                 "window_samples_speedup": window_samples,
+                                 "window_imbalance": window_imbalance(mode)}
+        if steady:
+            entry.update(trained_tokens_speedup=window_tokens, samples_speedup=window_samples)
+        elif name in sustained and "colocated" in sustained:
+            entry.update(trained_tokens_speedup=sustained[name] / sustained["colocated"], samples_speedup=None)
+        else:
+            entry.update(source="none", trained_tokens_speedup=None, samples_speedup=None)
+        out[name] = entry
+    return out
+
+
 # What the card holds besides the trainer's allocated peak and the replica's share: two CUDA contexts,
 # the trainer allocator's cached blocks, NCCL/IPC buffers.
 SIZING_MARGIN_GIB = 4.0
@@ -403,6 +451,7 @@ def report(results: dict[str, ModeResult], failed: dict[str, str], rates: dict[s
         "share_of_turn_taking_bound": {m: results[m].tokens_per_s / v for m, v in bounds.items()},
         "at_once_bound_tokens_per_s": at_once,
         "share_of_at_once_bound": results["concurrent"].tokens_per_s / at_once if at_once else None,
+        "headline": headline({m: msgspec.to_builtins(r) for m, r in results.items()}, bounds, at_once),
         "ideal_speedups": ideals,
         "share_of_ideal": {m: results[m].speedup_over_colocated / v for m, v in ideals.items() if m in results},
         "warmup_steps": warmup_steps,
