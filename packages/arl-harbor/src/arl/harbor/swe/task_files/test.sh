@@ -5,7 +5,7 @@
 #   1. the harness must run before the change is looked at (python, pytest, the base copy): when it
 #      cannot, NO reward file and exit 3 (an infrastructure failure, retried);
 #   2. grade_change.py keeps only what a fix may touch and puts the rest back as in the base, or refuses
-#      the change (reward 0, change_refused);
+#      the change (reward 0, change_refused); then tests/test.patch, when the task has one, is applied;
 #   3. pytest runs the FAIL_TO_PASS + PASS_TO_PASS tests as an unprivileged user that can write nothing
 #      here but its own report folder, with its config, rootdir and plugins pinned and `python -P` (no
 #      current-dir imports); every process of that user is killed before the report is read;
@@ -63,6 +63,12 @@ if [ "$rc" -eq 10 ]; then
   exit 0
 fi
 [ "$rc" -eq 0 ] || fail "grade_change.py exited $rc"
+# Tests that come with the task rather than with the repository (a SWE-bench row's test_patch): applied
+# only here, after the change was graded, so the agent never saw them and cannot have edited them.
+if [ -f "$TESTS_DIR/test.patch" ]; then
+  (cd "$TESTBED" && patch -p1 --forward --batch --quiet < "$TESTS_DIR/test.patch") >"$LOGS/test_patch.log" 2>&1 \
+    || broke "the task's test patch does not apply over the change (see $LOGS/test_patch.log)"
+fi
 # Nothing of the runner's may write the tree it tests (a test could rewrite a test file not yet collected).
 chown -R 0:0 "$TESTBED" && chmod -R u+rwX,go+rX,go-w "$TESTBED" || fail "cannot protect $TESTBED"
 
