@@ -102,3 +102,11 @@ def test_an_artifact_harbor_could_not_collect_is_named(tmp_path):
         {"source": "/logs/artifacts", "status": "ok"}, {"source": "/testbed", "status": "failed"}]))
     assert artifact_failures(tmp_path) == ["/testbed"]
     assert artifact_failures(tmp_path / "nowhere") == []
+
+
+def test_leftovers_leave_out_the_init_its_keepalive_and_the_agents_terminal():
+    from arl.harbor.agent_end import leftover_commands
+
+    processes = [(10, 1, "sh -c sleep infinity"), (11, 10, "sleep infinity"), (12, 10, "sleep 1000"),
+                 (13, 10, "tmux: server"), (14, 13, "-bash"), (15, 14, "python3 loop.py")]
+    assert leftover_commands(processes, 10) == ["sleep 1000", "python3 loop.py"]

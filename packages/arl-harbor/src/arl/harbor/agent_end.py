@@ -19,13 +19,20 @@ AGENT_END_FILE = "arl_agent_end.json"
 _TERMINAL = frozenset({"tmux: server", "tmux"})
 
 
+# What an environment's init keeps running for the environment's lifetime (Harbor's docker main service
+# is `sh -c "sleep infinity"`: the shell and its sleep).
+_KEEPALIVE = frozenset({"sleep infinity"})
+
+
 def leftover_commands(processes: Iterable[tuple[int, int, str]], init_pid: int) -> list[str]:
-    """The commands of `processes` (pid, ppid, command) that are neither init nor the agent's terminal."""
+    """The command lines of `processes` (pid, ppid, command line) that are neither the environment's init (and its
+    keep-alive child) nor the agent's terminal."""
     table = {pid: (ppid, command) for pid, ppid, command in processes}
     left = []
     for pid, (ppid, command) in sorted(table.items()):
         parent = table.get(ppid, (0, ""))[1]
-        if pid == init_pid or command in _TERMINAL or parent in _TERMINAL:
+        keepalive = ppid == init_pid and command in _KEEPALIVE
+        if pid == init_pid or keepalive or command in _TERMINAL or parent in _TERMINAL:
             continue
         left.append(command)
     return left

@@ -133,8 +133,8 @@ class DockerEngine:
             raise
 
     async def processes(self, container: str) -> list[tuple[int, int, str]]:
-        """(pid, ppid, command) of every process of a running container, in the host's PID namespace."""
-        data = await self._json("GET", f"/containers/{container}/top", params={"ps_args": "-o pid,ppid,comm"})
+        """(pid, ppid, command line) of every process of a running container, in the host's PID namespace."""
+        data = await self._json("GET", f"/containers/{container}/top", params={"ps_args": "-o pid,ppid,args"})
         titles = [t.upper() for t in data.get("Titles") or []]
         pid, ppid, command = titles.index("PID"), titles.index("PPID"), len(titles) - 1
         return [(int(row[pid]), int(row[ppid]), " ".join(row[command:])) for row in data.get("Processes") or []]

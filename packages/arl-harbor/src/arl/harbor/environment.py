@@ -243,7 +243,7 @@ def _namespaces(pid: int) -> tuple[str, ...]:
 
 
 def _processes_in(namespaces: tuple[str, ...]) -> list[tuple[int, int, str]]:
-    """(pid, ppid, command) of every host process in one of `namespaces`."""
+    """(pid, ppid, command line) of every host process in one of `namespaces`."""
     found = []
     own = set(_namespaces(os.getpid()))
     wanted = set(namespaces) - own  # never this process's own namespaces (a sandbox that never unshared)
@@ -256,7 +256,11 @@ def _processes_in(namespaces: tuple[str, ...]) -> list[tuple[int, int, str]]:
             stat = Path(entry.path, "stat").read_text()
         except OSError:
             continue
-        command = stat[stat.index("(") + 1 : stat.rindex(")")]
+        try:
+            cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            cmdline = ""
+        command = cmdline or stat[stat.index("(") + 1 : stat.rindex(")")]
         found.append((int(entry.name), int(stat.rsplit(")", 1)[1].split()[1]), command))
     return found
 
