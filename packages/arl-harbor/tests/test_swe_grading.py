@@ -99,7 +99,9 @@ async def test_leftover_processes_are_ended_before_grading_and_told(swe_task, ha
 def test_an_artifact_harbor_could_not_collect_is_named(tmp_path):
     (tmp_path / "artifacts").mkdir()
     (tmp_path / "artifacts" / "manifest.json").write_text(json.dumps([
-        {"source": "/logs/artifacts", "status": "ok"}, {"source": "/testbed", "status": "failed"}]))
+        {"source": "/logs/artifacts", "status": "ok", "type": "directory"},
+        {"source": "/testbed", "status": "failed", "type": "directory"},
+        {"source": "/app/out.txt", "status": "failed", "type": "file"}]))
     assert artifact_failures(tmp_path) == ["/testbed"]
     assert artifact_failures(tmp_path / "nowhere") == []
 

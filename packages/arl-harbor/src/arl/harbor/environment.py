@@ -801,6 +801,17 @@ class LocalSandboxEnvironment(BaseEnvironment):
             argv = self._exec_argv(f"cat -- {shlex.quote(source_path)}", "/", None, "root")
             await self._checked(argv, f"download of {source_path}", stdout_file=f)
 
+    async def service_download_dir(self, source_dir: str, target_dir: Path | str, *, service: str | None = None) -> None:
+        if self.is_main_service(service):
+            path = shlex.quote(source_dir)
+            probe = await self._run(self._exec_argv(f"[ -d {path} ] && [ ! -L {path} ]", "/", None, "root"),
+                                    timeout_sec=60)
+            if probe.return_code != 0:
+                # Removed or replaced by the agent: nothing of it is carried (an empty change), not a failure.
+                Path(target_dir).mkdir(parents=True, exist_ok=True)
+                return
+        await super().service_download_dir(source_dir, target_dir, service=service)
+
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
         target = Path(target_dir)
         target.mkdir(parents=True, exist_ok=True)

@@ -51,6 +51,7 @@ __all__ = [
     "Decision",
     "artifact_failures",
     "broken_verifier_cause",
+    "grades_own_harness",
     "tells",
     "FailurePolicy",
     "classify",
@@ -202,6 +203,13 @@ _BROKE_LINE = re.compile(r"the agent's change broke the verifier: (?P<cause>.*)"
 _TELL_KEYS = ("protected_touched", "change_refused", AGENT_BROKE_VERIFIER)
 
 
+def grades_own_harness(rewards: dict[str, float] | None) -> bool:
+    """Whether the verifier is a grader that checks its own harness before the agent's change can matter
+    (arl's SWE grader, which reports `protected_touched`): its 0 is never a harness failure, and its output
+    (which shows names the agent chose) is not searched for one."""
+    return bool(rewards) and "protected_touched" in rewards
+
+
 def broken_verifier_cause(trial_dir: Path) -> str:
     """Why the agent's change broke the verifier, from its output ("" when it did not say)."""
     match = _BROKE_LINE.search(verifier_output(trial_dir))
@@ -209,10 +217,12 @@ def broken_verifier_cause(trial_dir: Path) -> str:
 
 
 def artifact_failures(trial_dir: Path) -> list[str]:
-    """Artifacts Harbor could not collect from the agent's environment (its `artifacts/manifest.json`).
+    """Directory artifacts Harbor could not collect from the agent's environment (`artifacts/manifest.json`).
 
-    Environments carry what the agent removed as an empty directory, so a failed collection is the
-    infrastructure's: the verifier would grade an environment without the agent's change.
+    arl's environments carry a directory the agent removed or replaced by a link as an empty directory,
+    so a directory that failed is the infrastructure's: the verifier would grade an environment without
+    the agent's change. A file artifact that failed is usually one the agent did not write: its verifier
+    scores that.
     """
     path = trial_dir / "artifacts" / "manifest.json"
     try:
@@ -221,7 +231,8 @@ def artifact_failures(trial_dir: Path) -> list[str]:
         return []
     if isinstance(entries, dict):
         entries = entries.get("entries") or entries.get("artifacts") or []
-    return [str(e.get("source")) for e in entries if isinstance(e, dict) and e.get("status") == "failed"]
+    return [str(e.get("source")) for e in entries
+            if isinstance(e, dict) and e.get("status") == "failed" and e.get("type") == "directory"]
 
 
 def tells(result: TrialResult | None, trial_dir: Path) -> dict[str, float]:

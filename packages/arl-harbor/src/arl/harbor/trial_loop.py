@@ -33,6 +33,7 @@ from arl.harbor.policy import (
     broken_verifier_cause,
     classify,
     decide,
+    grades_own_harness,
     harness_failure,
     network_attempts,
     reward_for,
@@ -334,7 +335,7 @@ class HarborAgentLoop:
             outcome.kind = "agent_broke_verifier"
             outcome.error = f"the agent's change broke the verifier: {broken_verifier_cause(trial_dir) or 'no cause given'}"
             return
-        if outcome.kind == "ok":
+        if outcome.kind == "ok" and not grades_own_harness(rewards):
             value = (rewards or {}).get(self.config.reward_key)
             if isinstance(value, int | float) and value == 0:
                 line = harness_failure(verifier_output(trial_dir))

@@ -23,7 +23,8 @@ ENVS = ("local", "docker")
 
 
 def expected_ok(script: str, reward: float | None) -> bool:
-    """Whether `reward` is what `script` must get: oracle 1.0, nop 0.0, edit-tests below 1.0."""
+    """Whether `reward` is what `script` must get: oracle 1.0, nop 0.0, edit-tests and every `attack:<name>`
+    below 1.0. A failed trial (`reward` None) is never ok: an error the agent caused must be its kept 0."""
     if reward is None:
         return False
     if script == "oracle":

@@ -6,7 +6,8 @@ scripts exist for a SWE task (the contract of issue 31: `solution/fix.patch`, `t
   `patch -p1`), so the verifier's tests pass (reward 1.0);
 - `nop`: does nothing and ends at once (reward 0.0);
 - `edit-tests`: rewrites every FAIL_TO_PASS test file so each listed test passes trivially and deletes
-  nothing else (the verifier restores the pristine tests, so this must never reach 1.0).
+  nothing else (the verifier restores the pristine tests, so this must never reach 1.0);
+- `attack:<name>`: one of the reward-hacking attacks of `arl.harbor.agents.attacks` (must stay below 1.0).
 
 `completions(agent, steps)` renders the steps as the assistant turns the agent parses:
 - `shell` (arl's shell agent) and `mini-swe-agent` (Harbor's default `mini` config, tool calling): one
@@ -31,6 +32,8 @@ from pathlib import Path
 
 AGENTS = ("shell", "terminus-2", "mini-swe-agent")
 SCRIPTS = ("oracle", "nop", "edit-tests")
+# `attack:<name>` scripts are the reward-hacking attacks of arl.harbor.agents.attacks.
+ATTACK_PREFIX = "attack:"
 # mini-swe-agent ends when a command's output starts with this line (its `mini` config says so).
 MINI_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 PATCH_PATH = "/tmp/arl_fix.patch"
@@ -132,14 +135,18 @@ def edit_tests_steps(facts: SweTaskFacts) -> list[Step]:
 
 
 def script_steps(script: str, facts: SweTaskFacts) -> list[Step]:
-    """The steps of `script` ("oracle", "nop" or "edit-tests") for the task."""
+    """The steps of `script` ("oracle", "nop", "edit-tests" or "attack:<name>") for the task."""
+    if script.startswith(ATTACK_PREFIX):  # the adversarial suite (arl.harbor.agents.attacks)
+        from arl.harbor.agents.attacks import attack_steps
+
+        return attack_steps(script.removeprefix(ATTACK_PREFIX), facts)
     if script == "oracle":
         return oracle_steps(facts)
     if script == "nop":
         return []
     if script == "edit-tests":
         return edit_tests_steps(facts)
-    raise ValueError(f"unknown script {script!r}; choose one of {SCRIPTS}")
+    raise ValueError(f"unknown script {script!r}; choose one of {SCRIPTS} or {ATTACK_PREFIX}<name>")
 
 
 def heredoc_command(step: Step) -> str:

@@ -182,8 +182,9 @@ def main():
     with open(report_path, "w") as f:
         json.dump(verdict, f, indent=1)
     touched = len(verdict["restored"]) + len(verdict["deleted"])
+    # Counts only on the output: paths are the agent's choice (the details are in REPORT_JSON).
     print(f"grade_change: {len(verdict['kept'])} path(s) kept, {touched} put back"
-          + (f"; refused: {verdict['refused']}" if verdict["refused"] else ""))
+          + (f"; refused ({len(verdict['reach'])} reference(s) to the harness)" if verdict["refused"] else ""))
     return 10 if verdict["refused"] else 0
 
 

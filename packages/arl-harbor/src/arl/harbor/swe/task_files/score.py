@@ -102,7 +102,10 @@ def main() -> int:
         return 0 if take_report(sys.argv[2], sys.argv[3]) else 1
     if sys.argv[1] == "--refused":
         change = _load(sys.argv[2])
-        print(f"the change is refused: {change.get('refused')}", file=sys.stderr)
+        # Counts only: the reasons name the agent's files, which must not reach the verifier's output (it is
+        # searched for harness failures); they are in change.json.
+        print(f"the change is refused: {len(change.get('reach') or [])} reference(s) to the test harness or the "
+              "interpreter's machinery (change.json)", file=sys.stderr)
         _write(sys.argv[3], {"reward": 0.0, "change_refused": 1.0, "protected_touched": protected_touched(change)})
         return 0
     if sys.argv[1] == "--broken":
