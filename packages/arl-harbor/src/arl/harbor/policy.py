@@ -27,7 +27,7 @@ fail under a `FailurePolicy`; `reward_for` gives the scalar reward of an accepte
 |                  | (`pytest: command not found`, `No module named pytest`; `harness_failure`)|       |
 | agent_broke_verifier | the verifier reports `agent_broke_verifier` (the agent's change made its | zero |
 |                  | tests crash, hang or leave no report after its harness was checked)    |         |
-| sandbox          | also: an artifact of a separate verifier could not be collected         | retry   |
+| sandbox          | also: a directory artifact of a separate verifier could not be collected | retry  |
 | no_reward        | no exception, but no `reward_key` in verifier_result.rewards           | retry   |
 | invalid_task     | `Trial.create` raised (bad task dir or trial config), SandboxTaskError | drop    |
 |                  | (the local sandbox cannot prepare the task as defined)                 |         |
@@ -49,19 +49,19 @@ from harbor.models.trial.result import TrialResult
 __all__ = [
     "AGENT_BROKE_VERIFIER",
     "Decision",
+    "FailurePolicy",
     "artifact_failures",
     "broken_verifier_cause",
-    "grades_own_harness",
-    "tells",
-    "FailurePolicy",
     "classify",
     "classify_exception",
     "decide",
+    "grades_own_harness",
     "harness_failure",
     "network_attempts",
-    "verifier_output",
     "phase_of",
     "reward_for",
+    "tells",
+    "verifier_output",
 ]
 
 Phase = Literal["environment", "agent_setup", "agent", "verifier"]

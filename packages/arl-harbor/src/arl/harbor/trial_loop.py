@@ -333,7 +333,8 @@ class HarborAgentLoop:
             return
         if outcome.kind == "ok" and (rewards or {}).get(AGENT_BROKE_VERIFIER):
             outcome.kind = "agent_broke_verifier"
-            outcome.error = f"the agent's change broke the verifier: {broken_verifier_cause(trial_dir) or 'no cause given'}"
+            cause = broken_verifier_cause(trial_dir) or "no cause given"
+            outcome.error = f"the agent's change broke the verifier: {cause}"
             return
         if outcome.kind == "ok" and not grades_own_harness(rewards):
             value = (rewards or {}).get(self.config.reward_key)
