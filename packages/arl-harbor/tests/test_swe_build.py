@@ -46,14 +46,14 @@ def test_build_tiny_package_end_to_end(tmp_path, monkeypatch):
     task = out / records[0].id
     config = json.loads((task / "tests" / "config.json").read_text())
     victim = config["pass_to_pass"][0]
-    pristine = task / "tests" / "pristine" / victim.split("::", 1)[0]
-    pristine.write_text(pristine.read_text() + FAILS_WHILE_NO_TALLY.format(node_id=victim))
+    base = task / "environment" / "testbed" / victim.split("::", 1)[0]  # the grader's base copy of the tests
+    base.write_text(base.read_text() + FAILS_WHILE_NO_TALLY.format(node_id=victim))
     tally = tmp_path / "tally"
     python = out / "_venvs" / spec.name / "bin" / "python"
     monkeypatch.setenv("TINY_TALLY", str(tally))
     reward, _ = run_scenario(task, python, "oracle", config)
     assert reward == {"reward": 1.0, "fail_to_pass": 1.0, "pass_to_pass": 1.0,
-                      "pass_to_pass_rerun": 1, "pass_to_pass_flaky": 1}
+                      "pass_to_pass_rerun": 1, "pass_to_pass_flaky": 1, "protected_touched": 0.0}
     monkeypatch.setenv("TINY_TALLY", str(tmp_path / "no-such-dir" / "tally"))  # never written: fails every time
     reward, _ = run_scenario(task, python, "oracle", config)
     assert reward["reward"] == 0.0 and reward["pass_to_pass_rerun"] == 1 and reward["pass_to_pass_flaky"] == 0
