@@ -4,10 +4,11 @@ the run's derived timeouts.
 `[harbor]` (`sections.HarborSection`) is `arl.harbor.HarborConfig` (agent, environment, timeouts,
 retry/keep/zero/drop policy per failure kind, tool parser, proxy host) plus four app-level fields;
 every key is overridable as `harbor.key=value` (e.g. `harbor.agent=oracle harbor.policy.sandbox=drop harbor.tool_parser=hermes`).
-`data.source = "harbor:<folder of task dirs | task dir | .jsonl/.json task set>"` makes every task a
-Harbor trial (see `arl.harbor.tasks`). `run_timeouts` derives the driver's step timeout, the
-rollouter's drain timeout, the trainer's batch timeout and the pause RPC timeout from the trial
-timeouts (Harbor runs) or the generation timeout (plain runs), so nothing is hard-coded.
+`data.source = "harbor:<folder of task dirs | task dir | .jsonl/.json task set>"` (or
+`"swebench:<SWE-bench-format rows | import .toml>"`) makes every task a Harbor trial (see `arl.harbor.tasks`).
+`run_timeouts` derives the driver's step timeout, the rollouter's drain timeout, the trainer's batch
+timeout and the pause RPC timeout from the trial timeouts (Harbor runs) or the generation timeout (plain
+runs), so nothing is hard-coded.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["HarborSection", "RunTimeouts", "check_harbor", "harbor_config", "load_app_tasks", "run_timeouts",
            "uses_harbor"]
 
-HARBOR_SOURCE_PREFIX = "harbor:"
+# The data.source prefixes whose tasks are Harbor trials (arl.harbor.tasks.SOURCE_PREFIXES).
+HARBOR_SOURCE_PREFIX = ("harbor:", "swebench:")
 # Slack on top of the summed worst cases (RPC round trips, scheduling, teardown).
 _MARGIN_S = 60.0
 

@@ -80,7 +80,7 @@ def _check_values(config: AppConfig) -> None:
     # data
     d = config.data
     _at_least(config, "data", "size", 1)
-    if not d.source.startswith(("builtin:", "harbor:")):  # harbor: sets are checked by arl.harbor.tasks
+    if not d.source.startswith(("builtin:", "harbor:", "swebench:")):  # Harbor's: arl.harbor.tasks checks
         _require(d.source.endswith((".jsonl", ".parquet")), "data.source", d.source, "must be builtin:NAME or a .jsonl/.parquet file")
         _require(Path(d.source).is_file(), "data.source", d.source, "file does not exist")
     # rollout

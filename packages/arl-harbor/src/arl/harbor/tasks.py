@@ -1,4 +1,5 @@
-"""Harbor task sets as data: `harbor:<folder of task dirs | task dir | dataset file>` → arl `Task` rows.
+"""Harbor task sets as data: `harbor:<folder of task dirs | task dir | dataset file>` → arl `Task` rows;
+`swebench:<SWE-bench-format rows | import .toml>` → the same, through `arl.harbor.swe.import_rows`.
 
 A source names a built-in set (`harbor:builtin:small`: four one-line file tasks), a folder (one task dir holding `task.toml`, or a folder of such dirs, sorted by
 name) or a dataset file (`.jsonl`, one object per line, or `.json`, a list of objects). Each row is a
@@ -8,6 +9,10 @@ task reference in Harbor's own terms:
   {"git_url": "...", "git_commit_id": "...", "path": "tasks/x"}   a git task, read from the cache
 plus optional "id" and "metadata". Nothing is downloaded (no network here): a reference that is not
 in the local cache (`cache_dir`, default Harbor's `~/.cache/harbor/tasks`) is an error naming it.
+
+`swebench:<rows.jsonl|.json|.parquet>` (SWE-bench, SWE-Gym, SWE-smith, ... rows) or `swebench:<import.toml>`
+(the rows file plus import options: image template, test commands, ...) converts the rows once into
+ordinary task dirs graded like arl's own SWE tasks (cached by content; `arl.harbor.swe.import_rows`).
 
 `validate_task` checks one task dir the way a trial would need it (task.toml parses, instruction.md,
 tests/test.sh) and reports its timeouts and limits; `task_timeout_sec` is the longest one attempt of
@@ -29,6 +34,9 @@ from arl.harbor.errors import HarborConfigError
 from arl.rollout.types import Task
 
 SOURCE_PREFIX = "harbor:"
+SWEBENCH_PREFIX = "swebench:"
+# Every data.source prefix whose tasks are Harbor trials.
+SOURCE_PREFIXES = (SOURCE_PREFIX, SWEBENCH_PREFIX)
 # Harbor's defaults when task.toml leaves a timeout out (harbor.models.task.config, 0.25).
 DEFAULT_BUILD_TIMEOUT_SEC = 600.0
 DEFAULT_AGENT_TIMEOUT_SEC = 600.0
@@ -131,17 +139,22 @@ def _cached_path(row: dict[str, Any], cache_dir: Path | None, where: str) -> Pat
     return local
 
 
+def json_lines(path: Path, text: str) -> list[Any]:
+    """One JSON value per non-blank line of `text` (read from `path`); an invalid line is an error naming it."""
+    rows = []
+    for i, line in enumerate(text.splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise HarborConfigError(f"{path} line {i + 1}: invalid JSON ({e})") from None
+    return rows
+
+
 def _rows(path: Path) -> list[dict[str, Any]]:
     text = path.read_text()
     if path.suffix == ".jsonl":
-        rows = []
-        for i, line in enumerate(text.splitlines()):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise HarborConfigError(f"{path} line {i + 1}: invalid JSON ({e})") from None
-        return rows
+        return json_lines(path, text)
     if path.suffix == ".json":
         try:
             rows = json.loads(text)
@@ -154,9 +167,13 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 
 
 def resolve_source(source: str, *, cache_dir: str | Path | None = None) -> list[tuple[str, Path, dict[str, Any]]]:
-    """(id, task dir, metadata) per task of `harbor:<...>` (the prefix is optional)."""
+    """(id, task dir, metadata) per task of `harbor:<...>` (the prefix is optional) or `swebench:<...>`."""
     spec = source.removeprefix(SOURCE_PREFIX)
-    if spec.startswith("builtin:"):
+    if source.startswith(SWEBENCH_PREFIX):
+        from arl.harbor.swe.import_rows import imported_set
+
+        spec = str(imported_set(source.removeprefix(SWEBENCH_PREFIX)))
+    elif spec.startswith("builtin:"):
         spec = str(builtin_task_set(spec.removeprefix("builtin:")))
     root = Path(spec).expanduser()
     cache = Path(cache_dir) if cache_dir else None
@@ -260,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m arl.harbor.tasks", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["list", "validate"])
-    parser.add_argument("source", help="harbor:<folder | task dir | .jsonl/.json task set> (prefix optional)")
+    parser.add_argument("source", help="harbor:<folder | task dir | .jsonl/.json task set> (prefix optional) "
+                        "or swebench:<rows .jsonl/.json/.parquet | import .toml>")
     parser.add_argument("--cache-dir", default=None, help="Harbor's task cache (default ~/.cache/harbor/tasks)")
     parser.add_argument("--json", action="store_true", help="one JSON object per task")
     args = parser.parse_args(argv)

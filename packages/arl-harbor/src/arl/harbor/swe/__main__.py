@@ -1,10 +1,15 @@
-"""Command line: `python -m arl.harbor.swe {build,verify,images}`.
+"""Command line: `python -m arl.harbor.swe {build,verify,images,convert,export}`.
 
   build  --out <set> [--packages a,b] [--max-per-package N] [--max-candidates N] [--jobs N] [--seed S]
          [--cache .cache/swe] [--python /usr/bin/python3.11]
   verify <set> [--ids a,b] [--jobs N]     (exit 1 when a task fails a check)
   images <set> [--force] [--network none] [--timeout S]   (docker: every task's image built once,
          recorded in manifest.jsonl; arl.harbor.swe.images)
+  convert <rows.jsonl|.json|.parquet|import.toml> --out <dir> [--image-template T] [--python P]
+         [--test-cmd CMD | --test-cmd OWNER/REPO=CMD ...] [--skip-invalid]
+         (SWE-bench-format rows → Harbor task dirs; arl.harbor.swe.import_rows)
+  export <set> --out rows.jsonl [--style swe-bench|swe-gym] [--build] [--images-dir DIR]
+         (a built set → SWE-bench-format rows + images; arl.harbor.swe.export_rows)
 """
 
 from __future__ import annotations
@@ -53,7 +58,27 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--ids", help="comma-separated task ids (default: all)")
     v.add_argument("--jobs", type=int, default=2)
     sub.add_parser("images", help="build every task's docker image once (python -m arl.harbor.swe.images -h)")
+    c = sub.add_parser("convert", help="SWE-bench-format rows -> Harbor task dirs graded like arl's own")
+    c.add_argument("rows", help="a .jsonl/.json/.parquet rows file, or an import .toml (ImportOptions' keys)")
+    c.add_argument("--out", required=True, type=Path, help="the task folder (replaced when it is an earlier import)")
+    c.add_argument("--image-template", help="image of rows naming none: swebench | swe-gym | a str.format template "
+                   "over {instance_id}, {swebench_key}, {openhands_key}, {repo}, ...")
+    c.add_argument("--python", help="the interpreter in the image that runs the tests (absolute)")
+    c.add_argument("--test-cmd", action="append", default=[], metavar="[OWNER/REPO=]CMD",
+                   help="the pytest command of rows without a test_cmd column (default: pytest), or of one repo")
+    c.add_argument("--skip-invalid", action="store_true",
+                   help="import the valid rows; list the refused ones in <out>/refused.jsonl")
+    e = sub.add_parser("export", help="a built set -> SWE-bench-format rows (+ images)")
+    e.add_argument("set", type=Path)
+    e.add_argument("--out", required=True, type=Path, help="the rows file (.jsonl)")
+    e.add_argument("--style", choices=["swe-bench", "swe-gym"], default="swe-bench",
+                   help="SWE-bench Verified's shape (test lists JSON-encoded) or SWE-Gym's (lists)")
+    e.add_argument("--build", action="store_true", help="build each task's image in the local engine")
+    e.add_argument("--images-dir", type=Path, help="build the images and docker save them to DIR/images.tar")
     args = parser.parse_args(argv)
+
+    if args.cmd in ("convert", "export"):
+        return _rows_command(args)
 
     if args.cmd == "build":
         if args.max_per_package < 1 or args.jobs < 1:
@@ -85,6 +110,32 @@ def main(argv: list[str] | None = None) -> int:
     bad = [c for c in checks if not c.ok]
     _log(f"{len(checks) - len(bad)}/{len(checks)} tasks pass oracle=1.0, untouched=0.0, edited-tests!=1.0")
     return 1 if bad else 0
+
+
+def _rows_command(args: argparse.Namespace) -> int:
+    """`convert` / `export`: errors of the data are one line on stderr and exit 1."""
+    from arl.harbor.errors import HarborConfigError
+
+    try:
+        if args.cmd == "convert":
+            from arl.harbor.swe.import_rows import convert_rows, options_from_args
+
+            rows, options = options_from_args(args.rows, image_template=args.image_template, python=args.python,
+                                              test_cmds=args.test_cmd, skip_invalid=args.skip_invalid)
+            convert_rows(rows, args.out, options, log=_log)
+        else:
+            import asyncio
+
+            from arl.harbor.swe.export_rows import export_set
+
+            if not args.set.is_dir():
+                raise HarborConfigError(f"{args.set} is not a directory")
+            asyncio.run(export_set(args.set, args.out, style=args.style, build=args.build,
+                                   images_dir=args.images_dir, log=_log))
+    except HarborConfigError as e:
+        _log(f"error: {e}")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
