@@ -155,3 +155,31 @@ def test_issue_text_shows_the_tasks_own_paths(tmp_path):
     assert str(tmp_path) not in out
     assert "/testbed/pkg/mod.py:12: in add" in out
     assert f"{IMAGE_SITE_PACKAGES}/_pytest/python.py:166" in out and "/usr/bin/python -m pytest" in out
+
+
+def test_test_sh_refuses_a_test_patch_that_does_not_apply_to_its_base(task, tmp_path):
+    """A task whose own tests cannot be applied is broken: no reward (retried, then dropped), never the
+    agent's 0."""
+    (task / "tests" / "test.patch").write_text(
+        "--- a/tests/test_tinycalc.py\n+++ b/tests/test_tinycalc.py\n@@ -1,1 +1,1 @@\n-no such line\n+x\n")
+    testbed, logs = _testbed(task, tmp_path), tmp_path / "run" / "logs"
+    proc = _test_sh(task, testbed, logs)
+    assert proc.returncode == 3 and "test.patch does not apply" in proc.stderr
+    assert not (logs / "reward.json").exists()
+
+
+def test_the_pytest_config_auto_is_the_bases_own(tmp_path):
+    import importlib.util
+
+    from arl.harbor.swe.runner import TASK_FILES
+
+    spec = importlib.util.spec_from_file_location("grade_change", TASK_FILES / "grade_change.py")
+    grade_change = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grade_change)
+    assert grade_change.own_pytest_config(tmp_path) == ""
+    (tmp_path / "setup.cfg").write_text("[metadata]\nname = x\n")
+    assert grade_change.own_pytest_config(tmp_path) == ""  # no [tool:pytest] section: not pytest's
+    (tmp_path / "tox.ini").write_text("[pytest]\naddopts = -q\n")
+    assert grade_change.own_pytest_config(tmp_path) == "tox.ini"
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    assert grade_change.own_pytest_config(tmp_path) == "pytest.ini"

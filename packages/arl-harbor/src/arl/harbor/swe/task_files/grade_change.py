@@ -2,6 +2,7 @@
 environment the agent never touched):
 
     grade_change.py CONFIG BASE TESTBED REPORT_JSON
+    grade_change.py --pytest-config BASE        # the repository's own pytest config file ("" if none)
 
 BASE is the task's repository as built (the image's read-only copy), TESTBED the agent's `/testbed` as it
 was carried out of the agent's environment after every process of the trial ended. The change is every
@@ -174,7 +175,28 @@ def _restore(source, target):
         shutil.copy2(source, target)
 
 
+# Where pytest finds its configuration in a rootdir, in its own order: file -> section that must be in it.
+_PYTEST_CONFIG_FILES = (("pytest.toml", None), (".pytest.toml", None), ("pytest.ini", None), (".pytest.ini", None),
+                        ("pyproject.toml", ("[tool.pytest.ini_options]", "[tool.pytest]")),
+                        ("tox.ini", ("[pytest]",)), ("setup.cfg", ("[tool:pytest]",)))
+
+
+def own_pytest_config(root):
+    """The repository's own pytest configuration file under `root`, relative ("" when it has none)."""
+    for name, sections in _PYTEST_CONFIG_FILES:
+        path = os.path.join(root, name)
+        if os.path.isfile(path) and not os.path.islink(path):
+            with open(path, errors="replace") as f:
+                text = f.read()
+            if sections is None or any(section in text for section in sections):
+                return name
+    return ""
+
+
 def main():
+    if sys.argv[1] == "--pytest-config":  # grade_change.py --pytest-config BASE
+        print(own_pytest_config(sys.argv[2]))
+        return 0
     config_path, base_root, testbed, report_path = sys.argv[1:5]
     with open(config_path) as f:
         config = json.load(f)

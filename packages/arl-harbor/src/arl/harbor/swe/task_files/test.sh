@@ -14,7 +14,8 @@
 # After step 1 nothing but the agent's change differs from a correct run, so a verifier the change broke
 # (no report, a crash, a timeout) scores 0.0 with agent_broke_verifier = 1 and the cause on stderr.
 # Overrides for running it outside the task image: ARL_SWE_PYTHON, ARL_SWE_TESTBED, ARL_SWE_BASE,
-# ARL_SWE_LOGS, ARL_SWE_RUNNER_UID (default 65534; "" runs pytest as the caller).
+# ARL_SWE_LOGS, ARL_SWE_RUNNER_UID (default 65534; "" runs pytest as the caller). PYTEST_CONFIG "auto": the
+# base's own pytest config file, found as pytest finds it.
 set -u
 TESTS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TESTBED="${ARL_SWE_TESTBED:-/testbed}"
@@ -37,6 +38,15 @@ done
 [ -n "$PY" ] || fail "no python interpreter found"
 (cd / && "$PY" -I -c "import pytest") >/dev/null 2>&1 || fail "pytest is not importable by $PY"
 [ -d "$BASE" ] || fail "no base copy of the repository at $BASE"
+# The task's own tests (a SWE-bench row's test_patch) must apply to the base: if not, the task is broken.
+if [ -f "$TESTS_DIR/test.patch" ]; then
+  (cd "$BASE" && patch -p1 --dry-run --forward --batch --quiet < "$TESTS_DIR/test.patch") >/dev/null 2>&1 \
+    || fail "the task's tests/test.patch does not apply to the base copy at $BASE"
+fi
+# "auto": the repository's own pytest configuration, as the base has it (imported rows).
+if [ "$PYTEST_CONFIG" = auto ]; then
+  PYTEST_CONFIG="$("$PY" -I "$TESTS_DIR/plugin/grade_change.py" --pytest-config "$BASE")" || fail "cannot read the base's pytest config"
+fi
 mkdir -p "$LOGS" || fail "cannot create $LOGS"
 chown 0:0 "$LOGS" 2>/dev/null; chmod 755 "$LOGS" || fail "cannot protect $LOGS"
 RUN_AS=()
