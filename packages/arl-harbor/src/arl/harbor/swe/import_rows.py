@@ -25,9 +25,9 @@ refused, with its number, instance id, field and the reason, when its tests are 
 are cut short (unbalanced brackets), its test command is not pytest, its gold patch changes what the
 grader puts back (tests, runner configs), or a patch is binary where the grader applies it with `patch`.
 By default the bad rows stop the import, each listed; `skip_invalid` imports the rest and lists every
-refused row in `<out>/refused.jsonl`. Without `-c`, pytest runs with an empty config (the grader pins one;
-it cannot see the image's repository when converting): a repository whose tests need its own pytest
-settings names its config file in the test command.
+refused row in `<out>/refused.jsonl`. Without `-c`, the grader pins the repository's own pytest config as
+the image's base copy has it (`auto`: found as pytest finds it, at grade time, since converting does not see
+the image), or an empty one when it has none.
 
 The grader refuses a change that adds references to the test harness or the interpreter's machinery
 (`grade_change.DEFAULT_REACH_PATTERNS`). A real fix can need some (a fix of pytest itself names `_pytest`),
@@ -408,7 +408,7 @@ def write_row_task(task_dir: Path, task: RowTask, options: ImportOptions) -> Pat
         "@PYTEST_TIMEOUT_SEC@": str(int(options.verifier_timeout_sec - 30)),
         "@VENV_PYTHON@": q(test.python or f"{SANDBOX_VENV}/bin/python"),
         "@BASE_DIR@": BASE_DIR,
-        "@PYTEST_CONFIG@": q(test.config),
+        "@PYTEST_CONFIG@": q(test.config or "auto"),
     }.items():
         test_sh = test_sh.replace(key, value)
     _write(tests_dir / "test.sh", test_sh, 0o755)
@@ -416,7 +416,7 @@ def write_row_task(task_dir: Path, task: RowTask, options: ImportOptions) -> Pat
         "fail_to_pass": row.FAIL_TO_PASS, "pass_to_pass": row.PASS_TO_PASS,
         # What grade_change.py puts back as tests: the listed files and everything test_patch changes.
         "test_files": task.protected_tests, "src_root": test.src_root, "pytest_args": list(test.args),
-        "pytest_config": test.config, "instance_id": row.instance_id, "repo": row.repo,
+        "pytest_config": test.config or "auto", "instance_id": row.instance_id, "repo": row.repo,
         "base_commit": row.base_commit, "version": row.version, "image": task.image, "test_cmd": task.test_cmd,
     }
     if task.reach_patterns is not None:
