@@ -19,12 +19,12 @@ import pytest
 from arl.harbor.agents.checks import run_check
 from arl.harbor.errors import HarborConfigError
 from arl.harbor.swe import export_rows
+from arl.harbor.swe.grading import grade_change_module
 from arl.harbor.swe.import_rows import (
     IMAGE_PRESETS,
     ImportOptions,
     PytestCommand,
     convert_rows,
-    grade_change_module,
     image_name,
     imported_set,
     options_from_args,

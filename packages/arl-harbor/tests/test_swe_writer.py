@@ -183,3 +183,18 @@ def test_the_pytest_config_auto_is_the_bases_own(tmp_path):
     assert grade_change.own_pytest_config(tmp_path) == "tox.ini"
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     assert grade_change.own_pytest_config(tmp_path) == "pytest.ini"
+
+
+def test_a_fix_that_puts_back_a_reach_pattern_is_not_refused(tmp_path):
+    """A bug that removed a `sys.modules` line is fixed by putting it back: the task's reach patterns leave
+    out what its own fix adds, and only that."""
+    from arl.harbor.swe.grading import grade_change_module, needed_reach_patterns, reach_patterns_without
+
+    original = "import sys\n\ndef f():\n    sys.modules['x'] = 1\n    return 1\n"
+    buggy = "import sys\n\ndef f():\n    return 1\n"
+    needed = needed_reach_patterns(original, buggy)
+    assert needed == {r"\bsys\.modules\b"}
+    reach = reach_patterns_without(needed)
+    assert r"\bsys\.modules\b" not in reach and r"\bpytest\b" in reach
+    assert len(reach) == len(grade_change_module().DEFAULT_REACH_PATTERNS) - 1
+    assert reach_patterns_without(needed_reach_patterns(buggy, original)) is None  # a fix that removes: nothing

@@ -40,9 +40,7 @@ the sandbox refuses such a task at start as `invalid_task`). They run in Harbor'
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -53,11 +51,11 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import msgspec
 from arl.harbor.errors import HarborConfigError
+from arl.harbor.swe import grading
 from arl.harbor.swe.rows import RowError, SweRow, is_pytest_node_id, parse_row, read_rows
 from arl.harbor.swe.writer import BASE_DIR, GRADING, PLUGIN_FILES, SANDBOX_VENV, TASK_FILES
 
@@ -270,23 +268,11 @@ def patch_files(patch: str) -> dict[str, FilePatch]:
     return files
 
 
-@functools.cache
-def grade_change_module() -> ModuleType:
-    """The grader's change rules (`task_files/grade_change.py`, a script the task runs), loaded as a module."""
-    spec = importlib.util.spec_from_file_location("arl_swe_grade_change", TASK_FILES / "grade_change.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def needed_reach_patterns(patch: dict[str, FilePatch]) -> set[str]:
     """The grader's default reach patterns that the gold patch adds to some file (it would be refused)."""
-    needed = set()
+    needed: set[str] = set()
     for part in patch.values():
-        added, removed = "\n".join(part.added), "\n".join(part.removed)
-        needed |= {p for p in grade_change_module().DEFAULT_REACH_PATTERNS
-                   if len(re.findall(p, added)) > len(re.findall(p, removed))}
+        needed |= grading.needed_reach_patterns("\n".join(part.added), "\n".join(part.removed))
     return needed
 
 
@@ -352,18 +338,14 @@ def prepare_row(raw: Any, number: int, where: str, options: ImportOptions) -> Ro
         raise refuse("test_patch", f"has binary changes ({binary[:3]}), which the grader's `patch -p1` cannot apply")
     test_files = sorted({t.split("::", 1)[0] for t in row.FAIL_TO_PASS + row.PASS_TO_PASS})
     protected_tests = sorted(set(test_files) | set(tests))
-    rules = grade_change_module()
+    rules = grading.grade_change_module()
     import_roots = [""] if test.src_root == "." else ["", test.src_root]
     for path in gold:
         reason = rules.protected_reason(path, "file", False, {}, import_roots, set(protected_tests))
         if reason is not None:
             raise refuse("patch", f"changes {path}, which the grader puts back before grading ({reason}): "
                                   "the oracle could never pass")
-    needed = needed_reach_patterns(gold)
-    reach = None
-    if needed:
-        # Never an empty list: grade_change.py reads [] as "the defaults".
-        reach = [p for p in rules.DEFAULT_REACH_PATTERNS if p not in needed] or [r"(?!)"]
+    reach = grading.reach_patterns_without(needed_reach_patterns(gold))
     return RowTask(row=row, number=number, image=image, test=test, test_cmd=test_cmd, test_files=test_files,
                    protected_tests=protected_tests, reach_patterns=reach)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arl.harbor.swe import grading
 from arl.harbor.swe.packages import PackageSpec
 from arl.harbor.swe.runner import TASK_FILES, own_config
 
@@ -162,10 +163,14 @@ set -e
     }.items():
         test_sh = test_sh.replace(key, value)
     _write(tests_dir / "test.sh", test_sh, 0o755)
+    # A fix that puts back what the bug removed may need patterns the grader otherwise refuses (sys.modules).
+    reach = grading.reach_patterns_without(grading.needed_reach_patterns(original, buggy_text))
     config = {"fail_to_pass": record.fail_to_pass, "pass_to_pass": record.pass_to_pass,
               "package": spec.name, "version": spec.version, "module": record.module,
               "function": record.function, "operator": record.operator, "test_files": record.test_files,
               "src_root": spec.src_root, "pytest_args": list(spec.pytest_args), "pytest_config": pytest_config}
+    if reach is not None:
+        config["reach_patterns"] = reach
     _write(tests_dir / "config.json", json.dumps(config, indent=1) + "\n")
 
     _write(task_dir / "solution" / "fix.patch", unified_patch(record.module, buggy_text, original))
