@@ -598,7 +598,8 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     async def _find_init_pid(self, holder_pid: int) -> int:
         """The PID (host view) of the holder's child, which is PID 1 of the sandbox's PID namespace."""
-        for _ in range(200):
+        # Within the namespace setup's own budget: a loaded host can take seconds to show the child.
+        for _ in range(max(200, int(self._ready_timeout_sec / 0.01))):
             for entry in os.scandir("/proc"):
                 if not entry.name.isdigit():
                     continue
