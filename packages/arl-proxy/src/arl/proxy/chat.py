@@ -2,7 +2,8 @@
 
 `ChatCodec` wraps a Hugging Face tokenizer: it renders a conversation to text with the same Jinja
 environment and variables as `tokenizer.apply_chat_template(..., tokenize=False)`, encodes text with
-`add_special_tokens=False` (the rendered text already holds BOS, so no double BOS), and probes the
+`add_special_tokens=False` (the rendered text already holds BOS, so no double BOS; with a fast tokenizer
+through a call that releases the GIL, see `ChatCodec.encode`), and probes the
 template once for its end-of-turn token and the text the template writes after it (the "EOS tail",
 e.g. the `\\n` after `<|im_end|>`), which an engine stops before and the proxy backfills.
 """
@@ -62,6 +63,11 @@ class ChatCodec:
         self._template = _compile(template)
         self._special_vars = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        # HF tokenizers' batch calls run the Rust work with the GIL released (`encode` of one text holds it
+        # throughout), and `encode_batch_fast` skips the character offsets `encode` computes and nothing here
+        # reads: the same ids for ~30% less work (packages/arl-proxy/BENCHMARKS.md). A batch of one text.
+        self._encode_batch = (getattr(self._backend, "encode_batch_fast", None)
+                              or getattr(self._backend, "encode_batch", None))
         added = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()]
         # Every added token is split out before BPE, so a cut right after one never changes tokenization.
         self.added_tokens: list[str] = sorted(set(added), key=len, reverse=True)
@@ -87,12 +93,17 @@ class ChatCodec:
             raise TemplateRenderError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
 
     # -- tokens ------------------------------------------------------------------------------------
+    @property
+    def encode_releases_gil(self) -> bool:
+        """Whether `encode` lets other threads run Python meanwhile (a fast tokenizer; a slow one holds the GIL)."""
+        return self._encode_batch is not None
+
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` without added BOS/EOS (what apply_chat_template(tokenize=True) produces)."""
         if not text:
             return []
-        if self._backend is not None:
-            return self._backend.encode(text, add_special_tokens=False).ids
+        if self._encode_batch is not None:
+            return self._encode_batch([text], add_special_tokens=False)[0].ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:

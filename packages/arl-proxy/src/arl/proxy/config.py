@@ -52,9 +52,13 @@ class ProxyConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # sequence so far is kept as a finished segment and a new one starts, so every sampled token is trained
     # once. False keeps one sequence, where tokens sampled before a rewrite end up with mask 0.
     segments: bool = True
-    # Threads that render chat templates, tokenize and detokenize, so a long history (tens of thousands
-    # of tokens) does not stall the event loop every other session is served on; 0 = on the event loop.
+    # Threads that tokenize long texts (a resumed history's first render, a rebuild: tens of thousands of
+    # tokens), with the GIL released, so they do not stall the event loop every other session is served on;
+    # 0 = everything on the event loop. Rendering and short texts always run on the loop (see below).
     tokenize_threads: int = 4
+    # Texts shorter than this many characters are tokenized on the event loop: a turn's new messages cost
+    # well under a millisecond there, less than handing them to a thread (packages/arl-proxy/BENCHMARKS.md).
+    tokenize_inline_chars: int = 4096
     # Serve session management routes (POST /sessions, GET/DELETE /sessions/{id}...); the standalone
     # server turns them on.
     admin_routes: bool = False

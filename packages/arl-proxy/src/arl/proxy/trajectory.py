@@ -11,7 +11,9 @@ Per request, `plan()` either extends the sequence (the agent only appended messa
 already-recorded text is a prefix of the rendering, tokenize only the new text) or rebuilds it (history
 was rewritten: render the whole conversation, keep old pieces whose text still matches and, at the
 first difference, the tokens shared with the old sequence, with their mask and log probs; everything after
-that is template text with mask 0). `commit()` then appends the sampled tokens and, when the engine stopped
+that is template text with mask 0). `plan_steps()` is the same plan as a generator that yields each text to
+tokenize and is sent its ids, so the caller chooses where tokenization runs (the server: a long text in a
+thread pool, off the event loop). `commit()` then appends the sampled tokens and, when the engine stopped
 on the end-of-turn token, the template's tail after it (mask 0).
 
 Segments (`segments=True`): when a committed prompt does not extend the current sequence token for token
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -68,6 +71,11 @@ class PromptPlan:
     rebuilt: bool
     head: tuple[list[dict[str, Any]], bool] | None = None  # new (head messages, window usable)
     debug: dict[str, Any] | None = None
+
+
+# A plan under way (`TrajectoryBuilder.plan_steps`): it yields each text it needs tokenized, is sent back that
+# text's ids, and returns the plan.
+PlanSteps = Generator[str, list[int], PromptPlan]
 
 
 @dataclass(slots=True)
@@ -121,10 +129,21 @@ class TrajectoryBuilder:
     # -- planning ----------------------------------------------------------------------------------
     def plan(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
              template_kwargs: dict[str, Any]) -> PromptPlan:
-        """Work out the prompt for `messages` without changing the builder."""
+        """Work out the prompt for `messages` without changing the builder (tokenizing on this thread)."""
+        steps = self.plan_steps(messages, tools, template_kwargs)
+        try:
+            text = next(steps)
+            while True:
+                text = steps.send(self.codec.encode(text))
+        except StopIteration as done:
+            return done.value
+
+    def plan_steps(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                   template_kwargs: dict[str, Any]) -> PlanSteps:
+        """`plan`, yielding every text to tokenize instead of tokenizing it (rendering happens here)."""
         if not self.pieces:
             text = self.codec.render(messages, tools, True, template_kwargs)
-            seg = Piece.template(text, self.codec.encode(text))
+            seg = Piece.template(text, (yield text))
             return PromptPlan(0, [seg], list(seg.ids), messages, tools, template_kwargs, False,
                               head=(messages, True))
         n = len(self.snapshot)
@@ -135,13 +154,13 @@ class TrajectoryBuilder:
             and messages[:n] == self.snapshot
         )
         if appended:
-            plan = self._extend(messages, tools, template_kwargs)
+            plan = yield from self._extend(messages, tools, template_kwargs)
             if plan is not None:
                 return plan
-        return self._rebuild(messages, tools, template_kwargs, appended)
+        return (yield from self._rebuild(messages, tools, template_kwargs, appended))
 
     def _extend(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                template_kwargs: dict[str, Any]) -> PromptPlan | None:
+                template_kwargs: dict[str, Any]) -> Generator[str, list[int], PromptPlan | None]:
         delta = messages[len(self.snapshot):]
         if self.check == "window" and self.window_ok and self.last_sampled > 0:
             window = [*self.head, self.snapshot[-1], *delta]
@@ -157,13 +176,13 @@ class TrajectoryBuilder:
         if not self.pieces[-1].sampled:  # a backfilled tail: tokenize it together with what follows
             keep -= 1
             new_text = self.pieces[-1].text + new_text
-        seg = Piece.template(new_text, self.codec.encode(new_text))
+        seg = Piece.template(new_text, (yield new_text))
         dropped = sum(len(s.ids) for s in self.pieces[keep:])
         prompt_ids = self.ids[: len(self.ids) - dropped] + seg.ids
         return PromptPlan(keep, [seg], prompt_ids, messages, tools, template_kwargs, False)
 
     def _rebuild(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 template_kwargs: dict[str, Any], appended: bool) -> PromptPlan:
+                 template_kwargs: dict[str, Any], appended: bool) -> PlanSteps:
         codec = self.codec
         text = codec.render(messages, tools, True, template_kwargs)
         # 1. Old pieces whose text is still there, in order; a template piece is kept only as the
@@ -197,14 +216,14 @@ class TrajectoryBuilder:
                 else:
                     cut = codec.last_added_token_end(text, _common_prefix_len(text, head_text))
                 prompt_text, window_ok = (text[:cut] if cut else text), False
-            new.append(Piece.template(prompt_text, codec.encode(prompt_text)))
+            new.append(Piece.template(prompt_text, (yield prompt_text)))
             pos = len(prompt_text)
             head = (head_msgs, window_ok)
         # 3. The rest as one batch (the tokenizer splits at special tokens, so this equals tokenizing
         #    prompt, assistant turns and runs of tool/user messages one by one); the tokens it shares with
         #    the old sequence right where they diverge keep their mask and log probs.
         rest = text[pos:]
-        rest_ids = codec.encode(rest)
+        rest_ids = yield rest
         offset = sum(len(s.ids) for s in self.pieces[:kept])
         shared = self._shared_sampled_prefix(rest, rest_ids, kept, offset) if kept else None
         if shared is not None:
