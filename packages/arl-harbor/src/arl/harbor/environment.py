@@ -265,6 +265,22 @@ def _processes_in(namespaces: tuple[str, ...]) -> list[tuple[int, int, str]]:
     return found
 
 
+def _kill_if_in(pid: int, namespaces: tuple[str, ...]) -> None:
+    """SIGKILL `pid` if it is (still) in one of `namespaces`: checked through a pidfd, so a PID that a new
+    process took since the scan (another sandbox starting) is never signalled."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        return
+    try:
+        if set(_namespaces(pid)) & set(namespaces):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(fd)
+
+
 class LocalSandboxEnvironment(BaseEnvironment):
     """Runs a Harbor trial's sandbox as namespaced local processes (see the module docstring).
 
@@ -336,6 +352,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
         self._image_env: dict[str, str] = {}
         self._holder: asyncio.subprocess.Process | None = None
         self._init_pid: int | None = None
+        self._init_pidfd: int | None = None
         self._limits: SandboxLimits | None = None
         self._net: SandboxNetwork | None = None
         self._uid_base = _UID_RANGE * random.randrange(*_UID_BASE_SLOTS)
@@ -557,6 +574,8 @@ class LocalSandboxEnvironment(BaseEnvironment):
             detail = log_path.read_text(errors="replace")[-2000:]
             raise SandboxStartError(f"sandbox namespace setup failed: {detail.strip() or 'no output'}")
         self._init_pid = await self._find_init_pid(self._holder.pid)
+        # Held until stop: signals go through it, never to a PID a later process may have taken.
+        self._init_pidfd = os.pidfd_open(self._init_pid)
         await self._map_users(self._init_pid)
         if self._network == "none":
             self._net = SandboxNetwork()
@@ -627,15 +646,21 @@ class LocalSandboxEnvironment(BaseEnvironment):
             raise SandboxStartError(f"{self._setup_script} exited with {result.return_code}: {tail}")
 
     async def stop(self, delete: bool) -> None:
-        if self._init_pid is not None:
+        if self._init_pid is not None and self._init_pidfd is not None:
             namespaces = _namespaces(self._init_pid)
-            if not self._is_separate_verifier():
+            try:
+                signal.pidfd_send_signal(self._init_pidfd, 0)  # still the init: the namespaces read are its
+            except ProcessLookupError:
+                namespaces = ()
+            if namespaces and not self._is_separate_verifier():
                 left = leftover_commands(_processes_in(namespaces), self._init_pid)
                 await asyncio.to_thread(write_agent_end, self.trial_paths.trial_dir, left)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self._init_pid, signal.SIGKILL)  # the PID namespace dies with its init
-            self._init_pid = None
-            await self._check_ended(namespaces)
+                signal.pidfd_send_signal(self._init_pidfd, signal.SIGKILL)  # the PID namespace dies with its init
+            os.close(self._init_pidfd)
+            self._init_pid = self._init_pidfd = None
+            if namespaces:
+                await self._check_ended(namespaces)
         if self._holder is not None:
             if self._holder.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -663,8 +688,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             if not survivors:
                 return
             for pid, _ppid, _command in survivors:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                _kill_if_in(pid, namespaces)
             await asyncio.sleep(0.05)
         names = ", ".join(f"{pid} {command}" for pid, _ppid, command in survivors[:5])
         raise SandboxError(f"processes of the sandbox survived its stop: {names}")
