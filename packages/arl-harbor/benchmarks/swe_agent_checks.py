@@ -1,4 +1,4 @@
-"""The SWE agent checks over a whole task set: oracle → 1.0, nop → 0.0, edit-tests → below 1.0.
+"""The SWE agent checks over a whole task set: oracle → 1.0, nop → 0.0, edit-tests and attacks → below 1.0.
 
 For every task of a SWE task set (issue 31's contract: `<set>/manifest.jsonl` + one Harbor task dir per
 task) one agent runs one scripted policy through arl-proxy in one environment, as in
@@ -8,12 +8,16 @@ any task misses.
 
     uv run python packages/arl-harbor/benchmarks/swe_agent_checks.py .cache/swe-tasks/smoke \\
         --env local --agent shell --script oracle,nop,edit-tests [--concurrency 8]
+    uv run python packages/arl-harbor/benchmarks/swe_agent_checks.py .cache/swe-tasks/smoke \\
+        --env docker --agent shell --script attack:all       # the reward-hacking attacks (attack:<name>)
 
 --env local: arl's unshare sandbox (root; a trial sees only its own task's environment: its testbed and the
 package's venv, bound by the task's local_binds.json); --env docker: the project's docker
 environment (`DOCKER_HOST`, images `hb__<hash>` built on first use). mini-swe-agent needs a host venv
 in the local sandbox (built under --agent-cache on first use) and, in docker, task images that contain
-it at /opt/mini-swe-agent (`arl.harbor.agents.install dockerfile-lines`).
+it at /opt/mini-swe-agent (`arl.harbor.agents.install dockerfile-lines`). `attack:all` is every attack of
+`arl.harbor.agents.attacks` but `attack:tests-hang` (it costs each task its test timeout; name it to run
+it); an attack is as expected when it scores below 1.0 and its trial did not fail.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ def tokenizer_for_checks():
 
 
 async def main_async(args: argparse.Namespace) -> int:
+    from arl.harbor.agents.attacks import expand_scripts
     from arl.harbor.agents.checks import run_check
 
     task_set = args.task_set.absolute()
@@ -90,7 +95,7 @@ async def main_async(args: argparse.Namespace) -> int:
         tasks = [t for t in tasks if t[0] in wanted]
     if args.limit:
         tasks = tasks[: args.limit]
-    scripts = args.script.split(",")
+    scripts = expand_scripts(args.script.split(","))
     mini_venv = None
     if args.agent == "mini-swe-agent" and args.env == "local":
         from arl.harbor.agents.install import ensure_host_venv
@@ -105,6 +110,7 @@ async def main_async(args: argparse.Namespace) -> int:
     print(f"# {len(tasks)} tasks × {scripts} · agent {args.agent} · env {args.env} · "
           f"{args.concurrency} at a time", flush=True)
     slots = asyncio.Semaphore(args.concurrency)
+    width = max(10, *map(len, scripts))
 
     async def one(task_id: str, task_dir: Path, script: str):
         async with slots:
@@ -116,7 +122,7 @@ async def main_async(args: argparse.Namespace) -> int:
         extra = f" {r.failure_kind}: {r.error[:300]}" if r.failed or r.error else ""
         extra += " (after a retried attempt)" if r.retried else ""
         tokens = f" token problems: {r.token_problems}" if r.token_problems else ""
-        print(f"{status} {script:10s} reward={r.reward} f2p={r.rewards.get('fail_to_pass')} "
+        print(f"{status} {script:{width}s} reward={r.reward} f2p={r.rewards.get('fail_to_pass')} "
               f"p2p={r.rewards.get('pass_to_pass')} turns={r.generator_calls} segments={r.segments} "
               f"{r.wall_s:5.1f}s {task_id}{extra}{tokens}", flush=True)
         return r
@@ -133,7 +139,7 @@ async def main_async(args: argparse.Namespace) -> int:
         mean = sum(rewards) / len(rewards) if rewards else float("nan")
         token_ok = sum(not r.token_problems for r in mine)
         per_trial = sum(r.wall_s for r in mine) / max(1, len(mine))
-        print(f"{script:10s} {ok}/{len(mine)} as expected; mean reward {mean:.3f}; "
+        print(f"{script:{width}s} {ok}/{len(mine)} as expected; mean reward {mean:.3f}; "
               f"failed {sum(r.failed for r in mine)}; token-exact {token_ok}/{len(mine)}; "
               f"{per_trial:.1f} s/trial")
     print(f"total {len(results)} trials in {wall:.0f} s")
@@ -149,7 +155,8 @@ def main() -> int:
     parser.add_argument("task_set", type=Path, help="a SWE task set folder (manifest.jsonl + task dirs)")
     parser.add_argument("--env", choices=("local", "docker"), required=True)
     parser.add_argument("--agent", choices=("shell", "terminus-2", "mini-swe-agent"), required=True)
-    parser.add_argument("--script", default="oracle,nop,edit-tests", help="comma-separated scripts")
+    parser.add_argument("--script", default="oracle,nop,edit-tests",
+                        help="comma-separated scripts: oracle, nop, edit-tests, attack:<name>, attack:all")
     parser.add_argument("--tasks", help="comma-separated task ids (default: all)")
     parser.add_argument("--limit", type=int, default=0, help="only the first N tasks")
     parser.add_argument("--trial-timeout", type=float, default=None, help="seconds per trial")
