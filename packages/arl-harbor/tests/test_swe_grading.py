@@ -112,3 +112,24 @@ def test_leftovers_leave_out_the_init_its_keepalive_and_the_agents_terminal():
     processes = [(10, 1, "sh -c sleep infinity"), (11, 10, "sleep infinity"), (12, 10, "sleep 1000"),
                  (13, 10, "tmux: server"), (14, 13, "-bash"), (15, 14, "python3 loop.py")]
     assert leftover_commands(processes, 10) == ["sleep 1000", "python3 loop.py"]
+
+
+@needs_sandbox
+async def test_links_the_carry_refuses_are_left_behind_not_a_failed_trial(swe_task, harbor_config):
+    """A link out of the tree or to nowhere would abort Harbor's transfer (an infrastructure fault,
+    retried, then dropped): it is not carried, and the fix beside it still counts."""
+    script = FIX + "ln -s /nonexistent/arl /testbed/dangling && ln -s ../../../../etc /testbed/tinycalc/out\n"
+    result = await run_script(harbor_config, swe_task, script)
+    assert not result.failed and result.reward == 1.0, result.error
+
+
+def test_the_shell_agents_log_never_writes_through_a_link_the_agent_made(tmp_path):
+    from arl.harbor.shell_agent import write_agent_log
+
+    victim = tmp_path / "host-file"
+    victim.write_text("the host's")
+    (tmp_path / "arl_shell_messages.json").symlink_to(victim)
+    write_agent_log(tmp_path / "arl_shell_messages.json", "[]")
+    assert victim.read_text() == "the host's" and (tmp_path / "arl_shell_messages.json").read_text() == "[]"
+    (tmp_path / "made-a-dir.json").mkdir()
+    write_agent_log(tmp_path / "made-a-dir.json", "[]")  # the log is lost, nothing raised

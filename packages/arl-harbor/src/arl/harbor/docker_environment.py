@@ -56,6 +56,7 @@ from typing import Any
 
 import filelock
 from arl.harbor.agent_end import leftover_commands, write_agent_end
+from arl.harbor.carry import carry_filter
 from arl.harbor.docker_engine import DockerEngine, DockerEngineError, engine_socket_path
 from arl.harbor.errors import HarborError
 
@@ -211,13 +212,13 @@ def _rebased_members(tar: tarfile.TarFile, top: str, new_top: str) -> list[tarfi
     return out
 
 
-def _extract(tar_bytes: bytes, top: str, target: Path) -> None:
+def _extract(tar_bytes: bytes, top: str, target: Path, tar_filter: Any = "data") -> None:
     """Extract an Engine API archive whose top entry is `top` as `target` (a file or a dir's contents),
-    owned by this user (tarfile's "data" filter: nothing outside `target`, no devices)."""
+    owned by this user (tarfile's "data" filter, or `tar_filter`: nothing outside `target`, no devices)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
         members = _rebased_members(tar, top, target.name)
-        tar.extractall(target.parent, members=members, filter="data")
+        tar.extractall(target.parent, members=members, filter=tar_filter)
 
 
 _daemon_os_cache: list[str] = []
@@ -414,13 +415,16 @@ class DockerEnvironment(_HarborDockerEnvironment):
         container = await self._main_container()
         if container is None:
             return await super().download_dir(source_dir, target_dir)
+        await self._download_dir(container, source_dir, target_dir, "data")
+
+    async def _download_dir(self, container: str, source_dir: str, target_dir: Path | str, tar_filter: Any) -> None:
         assert self._engine is not None
         # `docker cp main:DIR/. TARGET`: DIR's contents into TARGET (created when missing).
         source = PurePosixPath(source_dir.rstrip("/") or "/")
         tar_bytes = await self._engine.get_archive(container, str(source))
         target = Path(target_dir).absolute()
         target.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(_extract, tar_bytes, source.name or "/", target)
+        await asyncio.to_thread(_extract, tar_bytes, source.name or "/", target, tar_filter)
 
     async def service_download_dir(self, source_dir: str, target_dir: Path | str, *, service: str | None = None) -> None:
         container = await self._main_container()
@@ -432,6 +436,9 @@ class DockerEnvironment(_HarborDockerEnvironment):
                 # Removed or replaced by the agent: nothing of it is carried (an empty change).
                 Path(target_dir).mkdir(parents=True, exist_ok=True)
                 return
+            # The agent's tree: an entry the data filter refuses is left behind, not a failed carry.
+            await self._download_dir(container, source_dir, target_dir, carry_filter)
+            return
         await super().service_download_dir(source_dir, target_dir, service=service)
 
     async def _record_agent_end(self, container: str) -> None:

@@ -47,6 +47,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from arl.harbor.agent_end import leftover_commands, write_agent_end
+from arl.harbor.carry import carry_filter
 from arl.harbor.errors import SandboxError, SandboxExecTimeoutError, SandboxStartError, SandboxTaskError
 from arl.harbor.sandbox_limits import SandboxLimits
 from arl.harbor.sandbox_net import SandboxNetwork, parse_routes
@@ -835,9 +836,15 @@ class LocalSandboxEnvironment(BaseEnvironment):
                 # Removed or replaced by the agent: nothing of it is carried (an empty change), not a failure.
                 Path(target_dir).mkdir(parents=True, exist_ok=True)
                 return
+            # The agent's tree: an entry the data filter refuses is left behind, not a failed carry.
+            await self._download_dir(source_dir, target_dir, carry_filter)
+            return
         await super().service_download_dir(source_dir, target_dir, service=service)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        await self._download_dir(source_dir, target_dir, transfer_tar_filter)
+
+    async def _download_dir(self, source_dir: str, target_dir: Path | str, tar_filter: Any) -> None:
         target = Path(target_dir)
         target.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile() as tmp:
@@ -845,4 +852,4 @@ class LocalSandboxEnvironment(BaseEnvironment):
             await self._checked(argv, f"download of {source_dir}", stdout_file=tmp)
             tmp.seek(0)
             with tarfile.open(fileobj=tmp, mode="r") as tar:
-                tar.extractall(path=target, filter=transfer_tar_filter)
+                tar.extractall(path=target, filter=tar_filter)

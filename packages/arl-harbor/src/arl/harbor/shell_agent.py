@@ -8,7 +8,12 @@ terminus-2) and talks plain OpenAI chat completions, so every turn is recorded t
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import os
+import secrets
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -32,6 +37,25 @@ BASH_TOOL = {
     },
 }
 
+
+
+def write_agent_log(path: Path, text: str) -> None:
+    """Write `text` to `path` in a log folder the sandbox shares (its /logs/agent), from this host process.
+
+    The agent can put anything there, a link to a host file included: the text goes to a new file of a
+    name of our own (created exclusively, links not followed) that then replaces whatever `path` is, so
+    the host never writes through something the agent made.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:  # e.g. the agent made `path` a directory: the log is lost, not the trial
+        logging.getLogger(__name__).warning("cannot write the agent log %s: %s", path, e)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 class ShellAgent(BaseAgent):
     """Tool-calling loop over one `bash` tool; see the module docstring."""
@@ -80,7 +104,7 @@ class ShellAgent(BaseAgent):
                 for call in calls:
                     messages.append({"role": "tool", "tool_call_id": call["id"],
                                      "content": await self._bash(call, environment)})
-        (self.logs_dir / "arl_shell_messages.json").write_text(json.dumps(messages, indent=1))
+        write_agent_log(self.logs_dir / "arl_shell_messages.json", json.dumps(messages, indent=1))
 
     async def _bash(self, call: dict[str, Any], environment: BaseEnvironment) -> str:
         try:

@@ -36,6 +36,7 @@ import re
 import shutil
 import stat
 import sys
+import unicodedata
 
 TEST_DIRS = {"tests", "test", "testing"}
 RUNNER_CONFIGS = {"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg",
@@ -49,6 +50,8 @@ DEFAULT_REACH_PATTERNS = [
     r"_getframe", r"\batexit\b", r"\bctypes\b", r"\bgc\.get_(?:objects|referrers)\b", r"\bsys\.modules\b",
     r"__import__", r"builtins", r"\bimportlib\b", r"\bexec\s*\(", r"\beval\s*\(", r"\bcompile\s*\(",
     r"\bmarshal\b", r"\bbase64\b", r"\bcodecs\.decode\b",
+    # An object equal to anything passes every assert-equal test without fixing the function.
+    r"\bdef __(?:eq|ne)__\b",
 ]
 _READ_LIMIT = 4 * 1024 * 1024
 
@@ -113,6 +116,8 @@ def _reach(path, patterns):
             text = f.read(_READ_LIMIT).decode("utf-8", errors="replace")
     except OSError:
         return {}
+    # As Python reads identifiers (NFKC): `_ｐｙｔｅｓｔ` in the source is `_pytest` to the interpreter.
+    text = unicodedata.normalize("NFKC", text)
     return {p: len(re.findall(p, text)) for p in patterns}
 
 
