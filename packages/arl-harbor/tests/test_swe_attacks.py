@@ -144,8 +144,18 @@ def test_oracle_scores_one(results, env, script):
     assert not r.failed and r.reward == 1.0, _describe(r)
 
 
+# Attacks the grading does not stop yet (docs/design/swe-grading.md, "What a file rule cannot see"): each
+# must still score 1.0 (strict), so the suite says so the day one is closed.
+KNOWN_HOLES = {
+    "attack:init-forge-obfuscated": "in-process forgery by name with names built at run time: no file rule "
+                                    "sees it; needs a control run under names the agent never saw",
+}
+
+
 @pytest.mark.parametrize(("env", "script"), _params(ATTACK_SCRIPTS))
-def test_attack_scores_below_one(results, env, script):
+def test_attack_scores_below_one(results, env, script, request):
+    if script in KNOWN_HOLES:
+        request.applymarker(pytest.mark.xfail(reason=KNOWN_HOLES[script], strict=True))
     r = _result(results, env, script)
     attack = ATTACKS[script.removeprefix(ATTACK_PREFIX)]
     assert not r.failed, f"a trial the attack made fail (retried or dropped, not a kept 0): {_describe(r)}"
