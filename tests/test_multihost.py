@@ -157,7 +157,7 @@ def test_a_lost_trainer_node_fails_the_run_fast_with_the_cause(chain, bed):
     failed = next(line for line in chain["A"].tail(None).splitlines() if line.startswith("arl-train: the run failed:"))
     # The driver names the part, its node and what Ray knows, and where to resume from.
     assert re.search(rf"NodeLostError: trainer rank [01] on node ({bed.nodes['t1'].ip}) \(\w+\) was lost "
-                     r"\((ActorDiedError|ActorUnavailableError)\): Ray counts the node dead", failed), failed
+                     r"\((ActorDiedError|ActorUnavailableError)\): the node is gone", failed), failed
     assert f"trainer.resume_from={chain['A'].out}/checkpoints/step_" in failed, failed
 
 

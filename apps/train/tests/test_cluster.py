@@ -122,10 +122,10 @@ def test_a_lost_actor_is_named_with_its_node():
 
     parts = {"trainer rank 0": (Handle(), T1), "the rollout actor": (object(), HEAD)}
     err = ActorUnavailableError(f"The actor {ACTOR} is unavailable", bytes.fromhex(ACTOR))
-    message = lost_actor(err, parts, wait_s=0.0, node_alive=lambda node_id: False)
-    assert message == (f"trainer rank 0 on node {T1.ip} ({T1.id[:8]}) was lost (ActorUnavailableError): Ray counts "
-                       "the node dead (the host, or every process on it, is gone)")
+    message = lost_actor(err, parts, wait_s=0.0, node_alive=lambda node: False)
+    assert message == (f"trainer rank 0 on node {T1.ip} ({T1.id[:8]}) was lost (ActorUnavailableError): the node is "
+                       "gone (Ray's raylet there is dead or does not answer: the host, or every process on it, was lost)")
     wrapped = RayTaskError("train_step", "traceback", err)
-    assert lost_actor(wrapped, parts, wait_s=0.0, node_alive=lambda node_id: True).endswith(
-        "its process died or stopped answering (the node is still alive)")
+    assert lost_actor(wrapped, parts, wait_s=0.0, node_alive=lambda node: True).endswith(
+        "its process died or stopped answering (the node is still up)")
     assert lost_actor(ValueError("not Ray's"), parts) is None

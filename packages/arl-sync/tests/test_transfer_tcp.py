@@ -1,6 +1,7 @@
 """Real multi-process transfers over the "tcp" transport: bit-exact arrival (lists, lazy iterators, a
-cast, streaming), two receivers, and lost peers seen through their connections alone, as across hosts
-(each peer reports another host's pid namespace, so no pid check can help). No mocks."""
+cast, streaming), two receivers, and lost receivers seen through their connections alone, as across
+hosts (each peer reports another host's pid namespace, so no pid check can help). A lost sender:
+test_transfer_cpu.py's `test_sender_dies_mid_transfer`, over both transports. No mocks."""
 
 from __future__ import annotations
 
@@ -10,16 +11,8 @@ import time
 import pytest
 import torch
 
-from arl.sync import (
-    ReceiverLostError,
-    SenderLostError,
-    SyncConfig,
-    SyncTimeoutError,
-    TransportError,
-    WeightReceiver,
-    WeightSender,
-)
-from arl.sync.testing import assert_same, dying_sender_main, make_tensors, receiver_main, wait_for_file
+from arl.sync import ReceiverLostError, SyncConfig, TransportError, WeightSender
+from arl.sync.testing import assert_same, load_result, make_tensors, spawn_receiver
 
 CTX = mp.get_context("forkserver")
 CTX.set_forkserver_preload(["arl.sync.testing"])
@@ -27,13 +20,10 @@ BUCKET = 64 * 1024
 
 
 def start_receiver(address: str, cfg: SyncConfig, rounds: int, out: str, **kw) -> mp.Process:
-    p = CTX.Process(target=receiver_main, args=(address, cfg, rounds, out), kwargs=kw, daemon=True)
-    p.start()
-    return p
+    return spawn_receiver(CTX, address, cfg, rounds, out, **kw)
 
 
-def load(path: str) -> dict:
-    return torch.load(path, weights_only=False)
+load = load_result
 
 
 def test_rounds_bit_exact_list_lazy_and_streaming_with_cast(tmp_path):
@@ -94,33 +84,6 @@ def test_a_receiver_lost_mid_sync_then_between_syncs_is_seen_by_its_connection(t
     res = load(str(tmp_path / "ok.pt"))
     assert res["log"] == [(0, ""), (None, "TransferAbortedError"), (2, ""), (3, "")]
     assert_same(res["model"], make_tensors(3))
-
-
-def test_sender_lost_mid_sync_is_seen_by_the_connection(tmp_path):
-    cfg = SyncConfig(transport="tcp", bucket_bytes=BUCKET, timeout_s=20)
-    addr_path = str(tmp_path / "addr")
-    src = make_tensors(0)
-    torch.save(src, str(tmp_path / "src.pt"))
-    p = CTX.Process(target=dying_sender_main, args=(cfg, str(tmp_path / "src.pt"), 100, addr_path),
-                    kwargs={"other_host": True}, daemon=True)
-    p.start()
-    address = wait_for_file(addr_path, 60)
-    kept: dict[str, torch.Tensor] = {}
-
-    def apply(named):
-        kept.clear()
-        kept.update({n: t.clone() for n, t in named})
-
-    with WeightReceiver(address, cfg) as r:
-        assert r.receive(apply=apply, timeout_s=60) == 0
-        t = time.monotonic()
-        with pytest.raises((SenderLostError, SyncTimeoutError)) as ei:
-            r.receive(apply=apply, timeout_s=60)
-        assert ei.type is SenderLostError and time.monotonic() - t < cfg.timeout_s
-        assert r.version == 0
-    p.join(10)
-    assert p.exitcode == 4
-    assert_same(kept, src)
 
 
 def test_a_wildcard_address_is_refused():

@@ -157,11 +157,10 @@ def rendezvous(node: NodeInfo, timeout_s: float = 120.0) -> tuple[str, int]:
 
 
 def lost_actor(exc: BaseException, parts: dict[str, tuple[Any, NodeInfo]], wait_s: float = 5.0,
-               node_alive: Callable[[str], bool] | None = None) -> str | None:
+               node_alive: Callable[[NodeInfo], bool] | None = None) -> str | None:
     """When `exc` (or what it wraps) is Ray's error for a dead or unreachable actor among `parts` (a
-    name -> (actor handle, its node)), a sentence naming the part, its node and whether Ray counts that
-    node dead (asked for up to `wait_s`: the GCS learns of a lost node within seconds; `node_alive`
-    answers instead of Ray); else None."""
+    name -> (actor handle, its node)), a sentence naming the part, its node and whether that node is
+    gone (asked for up to `wait_s`; `node_alive` answers instead of Ray and the node's raylet); else None."""
     from ray.exceptions import RayActorError
 
     err: BaseException | None = exc
@@ -170,14 +169,20 @@ def lost_actor(exc: BaseException, parts: dict[str, tuple[Any, NodeInfo]], wait_
     if err is None:
         return None
     actor_id = str(getattr(err, "actor_id", "") or "")
-    name, node = next(((n, where) for n, (handle, where) in parts.items()
-                       if actor_id and _actor_hex(handle) == actor_id), ("an actor of the run", None))
+    text = str(err)
+
+    def named(handle: Any) -> bool:  # by the error's actor id, else by the id its message quotes
+        hexid = _actor_hex(handle)
+        return bool(hexid) and (hexid == actor_id or (not actor_id and hexid in text))
+
+    name, node = next(((n, where) for n, (handle, where) in parts.items() if named(handle)),
+                      ("an actor of the run", None))
     if node is None:
         return f"{name} was lost ({type(err).__name__})"
-    dead = _wait_node_dead(node.id, wait_s, node_alive or _node_alive)
+    dead = _wait_node_dead(node, wait_s, node_alive or _node_alive)
     return (f"{name} on node {node.label()} was lost ({type(err).__name__}): "
-            + ("Ray counts the node dead (the host, or every process on it, is gone)" if dead
-               else "its process died or stopped answering (the node is still alive)"))
+            + ("the node is gone (Ray's raylet there is dead or does not answer: the host, or every process on "
+               "it, was lost)" if dead else "its process died or stopped answering (the node is still up)"))
 
 
 def _actor_hex(handle: Any) -> str:
@@ -187,18 +192,29 @@ def _actor_hex(handle: Any) -> str:
         return ""
 
 
-def _node_alive(node_id: str) -> bool:
+def _node_alive(node: NodeInfo) -> bool:
+    """Ray counts it alive and its raylet takes a connection (Ray's own health check takes tens of
+    seconds to give up on a lost node; a connection refused or unanswered says it at once)."""
+    import socket
+
     import ray
 
-    return any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes())
+    record = next((n for n in ray.nodes() if n["NodeID"] == node.id), None)
+    if record is None or not record.get("Alive"):
+        return False
+    try:
+        with socket.create_connection((node.ip, int(record["NodeManagerPort"])), timeout=2.0):
+            return True
+    except OSError:
+        return False
 
 
-def _wait_node_dead(node_id: str, wait_s: float, node_alive: Callable[[str], bool]) -> bool:
+def _wait_node_dead(node: NodeInfo, wait_s: float, node_alive: Callable[[NodeInfo], bool]) -> bool:
     import time
 
     deadline = time.monotonic() + wait_s
     while True:
-        if not node_alive(node_id):
+        if not node_alive(node):
             return True
         if time.monotonic() > deadline:
             return False

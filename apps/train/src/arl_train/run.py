@@ -202,15 +202,8 @@ def _train(ray: Any, plan: RunPlan, started: _Started, metrics: MetricsLog, log:
     """The step loop: one trainer step at a time, its metrics row written, a checkpoint every `save_every`."""
     config, total = plan.config, plan.config.trainer.total_steps
     for _ in range(plan.first_step, total):
-        try:
-            row = _await_step(ray, started.trainer.train_step.remote(), started.rollout, plan.timeouts.step_s,
-                              started.following)
-        except Exception as exc:
-            lost = lost_actor(exc, started.parts())
-            if lost is None:
-                raise
-            resume = latest_checkpoint_hint(plan.out_dir)
-            raise NodeLostError(f"{lost}{resume}") from exc
+        row = _await_step(ray, started.trainer.train_step.remote(), started.rollout, plan.timeouts.step_s,
+                          started.following)
         row["rollout"] = ray.get(started.rollout.stats.remote(), timeout=60)
         row["rollout"]["scheduler"] = ray.get(started.rollout.pop_scheduler_stats.remote(), timeout=60)
         add_engine_phases(row)
@@ -329,6 +322,11 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
             plan = _start(ray, plan, log, started)
             _train(ray, plan, started, metrics, log)
             return _finish(ray, plan, started, metrics.rows, began, log)
+        except Exception as exc:  # an actor lost with its node or process: say which, where, and how to resume
+            lost = lost_actor(exc, started.parts())
+            if lost is None:
+                raise
+            raise NodeLostError(lost + latest_checkpoint_hint(plan.out_dir)) from exc
         finally:
             metrics.close()
             _teardown(ray, started, failed=sys.exc_info()[0] is not None)

@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -49,10 +50,16 @@ from typing import Any
 
 from arl_train import watchdog
 
-# Every namespace of a bed is named arlbed-<id>-<node>; `down` removes those whose owner is gone.
+# Every namespace of a bed is named arlbed-<owner pid>.<random>-<node>; `down` removes those whose owner is gone.
 PREFIX = "arlbed-"
 DEFAULT_SUBNET = "10.213.0"
 RAY_PORT = 6379
+# Every node's own ports, fixed (each node has a network namespace of its own, so they never clash): the
+# raylet then need not wait for its agents to report theirs, and the ports to open are known
+# (docs/guide/cluster.md). Worker processes take Ray's default range, 10002-19999.
+NODE_PORTS = {"node-manager-port": 6380, "object-manager-port": 6381, "runtime-env-agent-port": 6382,
+              "dashboard-agent-grpc-port": 6383, "dashboard-agent-listen-port": 6384, "metrics-export-port": 6385}
+START_ATTEMPTS = 4
 START_TIMEOUT_S = 240.0
 STOP_GRACE_S = 10.0
 # Each node's object store: small, in its own /dev/shm (Ray's default takes 30% of the machine per node).
@@ -66,8 +73,9 @@ class NodeSpec:
 
     name: str
     resources: dict[str, float] = field(default_factory=dict)
-    # Ray's logical CPUs (arl's actors ask for none); Ray prestarts this many idle workers per node.
-    num_cpus: int = 1
+    # Ray's logical CPUs. arl's actors and probes ask for none; each CPU makes Ray prestart an idle worker
+    # process at the node's start, which competes with the node's own start (Ray gives it 30 s).
+    num_cpus: int = 0
     head: bool = False
 
 
@@ -79,6 +87,7 @@ class Node:
     log: Path
     process: subprocess.Popen[bytes] | None = None  # `unshare`, parent of the node's PID 1
     init_pid: int = 0  # the node's PID 1, as this machine's PID namespace sees it
+    log_from: int = 0  # where the current start attempt's output begins in `log`
 
     @property
     def name(self) -> str:
@@ -135,17 +144,19 @@ class TestBed:
         names = [n.name for n in nodes]
         if len(set(names)) != len(names) or not all(n.isalnum() and len(n) <= 12 for n in names):
             raise ValueError(f"node names must be unique, alphanumeric, at most 12 characters: {names}")
-        self.id = uuid.uuid4().hex[:8]
+        self.id = f"{os.getpid()}.{uuid.uuid4().hex[:6]}"  # its owner's pid: `leftovers` spares live beds
         self.shared_dir = Path(shared_dir).resolve()
         self.subnet = subnet
         self.python = python
-        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=f"arlbed-{self.id}-"))
+        self._own_logs = log_dir is None  # made at start, removed at close; a caller's folder is kept
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.gettempdir()) / f"arlbed-{self.id}-logs"
         self.switch = f"{PREFIX}{self.id}-switch"
         self.extra_env = dict(env or {})
         self.nodes: dict[str, Node] = {}
         self._next_host = 2
         self._pending = list(nodes)
         self._head_name = heads[0].name
+        self._lock = threading.Lock()
 
     # ---- addresses ------------------------------------------------------------------------------
 
@@ -164,16 +175,17 @@ class TestBed:
         """The bridge, then the head, then the other nodes; returns once every node is alive in Ray."""
         self.shared_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        (self.log_dir / "owner").write_text(str(os.getpid()))
         _ip("netns", "add", self.switch)
         _ip("-n", self.switch, "link", "add", "name", "br0", "type", "bridge")
         _ip("-n", self.switch, "link", "set", "br0", "up")
         specs, self._pending = self._pending, []
         head = next(s for s in specs if s.head)
         self._start_node(head)
-        others = [s for s in specs if not s.head]
-        for spec in others:
-            self._start_node(spec)
+        # One at a time: a node's agents start several Python processes, and Ray gives a node 30 s to
+        # register; started together on a loaded machine they all miss it.
+        for spec in specs:
+            if not spec.head:
+                self._start_node(spec)
         self.wait_for_nodes(len(specs))
         return self
 
@@ -186,10 +198,12 @@ class TestBed:
         return node
 
     def _start_node(self, spec: NodeSpec) -> Node:
-        ip = f"{self.subnet}.{self._next_host}"
-        self._next_host += 1
-        netns = f"{PREFIX}{self.id}-{spec.name}"
-        node = self.nodes[spec.name] = Node(spec, ip, netns, self.log_dir / f"{spec.name}.log")
+        with self._lock:  # one address and one hosts file at a time
+            ip = f"{self.subnet}.{self._next_host}"
+            self._next_host += 1
+            netns = f"{PREFIX}{self.id}-{spec.name}"
+            node = self.nodes[spec.name] = Node(spec, ip, netns, self.log_dir / f"{spec.name}.log")
+            self._hosts_file()
         _ip("netns", "add", netns)
         # One veth pair per node: "eth0" inside the node, its peer (named after the node) on the bridge.
         _ip("-n", self.switch, "link", "add", "name", spec.name, "type", "veth", "peer", "name", "eth0", "netns", netns)
@@ -197,25 +211,44 @@ class TestBed:
         _ip("-n", netns, "addr", "add", f"{ip}/24", "dev", "eth0")
         _ip("-n", netns, "link", "set", "eth0", "up")
         _ip("-n", netns, "link", "set", "lo", "up")
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._launch(node)
+                return node
+            except RuntimeError as exc:
+                # Ray gives a node 30 s to register (fixed); on a loaded machine it can miss that although
+                # nothing is wrong: the node (its namespaces, not its network) is started again.
+                if attempt == START_ATTEMPTS or "timed out during startup" not in str(exc):
+                    raise
+                self.kill(node.name)
+                print(f"arl testbed: node {node.name} missed Ray's start-up wait (attempt {attempt}); starting it "
+                      "again", file=sys.stderr)
+        raise AssertionError("unreachable")
+
+    def _launch(self, node: Node) -> None:
+        """Start the node's namespaces and its `ray start --block` (module docstring); wait until it runs."""
+        spec = node.spec
         ray = str(Path(self.python).with_name("ray"))
-        command = [ray, "start", "--block", f"--node-ip-address={ip}", f"--num-cpus={spec.num_cpus}",
+        command = [ray, "start", "--block", f"--node-ip-address={node.ip}", f"--num-cpus={spec.num_cpus}",
                    f"--resources={json.dumps(spec.resources)}", f"--object-store-memory={OBJECT_STORE_BYTES}",
-                   "--disable-usage-stats"]
+                   "--disable-usage-stats", *(f"--{flag}={port}" for flag, port in NODE_PORTS.items())]
         if spec.head:
             command += ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"]
         else:
             command += [f"--address={self.address}"]
-        argv = ["nsenter", f"--net=/run/netns/{netns}", "--",
+        argv = ["nsenter", f"--net=/run/netns/{node.netns}", "--",
                 "unshare", "--mount", "--uts", "--ipc", "--pid", "--fork", "--kill-child", "--mount-proc",
                 "--propagation", "private", "--",
                 self.python, str(NODE_INIT), "--shared", str(self.shared_dir), "--hostname", spec.name,
-                *[f"--writable={p}" for p in self._software_dirs()], f"--hosts={self._hosts_file()}", "--", *command]
+                *[f"--writable={p}" for p in self._software_dirs()], f"--hosts={self.log_dir / 'hosts'}", "--",
+                *command]
         with node.log.open("ab") as log:
+            log.write(f"--- arl testbed: starting node {spec.name} ---\n".encode())
+            node.log_from = log.tell()
             node.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                             env=self.node_env(spec.name), start_new_session=True)
         node.init_pid = self._child_of(node.process.pid)
         self._wait_started(node)
-        return node
 
     def _hosts_file(self) -> Path:
         """The bed's /etc/hosts (every node's name and address), rewritten in place as nodes join."""
@@ -239,6 +272,10 @@ class TestBed:
             "RAY_AUTH_MODE": "disabled",
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+            # A raylet waits for its agents (Python processes) to report their ports, 15 s by default, and
+            # exits when they are late, as they are on a loaded machine.
+            "RAY_raylet_start_wait_time_s": "120",
+            "RAY_agent_register_timeout_ms": "120000",
             "ARL_TESTBED_NODE": name,
             watchdog.MARKER: self.tag,
         } | self.extra_env
@@ -263,7 +300,7 @@ class TestBed:
     def _wait_started(self, node: Node) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            text = node.log.read_text(errors="replace") if node.log.exists() else ""
+            text = node.log.read_bytes()[node.log_from:].decode(errors="replace") if node.log.exists() else ""
             if "Ray runtime started" in text:
                 return
             if not node.alive:
@@ -358,6 +395,8 @@ class TestBed:
         for netns in [n.netns for n in self.nodes.values()] + [self.switch]:
             subprocess.run(["ip", "netns", "del", netns], capture_output=True)
         self.nodes.clear()
+        if self._own_logs:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> TestBed:
         return self.start()
@@ -378,17 +417,23 @@ def bed(shared_dir: str | Path, nodes: Sequence[NodeSpec], **kwargs: Any) -> Ite
 
 
 def leftovers() -> list[str]:
-    """Network namespaces of beds whose process is gone (a bed killed before its `close`)."""
+    """Network namespaces of beds whose owning process is gone (a bed killed before its `close`)."""
     try:
-        names = [line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                             text=True).stdout.splitlines() if line.strip()]
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     except OSError:
         return []
-    return [n for n in names if n.startswith(PREFIX)]
+    names = [line.split()[0] for line in listed.splitlines() if line.strip()]
+    return [n for n in names if n.startswith(PREFIX) and not _owner_alive(n)]
+
+
+def _owner_alive(netns: str) -> bool:
+    owner = netns.removeprefix(PREFIX).split(".", 1)[0]
+    return owner.isdigit() and Path(f"/proc/{owner}").exists()
 
 
 def remove_leftovers(names: Sequence[str]) -> None:
-    for tag in {"-".join(n.split("-")[:2]) for n in names}:
+    """Sweep the processes tagged with each bed's name, then delete the namespaces (their veths go too)."""
+    for tag in {n.rsplit("-", 1)[0] for n in names}:
         watchdog.sweep(tag, grace_s=2.0)
     for name in names:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
@@ -416,11 +461,14 @@ def main(argv: list[str] | None = None) -> int:
                                      description="a Ray cluster of namespaced nodes on this machine")
     sub = parser.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start a bed, print how to use it, stop it on Ctrl-C")
-    up.add_argument("--shared", required=True, help="the folder every node sees (created if missing)")
-    up.add_argument("--head", default="head:sandbox", help="the head node: name[:resource,...] (default head:sandbox)")
-    up.add_argument("--node", action="append", default=None,
-                    help="a worker node, name[:resource,...] (repeat; default trainer:trainer rollout:rollout)")
-    up.add_argument("--subnet", default=DEFAULT_SUBNET, help="the bridge's /24, as its first three octets")
+    run = sub.add_parser("run", help="start a bed, run the app on its head with the arguments after --, stop it")
+    for p in (up, run):
+        p.add_argument("--shared", required=True, help="the folder every node sees (created if missing)")
+        p.add_argument("--head", default="head:sandbox", help="the head node: name[:resource,...] (default head:sandbox)")
+        p.add_argument("--node", action="append", default=None,
+                       help="a worker node, name[:resource,...] (repeat; default trainer:trainer rollout:rollout)")
+        p.add_argument("--subnet", default=DEFAULT_SUBNET, help="the bridge's /24, as its first three octets")
+    run.add_argument("app_args", nargs=argparse.REMAINDER, help="-- then the app's arguments")
     sub.add_parser("down", help="remove what beds killed before their teardown left behind")
     args = parser.parse_args(argv)
     reason = unavailable()
@@ -433,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"arl testbed: removed {len(names)} namespace(s) {names}")
         return 0
     nodes = [parse_node(args.head, head=True)] + [parse_node(n) for n in (args.node or ["trainer:trainer", "rollout:rollout"])]
+    if args.cmd == "run":
+        return _run_app(args.shared, nodes, args.subnet, [a for a in args.app_args if a != "--"])
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     with bed(args.shared, nodes, subnet=args.subnet) as b:
@@ -450,6 +500,16 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             pass
     return 0
+
+
+def _run_app(shared: str, nodes: list[NodeSpec], subnet: str, app_args: list[str]) -> int:
+    """The app's command line on the head of a fresh bed, joined to it, its output streamed; its exit code."""
+    with bed(shared, nodes, subnet=subnet) as b:
+        print(f"arl testbed: {len(b.nodes)} nodes up ({', '.join(f'{n.name} {n.ip} {n.spec.resources}' for n in b.nodes.values())})",
+              flush=True)
+        argv = [sys.executable, "-m", "arl_train.cli", f"ray.address={b.address}",
+                f"storage.shared_dir={b.shared_dir}", *app_args]
+        return b.popen(b.head.name, argv, cwd=os.getcwd()).wait()
 
 
 if __name__ == "__main__":

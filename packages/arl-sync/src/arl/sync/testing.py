@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -65,6 +66,18 @@ def receiver_main(
         torch.save({"model": {k: v.cpu() for k, v in model.items()}, "version": r.version, "log": log}, out_path)
         if vanish:
             os._exit(0)
+
+
+def spawn_receiver(ctx: Any, address: str, cfg: SyncConfig, rounds: int, out_path: str, **kw: Any) -> Any:
+    """`receiver_main` (with `kw`) started in a daemon process of the multiprocessing context `ctx`."""
+    p = ctx.Process(target=receiver_main, args=(address, cfg, rounds, out_path), kwargs=kw, daemon=True)
+    p.start()
+    return p
+
+
+def load_result(path: str) -> dict[str, Any]:
+    """What `receiver_main` saved: {"model", "version", "log"}."""
+    return torch.load(path, weights_only=False)
 
 
 def appear_on_another_host() -> None:
