@@ -20,7 +20,7 @@ from arl.sync import (
     WeightReceiver,
     WeightSender,
 )
-from arl.sync.testing import assert_same, dying_sender_main, make_tensors, receiver_main, wait_for_file
+from arl.sync.testing import assert_same, dying_sender_main, load_result, make_tensors, spawn_receiver, wait_for_file
 
 # forkserver: children fork from one server that imported torch once (a fresh torch import costs
 # ~10 s on the CI machine); the server itself never touches threads or CUDA, so forking is safe.
@@ -30,13 +30,10 @@ BUCKET = 64 * 1024  # small buckets, so that tensors span buckets and a sync has
 
 
 def start_receiver(address: str, cfg: SyncConfig, rounds: int, out: str, **kw) -> mp.Process:
-    p = CTX.Process(target=receiver_main, args=(address, cfg, rounds, out), kwargs=kw, daemon=True)
-    p.start()
-    return p
+    return spawn_receiver(CTX, address, cfg, rounds, out, **kw)
 
 
-def load(path: str) -> dict:
-    return torch.load(path, weights_only=False)
+load = load_result
 
 
 def test_three_rounds_bit_exact_many_shapes(tmp_path):
@@ -155,13 +152,16 @@ def test_kept_plan_survives_an_aborted_sync(tmp_path):
     assert_same(res["model"], make_tensors(2))
 
 
-def test_sender_dies_mid_transfer(tmp_path):
-    """The receiver raises SenderLostError in bounded time and keeps the previous weights."""
-    cfg = SyncConfig(transport="cpu", bucket_bytes=BUCKET, timeout_s=20)
+@pytest.mark.parametrize("transport", ["cpu", "tcp"])
+def test_sender_dies_mid_transfer(tmp_path, transport):
+    """The receiver raises SenderLostError in bounded time and keeps the previous weights. Over "tcp" the
+    sender appears to be on another host: its end is seen through the connection, not its pid."""
+    cfg = SyncConfig(transport=transport, bucket_bytes=BUCKET, timeout_s=20)
     addr_path = str(tmp_path / "addr")
     src = make_tensors(0)
     torch.save(src, str(tmp_path / "src.pt"))
-    p = CTX.Process(target=dying_sender_main, args=(cfg, str(tmp_path / "src.pt"), 100, addr_path), daemon=True)
+    p = CTX.Process(target=dying_sender_main, args=(cfg, str(tmp_path / "src.pt"), 100, addr_path),
+                    kwargs={"other_host": transport == "tcp"}, daemon=True)
     p.start()
     address = wait_for_file(addr_path, 60)
     kept: dict[str, torch.Tensor] = {}

@@ -23,7 +23,7 @@ from arl_train.colocated import ColocatedControl, ColocatedSource
 from arl_train.engine_actor import RemoteEngine
 from arl_train.harbor_section import harbor_config, load_app_tasks, run_timeouts
 from arl_train.package_configs import engine_config, run_budget, sync_config, trainer_config
-from arl_train.placement import TrainerRank, layout_of, sender_host
+from arl_train.placement import TrainerRank, layout_of, node_ip, sender_host
 from arl_train.sections import AppConfig
 from arl_train.shared_gpu import TimeSlicedControl, TimeSlicedSource, explain_out_of_memory, limit_trainer_memory
 from arl.rollout.engines.vllm_scheduler_stats import ReplicaWindows
@@ -50,11 +50,14 @@ def _limit_threads() -> None:
 
 
 class RolloutActor:
-    def __init__(self, config: AppConfig, model_path: str, queue_handle: Any, engine_handles: list[Any]) -> None:
+    def __init__(self, config: AppConfig, model_path: str, queue_handle: Any, engine_handles: list[Any],
+                 worker_options: list[dict[str, Any]] | None = None) -> None:
         self.config = config
         self.model_path = model_path
         self.queue_handle = queue_handle
         self.engine_handles = engine_handles
+        # Ray options of each agent-loop worker (the node it runs on: arl_train.cluster); None: Ray's choice.
+        self.worker_options = worker_options or None
         self.rollouter: Any = None
         self._run_task: asyncio.Task[None] | None = None
         self._engines: list[Any] = []
@@ -101,6 +104,7 @@ class RolloutActor:
                 {name: {"tokenizer": self.model_path, **options[name]} for name in agent_names},
                 imports=("arl.harbor.trial_loop",) if "harbor" in agent_names else (),
                 generate_timeout_s=cfg.rollout.generate_timeout_s,
+                options=self.worker_options,
             )
             self._agent_loops = self._pool.agent_loops(agent_names)
         else:
@@ -373,7 +377,7 @@ class TrainerActor:
 
     async def placement(self) -> dict[str, Any]:
         """Where this rank runs: its device (and on a GPU the card's memory), CUDA_VISIBLE_DEVICES, its
-        CUDA allocator setting and the sender's address."""
+        CUDA allocator setting, the sender's address, its node's address and the group's rendezvous."""
         import torch
 
         device = getattr(self.policy, "device", "")
@@ -386,6 +390,9 @@ class TrainerActor:
             "sync_address": self.publisher.address if self.publisher is not None else "",
             "rank": self.rank.rank,
             "world_size": self.rank.world_size,
+            "node": node_ip(),
+            # Where the data-parallel ranks met ("" for one rank).
+            "rendezvous": f"{self.rank.master_addr}:{self.rank.master_port}" if self.rank.world_size > 1 else "",
         }
 
     async def final_sync(self) -> dict[str, Any]:
@@ -462,8 +469,11 @@ def _fsdp_policy(cfg: AppConfig, model_path: str, tcfg: Any, rank: Any, step_tim
     from arl.trainer.fsdp import FSDPPolicy
 
     on_gpu = cfg.resources.trainer_gpus > 0
+    # Ranks meeting at a node's address (not loopback) bind the interface of their own node's address.
+    local = "" if rank.master_addr.startswith("127.") else node_ip()
     spec = DistributedSpec(
         address=rank.master_addr, port=rank.master_port, rank=rank.rank, world_size=rank.world_size,
+        local_address=local,
         local_rank=0 if on_gpu else None,  # Ray shows each rank only its own GPU
         backend=None if on_gpu else "gloo",
         # Followers wait in a broadcast while rank 0 waits for its batch: allow a whole step and more.

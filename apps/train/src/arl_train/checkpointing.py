@@ -51,3 +51,21 @@ def save_checkpoint(ray: Any, trainer: Any, rollout: Any, queue: Any, directory:
     snapshot = ray.get(queue.snapshot.remote(), timeout=120)
     shutil.copy2(snapshot, Path(path) / SNAPSHOT_FILENAME)
     return path
+
+
+def latest_checkpoint(out_dir: Path) -> tuple[Path, int] | None:
+    """The run's newest complete `checkpoints/step_N` (trainer state and queue snapshot both written),
+    with its step; None when there is none."""
+    found = [(int(p.name.split("_")[1]), p) for p in (Path(out_dir) / "checkpoints").glob("step_*")
+             if p.name.split("_")[1].isdigit() and (p / "trainer_state.json").is_file()
+             and (p / SNAPSHOT_FILENAME).is_file()]
+    if not found:
+        return None
+    step, path = max(found)
+    return path, step
+
+
+def latest_checkpoint_hint(out_dir: Path) -> str:
+    """"; resume from its last checkpoint: trainer.resume_from=<it>" for an error message ("" if none)."""
+    latest = latest_checkpoint(out_dir)
+    return f"; resume from its last checkpoint: trainer.resume_from={latest[0]}" if latest else ""

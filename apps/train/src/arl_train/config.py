@@ -23,6 +23,7 @@ from arl_train.sections import (
     ActorConfig,
     AppConfig,
     AsyncTrainingConfig,
+    ClusterSection,
     DataConfig,
     HarborSection,
     ModelConfig,
@@ -30,15 +31,16 @@ from arl_train.sections import (
     RayConfig,
     ResourcesConfig,
     RolloutConfig,
+    StorageSection,
     SyncSection,
     TrainerSection,
 )
 from arl_train.validation import validate
 
 __all__ = [
-    "DEFAULT_CONFIG", "MODES", "ActorConfig", "AppConfig", "AsyncTrainingConfig", "ConfigError", "DataConfig",
-    "HarborSection", "ModelConfig", "OutputConfig", "RayConfig", "ResourcesConfig", "RolloutConfig", "SyncSection",
-    "TrainerSection", "load_config",
+    "DEFAULT_CONFIG", "MODES", "ActorConfig", "AppConfig", "AsyncTrainingConfig", "ClusterSection", "ConfigError",
+    "DataConfig", "HarborSection", "ModelConfig", "OutputConfig", "RayConfig", "ResourcesConfig", "RolloutConfig",
+    "StorageSection", "SyncSection", "TrainerSection", "load_config",
 ]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.toml"

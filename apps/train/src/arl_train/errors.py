@@ -18,6 +18,16 @@ class ConfigError(ValueError):
         self.key = key
 
 
+class StorageError(ConfigError):
+    """A node of the cluster cannot see a path the run needs (the run folder, the model, a task set);
+    the message names every such node and path (`arl_train.storage`)."""
+
+
+class NodeLostError(RuntimeError):
+    """A part of the run (a trainer rank, the rollout actor, a replica) was lost with its node or its
+    process; the message names the part and the node (`arl_train.cluster.lost_actor`)."""
+
+
 def invalid(key: str, value: object, rule: str) -> ConfigError:
     """The error for `key = value` breaking `rule` (the one message format of every config check)."""
     return ConfigError(f"invalid config: {key} = {_literal(value)}: {rule}", key)

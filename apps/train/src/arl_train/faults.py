@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,15 +71,19 @@ class Outcome:
 
 
 class AppRun:
-    """One app process (the driver) with its own output folder, run id and Ray temp dir."""
+    """One app process (the driver) with its own output folder, run id and Ray temp dir.
 
-    def __init__(self, name: str, root: Path, overrides: list[str], timeout_s: float) -> None:
+    `launch(argv, env=, stdout=, stderr=)` starts it (default: here, `subprocess.Popen`; a multi-host
+    test bed passes its `TestBed.popen` bound to the head node)."""
+
+    def __init__(self, name: str, root: Path, overrides: list[str], timeout_s: float,
+                 launch: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen) -> None:
         self.name, self.out, self.timeout_s = name, root / name, timeout_s
         self.run_id = uuid.uuid4().hex[:12]
         self.ray_tmp = tempfile.mkdtemp(prefix="arlf-", dir="/tmp")  # short: Ray's AF_UNIX socket paths
         self.log = root / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if k != MARKER} | {MARKER: self.run_id, "ARL_RAY_TMP": self.ray_tmp}
-        self.proc = subprocess.Popen(
+        self.proc = launch(
             [*APP, *overrides, f"output.dir={self.out}"],
             env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
         )
@@ -160,13 +165,13 @@ def adam_steps(checkpoint: Path) -> set[float]:
 
 
 def latest_checkpoint(out: Path) -> tuple[Path, int]:
-    """The run's newest `checkpoints/step_N` (the final `checkpoint/` counts when it exists)."""
-    found = [(int(p.name.split("_")[1]), p) for p in (out / "checkpoints").glob("step_*")
-             if (p / "trainer_state.json").is_file() and (p / "queue.snapshot").is_file()]
-    if not found:
+    """The run's newest complete `checkpoints/step_N` and its step (`checkpointing.latest_checkpoint`)."""
+    from arl_train.checkpointing import latest_checkpoint as newest
+
+    found = newest(out)
+    if found is None:
         raise RuntimeError(f"no checkpoint under {out}")
-    step, path = max(found)
-    return path, step
+    return found
 
 
 def wait_gone(run: AppRun, timeout_s: float) -> tuple[float, list[int]]:

@@ -18,7 +18,8 @@ The packages only take devices and addresses as arguments; this module decides t
   `Reservation.trainer_options(rank)` / `replica_options(i)` are the Ray actor options that place
   each actor in its bundle.
 * `sender_host(transport)` is the address the weight sender binds: the node's reachable address for
-  NCCL (receivers may sit on other nodes), loopback for the single-host transports.
+  NCCL and TCP (receivers may sit on other nodes), loopback for the single-host transports;
+  `transport_between_nodes` settles "auto" on a cluster once `arl_train.cluster` placed the actors.
 """
 
 from __future__ import annotations
@@ -207,7 +208,9 @@ def resolve(config: AppConfig) -> AppConfig:
     transport = config.sync.transport
     if transport == "auto":
         transport = _auto_transport(r.trainer_gpus > 0, ro.device == "cuda", r.colocate)
-    bucket_mb = config.sync.bucket_mb or {"cpu": 64, "nccl": 256, "cuda_ipc": 1024}[transport]
+        if transport == "cpu" and config.ray.address is not None:
+            transport = "auto"  # "cpu" or "tcp": known at start, once the nodes are (transport_between_nodes)
+    bucket_mb = config.sync.bucket_mb or {"auto": 64, "cpu": 64, "tcp": 64, "nccl": 256, "cuda_ipc": 1024}[transport]
     sync = msgspec.structs.replace(config.sync, transport=transport, bucket_mb=bucket_mb)
     return msgspec.structs.replace(config, resources=r, async_training=at, sync=sync)
 
@@ -339,8 +342,11 @@ class Reservation:
                     pass
 
 
-def reserve(layout: Layout, timeout_s: float = 300.0) -> Reservation:
-    """Create (and wait for) the placement groups of `layout`; nothing to reserve on the CPU."""
+def reserve(layout: Layout, timeout_s: float = 300.0, roles: dict[str, dict[str, float]] | None = None) -> Reservation:
+    """Create (and wait for) the placement groups of `layout`; nothing to reserve on the CPU. `roles`
+    adds resources to the bundles of "trainer" and "rollout" (a node resource naming the nodes each
+    belongs on: `arl_train.cluster.role_resource`)."""
+    roles = roles or {}
     if layout.total_gpus == 0:
         return Reservation(layout)
     import ray
@@ -358,12 +364,13 @@ def reserve(layout: Layout, timeout_s: float = 300.0) -> Reservation:
         groups.append(res.shared_pg)
     else:
         if layout.trainer_gpus:
-            res.trainer_pg = placement_group([{"GPU": 1}] * layout.trainer_gpus, strategy="STRICT_PACK",
+            res.trainer_pg = placement_group([{"GPU": 1} | roles.get("trainer", {})] * layout.trainer_gpus,
+                                             strategy="STRICT_PACK",
                                              name=f"arl-trainer-{tag}")
             groups.append(res.trainer_pg)
         if layout.rollout_on_gpu:
             res.replica_pgs = [
-                placement_group([{"GPU": layout.tensor_parallel_size}], strategy="STRICT_PACK",
+                placement_group([{"GPU": layout.tensor_parallel_size} | roles.get("rollout", {})], strategy="STRICT_PACK",
                                 name=f"arl-replica-{i}-{tag}")
                 for i in range(layout.replicas)
             ]
@@ -407,19 +414,37 @@ def socket_ip() -> str:
         return "127.0.0.1"
 
 
+def transport_between_nodes(transport: str, cross_host: bool, where: str) -> str:
+    """`sync.transport` for the nodes the run was placed on: "auto" (a CPU side on a cluster) becomes
+    "tcp" when the trainer and a replica are on different nodes, else "cpu"; a one-host transport
+    asked for across hosts is refused (`where` says which nodes)."""
+    if transport == "auto":
+        return "tcp" if cross_host else "cpu"
+    if cross_host and transport in ("cpu", "cuda_ipc"):
+        raise PlacementError(
+            f"invalid config: sync.transport = {transport!r}: needs the trainer and the replicas on one host, "
+            f"but {where}; use 'tcp' (or 'auto'){' or nccl' if transport == 'cuda_ipc' else ''}", "sync.transport")
+    return transport
+
+
 def sender_host(transport: str) -> str:
-    """Where the weight sender binds: reachable from other nodes for NCCL; loopback for the transports
-    that need sender and receivers on one host ("cpu" shared memory, "cuda_ipc")."""
-    return node_ip() if transport == "nccl" else "127.0.0.1"
+    """Where the weight sender binds: this node's address as other nodes reach it for the transports
+    that cross hosts ("nccl", "tcp"); loopback for the ones that need sender and receivers on one host
+    ("cpu" shared memory, "cuda_ipc")."""
+    return node_ip() if transport in ("nccl", "tcp") else "127.0.0.1"
 
 
-def trainer_ranks(layout: Layout) -> list[TrainerRank]:
+def trainer_ranks(layout: Layout, rendezvous: tuple[str, int] | None = None) -> list[TrainerRank]:
     """One `TrainerRank` per trainer GPU, all meeting at rank 0's node (the torch.distributed
-    rendezvous a data-parallel backend joins; one rank needs none)."""
+    rendezvous a data-parallel backend joins; one rank needs none). `rendezvous`: (address, port) on
+    rank 0's node when that is not this one (`arl_train.cluster.rendezvous`)."""
     n = layout.trainer_ranks
     if n == 1:
         return [TrainerRank()]
-    # CPU ranks (gloo) all run on this host; GPU ranks are packed on rank 0's node (STRICT_PACK).
+    if rendezvous is not None:
+        addr, port = rendezvous
+        return [TrainerRank(rank=i, world_size=n, master_addr=addr, master_port=port) for i in range(n)]
+    # Rank 0 on this node: CPU ranks (gloo) all run here; GPU ranks are packed on it (STRICT_PACK).
     addr = node_ip() if layout.trainer_gpus else "127.0.0.1"
     port = free_port(addr if layout.trainer_gpus == 0 else "")
     return [TrainerRank(rank=i, world_size=n, master_addr=addr, master_port=port) for i in range(n)]

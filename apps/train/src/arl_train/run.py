@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,9 @@ import msgspec
 
 from arl_train import mps, watchdog
 from arl_train.checkpointing import save_checkpoint
+from arl_train.checkpointing import latest_checkpoint_hint
+from arl_train.cluster import NodePlan, lost_actor
+from arl_train.errors import NodeLostError
 from arl_train.metrics import MetricsLog, add_engine_phases, phase_medians, phases_line, plot, progress_line
 from arl_train.plan import RunPlan, prepare
 from arl_train.sections import AppConfig
@@ -94,27 +97,75 @@ class _Started:
     following: list[Any] = field(default_factory=list)
     # Where trainer rank 0 runs (its `placement()`).
     where: dict[str, Any] = field(default_factory=dict)
+    # The node of every actor (arl_train.cluster).
+    nodes: NodePlan | None = None
+
+    def parts(self) -> dict[str, tuple[Any, Any]]:
+        """name -> (actor handle, node) of the actors a step waits on, for naming a lost one."""
+        if self.nodes is None:
+            return {}
+        ranks = [self.trainer, *self.followers]
+        return {f"trainer rank {i}": (a, self.nodes.trainer[i]) for i, a in enumerate(ranks) if a is not None} | (
+            {"the rollout actor": (self.rollout, self.nodes.driver)} if self.rollout is not None else {})
 
 
-def _start(ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Started) -> None:
-    """Reserve the GPUs, then start the queue, the replicas, the rollout actor and the trainer ranks."""
-    from arl.queue.ray_actor import create_queue_actor
-
-    from arl_train.actors import RolloutActor, TrainerActor
-    from arl_train.engine_actor import MAX_CONCURRENCY, EngineActor
-    from arl_train.placement import reserve, trainer_ranks
+def _place(ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Started) -> tuple[RunPlan, NodePlan]:
+    """Reserve the GPUs and decide the node of every actor (arl_train.cluster); settle the transport
+    between those nodes, and check every node sees the files it needs (arl_train.storage). Returns the
+    plan with its config's transport settled, and the nodes."""
+    from arl_train import cluster, storage
+    from arl_train.placement import reserve, transport_between_nodes
 
     config = plan.config
-    started.reservation = reservation = reserve(plan.layout, config.resources.placement_timeout_s)
+    nodes = cluster.live_nodes()
+    roles = {role: cluster.role_resource(config, role, nodes) for role in ("trainer", "rollout")}
+    started.reservation = reservation = reserve(plan.layout, config.resources.placement_timeout_s, roles)
+    where = cluster.plan_nodes(config, nodes, cluster.current_node_id())
+    if reservation.trainer_pg is not None or reservation.shared_pg is not None:
+        [rank0] = cluster.nodes_of_groups([reservation.trainer_pg or reservation.shared_pg], nodes)
+        where = msgspec.structs.replace(where, trainer=[rank0] * plan.layout.trainer_ranks)
+    if reservation.replica_pgs or reservation.shared_pg is not None:
+        groups = reservation.replica_pgs or [reservation.shared_pg] * plan.layout.replicas
+        where = msgspec.structs.replace(where, replicas=cluster.nodes_of_groups(groups, nodes))
+    transport = transport_between_nodes(config.sync.transport, where.cross_host, where.weights_path())
+    if transport != config.sync.transport:
+        config = msgspec.structs.replace(config, sync=msgspec.structs.replace(config.sync, transport=transport))
+        plan = replace(plan, config=config, layout=msgspec.structs.replace(plan.layout, transport=transport))
+    if len(where.nodes) > 1:
+        log(f"arl: nodes: {where.describe()}; weights over {transport!r}")
+    storage.probe(where, storage.needs(config, plan.out_dir, plan.model_path, where), plan.out_dir,
+                  config.storage.shared_dir, config.storage.probe_timeout_s)
+    return plan, where
+
+
+def _start(ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Started) -> RunPlan:
+    """Place the run (`_place`), then start the queue, the replicas, the rollout actor and the trainer
+    ranks; returns the plan as placed."""
+    from arl.queue.ray_actor import create_queue_actor
+
+    from arl_train import cluster
+    from arl_train.actors import RolloutActor, TrainerActor
+    from arl_train.engine_actor import MAX_CONCURRENCY, EngineActor
+    from arl_train.placement import trainer_ranks
+
+    plan, where = _place(ray, plan, log, started)
+    started.nodes = where
+    config, reservation = plan.config, started.reservation
+    at_driver = cluster.on_node(where.driver)
     # The queue restores what a resumed checkpoint had queued (copied into its folder by `prepare`).
-    started.queue = create_queue_actor(max_size=plan.budget.max_queue, persist_dir=str(plan.out_dir / "queue"))
+    started.queue = create_queue_actor(max_size=plan.budget.max_queue, persist_dir=str(plan.out_dir / "queue"),
+                                       scheduling_strategy=at_driver["scheduling_strategy"])
+    on_cpu = not plan.layout.rollout_on_gpu
     engines = [
         ray.remote(EngineActor)
-        .options(max_concurrency=MAX_CONCURRENCY, **reservation.replica_options(spec.index))
+        .options(max_concurrency=MAX_CONCURRENCY, **reservation.replica_options(spec.index),
+                 **(cluster.on_node(where.replicas[spec.index]) if on_cpu else {}))
         .remote(spec.kind, spec.config)
         for spec in plan.replicas
     ]
-    started.rollout = ray.remote(num_cpus=0)(RolloutActor).remote(config, str(plan.model_path), started.queue, engines)
+    workers = [cluster.on_node(node) for node in where.workers]
+    started.rollout = ray.remote(num_cpus=0)(RolloutActor).options(**at_driver).remote(
+        config, str(plan.model_path), started.queue, engines, workers)
     log("arl: starting the rollout engine(s)…")
     ray.get(started.rollout.start.remote(
         initial_version=plan.initial_version, skip_tasks=plan.resume.get("tasks_started", 0),
@@ -123,11 +174,17 @@ def _start(ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Starte
     # All ranks are constructed at once: they meet in one rendezvous. Ray merges `trainer_env` into the
     # run's environment for the trainer ranks alone.
     extra = {"runtime_env": {"env_vars": plan.trainer_env}} if plan.trainer_env else {}
+    rank0 = where.trainer[0]
+    # Ranks away from the driver meet on rank 0's node: its address, a port free there.
+    meet = cluster.rendezvous(rank0) if plan.layout.trainer_ranks > 1 and (
+        rank0.id != where.driver.id or len({n.id for n in where.trainer}) > 1) else None
+    on_cpu_trainer = not plan.layout.trainer_gpus
     actors = [
         ray.remote(TrainerActor)
-        .options(**reservation.trainer_options(r.rank), **extra)
+        .options(**reservation.trainer_options(r.rank), **extra,
+                 **(cluster.on_node(where.trainer[r.rank]) if on_cpu_trainer else {}))
         .remote(config, str(plan.model_path), started.queue, started.rollout, plan.resume or None, r)
-        for r in trainer_ranks(plan.layout)
+        for r in trainer_ranks(plan.layout, meet)
     ]
     started.trainer, started.followers = actors[0], actors[1:]
     started.following = [a.follow.remote() for a in started.followers]
@@ -138,6 +195,7 @@ def _start(ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Starte
     log(f"arl: trainer {started.where}{more} | replicas {replicas}")
     if config.trainer.save_final or config.trainer.save_every:  # no room: fail now, not at the end
         ray.get(started.trainer.check_checkpoint_space.remote(str(plan.out_dir / "checkpoint")), timeout=60)
+    return plan
 
 
 def _train(ray: Any, plan: RunPlan, started: _Started, metrics: MetricsLog, log: Callable[[str], None]) -> None:
@@ -261,9 +319,14 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
         metrics = MetricsLog(plan.out_dir / "metrics.jsonl")
         started = _Started()
         try:
-            _start(ray, plan, log, started)
+            plan = _start(ray, plan, log, started)
             _train(ray, plan, started, metrics, log)
             return _finish(ray, plan, started, metrics.rows, began, log)
+        except Exception as exc:  # an actor lost with its node or process: say which, where, and how to resume
+            lost = lost_actor(exc, started.parts())
+            if lost is None:
+                raise
+            raise NodeLostError(lost + latest_checkpoint_hint(plan.out_dir)) from exc
         finally:
             metrics.close()
             _teardown(ray, started, failed=sys.exc_info()[0] is not None)

@@ -220,9 +220,10 @@ _SyncFields = borrowed(
 
 class SyncSection(_SyncFields):
     # "auto": "nccl" when trainer and replicas hold different GPUs, "cuda_ipc" when they share one
-    # (colocated), "cpu" (host shared memory) when either side runs on the CPU.
-    transport: Literal["auto", "cpu", "nccl", "cuda_ipc"] = "auto"
-    # Bucket size in MiB; 0 = by transport: 64 for "cpu" (two buckets of host shared memory), 256 for
+    # (colocated); when either side runs on the CPU, "cpu" (host shared memory) if the trainer and every
+    # replica are on one node, else "tcp" (decided at start, once the nodes are known: arl_train.cluster).
+    transport: Literal["auto", "cpu", "tcp", "nccl", "cuda_ipc"] = "auto"
+    # Bucket size in MiB; 0 = by transport: 64 for "cpu" and "tcp" (two buckets of host memory), 256 for
     # "nccl" (two buckets on the trainer's GPU), 1024 for "cuda_ipc" (no sender buffers: fewer, larger
     # buckets only mean fewer messages).
     bucket_mb: int = 0
@@ -273,10 +274,37 @@ class ResourcesConfig(_Section):
 
 
 class RayConfig(_Section):
-    # None: start Ray in-process; else a cluster address ("auto" or "ray://host:port").
+    # None: start Ray in-process; else a running cluster's address ("auto", "<head>:6379" from a node of
+    # it; docs/guide/cluster.md) or "ray://host:port".
     address: str | None = None
     # CPUs of an in-process Ray (None: Ray's count of this machine's).
     num_cpus: int | None = None
+
+
+class ClusterSection(_Section):
+    """Which node of a Ray cluster runs what, by the custom resources the nodes declare
+    (`ray start --resources='{"trainer": 1}'`); arl_train.cluster places the actors."""
+
+    # A node resource naming the nodes for the trainer ranks (spread over them in turn). Where no live
+    # node declares a role's resource, that role runs on the driver's node.
+    trainer_resource: str = "trainer"
+    # ... for the rollout replicas (spread over them in turn).
+    rollout_resource: str = "rollout"
+    # ... for the agent-loop workers (harbor.agent_workers) and the sandboxes their trials start: the
+    # nodes with a Docker engine, or room for local sandboxes (spread over them in turn).
+    sandbox_resource: str = "sandbox"
+
+
+class StorageSection(_Section):
+    """What every node of the run must see; checked on each node at start (arl_train.storage)."""
+
+    # A folder every node mounts at this same path (NFS, a shared disk): a relative output.dir is placed
+    # in it, so the run folder (the built model, checkpoints, the ledger, Harbor trials, the task set the
+    # agent preset writes) is where every node finds it. "" = none declared (one host, or folders you
+    # share yourself: the start-up probe still checks every node sees what it needs).
+    shared_dir: str = ""
+    # How long the start-up probe may take on each node, in seconds.
+    probe_timeout_s: float = 120.0
 
 
 class OutputConfig(_Section):
@@ -313,6 +341,8 @@ class AppConfig(_Section):
     resources: ResourcesConfig = msgspec.field(default_factory=ResourcesConfig)
     ray: RayConfig = msgspec.field(default_factory=RayConfig)
     output: OutputConfig = msgspec.field(default_factory=OutputConfig)
+    cluster: ClusterSection = msgspec.field(default_factory=ClusterSection)
+    storage: StorageSection = msgspec.field(default_factory=StorageSection)
     harbor: HarborSection = msgspec.field(default_factory=HarborSection)
     # Seed of the run: the task order, each replica's sampling (seed + replica index), the trainer.
     seed: int = 0

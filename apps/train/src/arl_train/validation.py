@@ -26,6 +26,7 @@ from arl_train.errors import require as _require
 from arl_train.package_configs import engine_config, sync_config, trainer_config
 from arl_train.placement import check_layout, layout_of, resolve
 from arl_train.sections import AppConfig
+from arl_train.storage import resolve_output_dir
 from arl_train.tiny_model import MODEL_SHAPES
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -59,7 +60,7 @@ def validate(config: AppConfig) -> AppConfig:
     `ConfigError` naming the key."""
     _check_values(config)
     check_layout(config)
-    config = resolve(config)
+    config = resolve(resolve_output_dir(config))
     _check_packages(config)
     return config
 
@@ -139,6 +140,29 @@ def _check_values(config: AppConfig) -> None:
     # output
     _require(bool(config.output.dir), "output.dir", config.output.dir, "must not be empty")
     _require(not Path(config.output.dir).is_file(), "output.dir", config.output.dir, "is a file, not a folder")
+    _check_cluster(config)
+
+
+def _check_cluster(config: AppConfig) -> None:
+    """The `cluster` and `storage` sections: node resource names, the shared folder, the run folder in it."""
+    for role in ("trainer", "rollout", "sandbox"):
+        key = f"{role}_resource"
+        name = getattr(config.cluster, key)
+        _require(bool(name) and name.replace("_", "").replace("-", "").isalnum(), f"cluster.{key}", name,
+                 "must be a Ray resource name (letters, digits, '_' or '-')")
+    s = config.storage
+    _positive(config, "storage", "probe_timeout_s")
+    if not s.shared_dir:
+        return
+    _require(Path(s.shared_dir).is_absolute(), "storage.shared_dir", s.shared_dir,
+             "must be an absolute path (the same on every node)")
+    _require(Path(s.shared_dir).is_dir(), "storage.shared_dir", s.shared_dir,
+             "is not a folder on the driver's node (mount the shared folder here too)")
+    out = Path(config.output.dir)
+    if out.is_absolute():
+        _require(out.resolve().is_relative_to(Path(s.shared_dir).resolve()), "output.dir", config.output.dir,
+                 f"must be inside storage.shared_dir ({s.shared_dir}), or relative to it, so every node sees the "
+                 "run folder")
 
 
 def _check_resume(config: AppConfig) -> None:

@@ -107,16 +107,21 @@ def create_queue_actor(
     detached: bool = False,
     max_concurrency: int = 1000,
     num_cpus: float = 0,
+    scheduling_strategy: Any = None,
 ) -> Any:
     """Start a `MessageQueueActor` on the connected Ray cluster and return its handle.
 
     `name` (and `namespace`) make it findable with `ray.get_actor`; `detached` keeps it alive after
     the driver exits. `max_concurrency` bounds how many calls (waiting puts and gets included) it
     serves at once. It asks for `num_cpus` CPUs (0: it is I/O-bound and should not hold a core).
+    `scheduling_strategy` is Ray's (e.g. a `NodeAffinitySchedulingStrategy`: the node whose disk holds
+    `persist_dir`); None: Ray's default.
     """
     ray = _ray()
 
     options: dict[str, Any] = {"max_concurrency": max_concurrency, "num_cpus": num_cpus}
+    if scheduling_strategy is not None:
+        options["scheduling_strategy"] = scheduling_strategy
     if name is not None:
         options["name"] = name
         options["get_if_exists"] = get_if_exists

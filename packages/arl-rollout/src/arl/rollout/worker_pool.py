@@ -13,7 +13,8 @@ is the bottleneck. Here:
   on and its trajectories start again on the others (counted in `redispatched`); only when no worker is
   left does a trajectory fail, with `failure_kind="worker_lost"`.
 
-apps/ only says how many workers (`WorkerPool.create(n, ...)`); the rest is here.
+apps/ only says how many workers and where (`WorkerPool.create(n, ..., options=)`: e.g. the nodes
+that run sandboxes); the rest is here.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from arl.proxy.types import SamplingParams, TokenOutput
@@ -147,20 +148,24 @@ class WorkerPool:
         factories: Mapping[str, str] | None = None,
         generate_timeout_s: float = 600.0,
         num_cpus: float = 0,
+        options: Sequence[Mapping[str, Any]] | None = None,
     ) -> WorkerPool:
-        """Start `num_workers` worker actors whose loops generate through `generator_handle`."""
+        """Start `num_workers` worker actors whose loops generate through `generator_handle`;
+        `options[i]` are more Ray actor options of worker i (e.g. the node it must run on)."""
         import ray
 
+        if options is not None and len(options) != num_workers:
+            raise ValueError(f"options for {len(options)} workers given, {num_workers} workers asked for")
         actor = ray.remote(num_cpus=num_cpus, max_concurrency=100_000)(AgentLoopWorker)
         workers = [
-            actor.remote(
+            actor.options(**dict(options[i] if options is not None else {})).remote(
                 generator_handle,
                 dict(loop_options),
                 imports=imports,
                 factories=dict(factories or {}),
                 generate_timeout_s=generate_timeout_s,
             )
-            for _ in range(num_workers)
+            for i in range(num_workers)
         ]
         return cls(workers)
 

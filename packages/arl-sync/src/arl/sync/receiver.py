@@ -34,6 +34,7 @@ from .transports import ReceiverTransport, make_receiver_transport
 from .types import Abort, Ack, Begin, Bucket, Bye, Commit, Done, End, Hello, SyncConfig, TensorMeta, ToReceiver, Welcome
 
 _TICK_S = 0.05
+_LATE_ABORT_S = 1.0
 
 ApplyFn = Callable[[Iterable[tuple[str, torch.Tensor]]], object]
 
@@ -41,7 +42,7 @@ ApplyFn = Callable[[Iterable[tuple[str, torch.Tensor]]], object]
 class WeightReceiver:
     """Receives syncs from the `WeightSender` at `address`.
 
-    `device` is where staged tensors live (default: "cpu" for the "cpu" transport, else the current
+    `device` is where staged tensors live (default: "cpu" for the "cpu" and "tcp" transports, else the current
     CUDA device). Tensors handed to `apply` or yielded by `iter_tensors` are views of a staging
     buffer reused by the next sync: copy what you keep (a model's `load_weights` does), or pass
     `reuse_staging=False` to get fresh memory every sync.
@@ -58,11 +59,11 @@ class WeightReceiver:
         self.cfg = cfg
         self.address = address
         if device is None:
-            device = "cpu" if cfg.transport == "cpu" else f"cuda:{torch.cuda.current_device()}"
+            device = "cpu" if cfg.transport in ("cpu", "tcp") else f"cuda:{torch.cuda.current_device()}"
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        if cfg.transport != "cpu" and self.device.type != "cuda":
+        if cfg.transport not in ("cpu", "tcp") and self.device.type != "cuda":
             raise SyncConfigError(f"transport {cfg.transport!r} needs a CUDA device, got {self.device}")
         self.receiver_id = uuid.uuid4().hex
         self._channel = ReceiverChannel(address, self.receiver_id.encode())
@@ -78,7 +79,9 @@ class WeightReceiver:
 
     # ---- joining -------------------------------------------------------------------------------
 
-    def _recv(self, timeout_s: float, what: str) -> ToReceiver:
+    def _recv(self, timeout_s: float, what: str, in_sync: bool = False) -> ToReceiver:
+        """The next message within `timeout_s`; checks the sender's liveness every tick (`in_sync`:
+        also through the transport, whose connection only stays up while a sync may use it)."""
         deadline = time.monotonic() + timeout_s
         while True:
             now = time.monotonic()
@@ -87,9 +90,10 @@ class WeightReceiver:
             msg = self._channel.recv(min(_TICK_S, deadline - now))
             if msg is not None:
                 return msg
-            w = self._welcome
-            if w is not None and not peer_alive(w.pidns, w.pid):
-                raise SenderLostError(f"the sender (pid {w.pid}) at {self.address} died")
+            if in_sync:
+                self._check_sender()
+            else:
+                self._check_sender_pid()
 
     def join(self, timeout_s: float | None = None) -> None:
         """Say hello and set the transport up (done by the first receive if not called)."""
@@ -107,7 +111,8 @@ class WeightReceiver:
                 break  # anything else predates our hello: drop it
         if msg.error:
             raise SyncConfigError(f"the sender at {self.address} refused this receiver: {msg.error}")
-        self._transport = make_receiver_transport(self.cfg, self.device, msg.info)
+        peer = self.address.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+        self._transport = make_receiver_transport(self.cfg, self.device, msg.info, peer)
         self._welcome = msg
 
     # ---- one sync ------------------------------------------------------------------------------
@@ -142,7 +147,7 @@ class WeightReceiver:
                 self._channel.send(Ack(sid, -1, info=export(staging.buf)))
             deferred = bool(getattr(tr, "lands_at_end", False))
             while True:
-                msg = self._recv(tmo, f"sync {sid}: waiting for bucket {expected}")
+                msg = self._recv(tmo, f"sync {sid}: waiting for bucket {expected}", in_sync=True)
                 if isinstance(msg, Bucket):
                     if msg.sync_id != sid or msg.index != expected:
                         raise ProtocolError(f"expected bucket {expected} of sync {sid}, got {msg.index} of {msg.sync_id}")
@@ -191,6 +196,8 @@ class WeightReceiver:
                 tr.abort()
             except Exception:
                 pass
+            if isinstance(e, SenderLostError) and (late := self._late_abort(sid)) is not None:
+                raise late from e  # the sender closed its connections to abort, then said so
             if not isinstance(e, TransferAbortedError):
                 try:
                     self._channel.send(Done(sync_id=sid, ok=False, error=f"{type(e).__name__}: {e}"))
@@ -201,7 +208,7 @@ class WeightReceiver:
     def _await_commit(self, sid: int, timeout_s: float) -> None:
         """Two-phase end: the sync counts only once the sender saw every receiver's `Done`."""
         while True:
-            msg = self._recv(timeout_s, f"sync {sid}: waiting for the sender's commit")
+            msg = self._recv(timeout_s, f"sync {sid}: waiting for the sender's commit", in_sync=True)
             if isinstance(msg, Commit) and msg.sync_id == sid:
                 return
             if isinstance(msg, Abort) and msg.sync_id == sid:
@@ -209,10 +216,27 @@ class WeightReceiver:
             if isinstance(msg, Begin):
                 raise ProtocolError(f"sync {msg.sync_id} began before sync {sid} was committed")
 
-    def _check_sender(self) -> None:
+    def _check_sender_pid(self) -> None:
         w = self._welcome
         if w is not None and not peer_alive(w.pidns, w.pid):
             raise SenderLostError(f"the sender (pid {w.pid}) at {self.address} died")
+
+    def _check_sender(self) -> None:
+        """Its pid, where it shares our host; else what the transport sees of it (a closed connection)."""
+        self._check_sender_pid()
+        lost = getattr(self._transport, "peer_lost", None)
+        if lost is not None and lost():
+            raise SenderLostError(f"the sender at {self.address} closed its data connection (it died or closed)")
+
+    def _late_abort(self, sid: int) -> TransferAbortedError | None:
+        """An `Abort` of sync `sid` arriving within a moment: a sender aborting a sync closes its data
+        connections first, so their end can be seen before its message."""
+        deadline = time.monotonic() + _LATE_ABORT_S
+        while (left := deadline - time.monotonic()) > 0:
+            msg = self._channel.recv(min(_TICK_S, left))
+            if isinstance(msg, Abort) and msg.sync_id == sid:
+                return TransferAbortedError(f"the sender aborted sync {sid}: {msg.reason}")
+        return None
 
     def receive(self, apply: ApplyFn | None = None, timeout_s: float | None = None) -> int:
         """Receive one whole sync, then call `apply` once with its (name, tensor) pairs.

@@ -87,7 +87,7 @@ class WeightSender:
             dev = torch.device("cuda", device)
         self._channel = SenderChannel(host, port)
         try:
-            self._transport: SenderTransport = make_sender_transport(cfg, dev)
+            self._transport: SenderTransport = make_sender_transport(cfg, dev, host)
         except BaseException:
             self._channel.close()
             raise
@@ -161,10 +161,15 @@ class WeightSender:
         self._last_alive_check = now
         sync = self._sync
         for ident, m in list(self._members.items()):
-            if not peer_alive(m.hello.pidns, m.hello.pid):
+            if not self._member_alive(ident, m):
                 del self._members[ident]
                 if sync is not None and ident in sync.participants and ident not in sync.done:
                     raise ReceiverLostError(f"{m.name} died during sync {sync.sync_id}")
+
+    def _member_alive(self, ident: bytes, m: _Member) -> bool:
+        """Its pid, where it shares our host; else what the transport sees of it (a closed connection)."""
+        lost = getattr(self._transport, "peer_lost", None)
+        return peer_alive(m.hello.pidns, m.hello.pid) and not (lost is not None and lost(ident))
 
     def _pump(self, until, timeout_s: float, what: str) -> None:
         """Handle incoming messages until `until()` holds; SyncTimeoutError after `timeout_s`."""
@@ -359,7 +364,7 @@ class WeightSender:
 
     def _check_alive_quiet(self) -> None:
         for ident, m in list(self._members.items()):
-            if not peer_alive(m.hello.pidns, m.hello.pid):
+            if not self._member_alive(ident, m):
                 del self._members[ident]
 
     def close(self) -> None:

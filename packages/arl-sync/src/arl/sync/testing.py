@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -28,10 +29,16 @@ def receiver_main(
     die_after: int = 0,
     device: str | None = None,
     start_timeout_s: float = 60.0,
+    other_host: bool = False,
+    vanish: bool = False,
 ) -> None:
     """Receive `rounds` syncs into a dict "model" (a clone per tensor, as a real `load_weights` copies),
     then save {"model", "version", "log"} to `out_path`. `log` holds, per round, (version or None,
-    error class name or ""). In round `die_round` the process exits abruptly after `die_after` tensors."""
+    error class name or ""). In round `die_round` the process exits abruptly after `die_after` tensors.
+    `other_host`: appear to the sender as a process on another host (`appear_on_another_host`);
+    `vanish`: after the last round, exit without leaving the group (as a lost host would)."""
+    if other_host:
+        appear_on_another_host()
     model: dict[str, torch.Tensor] = {}
     log: list[tuple[int | None, str]] = []
 
@@ -57,11 +64,40 @@ def receiver_main(
             except SyncError as e:
                 log.append((None, type(e).__name__))
         torch.save({"model": {k: v.cpu() for k, v in model.items()}, "version": r.version, "log": log}, out_path)
+        if vanish:
+            os._exit(0)
 
 
-def dying_sender_main(cfg: SyncConfig, tensors_path: str, die_after: int, addr_path: str) -> None:
+def spawn_receiver(ctx: Any, address: str, cfg: SyncConfig, rounds: int, out_path: str, **kw: Any) -> Any:
+    """`receiver_main` (with `kw`) started in a daemon process of the multiprocessing context `ctx`."""
+    p = ctx.Process(target=receiver_main, args=(address, cfg, rounds, out_path), kwargs=kw, daemon=True)
+    p.start()
+    return p
+
+
+def load_result(path: str) -> dict[str, Any]:
+    """What `receiver_main` saved: {"model", "version", "log"}."""
+    return torch.load(path, weights_only=False)
+
+
+def appear_on_another_host() -> None:
+    """Make this process's arl-sync sender/receiver report the pid namespace of another host, so that
+    its peers cannot judge it by its pid and must see its end through the transport, as across hosts."""
+    from . import receiver as receiver_module
+    from . import sender as sender_module
+
+    elsewhere = f"another-host-{os.getpid()}|pid:[0]"
+    receiver_module.pid_namespace = lambda: elsewhere  # type: ignore[attr-defined]
+    sender_module.pid_namespace = lambda: elsewhere  # type: ignore[attr-defined]
+
+
+def dying_sender_main(cfg: SyncConfig, tensors_path: str, die_after: int, addr_path: str,
+                      other_host: bool = False) -> None:
     """Send the tensors saved at `tensors_path` once as version 0, then start version 1 and exit
-    abruptly after `die_after` tensors. Writes its address to `addr_path`."""
+    abruptly after `die_after` tensors. Writes its address to `addr_path`. `other_host`: as in
+    `receiver_main`."""
+    if other_host:
+        appear_on_another_host()
     tensors: dict[str, torch.Tensor] = torch.load(tensors_path)
     s = WeightSender(cfg, num_receivers=1)
     tmp = addr_path + ".tmp"
@@ -245,6 +281,6 @@ def use_direct_transport(monkeypatch) -> None:
     from . import receiver as receiver_module
     from . import sender as sender_module
 
-    monkeypatch.setattr(sender_module, "make_sender_transport", lambda cfg, dev: DirectSender(cfg, dev))
+    monkeypatch.setattr(sender_module, "make_sender_transport", lambda cfg, dev, host="": DirectSender(cfg, dev))
     monkeypatch.setattr(receiver_module, "make_receiver_transport",
-                        lambda cfg, dev, info: DirectReceiver(cfg, dev, info))
+                        lambda cfg, dev, info, peer="": DirectReceiver(cfg, dev, info))

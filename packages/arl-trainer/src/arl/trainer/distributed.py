@@ -1,7 +1,8 @@
 """Joining a torch.distributed group: the same rendezvous for Ray actors, torchrun and local processes.
 
-A trainer rank only needs a `DistributedSpec` (address, port, rank, world size): the app's placement
-code picks rank 0's host and a free port there and hands a spec to each Ray actor; `spec_from_env`
+A trainer rank only needs a `DistributedSpec` (address, port, rank, world size, and on a cluster its
+own node's address, whose interface the group binds): the app's placement code picks rank 0's host
+and a free port there and hands a spec to each Ray actor; `spec_from_env`
 reads torchrun's variables; `spawn_local` starts N processes on this host (tests, benchmarks)
 without torchrun. NCCL on CUDA, gloo on CPU.
 """
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from arl.sync.net import free_port
+from arl.sync.net import free_port, use_interface_of
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,10 @@ class DistributedSpec:
     # "nccl" | "gloo" | None (nccl when CUDA is available, else gloo)
     backend: str | None = None
     timeout_s: float = 600.0
+    # This rank's node address as the other ranks reach it ("": let NCCL / gloo pick an interface): the
+    # group binds the interface holding it (arl.sync.net.use_interface_of), so ranks on several hosts
+    # meet on the network they share, never on loopback or a guessed interface.
+    local_address: str = ""
 
 
 def spec_from_env() -> DistributedSpec:
@@ -55,6 +60,8 @@ def init_distributed(spec: DistributedSpec) -> torch.device:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    if spec.local_address:
+        use_interface_of(spec.local_address)
     if not dist.is_initialized():
         dist.init_process_group(
             backend,

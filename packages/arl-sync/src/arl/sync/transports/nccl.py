@@ -18,6 +18,7 @@ import msgspec
 import torch
 
 from ..errors import TransportError
+from ..net import source_address, use_interface_of
 from ..plan import Chunk, pack_chunks
 from ..types import SyncConfig
 from .base import wait_event
@@ -117,9 +118,10 @@ class NcclSender:
     #: receiver must be able to enter bucket 0's broadcast before the sender's call returns.
     announce_before_post = True
 
-    def __init__(self, cfg: SyncConfig, device: torch.device | None) -> None:
+    def __init__(self, cfg: SyncConfig, device: torch.device | None, host: str = "127.0.0.1") -> None:
         if not torch.cuda.is_available():
             raise TransportError("transport 'nccl' needs CUDA")
+        use_interface_of(host)  # the group's bootstrap listens where the receivers reach this node
         self._nccl = _nccl()
         dev = device if device is not None else torch.device("cuda", torch.cuda.current_device())
         self._dev = dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
@@ -205,7 +207,9 @@ class NcclReceiver:
 
     needs_acks = False
 
-    def __init__(self, cfg: SyncConfig, device: torch.device, info: bytes) -> None:
+    def __init__(self, cfg: SyncConfig, device: torch.device, info: bytes, peer: str = "") -> None:
+        if peer:  # bind the interface this node reaches the sender's node through
+            use_interface_of(source_address(peer))
         self._nccl = _nccl()
         self._dev = device
         self._stream = torch.cuda.Stream(device)
