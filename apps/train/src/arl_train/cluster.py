@@ -156,11 +156,12 @@ def rendezvous(node: NodeInfo, timeout_s: float = 120.0) -> tuple[str, int]:
     return node.ip, int(ray.get(probe.remote(node.ip), timeout=timeout_s))
 
 
-def lost_actor(exc: BaseException, parts: dict[str, tuple[Any, NodeInfo]], wait_s: float = 5.0,
+def lost_actor(exc: BaseException, parts: dict[str, tuple[Any, NodeInfo]], wait_s: float = 0.0,
                node_alive: Callable[[NodeInfo], bool] | None = None) -> str | None:
     """When `exc` (or what it wraps) is Ray's error for a dead or unreachable actor among `parts` (a
     name -> (actor handle, its node)), a sentence naming the part, its node and whether that node is
-    gone (asked for up to `wait_s`; `node_alive` answers instead of Ray and the node's raylet); else None."""
+    gone (asked once, or for up to `wait_s`; `node_alive` answers instead of Ray and the node's raylet);
+    else None."""
     from ray.exceptions import RayActorError
 
     err: BaseException | None = exc

@@ -1,10 +1,12 @@
 """One training run, top to bottom: plan, start, train, check, summarise, tear down.
 
 `arl_train.plan.prepare` decides everything from the config before anything starts; this module is the
-lifecycle: start Ray and the actors the plan names (the sample queue, one engine actor per replica, the
-rollout actor over them, the trainer ranks), drive the steps (one trainer step at a time, so the driver
-can print progress, checkpoint and stop cleanly on Ctrl-C), check the engines' weights, write the
-summary, and tear down everything it started, Ray included, in `finally`.
+lifecycle: start Ray, place the run on the cluster's nodes and check they see its files (`_place`:
+arl_train.cluster, arl_train.storage), start the actors the plan names (the sample queue, one engine
+actor per replica, the rollout actor over them, the trainer ranks), drive the steps (one trainer step
+at a time, so the driver can print progress, checkpoint and stop cleanly on Ctrl-C), check the
+engines' weights, write the summary, and tear down everything it started, Ray included, in `finally`.
+An actor lost with its node or process fails the run naming it, its node and the checkpoint to resume.
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ from typing import Any
 import msgspec
 
 from arl_train import mps, watchdog
-from arl_train.checkpointing import save_checkpoint
-from arl_train.checkpointing import latest_checkpoint_hint
+from arl_train.checkpointing import latest_checkpoint_hint, save_checkpoint
 from arl_train.cluster import NodePlan, lost_actor
 from arl_train.errors import NodeLostError
 from arl_train.metrics import MetricsLog, add_engine_phases, phase_medians, phases_line, plot, progress_line
@@ -322,7 +323,7 @@ def run(config: AppConfig, *, log: Any = print) -> RunSummary:
             plan = _start(ray, plan, log, started)
             _train(ray, plan, started, metrics, log)
             return _finish(ray, plan, started, metrics.rows, began, log)
-        except Exception as exc:  # an actor lost with its node or process: say which, where, and how to resume
+        except Exception as exc:  # an actor lost with its node or process: say which, where, how to resume
             lost = lost_actor(exc, started.parts())
             if lost is None:
                 raise
