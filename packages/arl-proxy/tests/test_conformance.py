@@ -315,6 +315,42 @@ async def test_retry_resends_earlier_request(segments, qwen3_tok, make_agent):
         assert sampled_tokens(traj) == calls[0].output.token_ids + calls[2].output.token_ids
 
 
+@pytest.mark.parametrize("segments", [True, False])
+async def test_resumed_history(segments, any_tok, make_agent):
+    """A first request that already holds earlier turns (a resumed conversation) is tokenized whole, exactly as
+    one shot; with segments, later turns then render the prompt, the last turn and the new messages only, not
+    the whole history again."""
+    kind, tok = any_tok
+    agent = await make_agent(tok, tool_parser=PARSER[kind], segments=segments)
+    agent.messages = [{"role": "system", "content": "You are a coding agent."},
+                      {"role": "user", "content": "Fix the failing test in the repo."}]
+    for k in range(6):
+        call = {"id": f"call_{k}", "type": "function",
+                "function": {"name": "bash", "arguments": json.dumps({"cmd": f"grep -rn f_{k} src/"})}}
+        agent.messages += [{"role": "assistant", "content": f"Looking at part {k}.", "tool_calls": [call]},
+                           {"role": "tool", "tool_call_id": f"call_{k}", "content": f"src/m{k}.py: def f_{k}(): ..."}]
+    resumed = len(agent.messages)
+    codec, rendered = agent.proxy.codec, []
+    render = codec.render
+    codec.render = lambda messages, *args: rendered.append(len(messages)) or render(messages, *args)
+    think = "Next step." if kind == "qwen3" else None
+    await agent.turn(call_text(kind, [("bash", {"cmd": "pytest -q"})], "Running the tests.", think), tools=TOOLS)
+    first_renders, rendered[:] = list(rendered), []
+    agent.messages.append(tool_msg(agent, "1 failed"))
+    await agent.turn(call_text(kind, [("read_file", {"path": "src/m0.py"})], "", think), tools=TOOLS)
+    agent.messages.append(tool_msg(agent, "def f_0(): return 1"))
+    await agent.turn(answer_text(kind, "Found it.", think), tools=TOOLS)
+    traj = agent.pop()
+    assert agent.gen.calls[0].prompt_ids == one_shot(tok, agent.messages[:resumed], TOOLS, add_generation_prompt=True)
+    assert_exact(agent, traj, TOOLS)
+    assert_no_rebuild_turns(agent, traj)
+    assert first_renders[0] == resumed
+    if segments:
+        assert len(traj.segments) == 1 and max(rendered) == 2 + 1 + 1  # prompt, last reply, new tool result
+    else:
+        assert max(rendered) > resumed
+
+
 async def test_llama_single_bos(llama_tok, make_agent):
     agent = await make_agent(llama_tok, tool_parser="llama3_json")
     agent.messages = [{"role": "user", "content": "Hi."}]

@@ -142,10 +142,7 @@ class TrajectoryBuilder:
                    template_kwargs: dict[str, Any]) -> PlanSteps:
         """`plan`, yielding every text to tokenize instead of tokenizing it (rendering happens here)."""
         if not self.pieces:
-            text = self.codec.render(messages, tools, True, template_kwargs)
-            seg = Piece.template(text, (yield text))
-            return PromptPlan(0, [seg], list(seg.ids), messages, tools, template_kwargs, False,
-                              head=(messages, True))
+            return (yield from self._first(messages, tools, template_kwargs))
         n = len(self.snapshot)
         appended = (
             len(messages) > n
@@ -158,6 +155,30 @@ class TrajectoryBuilder:
             if plan is not None:
                 return plan
         return (yield from self._rebuild(messages, tools, template_kwargs, appended))
+
+    def _first(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               template_kwargs: dict[str, Any]) -> PlanSteps:
+        """The first prompt, tokenized whole. A resumed history (assistant turns already in it) is recorded as
+        two pieces, its prompt (the messages before the first assistant turn) and the rest, when the prompt's
+        tokens begin the whole's: then later turns check a window of prompt + last turn + new messages instead
+        of rendering the whole history again every turn (as after a rebuild). Segments off keep one piece, the
+        prompt of their one sequence."""
+        text = self.codec.render(messages, tools, True, template_kwargs)
+        ids = yield text
+        whole = PromptPlan(0, [Piece.template(text, ids)], list(ids), messages, tools, template_kwargs, False,
+                           head=(messages, True))
+        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), 0)
+        if not first or not self.segmented:
+            return whole
+        head = messages[:first]
+        head_text = self.codec.render(head, tools, True, template_kwargs)
+        if not text.startswith(head_text):
+            return whole
+        head_ids = yield head_text
+        if ids[: len(head_ids)] != head_ids:
+            return whole
+        pieces = [Piece.template(head_text, head_ids), Piece.template(text[len(head_text):], ids[len(head_ids):])]
+        return PromptPlan(0, pieces, list(ids), messages, tools, template_kwargs, False, head=(head, True))
 
     def _extend(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                 template_kwargs: dict[str, Any]) -> Generator[str, list[int], PromptPlan | None]:
