@@ -4,8 +4,8 @@ running the same benchmark on an older commit's proxy, so both appear side by si
 A setting is `default` (ProxyConfig's defaults) or `key=value[,key=value...]` over them, e.g.
 `tokenize_threads=0`. `--old REV` runs the calling script once more, first, in a child process whose
 `arl.proxy` is REV's source (`git archive`), with `--old-settings` (REV's own ProxyConfig must know
-their keys); its rows are labelled `REV`, this checkout's `HEAD` (with `+` when packages/arl-proxy has
-uncommitted changes).
+their keys); its rows are labelled with REV's commit, this checkout's with HEAD's (and `+` when
+packages/arl-proxy/src has uncommitted changes).
 """
 
 from __future__ import annotations
@@ -63,14 +63,14 @@ def add_compare_args(ap: argparse.ArgumentParser, settings: list[str]) -> None:
 
 
 def revision() -> str:
-    """This checkout's commit, `+` when arl-proxy has uncommitted changes (for a child run: its source)."""
+    """This checkout's commit, `+` when arl-proxy's source has uncommitted changes (a child run: its source's)."""
     if is_child():
         return os.environ["ARL_PROXY_BENCH_REV"]
     try:
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", PROXY], capture_output=True,
-                               text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", f"{PROXY}/src"],
+                               capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+" if dirty else "")
