@@ -106,11 +106,13 @@ def plan_nodes(config: AppConfig, nodes: list[NodeInfo], driver_id: str) -> Node
 
 
 def live_nodes() -> list[NodeInfo]:
-    """The cluster's live nodes (Ray connected)."""
+    """The cluster's live nodes (Ray connected): those Ray counts alive whose raylet takes a connection.
+    A node lost moments ago is still "alive" to Ray for tens of seconds; a run started then must not be
+    placed on it."""
     import ray
 
     return [NodeInfo(id=n["NodeID"], ip=n["NodeManagerAddress"], resources=dict(n.get("Resources", {})))
-            for n in ray.nodes() if n.get("Alive")]
+            for n in ray.nodes() if n.get("Alive") and _raylet_answers(n)]
 
 
 def current_node_id() -> str:
@@ -180,7 +182,7 @@ def lost_actor(exc: BaseException, parts: dict[str, tuple[Any, NodeInfo]], wait_
                       ("an actor of the run", None))
     if node is None:
         return f"{name} was lost ({type(err).__name__})"
-    dead = _wait_node_dead(node, wait_s, node_alive or _node_alive)
+    dead = _wait_node_dead(node, wait_s, node_alive or ray_node_alive)
     return (f"{name} on node {node.label()} was lost ({type(err).__name__}): "
             + ("the node is gone (Ray's raylet there is dead or does not answer: the host, or every process on "
                "it, was lost)" if dead else "its process died or stopped answering (the node is still up)"))
@@ -193,20 +195,23 @@ def _actor_hex(handle: Any) -> str:
         return ""
 
 
-def _node_alive(node: NodeInfo) -> bool:
+def ray_node_alive(node: NodeInfo) -> bool:
     """Ray counts it alive and its raylet takes a connection (Ray's own health check takes tens of
     seconds to give up on a lost node; a connection refused or unanswered says it at once)."""
-    import socket
-
     import ray
 
     record = next((n for n in ray.nodes() if n["NodeID"] == node.id), None)
-    if record is None or not record.get("Alive"):
-        return False
+    return record is not None and bool(record.get("Alive")) and _raylet_answers(record)
+
+
+def _raylet_answers(record: dict[str, Any]) -> bool:
+    """The raylet of a node (a `ray.nodes()` record) takes a TCP connection within 2 s."""
+    import socket
+
     try:
-        with socket.create_connection((node.ip, int(record["NodeManagerPort"])), timeout=2.0):
+        with socket.create_connection((record["NodeManagerAddress"], int(record["NodeManagerPort"])), timeout=2.0):
             return True
-    except OSError:
+    except (OSError, KeyError, ValueError):
         return False
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import msgspec
 
-from arl_train.cluster import NodeInfo, NodePlan, on_node
-from arl_train.errors import StorageError
+from arl_train.cluster import NodeInfo, NodePlan, on_node, ray_node_alive
+from arl_train.errors import NodeLostError, StorageError
 from arl_train.node_probe import check_paths
 from arl_train.sections import AppConfig
 
@@ -103,6 +103,9 @@ def probe(plan: NodePlan, wanted: dict[str, list[Need]], out_dir: Path, shared_d
             try:
                 found = ray.get(ref, timeout=timeout_s)
             except Exception as exc:  # the node could not run the probe at all
+                if not ray_node_alive(node):
+                    raise NodeLostError(f"node {node.label()} was lost while the run started (its raylet is "
+                                        "gone): start the run again") from exc
                 found = [f"the probe did not run there within storage.probe_timeout_s={timeout_s:g}s "
                          f"({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})"]
             problems += [f"node {node.label()}: {p}" for p in found]
