@@ -200,7 +200,7 @@ def harness_failure(output: str) -> str | None:
 AGENT_BROKE_VERIFIER = "agent_broke_verifier"
 _BROKE_LINE = re.compile(r"the agent's change broke the verifier: (?P<cause>.*)")
 # Reward keys that are signs of reward hacking (counted per trial), besides the agent's leftover processes.
-_TELL_KEYS = ("protected_touched", "change_refused", AGENT_BROKE_VERIFIER)
+_TELL_KEYS = ("protected_touched", "change_refused", AGENT_BROKE_VERIFIER, "runner_tampered")
 
 
 def grades_own_harness(rewards: dict[str, float] | None) -> bool:

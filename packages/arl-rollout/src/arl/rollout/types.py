@@ -64,6 +64,6 @@ class AgentResult(msgspec.Struct, kw_only=True):
     # disconnected mid-stream): nothing of them is in the trajectory; counted so a dashboard shows them.
     dropped_turns: int = 0
     # Signs of reward hacking the grading saw, by name, > 0 when seen (e.g. Harbor SWE trials:
-    # "protected_touched", "leftover_processes", "change_refused", "agent_broke_verifier"); counted per
-    # trial, so a dashboard shows a policy drifting toward hacking before it succeeds.
+    # "protected_touched", "leftover_processes", "change_refused", "agent_broke_verifier", "runner_tampered");
+    # counted per trial, so a dashboard shows a policy drifting toward hacking before it succeeds.
     tells: dict[str, float] = msgspec.field(default_factory=dict)

@@ -36,7 +36,7 @@ SANDBOX_VENV = "/arl/venv"  # where the local sandbox binds the package's venv (
 # The repository as built, read-only in the grading environment: what the agent's change is measured against.
 BASE_DIR = "/arl/base"
 # How the task is graded; tasks without it (or older) share the agent's environment with their verifier.
-GRADING = "clean-environment-1"
+GRADING = "clean-environment-2"
 # The grader's files, copied into tests/plugin/.
 PLUGIN_FILES = ("arl_swe_report.py", "score.py", "grade_change.py", "pytest.ini")
 _GIT_ENV = {"GIT_AUTHOR_NAME": "arl", "GIT_AUTHOR_EMAIL": "arl@localhost", "GIT_COMMITTER_NAME": "arl",

@@ -2,7 +2,7 @@
 
     score.py CONFIG REPORT REWARD_JSON CHANGE_JSON [RERUN_REPORT]   # write the reward
     score.py --to-rerun CONFIG REPORT                   # print the PASS_TO_PASS ids worth one rerun
-    score.py --take-report SOURCE DEST                  # copy the runner's report out, checked
+    score.py --take-report SOURCE DEST [NONCE]          # copy the runner's report out, checked
     score.py --refused CHANGE_JSON REWARD_JSON          # reward 0: grade_change.py refused the change
     score.py --broken REASON REWARD_JSON                # reward 0: the change broke the verifier
 
@@ -17,9 +17,11 @@ many passed on the rerun). A solution that really breaks a test fails it twice; 
 never rerun.
 
 Besides the reward, reward.json says how the change was graded, as numbers (Harbor's rewards are a map of
-numbers): `protected_touched` (paths grade_change.py put back), `change_refused`, `agent_broke_verifier`.
+numbers): `protected_touched` (paths grade_change.py put back), `change_refused`, `agent_broke_verifier`,
+`runner_tampered` (the report plugin saw the runner's code replaced: reward 0).
 The runner's report is written by a process running the agent's code: it is read without following links,
-bounded in size and checked in shape; anything else is a verifier the change broke.
+bounded in size, checked in shape, and must be exactly one document carrying the run's nonce; anything else
+is a verifier the change broke.
 """
 
 import json
@@ -47,8 +49,9 @@ def to_rerun(config, outcomes):
     return failed if len(failed) <= MAX_RERUN else []
 
 
-def take_report(source, dest):
-    """Copy the runner's report to `dest` when it is a plain JSON file of the plugin's shape; False if not."""
+def take_report(source, dest, nonce=None):
+    """Copy the runner's report to `dest` when it is one JSON document of the plugin's shape (with `nonce`,
+    when given); False if not."""
     try:
         fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -62,6 +65,8 @@ def take_report(source, dest):
     if not (isinstance(data, dict) and isinstance(data.get("tests"), dict)
             and all(isinstance(k, str) and isinstance(v, str) for k, v in data["tests"].items())):
         return False
+    if nonce is not None and not (data.get("nonce") == nonce and isinstance(data.get("tampered"), list)):
+        return False
     with open(dest, "w") as f:
         json.dump(data, f)
     return True
@@ -71,7 +76,9 @@ def protected_touched(change):
     return float(len(change.get("restored") or {}) + len(change.get("deleted") or {}))
 
 
-def score(config, outcomes, rerun_outcomes=None):
+def score(config, outcomes, rerun_outcomes=None, tampered=()):
+    if tampered:
+        return {"reward": 0.0, "runner_tampered": 1.0}
     rerun = to_rerun(config, outcomes) if rerun_outcomes is not None else []
     flaky = {i for i in rerun if rerun_outcomes.get(i) == "passed"}
     result = {}
@@ -99,7 +106,7 @@ def main() -> int:
             print(node_id)
         return 0
     if sys.argv[1] == "--take-report":
-        return 0 if take_report(sys.argv[2], sys.argv[3]) else 1
+        return 0 if take_report(*sys.argv[2:5]) else 1
     if sys.argv[1] == "--refused":
         change = _load(sys.argv[2])
         # Counts only: the reasons name the agent's files, which must not reach the verifier's output (it is
@@ -112,8 +119,13 @@ def main() -> int:
         _write(sys.argv[3], {"reward": 0.0, "agent_broke_verifier": 1.0})
         return 0
     config_path, report_path, reward_path, change_path = sys.argv[1:5]
-    rerun_outcomes = _load(sys.argv[5])["tests"] if len(sys.argv) > 5 else None
-    reward = score(_load(config_path), _load(report_path)["tests"], rerun_outcomes)
+    report = _load(report_path)
+    rerun_report = _load(sys.argv[5]) if len(sys.argv) > 5 else None
+    tampered = report.get("tampered", []) + (rerun_report.get("tampered", []) if rerun_report else [])
+    if tampered:
+        # What was replaced names runner objects, never the agent's paths: safe for the verifier's output.
+        print("the runner was tampered with: " + "; ".join(map(str, tampered[:8])), file=sys.stderr)
+    reward = score(_load(config_path), report["tests"], rerun_report["tests"] if rerun_report else None, tampered)
     reward["protected_touched"] = protected_touched(_load(change_path))
     _write(reward_path, reward)
     return 0

@@ -7,8 +7,9 @@
 #   2. grade_change.py keeps only what a fix may touch and puts the rest back as in the base, or refuses
 #      the change (reward 0, change_refused); then tests/test.patch, when the task has one, is applied;
 #   3. pytest runs the FAIL_TO_PASS + PASS_TO_PASS tests as an unprivileged user that can write nothing
-#      here but its own report folder, with its config, rootdir and plugins pinned and `python -P` (no
-#      current-dir imports); every process of that user is killed before the report is read;
+#      here but its own home folder, with its config, rootdir and plugins pinned and `python -P` (no
+#      current-dir imports); its report comes back through a pipe, with a nonce and what the plugin saw
+#      of the runner being tampered with; every process of that user is killed before the report is read;
 #   4. score.py writes reward.json = {"reward": 1.0 iff all listed tests passed, ...}. A few PASS_TO_PASS
 #      failures when every FAIL_TO_PASS test passed are rerun once (flakes).
 # After step 1 nothing but the agent's change differs from a correct run, so a verifier the change broke
@@ -57,6 +58,12 @@ if [ -n "$RUNNER_UID" ]; then
 fi
 REPORT_DIR="$(mktemp -d /tmp/arl-swe-report.XXXXXX)" || fail "cannot create a report folder"
 [ -z "$RUNNER_UID" ] || chown "$RUNNER_UID:$RUNNER_UID" "$REPORT_DIR" || fail "cannot hand $REPORT_DIR to the runner"
+# The runner's report comes back through a pipe only root opens (the runner inherits the open end: it can
+# append, never rewrite), and carries a nonce handed to the plugin through another pipe.
+PIPES="$(mktemp -d /tmp/arl-swe-pipes.XXXXXX)" && chmod 700 "$PIPES" && mkfifo "$PIPES/report" "$PIPES/nonce" \
+  || fail "cannot create the report pipes"
+NONCE="$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+[ ${#NONCE} -eq 32 ] || fail "cannot draw a nonce"
 
 broke() {  # the agent's change made the verifier fail: a kept 0, with the cause
   echo "arl-swe verifier: the agent's change broke the verifier: $*" >&2
@@ -90,21 +97,27 @@ kill_runner() {  # every process the tests left behind
 }
 run_pytest() {  # run_pytest REPORT LOG ARGS...: the tests, their report copied out by root
   local report="$1" log="$2"; shift 2
-  rm -f "$REPORT_DIR/report.json"
+  rm -f "$PIPES/report.json"
+  cat "$PIPES/report" >"$PIPES/report.json" &
+  local reader=$!
+  printf '%s' "$NONCE" >"$PIPES/nonce" &
   local started=$SECONDS
   (cd "$TESTBED" && "${RUN_AS[@]}" env -u PYTEST_ADDOPTS -u PYTEST_PLUGINS -u PYTHONSTARTUP -u PYTHONHOME \
-    -u BASH_ENV HOME="$REPORT_DIR" ARL_SWE_REPORT="$REPORT_DIR/report.json" PYTHONDONTWRITEBYTECODE=1 \
+    -u BASH_ENV -u ARL_SWE_REPORT HOME="$REPORT_DIR" ARL_SWE_REPORT_FD=9 ARL_SWE_NONCE_FD=8 \
+    ARL_SWE_CHANGE="$LOGS/change.json" ARL_SWE_TESTBED_ROOT="$TESTBED" PYTHONDONTWRITEBYTECODE=1 \
     PYTHONPATH="$TESTS_DIR/plugin:$TESTBED/$SRC_ROOT" \
     timeout -k 5 "$PYTEST_TIMEOUT_SEC" "$PY" -P -m pytest -p arl_swe_report -p no:cacheprovider \
-    "--rootdir=$TESTBED" "${CONFIG_ARGS[@]}" -q --tb=short "${PYTEST_ARGS[@]}" "$@") >"$log" 2>&1
+    "--rootdir=$TESTBED" "${CONFIG_ARGS[@]}" -q --tb=short "${PYTEST_ARGS[@]}" "$@") \
+    8<"$PIPES/nonce" 9>"$PIPES/report" >"$log" 2>&1
   local rc=$?
   kill_runner
+  wait "$reader"
   # 137 is also a test process killed by SIGKILL: a timeout only when the time was up.
   if [ "$rc" -eq 124 ] || { [ "$rc" -eq 137 ] && [ $((SECONDS - started)) -ge "$PYTEST_TIMEOUT_SEC" ]; }; then
     broke "pytest timed out after ${PYTEST_TIMEOUT_SEC}s (see $log)"
   fi
-  "$PY" -I "$TESTS_DIR/plugin/score.py" --take-report "$REPORT_DIR/report.json" "$report" \
-    || broke "pytest (exit $rc) left no readable report (see $log)"
+  "$PY" -I "$TESTS_DIR/plugin/score.py" --take-report "$PIPES/report.json" "$report" "$NONCE" \
+    || broke "pytest (exit $rc) left no readable report of its own (see $log)"
 }
 run_pytest "$LOGS/pytest_report.json" "$LOGS/pytest.log" "${TEST_FILES[@]}"
 RERUN_IDS="$("$PY" -I "$TESTS_DIR/plugin/score.py" --to-rerun "$TESTS_DIR/config.json" "$LOGS/pytest_report.json")" \
