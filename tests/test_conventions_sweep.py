@@ -1,6 +1,6 @@
 """The loss-convention sweep's runs (packages/arl-trainer/benchmarks/conventions_sweep.py) load and
 validate as apps/train would load them, for every workload and arm: a run that fails on its config only
-once it reaches the GPU machine costs device time."""
+once it reaches a GPU machine costs a whole GPU run."""
 
 import importlib.util
 import sys

@@ -1,4 +1,4 @@
-"""The app with two FSDP2 trainer ranks on two GPUs (NCCL), on the device machine; skipped without them.
+"""The app with two FSDP2 trainer ranks on two GPUs (NCCL); skipped without them.
 
     python -m pytest -q -m gpu tests/test_train_fsdp_gpu.py
 

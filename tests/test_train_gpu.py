@@ -1,4 +1,4 @@
-"""The app on GPUs with vLLM (device machine; skipped without CUDA): the colocated layout and the
+"""The app on GPUs with vLLM (skipped without CUDA): the colocated layout and the
 concurrent shared-GPU schedule under the run's own MPS daemon on one GPU and, with two GPUs, the split
 layout. Each runs a few steps of the tiny model and must end with the engine holding exactly the
 trainer's weights (every tensor compared bit for bit).

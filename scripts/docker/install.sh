@@ -26,7 +26,7 @@ done
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install.sh: installing docker.io mmdebstrap (missing: ${need_apt[*]})" >&2
   $SUDO apt-get update -qq
-  # Pinned to what docker.md measured; --no-install-recommends keeps it to the engine.
+  # Debian's docker.io; --no-install-recommends keeps it to the engine.
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     docker.io mmdebstrap >/dev/null
 fi

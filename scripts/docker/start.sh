@@ -6,7 +6,7 @@
 # Also exports ARL_DOCKER_STARTED=1 when this call started the daemons (0 when one already answered: a
 # caller that stops them afterwards, like .ci/run, then leaves them alone). Idempotent. PIDs go to
 # $ARL_DOCKER_STATE/{containerd,dockerd}.pid (scripts/docker/stop.sh stops them by these), logs next to
-# them. Flags as measured in /work/shared/notes/docker.md: no iptables, no default bridge (containers get
+# them. Flags: no iptables, no default bridge (containers get
 # no network unless given one), cgroupfs driver. Waits up to ARL_DOCKER_START_TIMEOUT (60 s) for
 # `docker info`; exits non-zero with the log's tail when the daemon does not come up.
 set -euo pipefail

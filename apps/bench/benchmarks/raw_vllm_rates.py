@@ -1,6 +1,6 @@
 """Raw rates that bound the async speedup, on one GPU: g_sync, g_cont (vLLM) and t (arl's trainer).
 
-    source .device-stage/bin/env.sh      # vLLM 0.26 staged on the device (../shared/tools/device-vllm)
+    source .device-stage/bin/env.sh      # without uv: the staged vLLM 0.26 first (tools/README.md)
     python apps/bench/benchmarks/raw_vllm_rates.py [--workloads small,balanced] [--requests 512]
 
 For each workload (a random Qwen3-shaped model built by apps/train's tiny_model, bf16):

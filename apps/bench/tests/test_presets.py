@@ -1,5 +1,5 @@
 """Every shipped config loads and validates on this machine (no GPU needed to load one): a preset that
-only fails once it reaches the device costs a whole device call."""
+only fails once it reaches a GPU machine costs a whole GPU run."""
 
 from pathlib import Path
 
@@ -36,7 +36,7 @@ LONG_PROMPT_KL = ["data.source=builtin:longtail?median=659&p99_ratio=6.27&max=71
 @pytest.mark.parametrize("workload", [[], ["model.path=builtin:qwen3-1.7b-random"], LONG_PROMPT_KL],
                          ids=["small", "qwen3-1.7b", "long-prompt-kl"])
 def test_concurrent_under_the_runs_own_mps_loads_on_the_bench_preset(workload):
-    # h200_shared_session.sh's longklmpsconc and small17 phases: concurrent with resources.mps=start.
+    # h200_shared_phases.sh's longklmpsconc and small17 phases: concurrent with resources.mps=start.
     overrides = ["resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.45", "resources.mps=start",
                  "async_training.staleness_threshold=1.0", *workload]
     config = load_config(ROOT / "apps" / "bench" / "configs" / "h200x2.toml", overrides, "d")
@@ -44,7 +44,7 @@ def test_concurrent_under_the_runs_own_mps_loads_on_the_bench_preset(workload):
 
 
 def test_concurrent_with_the_trainers_sm_cap_loads_on_the_bench_preset():
-    # h200_shared_session.sh's longklsm phase.
+    # h200_shared_phases.sh's longklsm phase.
     overrides = ["resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.45", "resources.mps=start",
                  "resources.mps_trainer_sm_percent=60", "async_training.staleness_threshold=1.0", *LONG_PROMPT_KL]
     config = load_config(ROOT / "apps" / "bench" / "configs" / "h200x2.toml", overrides, "d")

@@ -3,7 +3,7 @@
 The NVIDIA binary is stood in for by a script that records how it was called (its environment and its
 standard input), so these tests check what the app does with it: the pipe and log folders it hands the
 daemon, the environment that makes the run's processes its clients, the quit at the end, and a clear
-error when it does not start. The real daemon runs in tests/test_train_gpu.py (device machine).
+error when it does not start. The real daemon runs in tests/test_train_gpu.py.
 """
 
 import os

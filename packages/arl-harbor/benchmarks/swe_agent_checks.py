@@ -1,6 +1,6 @@
 """The SWE agent checks over a whole task set: oracle → 1.0, nop → 0.0, edit-tests and attacks → below 1.0.
 
-For every task of a SWE task set (issue 31's contract: `<set>/manifest.jsonl` + one Harbor task dir per
+For every task of a SWE task set (arl.harbor.swe's layout: `<set>/manifest.jsonl` + one Harbor task dir per
 task) one agent runs one scripted policy through arl-proxy in one environment, as in
 `tests/test_swe_agents.py` (`arl.harbor.agents.checks.run_check`): the reward, whether it is the one the
 script must get, and token-exactness problems are printed per task, then a summary. Exit status 1 when

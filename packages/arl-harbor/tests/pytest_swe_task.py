@@ -1,5 +1,5 @@
-"""A minimal SWE-style task whose verifier is real pytest (the task-set contract of issue 31), for the
-docker and local-sandbox tests: a package with a bug, its own tests as the verifier, the reverse patch
+"""A minimal SWE-style task whose verifier is real pytest (the task layout of arl.harbor.swe's README), for
+the docker and local-sandbox tests: a package with a bug, its own tests as the verifier, the reverse patch
 as the oracle. Its `tests/test.sh` writes no reward when the harness cannot run (a verifier failure).
 """
 
@@ -29,7 +29,7 @@ def test_add():
 def test_mul():
     assert mul(2, 3) == 6
 """
-# What the contract's tests/test.sh does: restore the pristine tests, run the listed ids, reward only from a
+# What a SWE task's tests/test.sh does: restore the pristine tests, run the listed ids, reward only from a
 # junit report; a harness that cannot run writes no reward and says why (a verifier failure, never a 0).
 SWE_TEST_SH = r"""#!/bin/bash
 set -u
@@ -76,7 +76,7 @@ def write_pytest_swe_task(
 ) -> Path:
     """Writes a minimal SWE-style task (a package with a bug, its own tests as the verifier) under `root`.
 
-    Follows the SWE task-set contract: `environment/Dockerfile` is `FROM <base_image>` + `COPY testbed
+    Follows the SWE task layout: `environment/Dockerfile` is `FROM <base_image>` + `COPY testbed
     /testbed`; `environment/testbed/` is a git repo holding the bug (`add` subtracts); `tests/test.sh`
     restores `tests/pristine/` and runs `tests/test_ids.txt` with pytest, rewarding 1.0 iff all pass;
     `solution/fix.patch` is the reverse patch. `venv` (a host venv of Debian's python3 with pytest) is

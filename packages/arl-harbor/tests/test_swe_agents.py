@@ -1,4 +1,4 @@
-"""Real SWE agents through arl-proxy on a SWE task (issue 31's contract), driven by scripted policies.
+"""Real SWE agents through arl-proxy on a SWE task (arl.harbor.swe's layout), driven by scripted policies.
 
 arl's shell agent, Harbor's terminus-2 and mini-swe-agent (installed ahead of time, running inside the
 sandbox and reaching the proxy through `arl.harbor.agents.bridge`) each run three scripts in their own

@@ -1,6 +1,6 @@
 """A 7B weight sync into a real vLLM replica on the same GPU (CUDA IPC), against a same-run device copy.
 
-    source .device-stage/bin/env.sh   # vLLM on the device machine (../shared/tools/device-vllm)
+    source .device-stage/bin/env.sh   # without uv: the staged vLLM first (tools/README.md)
     python packages/arl-rollout/benchmarks/sync_7b_vllm.py [--rounds 4] [--bucket-mb 1024] [--source fsdp2]
 
 The trainer side (`--source`):

@@ -111,7 +111,7 @@ WORKLOADS: dict[str, Workload] = {
 
 def app_command() -> list[str]:
     """How to start apps/train: with this interpreter (`uv run python …` locally puts it in the workspace's
-    environment; the device machines' staged environment puts the packages on PYTHONPATH). Not `uv run
+    environment; tools/README.md's staged environment puts the packages on PYTHONPATH). Not `uv run
     apps/train`: where uv is installed but the workspace is not synced, it would try to resolve it."""
     return [sys.executable, "apps/train/__main__.py"]
 

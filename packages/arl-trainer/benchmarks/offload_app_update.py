@@ -2,7 +2,7 @@
 
     python packages/arl-trainer/benchmarks/offload_app_update.py [--row-tokens 200,185,207,193] [--inflight-mb 256]
 
-What the app runs in `h200x2_session.sh offload8b` (one GPU, `HFPolicy`), without the app around it:
+What the app runs in `h200x2_phases.sh offload8b` (one GPU, `HFPolicy`), without the app around it:
 the random Qwen3-8B body on the app's 1,024-token vocabulary (~6.95B parameters, fp32 master weights,
 bf16 autocast), fused AdamW, full activation checkpointing, `optimizer_offload` with the prefetch,
 `recompute` proximal log probs, 32 rows (40 prompt tokens each) in one packed micro-batch, the

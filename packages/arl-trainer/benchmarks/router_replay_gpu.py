@@ -6,7 +6,7 @@ rollout (abort -> resume) whose routes must stay one row per token.
 vLLM (arl's VllmEngine, `return_routed_experts=True`) samples in bfloat16; the trainer is the Hugging
 Face model in bfloat16 (as an FSDP trainer would run it), log probs in float32.
 
-On the device, after the staged vLLM is installed (shared/tools/device-vllm/README.md):
+On a GPU machine with vLLM (without uv: after the staged vLLM, tools/README.md):
 
     source .device-stage/bin/env.sh && python packages/arl-trainer/benchmarks/router_replay_gpu.py
 

@@ -1,7 +1,7 @@
 """Scripted policies for the SWE agents: what a model would answer, in each agent's own syntax.
 
 A script is a list of steps, each writing a file or running a shell command in the sandbox. Three
-scripts exist for a SWE task (the contract of issue 31: `solution/fix.patch`, `tests/config.json`):
+scripts exist for a SWE task (arl.harbor.swe's task layout: `solution/fix.patch`, `tests/config.json`):
 - `oracle`: writes the task's reverse patch to a file and applies it in the workdir (`git apply`, else
   `patch -p1`), so the verifier's tests pass (reward 1.0);
 - `nop`: does nothing and ends at once (reward 0.0);

@@ -46,7 +46,7 @@ _GIT_ENV = {"GIT_AUTHOR_NAME": "arl", "GIT_AUTHOR_EMAIL": "arl@localhost", "GIT_
 
 @dataclass
 class TaskRecord:
-    """One task's manifest row (the contract's fields plus a few for provenance)."""
+    """One task's manifest row (the fields of the README's manifest plus a few for provenance)."""
 
     id: str
     package: str

@@ -71,7 +71,7 @@ class VllmEngineConfig(msgspec.Struct, kw_only=True):
 
 
 def _set_cpu_defaults(config: VllmEngineConfig) -> None:
-    """Settings vLLM's CPU build needs to start on a small machine (see notes/vllm-and-env.md)."""
+    """Settings vLLM's CPU build needs to start on a small machine."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gib))
     # Without this the CPU build forces a separate worker process ("mp" executor): one more process to
     # start (~20 s of imports on 2 cores) and to feed every step.

@@ -1,13 +1,13 @@
 #!/bin/bash
 # Every 2×H200 measurement of issues #14 (async speedup) and #8 (trainer at scale) in one detached run,
-# so it outlasts a single device call (10 min): start it with setsid, then poll its logs.
+# as named phases (tools/README.md): start it with setsid, then poll its logs.
 #
 #   source .device-stage/bin/env.sh
-#   setsid bash apps/bench/benchmarks/h200x2_session.sh /tmp/arl-session [phases] </dev/null >/dev/null 2>&1 &
+#   setsid bash tools/h200x2_phases.sh /tmp/arl-session [phases] </dev/null >/dev/null 2>&1 &
 #   tail /tmp/arl-session/progress.log
 #
-# Copy results back without the run folders' model weights (a device call returns 64 MiB at most):
-#   cd /tmp && find arl-session -name "*.log" -o -name "*.json" -o -name "*.jsonl" | tar czf $OUT/logs.tgz -T -
+# Copy results back without the run folders' model weights:
+#   cd /tmp && find arl-session -name "*.log" -o -name "*.json" -o -name "*.jsonl" | tar czf /tmp/logs.tgz -T -
 #
 # phases (default: what has not run yet on two GPUs, longcompare,sync8b,coloc2,tp2, #14's balanced-workload
 # aim first; any list in any order):
@@ -59,7 +59,7 @@
 #              wake_weights times; the end-of-run digest check says whether anything was lost)
 #   fsdp7b1    one GPU: the 7B shape as one FSDP2 rank with fused AdamW, eager vs compile_layers
 #              (16k-token micro-batches, full checkpointing)
-#   tp2        apps/train/benchmarks/gpu_app_smoke.sh tp2: one replica over two GPUs (vLLM "mp"
+#   tp2        tools/gpu_app_smoke.sh tp2: one replica over two GPUs (vLLM "mp"
 #              executor), every TP worker receiving the full tensors
 #   fsdpcompile  compile_layers under FSDP2 (every GPU, at most 2): its GPU tests, then eager vs compiled
 #              side by side at the 0.5B shape (32k-token micro-batches) and the 7B shape (16k, full
@@ -190,7 +190,7 @@ for phase in ${PHASES//,/ }; do
     offload8b) export CUDA_VISIBLE_DEVICES=0; coloc8b offload8b actor.optimizer_offload=true ;;
     resident8b) export CUDA_VISIBLE_DEVICES=0; coloc8b resident8b actor.optimizer_offload=false ;;
     tp2)
-      OUT=$LOG/tp2 BUDGET_S=420 bash apps/train/benchmarks/gpu_app_smoke.sh tp2 > "$LOG/tp2.log" 2>&1
+      OUT=$LOG/tp2 BUDGET_S=420 bash tools/gpu_app_smoke.sh tp2 > "$LOG/tp2.log" 2>&1
       say "tp2 exit $?" ;;
     sleep2) export CUDA_VISIBLE_DEVICES=0; coloc8b sleep2_8b actor.optimizer_offload=true rollout.sleep_level=2 ;;
     fsdp7b1)

@@ -2,18 +2,17 @@
 # Issue #30 on ONE H200: colocated (synchronous turn-taking) vs the shared-GPU schedules time_sliced and
 # concurrent, on the long-tail workload (random Qwen3-0.6B shape, 16 prompts × 8 per step) and on
 # long-prompt-kl (1,024-token prompts, KL to the reference), then raw_vllm_rates with --share (engine
-# alone, trainer alone, both at once in two processes on the GPU) for the ideals. One detached job, so
-# that it outlasts a device call (10 min):
+# alone, trainer alone, both at once in two processes on the GPU) for the ideals. One detached job of
+# named phases (tools/README.md):
 #
 #   source .device-stage/bin/env.sh
-#   setsid bash apps/bench/benchmarks/h200_shared_session.sh /tmp/s30 [phases] </dev/null >/dev/null 2>&1 &
+#   setsid bash tools/h200_shared_phases.sh /tmp/s30 [phases] </dev/null >/dev/null 2>&1 &
 #   tail /tmp/s30/progress.log
 #
-# Poll in device calls back to back (the machine goes back after 30 s idle), and bring home what is done
-# at every poll, so that a machine taken back for other work loses nothing finished:
+# Copy back what is done at every look, so that a machine lost mid-run loses nothing finished:
 #
-#   sleep 240; tail -3 /tmp/s30/progress.log
-#   tar czf $OUT/s30.tgz -C /tmp/s30 --exclude=model --exclude='checkpoint*' --exclude='*.safetensors' .
+#   tail -3 /tmp/s30/progress.log
+#   tar czf /tmp/s30.tgz -C /tmp/s30 --exclude=model --exclude='checkpoint*' --exclude='*.safetensors' .
 #
 # phases (default small,longkl,rates): small | longkl (the compares; 9 steps, 1 warm-up: 8 measured) |
 # rates (raw_vllm_rates --share, both workloads) | ratessmall | rateskl |
@@ -56,7 +55,7 @@ compare() {  # name modes concurrent-memory rates-workload overrides...
   [ -f "$LOG/bench_$name/bench.json" ] || python apps/bench/__main__.py report "$LOG/bench_$name" --warmup-steps 1 \
     >> "$LOG/bench_$name.log" 2>&1
 }
-# MPS: a per-session control daemon (pipe and log under $LOG; the device's compute mode is left as it is).
+# MPS: a control daemon of its own (pipe and log under $LOG; the device's compute mode is left as it is).
 # Every CUDA process started while it runs (the Ray workers inherit the environment) becomes its client.
 mps_on() {
   export CUDA_MPS_PIPE_DIRECTORY=$LOG/mps-pipe CUDA_MPS_LOG_DIRECTORY=$LOG/mps-log

@@ -1,8 +1,8 @@
 #!/bin/bash
-# The whole app on GPUs with vLLM, in one device call (< 8 min on 2×H200), after the vLLM staging of
-# ../shared/tools/device-vllm (source its env.sh first: `source .device-stage/bin/env.sh`; no uv there).
+# The whole app on GPUs with vLLM, within BUDGET_S seconds (default 470; < 8 min on 2×H200), from the
+# sources without uv: `source .device-stage/bin/env.sh` first (tools/README.md).
 #
-#   bash apps/train/benchmarks/gpu_app_smoke.sh [split,colocated,tp2,synctests,ipcbench]
+#   bash tools/gpu_app_smoke.sh [split,colocated,tp2,synctests,ipcbench]
 #
 # split      trainer on GPU 0, one vLLM replica on GPU 1, mode d, 20 steps, weights over NCCL
 # colocated  trainer and one replica taking turns on one GPU (vLLM sleeps), 20 steps, CUDA IPC
@@ -27,7 +27,7 @@ case ":${PYTHONPATH:-}:" in
 esac
 GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
 python -c "import torch, vllm, ray; print('torch', torch.__version__, '| vllm', vllm.__version__, '| ray', ray.__version__, '| gpus', torch.cuda.device_count())" || exit 1
-END=$(( $(date +%s) + ${BUDGET_S:-470} ))  # every part stops by then (the device call's own limit)
+END=$(( $(date +%s) + ${BUDGET_S:-470} ))  # every part stops by then
 cap() { local left=$(( END - $(date +%s) )); (( left < $1 )) && echo $(( left > 5 ? left : 5 )) || echo $1; }
 CONFIG=apps/train/configs/gpu_tiny.toml
 STEPS=${STEPS:-20}

@@ -1,9 +1,9 @@
 #!/bin/bash
 # The multi-GPU runs of arl-sync and of the split-vs-colocated benchmark, in one go, on a machine with
-# two GPUs (the device machine: torch + cupy there, pyzmq/msgspec carried as wheels in
-# packages/arl-sync/.whl). Logs go to $OUT (or /tmp/arl-device-out).
+# two GPUs with torch and cupy (pyzmq/msgspec installed from wheels in packages/arl-sync/.whl when that
+# folder exists; tools/README.md). Logs go to $OUT (or /tmp/arl-device-out).
 #
-#   bash apps/train/benchmarks/run_device.sh tests,nccl,split
+#   bash tools/run_device.sh tests,nccl,split
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/arl-device-out}
@@ -15,7 +15,7 @@ fi
 export PYTHONPATH=/tmp/site:$(ls -d "$PWD"/packages/*/src | paste -sd:)
 nvidia-smi topo -m 2>&1 | head -8
 python3 -c "import torch, cupy, transformers; from cupy.cuda import nccl; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'cupy', cupy.__version__, 'nccl', nccl.get_version(), 'transformers', transformers.__version__)"
-END=$(( $(date +%s) + ${BUDGET_S:-100000} ))  # stop every part by then (the device call's own limit)
+END=$(( $(date +%s) + ${BUDGET_S:-100000} ))  # stop every part by then
 cap() { local left=$(( END - $(date +%s) )); (( left < $1 )) && echo $(( left > 5 ? left : 5 )) || echo $1; }
 for part in ${1//,/ }; do
   echo "===== $part ($(date +%T))"
