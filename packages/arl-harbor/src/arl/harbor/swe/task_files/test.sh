@@ -111,7 +111,12 @@ run_pytest() {  # run_pytest REPORT LOG ARGS...: the tests, their report copied 
     8<"$PIPES/nonce" 9>"$PIPES/report" >"$log" 2>&1
   local rc=$?
   kill_runner
-  wait "$reader"
+  # The pipe ends when the last holder of its write end is gone: a process the tests forked and left
+  # (possible only when pytest runs as the caller, who is not killed wholesale) gets 5 s.
+  local waited=0
+  while kill -0 "$reader" 2>/dev/null && [ "$waited" -lt 50 ]; do sleep 0.1; waited=$((waited + 1)); done
+  kill "$reader" 2>/dev/null
+  wait "$reader" 2>/dev/null
   # 137 is also a test process killed by SIGKILL: a timeout only when the time was up.
   if [ "$rc" -eq 124 ] || { [ "$rc" -eq 137 ] && [ $((SECONDS - started)) -ge "$PYTEST_TIMEOUT_SEC" ]; }; then
     broke "pytest timed out after ${PYTEST_TIMEOUT_SEC}s (see $log)"
