@@ -165,6 +165,9 @@ def test_the_table_names_every_package_and_app():
                                                              if (p / "pyproject.toml").is_file()}
     for unit in UNITS.values():
         assert unit.src.is_dir(), f"{unit.name}: no {unit.src}"
+    modules = {*REPO.glob("packages/*/src/**/*.py"), *REPO.glob("apps/*/src/**/*.py")}
+    checked = {path for unit in UNITS.values() for path in unit.src.rglob("*.py")}
+    assert modules == checked, f"modules outside every row's folder: {sorted(map(str, modules - checked))}"
     assert UNITS["arl-queue"].allowed & {*GUARDED, *UNITS} == set()
     assert UNITS["arl-queue"].extras == {"ray"}
     assert UNITS["arl-rollout"].allowed >= {"arl-queue", "arl-proxy", "arl-sync", "ray", "torch"}
