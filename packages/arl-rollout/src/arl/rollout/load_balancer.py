@@ -51,9 +51,6 @@ class LoadBalancer:
         self._healthy[replica] = False
         return was
 
-    def is_healthy(self, replica: int) -> bool:
-        return self._healthy[replica]
-
     @property
     def healthy(self) -> list[int]:
         """Indices of the replicas still in use."""

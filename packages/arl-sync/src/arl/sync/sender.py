@@ -108,11 +108,6 @@ class WeightSender:
         """What a `WeightReceiver` connects to, e.g. "tcp://127.0.0.1:5555"."""
         return self._channel.address
 
-    @property
-    def num_joined(self) -> int:
-        """Receivers that have joined so far (as seen by the last message pump)."""
-        return len(self._members)
-
     # ---- message handling ----------------------------------------------------------------------
 
     def _handle(self, ident: bytes, msg: object) -> None:

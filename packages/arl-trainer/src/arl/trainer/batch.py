@@ -46,12 +46,6 @@ class TrainBatch:
         return TrainBatch(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
 
-def response_prompt(sample: Sample, response: Response) -> list[int]:
-    """The prompt a response continues: its own (`Response.prompt_ids`, where the schema has it) else the sample's."""
-    own = getattr(response, "prompt_ids", None)
-    return own if own is not None else sample.prompt_ids
-
-
 _TORCH_DTYPE = {"i": torch.int32, "f": torch.float32, "B": torch.uint8}
 
 

@@ -17,10 +17,6 @@ class StarvedError(TrainerError, TimeoutError):
     """The trainer waited longer than its timeout for samples: the rollout side is stuck or dead."""
 
 
-class SyncFailedError(TrainerError):
-    """Publishing weights to the rollout side failed; the engines keep their previous weights."""
-
-
 class RouterReplayError(TrainerError, ValueError):
     """MoE routing replay cannot run: no MoE router in the model, or routes of the wrong shape or range."""
 

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from arl.sync import SyncStats
 from arl.trainer.batch import TrainBatch
+from arl.trainer.memory import release_cached_gpu_memory
 from arl.trainer.publisher import RolloutControl, WeightPublisher, finish_stream
 
 
@@ -161,8 +162,6 @@ def _send_own(policy: Any, publisher: WeightPublisher | None, version: int) -> N
 def release_memory_together() -> None:
     """Colocated ranks, after a step: every rank hands its cached CUDA blocks back (its replica wakes
     on the same GPU next), and the barrier keeps rank 0 from waking the replicas before all have."""
-    from arl_train.colocated import release_cached_gpu_memory
-
     release_cached_gpu_memory()
     dist.barrier()
 
