@@ -46,6 +46,14 @@ CASES = [
     ("sync.bucket_mb=-1", "sync.bucket_mb"),
     ("ray.num_cpus=0", "ray.num_cpus"),
     ("seed=-1", "seed"),
+    # Fields the packages declare and check themselves (their __post_init__), named by the app's key.
+    ("actor.optim.grad_clip=0", "actor.optim.grad_clip"),
+    ("trainer.batch_timeout_s=0", "trainer.batch_timeout_s"),
+    ("sync.timeout_s=0", "sync.timeout_s"),
+    ("rollout.max_model_len=0", "rollout.max_model_len"),
+    ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization"),
+    ("rollout.max_num_seqs=0", "rollout.max_num_seqs"),
+    ("rollout.dtype=auto", "rollout.dtype"),
 ]
 
 
@@ -53,6 +61,26 @@ CASES = [
 def test_each_bad_value_is_refused_by_name(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(overrides=[override])
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("actor.ppo_mini_batch_size=0", "invalid config: actor.ppo_mini_batch_size = 0: ppo_mini_batch_size must be >= 1"),
+    ("actor.optim.lr=0", "invalid config: actor.optim.lr = 0: lr must be > 0"),
+    ("async_training.require_batches=0", "invalid config: async_training.require_batches = 0: require_batches must"),
+    ("async_training.max_version_lag=-2", "invalid config: async_training.max_version_lag = -2: max_version_lag must"),
+    ("sync.timeout_s=-1.0", "invalid config: sync.timeout_s = -1.0: timeout_s must be > 0"),
+    # The torch engine does not read it, but the field is vLLM's: its check applies whichever engine runs.
+    ("rollout.gpu_memory_utilization=0.0", "invalid config: rollout.gpu_memory_utilization = 0.0: gpu_memory_utilization"),
+])
+def test_a_package_refuses_its_own_field_and_the_app_names_the_key(override, message):
+    overrides = [override, "rollout.engine=torch"] if "gpu_memory" in override else [override]
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")) as err:
+        load_config(overrides=overrides)
+    assert err.value.key == override.partition("=")[0]
+
+
+def test_no_bound_is_minus_one_in_toml():
+    assert load_config(overrides=["async_training.max_version_lag=-1"]).async_training.max_version_lag == -1
 
 
 @pytest.mark.parametrize("shape", ["tiny", "qwen3-0.6b-random", "qwen3-1.7b-random", "qwen3-4b-random", "qwen3-8b-random"])

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from arl_train.errors import ConfigError, mentioned
+from arl_train.errors import ConfigError, invalid, mentioned
 from arl_train.legacy_keys import modern_key, move_legacy_keys
 from arl_train.sections import (
     ActorConfig,
@@ -135,6 +135,8 @@ def _named(message: str, tree: dict[str, Any]) -> ConfigError:
         named = mentioned([f.name for f in msgspec.structs.fields(section)], what, prefer=given)
         if named:
             key = f"{key}.{named}" if key else named
+            if named in given:
+                return invalid(key, given[named], what)
     return ConfigError(f"invalid config: {key or 'top level'}: {what}", key)
 
 

@@ -22,6 +22,13 @@ from arl_train.placement import layout_of
 from arl_train.sections import AppConfig
 
 
+def package_value(key: str, value: Any) -> Any:
+    """A borrowed field's value as its package takes it, where the app spells it differently in TOML."""
+    if key == "async_training.max_version_lag" and value == -1:
+        return None  # -1: no bound (TOML has no null); other negatives go to the package, which refuses them
+    return value
+
+
 def run_budget(config: AppConfig) -> Budget:
     """The reference concurrency/staleness budget for this run's settings."""
     at = config.async_training
@@ -40,10 +47,9 @@ def trainer_config(config: AppConfig, batch_timeout_s: float | None = None) -> T
     (`harbor_section.run_timeouts`; None: `trainer.batch_timeout_s` as set)."""
     actor, at = config.actor, config.async_training
     fields = pick(actor, TrainerConfig) | pick(at, TrainerConfig) | pick(config.trainer, TrainerConfig)
-    lag = at.max_version_lag
     fields |= {
         "temperature": config.rollout.temperature,  # the log probs of the tokens as they were sampled
-        "max_version_lag": None if lag is None or lag < 0 else lag,  # -1: no bound (TOML has no null)
+        "max_version_lag": package_value("async_training.max_version_lag", at.max_version_lag),
         # Issue #29: Dr. GRPO's constant normaliser is the generation budget unless set.
         "loss_agg_norm_len": actor.loss_agg_norm_len
         if actor.loss_agg_norm_len is not None

@@ -130,8 +130,6 @@ def check_layout(config: AppConfig) -> None:
     require(ro.replicas >= 1, "rollout.replicas", ro.replicas, "must be >= 1")
     require(r.tensor_parallel_size >= 1, "resources.tensor_parallel_size", r.tensor_parallel_size, "must be >= 1")
     require(r.gpus_per_node >= 0, "resources.gpus_per_node", r.gpus_per_node, "must be >= 0 (0 = check at start only)")
-    require(0 < ro.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", ro.gpu_memory_utilization,
-            "must be in (0, 1]")
     trainer_on_gpu = r.trainer_gpus > 0
     rollout_on_gpu = ro.device == "cuda"
     require(not config.actor.device.startswith("cuda") or trainer_on_gpu, "actor.device", config.actor.device,

@@ -1,10 +1,10 @@
 """The one validation pass of a config, at load, before Ray or any actor starts.
 
 `validate(config)` checks every value and returns the config with its layout resolved, or raises
-`ConfigError` naming the dotted key of the first offending value: ranges, cross-field rules, files
-that must exist (this module), impossible layouts (`placement.check_layout`), and the packages' own
-checks, run by building their configs (`package_configs`) with each error mapped to the app's key.
-Each rule lives in one place: a package's check is not repeated here. `load_config` calls it, so the
+`ConfigError` naming the dotted key of the first offending value: the packages' own checks of the
+fields they declare (`package_checks`, each error mapped to the app's key), ranges, cross-field rules
+and files that must exist of the app's own keys (this module), impossible layouts
+(`placement.check_layout`). Each rule lives in one place: a package's check is not repeated here. `load_config` calls it, so the
 CLI exits 2 on a bad value instead of failing (or hanging) inside an actor. `check_machine` (the
 devices must exist here) is separate so that a config can be inspected on any machine.
 """
@@ -16,14 +16,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from arl.queue.errors import QueueError
 from arl.queue.persistence import read_snapshot, snapshot_path
 
-from arl_train.borrow import origin
-from arl_train.errors import ConfigError, mentioned
+from arl_train.errors import ConfigError
 from arl_train.errors import require as _require
-from arl_train.package_configs import engine_config, sync_config, trainer_config
+from arl_train.package_checks import check_borrowed, check_packages
 from arl_train.placement import check_layout, layout_of, resolve
 from arl_train.sections import AppConfig
 from arl_train.storage import resolve_output_dir
@@ -58,10 +56,11 @@ def _cuda_count() -> int:
 def validate(config: AppConfig) -> AppConfig:
     """`config` with its layout resolved (`placement.resolve`) if every value is usable; else raise
     `ConfigError` naming the key."""
+    check_borrowed(config)  # first: the app's rules below read these values
     _check_values(config)
     check_layout(config)
     config = resolve(resolve_output_dir(config))
-    _check_packages(config)
+    check_packages(config)
     return config
 
 
@@ -86,23 +85,19 @@ def _check_values(config: AppConfig) -> None:
         _require(Path(d.source).is_file(), "data.source", d.source, "file does not exist")
     # rollout
     r = config.rollout
-    for key in ("max_concurrent_per_replica", "n", "max_tokens", "max_model_len"):
+    for key in ("max_concurrent_per_replica", "n", "max_tokens"):
         _at_least(config, "rollout", key, 1)
     _require(r.max_tokens < r.max_model_len, "rollout.max_tokens", r.max_tokens,
              f"must be < rollout.max_model_len ({r.max_model_len}) to leave room for the prompt")
     _positive(config, "rollout", "temperature")  # log probs are taken at this temperature: 0 is undefined
     _require(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "must be in (0, 1]")
-    _require(r.dtype in DTYPES, "rollout.dtype", r.dtype, f"must be one of {list(DTYPES)}")
+    # The engine's own check allows vLLM's "auto"; the app casts the weights it syncs to this dtype.
+    _require(r.dtype != "auto", "rollout.dtype", r.dtype, f"must be named, one of {list(DTYPES)}")
     _positive(config, "rollout", "generate_timeout_s")
     _device("rollout.device", r.device)
-    # actor (its TrainerConfig fields' own ranges: _check_packages; actor.algorithm's: at conversion)
+    # actor (its TrainerConfig fields' own ranges: package_checks; actor.optim's and actor.algorithm's:
+    # at conversion)
     a = config.actor
-    _at_least(config, "actor", "ppo_mini_batch_size", 1)
-    _require(a.optim.lr > 0, "actor.optim.lr", a.optim.lr, "must be > 0")
-    _require(a.optim.grad_clip > 0, "actor.optim.grad_clip", a.optim.grad_clip, "must be > 0")
-    if a.loss_agg_norm_len is not None:
-        _require(a.loss_agg_norm_len >= 1, "actor.loss_agg_norm_len", a.loss_agg_norm_len,
-                 "must be >= 1 (unset: rollout.max_tokens)")
     if a.reference_path:
         _require(a.algorithm.kl_coef > 0, "actor.reference_path", a.reference_path,
                  "is the KL's reference policy: it needs actor.algorithm.kl_coef > 0")
@@ -112,14 +107,10 @@ def _check_values(config: AppConfig) -> None:
     _device("actor.device", a.device)
     _require(a.router_replay == "off" or r.return_routed_experts, "actor.router_replay", a.router_replay,
              "needs rollout.return_routed_experts = true (the engine must report the experts it chose)")
-    # async_training: the budget formulas need these ranges (arl.rollout.budget)
+    # async_training (require_batches, trigger_parameter_sync_step, max_version_lag: arl-trainer's)
     at = config.async_training
     _require(at.staleness_threshold >= 0, "async_training.staleness_threshold", at.staleness_threshold,
              "must be >= 0 (0 = on-policy / stream off-policy; > 0 = async, see the mode table)")
-    _at_least(config, "async_training", "trigger_parameter_sync_step", 1)
-    _at_least(config, "async_training", "require_batches", 1)
-    _require(at.max_version_lag is None or at.max_version_lag >= -1, "async_training.max_version_lag",
-             at.max_version_lag, "must be >= 0, or -1 (or unset) for no bound")
     required = at.require_batches * a.ppo_mini_batch_size
     max_required = int(required * (at.staleness_threshold + 1) * at.trigger_parameter_sync_step)
     _require(max_required >= required, "async_training.staleness_threshold", at.staleness_threshold,
@@ -129,11 +120,9 @@ def _check_values(config: AppConfig) -> None:
     _at_least(config, "trainer", "total_steps", 1)
     _at_least(config, "trainer", "save_every", 0)
     _at_least(config, "trainer", "profile_step", 0)
-    _positive(config, "trainer", "batch_timeout_s")
     if t.resume_from:
         _check_resume(config)
-    # sync (transport and bucket size against the layout: check_layout)
-    _positive(config, "sync", "timeout_s")
+    # sync: its timeout is arl-sync's; transport and bucket size against the layout: check_layout
     # ray
     if config.ray.num_cpus is not None:
         _require(config.ray.num_cpus >= 1, "ray.num_cpus", config.ray.num_cpus, "must be >= 1 (or unset)")
@@ -180,38 +169,6 @@ def _check_resume(config: AppConfig) -> None:
     if a.algorithm.kl_coef > 0 and not a.reference_path:
         _check_recorded_reference(t.resume_from, state.get("reference_path"), config.ray.address is None)
     _check_snapshot(t.resume_from)
-
-
-def _check_packages(config: AppConfig) -> None:
-    """The packages' own checks (their configs' `__post_init__`), each error named by the app's key."""
-    for section, build in (("actor", lambda: trainer_config(config)),
-                           ("rollout", lambda: engine_config(config, "", 0, 0)),
-                           ("sync", lambda: sync_config(config))):
-        try:
-            build()
-        except (ValueError, TypeError) as exc:
-            key = _key_in_message(config, str(exc)) or section
-            raise ConfigError(f"invalid config: {key}: {exc}", key) from None
-
-
-def _key_in_message(config: AppConfig, message: str) -> str | None:
-    """The dotted key of the borrowed field a package's error message names (of several, the first
-    one whose value is not the default: the one the user set)."""
-    keys: dict[str, str] = {}
-    changed: set[str] = set()
-    for section in msgspec.structs.fields(AppConfig):
-        section_type = section.type
-        if not (isinstance(section_type, type) and issubclass(section_type, msgspec.Struct)):
-            continue
-        values = getattr(config, section.name)
-        for f in msgspec.structs.fields(section_type):
-            found = origin(section_type, f.name)
-            if found is not None:
-                keys.setdefault(found.name, f"{section.name}.{f.name}")
-                if f.default is not msgspec.NODEFAULT and getattr(values, f.name) != f.default:
-                    changed.add(found.name)
-    name = mentioned(list(keys), message, prefer=changed)
-    return keys[name] if name else None
 
 
 def check_machine(config: AppConfig) -> None:

@@ -17,6 +17,11 @@ class DatasetError(RolloutError, ValueError):
     """A dataset file is missing, of an unknown format, or has a malformed row (the row is named)."""
 
 
+class EngineConfigError(RolloutError, ValueError):
+    """An engine config field (`VllmEngineConfig`, `TorchEngineConfig`) is out of range; the message
+    starts with the field's name."""
+
+
 class EngineError(RolloutError):
     """An inference engine failed or did not answer in time."""
 

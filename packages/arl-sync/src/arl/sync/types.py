@@ -10,6 +10,8 @@ from typing import Literal
 
 import msgspec
 
+from arl.sync.errors import SyncConfigError
+
 Transport = Literal["cpu", "tcp", "nccl", "cuda_ipc"]
 
 MiB = 1 << 20
@@ -39,6 +41,11 @@ class SyncConfig(msgspec.Struct, kw_only=True, frozen=True):
     align_bytes: int = 64
     pin_memory: bool = True
     shm_dir: str = "/dev/shm"
+
+    def __post_init__(self) -> None:
+        # The message starts with the field's name, so a caller can tell which one (the app names its key).
+        if not self.timeout_s > 0:
+            raise SyncConfigError(f"timeout_s must be > 0, got {self.timeout_s!r}")
 
 
 class SyncStats(msgspec.Struct, kw_only=True, frozen=True):

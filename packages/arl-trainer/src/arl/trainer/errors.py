@@ -9,6 +9,10 @@ class AlgorithmError(TrainerError, ValueError):
     """An algorithm function got inputs it cannot use (mismatched shapes, bad config, missing tensor)."""
 
 
+class TrainerConfigError(TrainerError, ValueError):
+    """A `TrainerConfig` or `OptimConfig` field is out of range; the message starts with the field's name."""
+
+
 class BatchError(TrainerError, ValueError):
     """Samples could not be assembled into a batch (e.g. mismatched lengths in a response)."""
 

@@ -23,7 +23,7 @@ import msgspec
 from arl.proxy.types import SamplingParams, TokenOutput
 from arl.rollout.engine import PauseMode
 from arl.rollout.engines.vllm_scheduler_stats import SchedulerWindow
-from arl.rollout.errors import EngineError, WeightSyncError
+from arl.rollout.errors import EngineConfigError, EngineError, WeightSyncError
 from arl.rollout.routed_experts import rows_from_vllm, vllm_prompt_start
 
 _EXTENSION = "arl.rollout.engines.vllm_worker.WeightSyncExtension"
@@ -31,6 +31,8 @@ _EXTENSION = "arl.rollout.engines.vllm_worker.WeightSyncExtension"
 # which refuses a bytes object over 4 GiB (a 7B model's weights are 15 GB).
 FETCH_BYTES = 1 << 30
 _RPC_REPLY_LIMIT = (1 << 32) - 1
+# The dtypes a replica can run ("auto": the model's own).
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 class VllmEngineConfig(msgspec.Struct, kw_only=True):
@@ -68,6 +70,24 @@ class VllmEngineConfig(msgspec.Struct, kw_only=True):
     return_routed_experts: bool = False
     # Extra keyword arguments for vLLM's AsyncEngineArgs (e.g. tensor_parallel_size).
     engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Each message starts with the field's name, so a caller can tell which one (the app names its key).
+        if self.dtype not in DTYPES:
+            raise EngineConfigError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.max_model_len < 1:
+            raise EngineConfigError(f"max_model_len must be >= 1, got {self.max_model_len!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise EngineConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.tensor_parallel_size < 1:
+            raise EngineConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise EngineConfigError(f"{name} must be >= 1 (None: vLLM's default), got {value!r}")
+        if not (self.start_timeout_s > 0 and self.rpc_timeout_s > 0):
+            raise EngineConfigError(f"start_timeout_s and rpc_timeout_s must be > 0, got "
+                                    f"{self.start_timeout_s!r}, {self.rpc_timeout_s!r}")
 
 
 def _set_cpu_defaults(config: VllmEngineConfig) -> None:
