@@ -47,7 +47,7 @@ NODES = [
 TOTAL_STEPS = 14
 LOSE_ROLLOUT_AT, LOSE_TRAINER_AT = 2, 7
 # lr 1e-2 makes the digits reward rise within the chain's 14 steps (0.003 -> 0.8 in 16 steps on one host).
-COMMON = ["resources.trainer_cpu_ranks=2", "harbor.agent_workers=1", "trainer.save_every=1", "actor.optim.lr=1e-2",
+COMMON = ["resources.trainer_cpu_ranks=2", "run.agent_workers=1", "trainer.save_every=1", "actor.optim.lr=1e-2",
           f"trainer.total_steps={TOTAL_STEPS}"]
 TIMEOUT_S = 900.0
 

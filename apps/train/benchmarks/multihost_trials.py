@@ -104,7 +104,7 @@ def main() -> int:
         def launch(argv, **kw):
             return bed.popen("head", argv, **kw)
 
-        base = [f"ray.address={bed.address}", f"storage.shared_dir={bed.shared_dir}", "harbor.agent_workers=2"]
+        base = [f"ray.address={bed.address}", f"storage.shared_dir={bed.shared_dir}", "run.agent_workers=2"]
         one = AppRun("one", bed.shared_dir, ["--preset", "agent", *base, "cluster.sandbox_resource=sandbox1"],
                      timeout_s=3600, launch=launch)
         try:

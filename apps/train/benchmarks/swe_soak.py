@@ -287,7 +287,7 @@ def stage_app(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from arl_train.faults import AppRun, check_ledger, latest_checkpoint, wait_gone
 
     base = ["--preset", "swe", f"swe.task_set={args.task_set}", "swe.env=local", "swe.tasks=4",
-            f"trainer.total_steps={args.app_steps}", "trainer.save_every=1", "harbor.agent_workers=2",
+            f"trainer.total_steps={args.app_steps}", "trainer.save_every=1", "run.agent_workers=2",
             "async_training.staleness_threshold=1.0"]
     root.mkdir(parents=True, exist_ok=True)
     outcomes: list[dict[str, Any]] = []

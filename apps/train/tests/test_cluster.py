@@ -22,7 +22,7 @@ R2 = NodeInfo(id="d" * 56, ip="10.0.0.5", resources={"rollout": 1.0})
 
 
 def test_each_role_is_spread_over_the_nodes_declaring_it_in_turn():
-    config = load_config(overrides=["rollout.replicas=3", "resources.trainer_cpu_ranks=2", "harbor.agent_workers=2",
+    config = load_config(overrides=["rollout.replicas=3", "resources.trainer_cpu_ranks=2", "run.agent_workers=2",
                                     "ray.address=10.0.0.2:6379"])
     where = plan_nodes(config, [T2, R2, HEAD, R1, T1], HEAD.id)
     assert where.driver == HEAD
@@ -60,7 +60,7 @@ def test_the_transport_between_nodes():
 
 
 def test_what_each_node_must_see(tmp_path):
-    config = load_config(overrides=["harbor.agent_workers=1", f"data.source={_jsonl(tmp_path)}", "ray.address=auto"])
+    config = load_config(overrides=["run.agent_workers=1", f"data.source={_jsonl(tmp_path)}", "ray.address=auto"])
     where = NodePlan(driver=HEAD, trainer=[T1], replicas=[R1], workers=[R2])
     wanted = needs(config, tmp_path / "run", tmp_path / "run" / "model", where)
     run = Need(path=str(tmp_path / "run"), what="the run folder (output.dir)", write=True)

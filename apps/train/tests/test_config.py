@@ -67,6 +67,9 @@ def test_wrong_types_in_a_toml_file_name_the_dotted_key(tmp_path):
     ("actor.lr", "actor.optim.lr", 1e-4),
     ("actor.grad_clip", "actor.optim.grad_clip", 0.5),
     ("actor.fused_optimizer", "actor.optim.fused", True),
+    ("harbor.step_timeout_s", "run.step_timeout_s", 5.0),
+    ("harbor.drain_timeout_s", "run.drain_timeout_s", 7.0),
+    ("harbor.agent_workers", "run.agent_workers", 2),
 ])
 def test_moved_keys_keep_working_with_a_warning_naming_both(tmp_path, old, new, value):
     def get(cfg, dotted):

@@ -10,7 +10,8 @@ from arl.harbor.testing import write_hello_task
 
 from arl_train.cli import main
 from arl_train.config import ConfigError, load_config
-from arl_train.harbor_section import check_harbor, harbor_config, load_app_tasks, run_timeouts
+from arl_train.harbor_section import check_harbor, harbor_config, load_app_tasks
+from arl_train.timeouts import run_timeouts
 
 
 def test_section_overrides_reach_the_package_config(tmp_path):
@@ -67,8 +68,8 @@ def test_timeouts_derive_from_the_trial_timeouts(tmp_path):
     assert t.pause_rpc_s > t.drain_s
     doubled = run_timeouts(load_config(overrides=[f"data.source=harbor:{tmp_path / 'set'}", "harbor.timeout_multiplier=2"]))
     assert doubled.attempt_s == 2 * (attempt - 60) + 60
-    fixed = run_timeouts(load_config(overrides=[f"data.source=harbor:{tmp_path / 'set'}", "harbor.step_timeout_s=5",
-                                                "harbor.drain_timeout_s=7"]))
+    fixed = run_timeouts(load_config(overrides=[f"data.source=harbor:{tmp_path / 'set'}", "run.step_timeout_s=5",
+                                                "run.drain_timeout_s=7"]))
     assert (fixed.step_s, fixed.drain_s) == (5, 7)
 
 

@@ -11,7 +11,8 @@ import pytest
 from arl.harbor.docker_environment import DOCKER_IMPORT_PATH
 from arl.harbor.testing import write_swe_task
 from arl_train.config import ConfigError, load_config
-from arl_train.harbor_section import harbor_config, run_timeouts
+from arl_train.harbor_section import harbor_config
+from arl_train.timeouts import run_timeouts
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -62,8 +63,9 @@ def test_eight_gpu_recipe_differs_only_in_placement_and_scale() -> None:
     for section in ("seed", "data", "async_training", "trainer", "sync"):
         assert one.get(section) == eight.get(section), section
     assert one["model"]["path"] != eight["model"]["path"]
-    same_harbor = {k: v for k, v in one["harbor"].items() if k not in ("model_name", "agent_workers")}
-    assert same_harbor == {k: v for k, v in eight["harbor"].items() if k not in ("model_name", "agent_workers")}
+    same_harbor = {k: v for k, v in one["harbor"].items() if k != "model_name"}
+    assert same_harbor == {k: v for k, v in eight["harbor"].items() if k != "model_name"}
+    assert one["run"].keys() == eight["run"].keys() == {"agent_workers"}
 
 
 def test_timeouts_derive_from_the_task_set(model_dir: Path, tmp_path: Path) -> None:

@@ -21,7 +21,8 @@ from typing import Any
 from arl_train import ledger
 from arl_train.colocated import ColocatedControl, ColocatedSource
 from arl_train.engine_actor import RemoteEngine
-from arl_train.harbor_section import harbor_config, load_app_tasks, run_timeouts
+from arl_train.harbor_section import harbor_config, load_app_tasks
+from arl_train.timeouts import run_timeouts
 from arl_train.package_configs import engine_config, run_budget, sync_config, trainer_config
 from arl_train.placement import TrainerRank, layout_of, node_ip, sender_host
 from arl_train.sections import AppConfig
@@ -93,13 +94,13 @@ class RolloutActor:
 
             options["harbor"] = {"config": harbor_config(cfg)}
             check_harbor_config(options["harbor"]["config"])  # a bad agent/environment fails here, by name
-        if cfg.harbor.agent_workers > 0:  # agent loops in worker processes, generating through self.generate
+        if cfg.run.agent_workers > 0:  # agent loops in worker processes, generating through self.generate
             import ray
 
             from arl.rollout.worker_pool import WorkerPool
 
             self._pool = WorkerPool.create(
-                cfg.harbor.agent_workers,
+                cfg.run.agent_workers,
                 ray.get_runtime_context().current_actor,
                 {name: {"tokenizer": self.model_path, **options[name]} for name in agent_names},
                 imports=("arl.harbor.trial_loop",) if "harbor" in agent_names else (),
@@ -197,7 +198,7 @@ class RolloutActor:
         } | ({"agent_workers": self._pool.stats()} if self._pool is not None else {})
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: Any) -> Any:
-        """The load-balanced engines, for agent-loop workers (`harbor.agent_workers` > 0)."""
+        """The load-balanced engines, for agent-loop workers (`run.agent_workers` > 0)."""
         return await self.rollouter.manager.generate(request_id, prompt_ids, sampling_params)
 
     async def replica_info(self) -> list[dict[str, Any]]:

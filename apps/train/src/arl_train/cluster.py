@@ -101,7 +101,7 @@ def plan_nodes(config: AppConfig, nodes: list[NodeInfo], driver_id: str) -> Node
         driver=driver,
         trainer=spread(nodes, c.trainer_resource, layout.trainer_ranks, driver),
         replicas=spread(nodes, c.rollout_resource, layout.replicas, driver),
-        workers=spread(nodes, c.sandbox_resource, config.harbor.agent_workers, driver),
+        workers=spread(nodes, c.sandbox_resource, config.run.agent_workers, driver),
     )
 
 

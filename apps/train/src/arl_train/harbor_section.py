@@ -1,56 +1,32 @@
 """Harbor in the app: the `[harbor]` section's package config, Harbor task sets as `data.source`, and
-the run's derived timeouts.
+the longest one trial attempt may take.
 
 `[harbor]` (`sections.HarborSection`) is `arl.harbor.HarborConfig` (agent, environment, timeouts,
-retry/keep/zero/drop policy per failure kind, tool parser, proxy host) plus four app-level fields;
+retry/keep/zero/drop policy per failure kind, tool parser, proxy host) plus the app's `task_cache_dir`;
 every key is overridable as `harbor.key=value` (e.g. `harbor.agent=oracle harbor.policy.sandbox=drop harbor.tool_parser=hermes`).
 `data.source = "harbor:<folder of task dirs | task dir | .jsonl/.json task set>"` (or
 `"swebench:<SWE-bench-format rows | import .toml>"`) makes every task a Harbor trial (see `arl.harbor.tasks`).
-`run_timeouts` derives the driver's step timeout, the rollouter's drain timeout, the trainer's batch
-timeout and the pause RPC timeout from the trial timeouts (Harbor runs) or the generation timeout (plain
-runs), so nothing is hard-coded.
+`trial_attempt_s` reads the task set's own timeouts once; the run's waits built on it are
+`arl_train.timeouts`'.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import msgspec
 from arl.harbor.types import HarborConfig
 
 from arl_train.borrow import pick
-from arl_train.package_configs import run_budget
 from arl_train.sections import AppConfig, HarborSection
 
 if TYPE_CHECKING:
     from arl.rollout.types import Task
 
-__all__ = ["HarborSection", "RunTimeouts", "check_harbor", "harbor_config", "load_app_tasks", "run_timeouts",
-           "uses_harbor"]
+__all__ = ["HarborSection", "check_harbor", "harbor_config", "load_app_tasks", "trial_attempt_s", "uses_harbor"]
 
 # The data.source prefixes whose tasks are Harbor trials (arl.harbor.tasks.SOURCE_PREFIXES).
 HARBOR_SOURCE_PREFIX = ("harbor:", "swebench:")
-# Slack on top of the summed worst cases (RPC round trips, scheduling, teardown).
-_MARGIN_S = 60.0
-
-
-class RunTimeouts(msgspec.Struct, kw_only=True):
-    """Every wait of a run that depends on how long a prompt can take, in seconds."""
-
-    # The longest one trial attempt (Harbor) or one generation (plain) may take.
-    attempt_s: float
-    # The longest one prompt's group may take (all retries included).
-    prompt_s: float
-    # A non-partial sync's wait for active prompts (the rollouter's drain timeout).
-    drain_s: float
-    # The trainer's wait for one batch of samples.
-    batch_s: float
-    # The driver's wait for one trainer step (batch + a drained sync + its transfers).
-    step_s: float
-    # The trainer's pause RPC to the rollout actor (a drain plus slack).
-    pause_rpc_s: float
 
 
 def uses_harbor(config: AppConfig) -> bool:
@@ -80,10 +56,10 @@ def load_app_tasks(config: AppConfig) -> list[Task]:
     return load_tasks(config.data.source, seed=config.data.seed, size=config.data.size)
 
 
-def _attempt_s(config: AppConfig) -> float:
+def trial_attempt_s(config: AppConfig) -> float:
+    """The longest one trial attempt may take, in seconds: `harbor.trial_timeout_sec`, else the
+    longest of the task set's own timeouts (each task's task.toml, scaled as Harbor scales them)."""
     h = config.harbor
-    if not uses_harbor(config):
-        return config.rollout.generate_timeout_s
     if h.trial_timeout_sec is not None:
         return h.trial_timeout_sec
     from arl.harbor.tasks import describe_source, task_timeout_sec
@@ -92,29 +68,6 @@ def _attempt_s(config: AppConfig) -> float:
     return max(
         task_timeout_sec(i, multiplier=h.timeout_multiplier_max(), agent_timeout_sec=h.agent_timeout_sec)
         for i in infos
-    )
-
-
-def run_timeouts(config: AppConfig) -> RunTimeouts:
-    """Derive every prompt-length-dependent wait of the run (explicit overrides win)."""
-    h = config.harbor
-    attempt = _attempt_s(config)
-    if uses_harbor(config):
-        attempts = h.policy.max_attempts
-        backoff = h.policy.retry_backoff_sec * attempts * (attempts - 1) / 2
-        prompt = attempts * attempt + backoff
-    else:
-        prompt = attempt
-    drain = h.drain_timeout_s if h.drain_timeout_s is not None else prompt + _MARGIN_S
-    budget = run_budget(config)
-    required = config.async_training.require_batches * config.actor.ppo_mini_batch_size
-    waves = math.ceil(required / max(1, budget.max_concurrent))
-    batch = max(config.trainer.batch_timeout_s, waves * prompt + _MARGIN_S)
-    step = h.step_timeout_s
-    if step is None:
-        step = batch + drain + 2 * config.sync.timeout_s + _MARGIN_S
-    return RunTimeouts(
-        attempt_s=attempt, prompt_s=prompt, drain_s=drain, batch_s=batch, step_s=step, pause_rpc_s=drain + _MARGIN_S
     )
 
 

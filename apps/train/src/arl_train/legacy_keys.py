@@ -1,7 +1,8 @@
 """Config keys that moved: the old key keeps working, with a warning naming the new one.
 
 A key moves when a section starts embedding a package's own config struct (e.g. the optimizer's
-fields now live in `actor.optim`, arl-trainer's `OptimConfig`). `move_legacy_keys` rewrites a raw
+fields now live in `actor.optim`, arl-trainer's `OptimConfig`) or when it turns out to belong to
+another section (the run-wide waits, once under `[harbor]`, are `[run]`'s). `move_legacy_keys` rewrites a raw
 TOML tree; `modern_key` rewrites one override's key. Both warn (FutureWarning: shown to users by
 default) with the old and the new key; setting both is an error naming both.
 """
@@ -18,6 +19,10 @@ MOVED_KEYS: dict[str, str] = {
     "actor.lr": "actor.optim.lr",
     "actor.grad_clip": "actor.optim.grad_clip",
     "actor.fused_optimizer": "actor.optim.fused",
+    # Run-wide settings that every run has, Harbor or not, moved out of [harbor] into [run].
+    "harbor.step_timeout_s": "run.step_timeout_s",
+    "harbor.drain_timeout_s": "run.drain_timeout_s",
+    "harbor.agent_workers": "run.agent_workers",
 }
 
 

@@ -20,10 +20,11 @@ from arl.rollout.budget import Budget
 
 from arl_train.allocator import trainer_allocator_env
 from arl_train.checkpointing import resume_state
-from arl_train.harbor_section import RunTimeouts, check_harbor, run_timeouts
+from arl_train.harbor_section import check_harbor
 from arl_train.package_configs import engine_config, run_budget
 from arl_train.placement import Layout, check_model, layout_of
 from arl_train.sections import AppConfig
+from arl_train.timeouts import RunTimeouts, run_timeouts
 
 
 @dataclass(frozen=True)

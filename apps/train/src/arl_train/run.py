@@ -74,7 +74,7 @@ def _await_step(ray: Any, step_ref: Any, rollout: Any, timeout_s: float, followe
         ray.get(rollout.stats.remote(), timeout=60)  # re-raises the rollout side's failure
         _check_followers(ray, followers)
         if time.monotonic() > deadline:
-            raise TimeoutError(f"a trainer step took longer than {timeout_s:.0f}s (harbor.step_timeout_s)")
+            raise TimeoutError(f"a trainer step took longer than {timeout_s:.0f}s (run.step_timeout_s)")
 
 
 def _check_followers(ray: Any, followers: list[Any]) -> None:

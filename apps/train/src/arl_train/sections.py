@@ -189,7 +189,7 @@ _TrainerTimeoutFields = borrowed(
     take(TrainerConfig, "batch_timeout_s"),
     notes={
         "batch_timeout_s": "The app raises it to what the run's prompts can take "
-        "(harbor_section.run_timeouts)."
+        "(arl_train.timeouts)."
     },
 )
 
@@ -290,7 +290,7 @@ class ClusterSection(_Section):
     trainer_resource: str = "trainer"
     # ... for the rollout replicas (spread over them in turn).
     rollout_resource: str = "rollout"
-    # ... for the agent-loop workers (harbor.agent_workers) and the sandboxes their trials start: the
+    # ... for the agent-loop workers (run.agent_workers) and the sandboxes their trials start: the
     # nodes with a Docker engine, or room for local sandboxes (spread over them in turn).
     sandbox_resource: str = "sandbox"
 
@@ -320,7 +320,13 @@ class HarborSection(HarborConfig, kw_only=True, forbid_unknown_fields=True):
 
     # Harbor's local task cache for name/ref and git_url task references ("" = ~/.cache/harbor/tasks).
     task_cache_dir: str = ""
-    # The driver's limit on one trainer step, in seconds (None: derived, see `run_timeouts`).
+
+
+class RunSection(_Section):
+    """Run-wide waits and the agent-loop workers: every run has them, Harbor or not
+    (`harbor.step_timeout_s`, `harbor.drain_timeout_s`, `harbor.agent_workers` are their old names)."""
+
+    # The driver's limit on one trainer step, in seconds (None: derived, see `arl_train.timeouts`).
     step_timeout_s: float | None = None
     # How long a sync may wait for active prompts to finish without partial rollout (None: derived).
     drain_timeout_s: float | None = None
@@ -344,5 +350,6 @@ class AppConfig(_Section):
     cluster: ClusterSection = msgspec.field(default_factory=ClusterSection)
     storage: StorageSection = msgspec.field(default_factory=StorageSection)
     harbor: HarborSection = msgspec.field(default_factory=HarborSection)
+    run: RunSection = msgspec.field(default_factory=RunSection)
     # Seed of the run: the task order, each replica's sampling (seed + replica index), the trainer.
     seed: int = 0

@@ -41,7 +41,7 @@ CPU_OVERRIDES = [
     "rollout.n=4", "rollout.max_tokens=48", "rollout.max_model_len=4096", "rollout.max_concurrent_per_replica=16",
     "actor.ppo_mini_batch_size=4", "trainer.total_steps=3", "trainer.save_every=0",
     "harbor.model_name=builtin-tiny", "harbor.max_input_tokens=4096", "harbor.max_output_tokens=48",
-    "harbor.agent_kwargs={max_turns = 2, command_timeout_sec = 60.0}", "harbor.agent_workers=2",
+    "harbor.agent_kwargs={max_turns = 2, command_timeout_sec = 60.0}", "run.agent_workers=2",
     "harbor.policy.max_attempts=1",
     # A crowded 2-core machine can take longer than the default 30 s to start or stop a proxy.
     "harbor.proxy_timeout_sec=120",
