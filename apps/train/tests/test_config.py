@@ -100,3 +100,20 @@ def test_the_shipped_configs_load_without_old_keys():
             warnings.simplefilter("error", FutureWarning)  # a shipped config uses the current keys
             tree_ok = load_config(path, ["ray.address=auto"])  # remote Ray: model/task folders are not looked up
         assert tree_ok.actor.optim.lr > 0, path
+
+
+def test_null_unsets_an_optional_key_and_stays_a_word_elsewhere():
+    assert load_config(overrides=["ray.address=auto", "ray.address=null"]).ray.address is None
+    assert load_config(overrides=["actor.loss_agg_norm_len=null"]).actor.loss_agg_norm_len is None
+    assert load_config(overrides=["output.dir=null"]).output.dir == "null"  # a plain string field
+    assert load_config(overrides=["rollout.engine_args.x=null"]).rollout.engine_args == {"x": "null"}
+    with pytest.raises(ConfigError, match=r"rollout\.n"):
+        load_config(overrides=["rollout.n=null"])
+
+
+def test_the_preset_sections_are_sections_of_the_one_config():
+    cfg = load_config(overrides=["swe.tasks=2", "swe.env=local", "warm_start.seed=3"])
+    assert (cfg.swe.tasks, cfg.swe.env, cfg.warm_start.seed) == (2, "local", 3)
+    with pytest.raises(ConfigError, match=r"swe\.env") as err:
+        load_config(overrides=["swe.env=podman"])
+    assert err.value.key == "swe.env"

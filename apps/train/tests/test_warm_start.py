@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 from arl.harbor.builtin_tasks import FAMILIES, random_task, random_tasks
-from arl_train.warm_start import encode_demonstration, supervised_pass, warm_start_config
+from arl_train.config import load_config
+from arl_train.warm_start import encode_demonstration, supervised_pass
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +63,24 @@ def test_supervised_pass_lowers_the_loss_and_saves_a_model(tiny, tokenizer, tmp_
     assert (tmp_path / "sft" / "config.json").is_file() and (tmp_path / "sft" / "tokenizer.json").is_file()
 
 
-def test_warm_start_overrides():
-    cfg = warm_start_config(["warm_start.steps=5", "rollout.n=2", "warm_start.lr=0.01"])
-    assert cfg.steps == 5 and cfg.lr == 0.01
+def warm_start_config(overrides):
+    """The `[warm_start]` section as the one config parser reads it."""
+    return load_config(overrides=overrides).warm_start
+
+
+def test_warm_start_is_a_section_of_the_one_config(tmp_path):
+    cfg = load_config(overrides=["warm_start.steps=5", "rollout.n=2", "warm_start.lr=0.01"])
+    assert cfg.warm_start.steps == 5 and cfg.warm_start.lr == 0.01 and cfg.rollout.n == 2
     from arl_train.config import ConfigError
 
-    with pytest.raises(ConfigError, match="warm_start"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'warm_start\.nope'"):
         warm_start_config(["warm_start.nope=1"])
+    with pytest.raises(ConfigError, match=r"invalid config: warm_start\.steps: Expected `int` >= 1"):
+        warm_start_config(["warm_start.steps=0"])
+    path = tmp_path / "agent.toml"
+    path.write_text("[warm_start]\nsteps = 7\nweaken_to = 0.1\n")  # a table of a config file, like any section
+    assert (load_config(path).warm_start.steps, load_config(path).warm_start.weaken_to) == (7, 0.1)
+    assert load_config(path, ["warm_start.weaken_to=null"]).warm_start.weaken_to is None
 
 
 @pytest.mark.parametrize("family", FAMILIES)

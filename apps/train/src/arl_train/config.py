@@ -1,7 +1,7 @@
 """Loading the app's configuration: defaults, a TOML file, a mode preset, CLI overrides, one validation.
 
 The schema is `arl_train.sections` (re-exported here); overrides are `section.key=value` (value
-parsed as a TOML literal, else taken as a string), e.g. `async_training.staleness_threshold=0.5
+parsed as a TOML literal, else taken as a string; the bare word `null` unsets an optional key), e.g. `async_training.staleness_threshold=0.5
 rollout.n=8`. Unknown keys and wrong types are refused with a `ConfigError` naming the dotted key;
 keys that moved keep working with a warning (`arl_train.legacy_keys`); `arl_train.validation.validate`
 checks every value and resolves the layout before anything starts. Names follow the reference design
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +32,20 @@ from arl_train.sections import (
     RayConfig,
     ResourcesConfig,
     RolloutConfig,
+    RunSection,
     StorageSection,
+    SwePresetConfig,
     SyncSection,
     TrainerSection,
+    WarmStartConfig,
 )
 from arl_train.validation import validate
 
 __all__ = [
     "DEFAULT_CONFIG", "MODES", "ActorConfig", "AppConfig", "AsyncTrainingConfig", "ClusterSection", "ConfigError",
     "DataConfig", "HarborSection", "ModelConfig", "OutputConfig", "RayConfig", "ResourcesConfig", "RolloutConfig",
-    "StorageSection", "SyncSection", "TrainerSection", "load_config",
+    "RunSection", "StorageSection", "SwePresetConfig", "SyncSection", "TrainerSection", "WarmStartConfig",
+    "load_config",
 ]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.toml"
@@ -53,11 +58,22 @@ MODES: dict[str, dict[str, Any]] = {
 }
 
 
+class _Null(str):
+    """The bare word `null` of an override: None for an optional field (TOML has no null), the string
+    "null" for any other."""
+
+
 def _parse_value(text: str) -> Any:
+    if text == "null":
+        return _Null(text)
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+
+
+def _admits_none(field_type: Any) -> bool:
+    return type(None) in typing.get_args(field_type)
 
 
 def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -72,6 +88,8 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
             raise ConfigError(f"unknown config key {dotted!r}: {part!r} is not a field of {where} "
                               f"(fields: {sorted(fields)})", dotted)
         if depth == len(parts) - 1:
+            if isinstance(value, _Null):
+                value = None if _admits_none(fields[part].type) else str(value)
             node[part] = value
             return
         struct_type = fields[part].type
@@ -79,7 +97,7 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
             table = node.setdefault(part, {})
             for sub in parts[depth + 1 : -1]:
                 table = table.setdefault(sub, {})
-            table[parts[-1]] = value
+            table[parts[-1]] = str(value) if isinstance(value, _Null) else value
             return
         if not (isinstance(struct_type, type) and issubclass(struct_type, msgspec.Struct)):
             raise ConfigError(f"unknown config key {dotted!r}: {'.'.join(parts[: depth + 1])} is not a section", dotted)

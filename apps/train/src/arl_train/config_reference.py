@@ -50,6 +50,9 @@ def _struct(t: Any) -> type | None:
     return t if isinstance(t, type) and issubclass(t, msgspec.Struct) else None
 
 
+_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+
+
 def type_name(t: Any) -> str:
     """A TOML-minded spelling of a field's type."""
     if t is type(None):
@@ -57,6 +60,10 @@ def type_name(t: Any) -> str:
     if _struct(t):
         return "table"
     origin_type, args = typing.get_origin(t), typing.get_args(t)
+    if origin_type is typing.Annotated:  # a range msgspec checks at load: `int (>= 1)`
+        bounds = [f"{op} {getattr(meta, name)}" for meta in t.__metadata__ if isinstance(meta, msgspec.Meta)
+                  for name, op in _BOUNDS if getattr(meta, name) is not None]
+        return type_name(args[0]) + (f" ({', '.join(bounds)})" if bounds else "")
     if origin_type is typing.Literal:
         return " | ".join(_literal(a) for a in args)
     if origin_type in (typing.Union, types.UnionType):

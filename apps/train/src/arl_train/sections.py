@@ -5,13 +5,15 @@ default, comment; see `arl_train.borrow`) and declare only the app's own fields 
 arl-trainer's `TrainerConfig` (minus what other sections own) with `actor.optim` and `actor.algorithm`
 the package's `OptimConfig` and `AlgorithmConfig` themselves; `rollout` holds the vLLM engine's fields
 (`VllmEngineConfig`); `sync` arl-sync's `SyncConfig.timeout_s`; `harbor` is arl-harbor's `HarborConfig`.
-`arl_train.package_configs` builds the packages' configs from these sections. docs/reference/config.md
+`[run]` holds what every run has (its waits, the agent-loop workers); `[warm_start]` and `[swe]` are
+read by the agent and SWE presets only. `arl_train.package_configs` builds the packages' configs from
+these sections. docs/reference/config.md
 is generated from this module (`python -m arl_train.config_reference`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 from arl.harbor.types import HarborConfig
@@ -336,6 +338,51 @@ class RunSection(_Section):
     agent_workers: int = 0
 
 
+class WarmStartConfig(_Section):
+    """The agent preset's supervised warm start (`--preset agent`, arl_train.warm_start); a run without
+    the preset does not read it."""
+
+    # Random task instances RL trains on (written as Harbor task dirs under output.dir/tasks).
+    tasks: Annotated[int, msgspec.Meta(ge=1)] = 64
+    # Demonstrations for the supervised pass (other random instances than the RL tasks).
+    examples: Annotated[int, msgspec.Meta(ge=1)] = 512
+    # Optimizer steps of the demonstration pass, its batch size and learning rate (AdamW).
+    steps: Annotated[int, msgspec.Meta(ge=1)] = 300
+    batch_size: Annotated[int, msgspec.Meta(ge=1)] = 16
+    lr: Annotated[float, msgspec.Meta(gt=0.0)] = 3e-3
+    # Seeds the RL tasks, the demonstrations, the base model (offset by model.seed), the batches and the
+    # success checks. None: the run's top-level `seed`, so `seed=N` alone reseeds the warm start and RL.
+    seed: int | None = None
+    # Intra-op threads of the passes: float sums depend on how they are split, so a fixed count (not the
+    # machine's) keeps the weights the same from machine to machine.
+    threads: Annotated[int, msgspec.Meta(ge=1)] = 2
+    # The weakening pass: steps on slipped demonstrations at `weaken_lr` until the first-turn success on
+    # the RL tasks (`check_samples` sampled turns per task) is at most `weaken_to`; at most
+    # `weaken_max_steps` (it fails if the success is still above then). None (`warm_start.weaken_to=null`):
+    # no weakening pass.
+    weaken_to: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] | None = 0.25
+    weaken_lr: Annotated[float, msgspec.Meta(gt=0.0)] = 3e-4
+    weaken_max_steps: Annotated[int, msgspec.Meta(ge=1)] = 40
+    check_samples: Annotated[int, msgspec.Meta(ge=1)] = 4
+    # Shape of the tiny model built for the preset (arl_train.tiny_model.build_tiny_model).
+    hidden_size: Annotated[int, msgspec.Meta(ge=1)] = 64
+    intermediate_size: Annotated[int, msgspec.Meta(ge=1)] = 128
+    num_layers: Annotated[int, msgspec.Meta(ge=1)] = 2
+    num_heads: Annotated[int, msgspec.Meta(ge=1)] = 2
+
+
+class SwePresetConfig(_Section):
+    """The SWE preset on this CPU (`--preset swe`, arl_train.swe_preset); a run without the preset does
+    not read it."""
+
+    # How many tasks of the set to train on (the first N of its manifest, one package after another).
+    tasks: Annotated[int, msgspec.Meta(ge=1)] = 4
+    # "auto": docker when the engine answers, else the local sandbox.
+    env: Literal["auto", "docker", "local"] = "auto"
+    # The task set ("" = the full set when built, else the smoke set, built when missing).
+    task_set: str = ""
+
+
 class AppConfig(_Section):
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     data: DataConfig = msgspec.field(default_factory=DataConfig)
@@ -351,5 +398,7 @@ class AppConfig(_Section):
     storage: StorageSection = msgspec.field(default_factory=StorageSection)
     harbor: HarborSection = msgspec.field(default_factory=HarborSection)
     run: RunSection = msgspec.field(default_factory=RunSection)
+    warm_start: WarmStartConfig = msgspec.field(default_factory=WarmStartConfig)
+    swe: SwePresetConfig = msgspec.field(default_factory=SwePresetConfig)
     # Seed of the run: the task order, each replica's sampling (seed + replica index), the trainer.
     seed: int = 0

@@ -5,8 +5,8 @@ context so a SWE issue fits; untrained, so rewards near 0 are expected), the CPU
 training, a few real tasks of the smoke set (`.cache/swe-tasks/smoke`, built by `python -m
 arl.harbor.swe build` when missing), arl's shell agent as in swe.toml, Harbor's docker environment when
 the engine answers (`DOCKER_HOST`, default the project's socket) else the local unshare sandbox, a few
-short steps. Preset-only knobs are `swe.key=value` overrides (`swe.tasks=4`, `swe.env=auto|docker|local`,
-`swe.task_set=<folder>`); every other override is an ordinary `section.key=value` and wins.
+short steps. The preset's own knobs are the config's `[swe]` section (`swe.tasks=4`,
+`swe.env=auto|docker|local`, `swe.task_set=<folder>`); the user's overrides come last and win.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import msgspec
-
-from arl_train.config import ConfigError, _parse_value, load_config
+from arl_train.config import ConfigError, load_config
 from arl_train import tiny_model
 from arl_train.validation import check_machine
 
@@ -29,7 +27,6 @@ SMOKE_SET = REPO / ".cache" / "swe-tasks" / "smoke"
 FULL_SET = REPO / ".cache" / "swe-tasks" / "full"
 SMOKE_BUILD = ["--packages", "inflection,cachetools,humanize", "--max-per-package", "2"]
 DEFAULT_DOCKER_HOST = "unix:///run/arl-docker/docker.sock"
-_PREFIX = "swe."
 
 # swe.toml on this machine: CPU placement, the tiny model's sizes, a short run.
 CPU_OVERRIDES = [
@@ -47,38 +44,6 @@ CPU_OVERRIDES = [
     "harbor.proxy_timeout_sec=120",
     "output.dir=runs/swe",
 ]
-
-
-class SwePresetConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The `swe.` overrides of `--preset swe`."""
-
-    # How many tasks of the set to train on (the first N of its manifest).
-    tasks: int = 4
-    # "auto": docker when the engine answers, else the local sandbox.
-    env: str = "auto"
-    # The task set ("" = the full set when built, else the smoke set, built when missing).
-    task_set: str = ""
-
-
-def preset_config(overrides: list[str]) -> tuple[SwePresetConfig, list[str]]:
-    """The preset's own knobs from `overrides`, and the overrides that are not theirs."""
-    fields: dict[str, object] = {}
-    rest = []
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if sep and key.strip().startswith(_PREFIX):
-            fields[key.strip().removeprefix(_PREFIX)] = _parse_value(value.strip())
-        else:
-            rest.append(item)
-    try:
-        cfg = msgspec.convert(fields, SwePresetConfig)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid swe.* override: {exc}") from None
-    if cfg.env not in ("auto", "docker", "local"):
-        raise ConfigError(f"swe.env must be auto, docker or local, got {cfg.env!r}")
-    if cfg.tasks < 1:
-        raise ConfigError(f"swe.tasks must be >= 1, got {cfg.tasks}")
-    return cfg, rest
 
 
 def ensure_task_set(task_set: Path, log=print) -> Path:
@@ -169,12 +134,11 @@ def environment_overrides(env: str, task_set: Path) -> list[str]:
 def load_swe_config(path: Path | None, overrides: list[str], mode: str | None = None, log=print):
     """The SWE preset's `AppConfig`: `path` (default configs/swe.toml) with the CPU overrides, a few
     smoke-set tasks, the tiny model built with a 4096-token context, then the user's overrides."""
-    cfg, rest = preset_config(overrides)
     path = path or SWE_CONFIG
-    # The output folder is known only after the user's overrides.
+    # The output folder and the [swe] section are known only after the user's overrides.
     probe = load_config(path, [*CPU_OVERRIDES, "model.path=builtin:tiny", "data.source=harbor:builtin:small",
-                               *rest], mode)
-    out = Path(probe.output.dir).resolve()
+                               *overrides], mode)
+    cfg, out = probe.swe, Path(probe.output.dir).resolve()
     task_set = ensure_task_set(Path(cfg.task_set) if cfg.task_set else default_task_set(), log)
     out.mkdir(parents=True, exist_ok=True)
     rows, chosen = write_task_rows(task_set, cfg.tasks, out)
@@ -190,6 +154,6 @@ def load_swe_config(path: Path | None, overrides: list[str], mode: str | None = 
     log(f"arl: SWE preset: {len(chosen)} tasks of {task_set} ({', '.join(chosen)}), environment {env}, "
         f"tiny model (untrained: rewards near 0 are expected) in {model_dir}")
     config = load_config(path, [*CPU_OVERRIDES, f"model.path={model_dir}", f"data.source=harbor:{rows}",
-                                *environment_overrides(env, task_set), *rest], mode)
+                                *environment_overrides(env, task_set), *overrides], mode)
     check_machine(config)
     return config

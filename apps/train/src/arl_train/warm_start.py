@@ -38,47 +38,17 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 
 from arl_train.config import ConfigError, load_config
+from arl_train.sections import WarmStartConfig
 from arl_train.tiny_model import build_tiny_model
 from arl_train.validation import check_machine
 
 # The chat the shell agent (arl.harbor.shell_agent) holds: what a demonstration renders through.
 _TOOL_OUTPUT = "\n[exit code 0]"
-
-
-class WarmStartConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The `[warm_start]` table of an agent preset config (apps/train/configs/agent.toml)."""
-
-    # Random task instances RL trains on (written as Harbor task dirs under output.dir/tasks).
-    tasks: int = 64
-    # Demonstrations for the supervised pass (other random instances than the RL tasks).
-    examples: int = 512
-    # Optimizer steps of the demonstration pass, its batch size and learning rate (AdamW).
-    steps: int = 300
-    batch_size: int = 16
-    lr: float = 3e-3
-    # Seeds the RL tasks, the demonstrations, the base model (offset by model.seed), the batches and the
-    # success checks. None: the run's top-level `seed`, so `seed=N` alone reseeds the warm start and RL.
-    seed: int | None = None
-    # Intra-op threads of the passes: float sums depend on how they are split, so a fixed count (not the
-    # machine's) keeps the weights the same from machine to machine.
-    threads: Annotated[int, msgspec.Meta(ge=1)] = 2
-    # The weakening pass: steps on slipped demonstrations at `weaken_lr` until the first-turn success on
-    # the RL tasks (`check_samples` sampled turns per task) is at most `weaken_to`; at most
-    # `weaken_max_steps` (it fails if the success is still above then). None: no weakening pass.
-    weaken_to: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] | None = 0.25
-    weaken_lr: float = 3e-4
-    weaken_max_steps: Annotated[int, msgspec.Meta(ge=1)] = 40
-    check_samples: Annotated[int, msgspec.Meta(ge=1)] = 4
-    # Shape of the tiny model built for the preset (arl_train.tiny_model.build_tiny_model).
-    hidden_size: int = 64
-    intermediate_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 2
 
 
 def demonstration_messages(task: Any) -> list[dict[str, Any]]:
@@ -335,36 +305,18 @@ def prepare_agent_run(out_dir: Path | str, cfg: WarmStartConfig, *, model_seed: 
 
 
 AGENT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "agent.toml"
-_PREFIX = "warm_start."
-
-
-def warm_start_config(overrides: list[str]) -> WarmStartConfig:
-    """`WarmStartConfig` from the `warm_start.key=value` items of `overrides` (others are ignored)."""
-    fields: dict[str, Any] = {}
-    for item in overrides:
-        key, _, value = item.partition("=")
-        if key.strip().startswith(_PREFIX):
-            try:
-                fields[key.strip().removeprefix(_PREFIX)] = json.loads(value.strip())
-            except json.JSONDecodeError:
-                raise ConfigError(f"override {item!r}: {value!r} is not a number") from None
-    try:
-        return msgspec.convert(fields, WarmStartConfig)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid warm_start override: {exc}") from None
 
 
 def load_agent_config(path: Path | None, overrides: list[str], mode: str | None = None,
                       log: Callable[[str], None] = print) -> Any:
-    """The agent preset's `AppConfig`: `path` (default configs/agent.toml) and `overrides`, with the
-    warm start run (or reused) and its task set and model folder filled in as data.source/model.path."""
+    """The agent preset's `AppConfig`: `path` (default configs/agent.toml) and `overrides` (its
+    `[warm_start]` section among them), with the warm start run (or reused) and its task set and model
+    folder filled in as data.source/model.path."""
     path = path or AGENT_CONFIG
-    ws = warm_start_config(overrides)
-    rest = [o for o in overrides if not o.strip().startswith(_PREFIX)]
-    config = load_config(path, rest, mode)
+    config = load_config(path, overrides, mode)
     check_machine(config)
     if not config.model.path.startswith("builtin:tiny"):
         raise ConfigError(f"--preset agent warm-starts the built-in tiny model; model.path={config.model.path!r}")
-    tasks_dir, model_dir = prepare_agent_run(config.output.dir, ws, model_seed=config.model.seed,
+    tasks_dir, model_dir = prepare_agent_run(config.output.dir, config.warm_start, model_seed=config.model.seed,
                                              run_seed=config.seed, log=log)
-    return load_config(path, [*rest, f"model.path={model_dir}", f"data.source=harbor:{tasks_dir}"], mode)
+    return load_config(path, [*overrides, f"model.path={model_dir}", f"data.source=harbor:{tasks_dir}"], mode)
