@@ -87,3 +87,58 @@ def test_bad_resume_points_fail_by_name(tmp_path):
     not_one = msgspec.structs.replace(cfg.trainer, resume_from=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="not an arl checkpoint"):
         resume_state(msgspec.structs.replace(cfg, trainer=not_one), tmp_path / "a")
+
+
+LAYOUT_TABLE = [
+    ([], ("single", "rank0", "split")),
+    (["resources.trainer_cpu_ranks=2"], ("fsdp", "rank0", "split")),
+    (["resources.trainer_gpus=1", "rollout.device=cuda", "resources.colocate=true"], ("single", "rank0", "colocated")),
+    (["resources.trainer_gpus=2", "rollout.replicas=2", "rollout.device=cuda", "resources.colocate=true"],
+     ("fsdp", "per_rank", "colocated")),
+    (["resources.trainer_gpus=2", "rollout.replicas=2", "rollout.device=cuda", "resources.shared_gpu=time_sliced"],
+     ("fsdp", "per_rank", "time_sliced")),
+    (["resources.trainer_gpus=1", "rollout.device=cuda", "resources.shared_gpu=concurrent",
+      "rollout.gpu_memory_utilization=0.3"], ("single", "rank0", "concurrent")),
+    (["resources.trainer_gpus=2", "rollout.replicas=1", "rollout.device=cuda"], ("fsdp", "rank0", "split")),
+]
+
+
+@pytest.mark.parametrize(("overrides", "row"), LAYOUT_TABLE, ids=[" ".join(o) or "default" for o, _ in LAYOUT_TABLE])
+def test_each_layout_names_its_trainer_row(tiny_model, tmp_path, overrides, row):
+    spec = plan(load_config(overrides=["rollout.engine=vllm", *overrides]), tmp_path, tiny_model, {}).trainer
+    assert (spec.shape.policy, spec.shape.sender, spec.shape.schedule) == row
+
+
+def test_the_actors_specs_carry_what_the_plan_derived_once(tiny_model, tmp_path):
+    cfg = load_config(overrides=["actor.optim.lr=2e-4", "rollout.temperature=0.7", "sync.timeout_s=9", "seed=3",
+                                 "run.drain_timeout_s=42", "run.agent_workers=2", "trainer.profile_step=2",
+                                 f"output.dir={tmp_path}"])
+    p = plan(cfg, tmp_path, tiny_model, {})
+    t, r = p.trainer, p.rollout
+    assert t.trainer.optim.lr == 2e-4 and t.trainer.temperature == 0.7  # log probs at the sampling temperature
+    assert t.trainer.batch_timeout_s == p.timeouts.batch_s  # the run's derived batch wait, not the key's
+    assert (t.sync.timeout_s, t.sync.transport, t.layout) == (9, "cpu", p.layout)
+    assert (t.step_timeout_s, t.pause_rpc_s) == (p.timeouts.step_s, p.timeouts.pause_rpc_s)
+    assert t.reference_path == str(tiny_model.resolve()) and t.resume is None and t.seed == 3
+    assert (t.profile_step, t.profile_dir) == (2, str(tmp_path / "profile"))
+    assert r.drain_timeout_s == p.timeouts.drain_s == 42 and r.budget == p.budget and r.agent_workers == 2
+    assert (r.sampling.temperature, r.n, r.seed, r.model_path) == (0.7, cfg.rollout.n, 3, str(tiny_model))
+    assert r.tasks.source == cfg.data.source and r.receivers_per_replica == 1
+    # The actors are pickled to Ray: specs are plain msgspec structs that round-trip.
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(t), type=type(t)) == t
+
+
+def test_a_resumed_plan_hands_the_checkpoint_state_and_its_reference_to_every_rank(tiny_model, tmp_path):
+    state = {"step": 3, "version": 3, "reference_path": "/base"}
+    spec = plan(load_config(overrides=["actor.algorithm.kl_coef=0.1"]), tmp_path, tiny_model, state).trainer
+    assert spec.resume == state and spec.reference_path == "/base"
+
+
+def test_settling_the_transport_reaches_the_trainer_spec(tiny_model, tmp_path):
+    from arl_train.plan import settle_transport
+
+    p = plan(load_config(), tmp_path, tiny_model, {})
+    placed = settle_transport(p, "tcp")
+    assert (placed.config.sync.transport, placed.layout.transport) == ("tcp", "tcp")
+    assert (placed.trainer.sync.transport, placed.trainer.layout.transport) == ("tcp", "tcp")
+    assert settle_transport(p, "cpu") is p

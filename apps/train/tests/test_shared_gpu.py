@@ -11,7 +11,13 @@ import torch
 from arl_train.actors import engine_config
 from arl_train.config import ConfigError, load_config
 from arl_train.placement import layout_of
-from arl_train.shared_gpu import SharedGpuOutOfMemory, TimeSlicedControl, TimeSlicedSource, explain_out_of_memory
+from arl_train.shared_gpu import (
+    SharedGpuOutOfMemory,
+    TimeSlicedControl,
+    TimeSlicedSource,
+    concurrent_oom_advice,
+    explain_out_of_memory,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))  # turn_doubles (--import-mode=importlib)
 from turn_doubles import Inner, RolloutHandle  # noqa: E402
@@ -129,7 +135,7 @@ def test_out_of_memory_beside_a_resident_replica_names_the_keys_of_the_split():
                                  "actor.max_tokens_per_microbatch=16384"])
     torch_message = "CUDA out of memory. Tried to allocate 128.00 MiB. GPU 0 has a total capacity of 79.18 GiB"
     with pytest.raises(SharedGpuOutOfMemory) as caught:
-        with explain_out_of_memory(cfg):
+        with explain_out_of_memory(concurrent_oom_advice(cfg)):
             raise torch.OutOfMemoryError(torch_message)
     message = str(caught.value)
     for named in ("rollout.gpu_memory_utilization=0.35", "actor.max_tokens_per_microbatch (is 16384)",
@@ -138,7 +144,7 @@ def test_out_of_memory_beside_a_resident_replica_names_the_keys_of_the_split():
         assert named in message
     assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
     with pytest.raises(ValueError):  # any other error passes through as it is
-        with explain_out_of_memory(cfg):
+        with explain_out_of_memory(concurrent_oom_advice(cfg)):
             raise ValueError("not memory")
 
 
@@ -148,6 +154,6 @@ def test_a_real_cuda_out_of_memory_becomes_the_shared_gpu_error():
     cfg = load_config(overrides=[*GPU, "resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.35"])
     too_big = torch.cuda.get_device_properties(0).total_memory * 2
     with pytest.raises(SharedGpuOutOfMemory, match="rollout.gpu_memory_utilization=0.35") as caught:
-        with explain_out_of_memory(cfg):
+        with explain_out_of_memory(concurrent_oom_advice(cfg)):
             torch.empty(too_big, dtype=torch.uint8, device="cuda")
     assert "torch: CUDA out of memory" in str(caught.value)

@@ -1,12 +1,15 @@
 """The Ray actors of a run: the rollout side (Rollouter over the replicas' engine actors) and the
 trainer side.
 
-Both are async actors. Each engine replica is its own actor (`engine_actor.EngineActor`, placed on its
+Both are async actors, each built from its spec (`arl_train.actor_specs`, derived once by the plan):
+never the whole config. Each engine replica is its own actor (`engine_actor.EngineActor`, placed on its
 GPUs by `placement`); the rollout actor drives them through `RemoteEngine`s. The trainer drives the
 weight sync by calling the rollout actor's pause / update_weights / resume; samples travel through
-the arl-queue actor as msgspec bytes. In colocated mode the trainer also puts the replicas to sleep
-while it trains (`colocated`); on time-sliced shared GPUs it yields them the GPU between batches
-(`shared_gpu`).
+the arl-queue actor as msgspec bytes. A trainer rank is built from its layout's row (`TrainerShape`)
+through three small tables: the policy (`POLICIES`: one process or FSDP2 ranks), who sends the weights
+(`sender_of`), and the GPU-sharing schedule (`SCHEDULES`: in colocated mode the trainer puts the replicas
+to sleep while it trains, `colocated`; on time-sliced shared GPUs it yields them the GPU between
+batches, `shared_gpu`).
 """
 
 from __future__ import annotations
@@ -15,17 +18,18 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from arl_train import ledger
+from arl_train.actor_specs import RolloutSpec, TrainerSpec, reference_path_of
 from arl_train.colocated import ColocatedControl, ColocatedSource
 from arl_train.engine_actor import RemoteEngine
-from arl_train.harbor_section import harbor_config, load_app_tasks
-from arl_train.timeouts import run_timeouts
-from arl_train.package_configs import engine_config, run_budget, sync_config, trainer_config
-from arl_train.placement import TrainerRank, layout_of, node_ip, sender_host
-from arl_train.sections import AppConfig
+from arl_train.harbor_section import load_tasks
+from arl_train.package_configs import engine_config, run_budget
+from arl_train.placement import TrainerRank, node_ip, sender_host
 from arl_train.shared_gpu import TimeSlicedControl, TimeSlicedSource, explain_out_of_memory, limit_trainer_memory
 from arl.rollout.engines.vllm_scheduler_stats import ReplicaWindows
 from arl.trainer.group import (
@@ -37,7 +41,8 @@ from arl.trainer.group import (
     sender_addresses,
 )
 
-__all__ = ["RolloutActor", "TrainerActor", "engine_config", "reference_path_of", "run_budget"]
+__all__ = ["POLICIES", "SCHEDULES", "RolloutActor", "TrainerActor", "engine_config", "reference_path_of",
+           "run_budget"]
 
 RPC_TIMEOUT_S = 600.0
 SCHEDULER_STATS_TIMEOUT_S = 10.0
@@ -51,10 +56,9 @@ def _limit_threads() -> None:
 
 
 class RolloutActor:
-    def __init__(self, config: AppConfig, model_path: str, queue_handle: Any, engine_handles: list[Any],
+    def __init__(self, spec: RolloutSpec, queue_handle: Any, engine_handles: list[Any],
                  worker_options: list[dict[str, Any]] | None = None) -> None:
-        self.config = config
-        self.model_path = model_path
+        self.spec = spec
         self.queue_handle = queue_handle
         self.engine_handles = engine_handles
         # Ray options of each agent-loop worker (the node it runs on: arl_train.cluster); None: Ray's choice.
@@ -71,59 +75,54 @@ class RolloutActor:
         background of this actor; `skip_tasks` resumes the dataset where a checkpoint left it."""
         from transformers import AutoTokenizer
 
-        from arl.proxy.types import SamplingParams
         from arl.queue.ray_actor import QueueClient
         from arl.rollout import Rollouter, ServerManager, make_agent_loop
 
         _limit_threads()
-        cfg = self.config
-        tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        tasks = load_app_tasks(cfg)  # fail fast on bad data
+        spec = self.spec
+        tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
+        tasks = load_tasks(spec.tasks)  # fail fast on bad data
         self._engines = [
             RemoteEngine(h, initial_version, rpc_timeout_s=RPC_TIMEOUT_S, start_timeout_s=RPC_TIMEOUT_S)
             for h in self.engine_handles
         ]
         await asyncio.gather(*(e.start() for e in self._engines))
-        manager = ServerManager(self._engines, generate_timeout_s=cfg.rollout.generate_timeout_s)
-        at = cfg.async_training
-        budget = run_budget(cfg)
+        manager = ServerManager(self._engines, generate_timeout_s=spec.generate_timeout_s)
         agent_names = sorted({t.agent for t in tasks})
         options: dict[str, dict[str, Any]] = {name: {} for name in agent_names}
         if "harbor" in agent_names:
             from arl.harbor.trial_loop import check_harbor_config  # registers the "harbor" agent loop
 
-            options["harbor"] = {"config": harbor_config(cfg)}
-            check_harbor_config(options["harbor"]["config"])  # a bad agent/environment fails here, by name
-        if cfg.run.agent_workers > 0:  # agent loops in worker processes, generating through self.generate
+            options["harbor"] = {"config": spec.harbor}
+            check_harbor_config(spec.harbor)  # a bad agent/environment fails here, by name
+        if spec.agent_workers > 0:  # agent loops in worker processes, generating through self.generate
             import ray
 
             from arl.rollout.worker_pool import WorkerPool
 
             self._pool = WorkerPool.create(
-                cfg.run.agent_workers,
+                spec.agent_workers,
                 ray.get_runtime_context().current_actor,
-                {name: {"tokenizer": self.model_path, **options[name]} for name in agent_names},
+                {name: {"tokenizer": spec.model_path, **options[name]} for name in agent_names},
                 imports=("arl.harbor.trial_loop",) if "harbor" in agent_names else (),
-                generate_timeout_s=cfg.rollout.generate_timeout_s,
+                generate_timeout_s=spec.generate_timeout_s,
                 options=self.worker_options,
             )
             self._agent_loops = self._pool.agent_loops(agent_names)
         else:
             self._agent_loops = {name: make_agent_loop(name, tokenizer=tokenizer, **options[name]) for name in agent_names}
         # Dataset positions in flight are checkpointed and replayed first on resume (see ledger.TaskTracker).
-        self._tracker = ledger.TaskTracker(tasks, seed=cfg.seed, skip=skip_tasks, replay=list(replay_tasks))
+        self._tracker = ledger.TaskTracker(tasks, seed=spec.seed, skip=skip_tasks, replay=list(replay_tasks))
         self.rollouter = Rollouter(
             tasks=iter(self._tracker),
             manager=manager,
             sink=ledger.RecordingSink(_BlockingSink(QueueClient(self.queue_handle)), self._tracker),
             agent_loops=self._agent_loops,
-            sampling_params=SamplingParams(
-                max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
-            ),
-            n=cfg.rollout.n,
-            budget=budget,
-            partial_rollout=at.partial_rollout,
-            drain_timeout_s=run_timeouts(cfg).drain_s,
+            sampling_params=spec.sampling,
+            n=spec.n,
+            budget=spec.budget,
+            partial_rollout=spec.partial_rollout,
+            drain_timeout_s=spec.drain_timeout_s,
         )
         self._run_task = asyncio.create_task(self.rollouter.run())
 
@@ -140,8 +139,7 @@ class RolloutActor:
             from arl.rollout.errors import NoHealthyReplicaError
 
             raise NoHealthyReplicaError(f"all {len(self._engines)} engine replicas are dead; no weight sync possible")
-        per_replica = layout_of(self.config).receivers // max(1, len(self._engines))
-        return per_replica * len(live)
+        return self.spec.receivers_per_replica * len(live)
 
     async def update_weights(self, sync_address: str | list[str], sync_config_json: bytes, version: int) -> None:
         await self.rollouter.update_weights(sync_address, sync_config_json, version)
@@ -261,95 +259,137 @@ class _RolloutHandle:
         await asyncio.wait_for(self.handle.resume.remote(queued_samples), RPC_TIMEOUT_S)
 
 
+@dataclass
+class _Policy:
+    """A rank's policy as its `POLICIES` row builds it."""
+
+    policy: Any
+    # Rank 0's part: (the policy the trainer loop drives, the publisher it syncs through) from this
+    # rank's own publisher and, when every rank sends, all the ranks' sender addresses.
+    lead: Callable[[Any, list[str] | None], tuple[Any, Any]]
+    # Called by the leader after each step (FSDP colocated: every rank frees its cached blocks together).
+    after_step: Callable[[], Any] | None = None
+
+
+def _single_policy(spec: TrainerSpec, rank: TrainerRank) -> _Policy:
+    from arl.trainer import HFPolicy
+
+    policy = HFPolicy(spec.model_path, spec.trainer, device=spec.device, dtype=spec.dtype, seed=spec.seed,
+                      reference_path=spec.reference_path)
+    return _Policy(policy, lead=lambda own, addresses: (policy, own))
+
+
+def _fsdp_ranks(spec: TrainerSpec, rank: TrainerRank) -> _Policy:
+    """FSDP2 data parallel: fp32 master shards, cast to the rollout dtype per gather; rank 0 leads the
+    group's collectives (`LeaderPolicy`), and where every rank sends, they send together (`GroupPublisher`)."""
+    policy = _fsdp_policy(spec, rank)
+    # Colocated: every rank frees its cached blocks before the replicas on their GPUs wake.
+    after_step = release_memory_together if spec.layout.sleeps else None
+
+    def lead(own: Any, addresses: list[str] | None) -> tuple[Any, Any]:
+        per_rank = addresses is not None
+        return (LeaderPolicy(policy, followers_send=per_rank, after_step=after_step),
+                GroupPublisher(own, addresses) if per_rank else own)
+
+    return _Policy(policy, lead, after_step)
+
+
+# How a rank's policy is built, by `TrainerShape.policy`.
+POLICIES: dict[str, Callable[[TrainerSpec, TrainerRank], _Policy]] = {"single": _single_policy, "fsdp": _fsdp_ranks}
+
+
+@dataclass
+class _Wiring:
+    """The trainer loop's sample source and rollout control, as a `SCHEDULES` row wraps them."""
+
+    source: Any
+    control: Any
+    # The shared-GPU control whose phase timings a step reports (None: the replicas never sleep).
+    sleeping: Any = None
+    # time_sliced: the source that hands the GPU back after a step without a sync.
+    shared_source: Any = None
+
+
+def _split(spec: TrainerSpec, source: Any, control: Any, rollout: Any, settle: Any) -> _Wiring:
+    return _Wiring(source, control)
+
+
+def _colocated(spec: TrainerSpec, source: Any, control: Any, rollout: Any, settle: Any) -> _Wiring:
+    """Take turns: the replicas sleep while this trainer runs."""
+    sleeping = ColocatedControl(control, rollout, spec.sleep_level, RPC_TIMEOUT_S, settle_trainer_memory=settle)
+    return _Wiring(ColocatedSource(source, sleeping.sleep, _required(spec)), sleeping, sleeping)
+
+
+def _time_sliced(spec: TrainerSpec, source: Any, control: Any, rollout: Any, settle: Any) -> _Wiring:
+    """The replicas generate until the batch is in, then sleep."""
+    sleeping = TimeSlicedControl(control, rollout, spec.sleep_level, RPC_TIMEOUT_S, settle_trainer_memory=settle)
+    shared = TimeSlicedSource(source, sleeping, _required(spec))
+    return _Wiring(shared, sleeping, sleeping, shared)
+
+
+def _required(spec: TrainerSpec) -> int:
+    return spec.trainer.require_batches * spec.trainer.ppo_mini_batch_size
+
+
+# How the trainer shares the GPUs with the replicas, by `TrainerShape.schedule` ("concurrent": both stay
+# resident, the loop's source and control as they are; the rank caps its memory, `TrainerActor`).
+SCHEDULES: dict[str, Callable[..., _Wiring]] = {
+    "split": _split, "colocated": _colocated, "time_sliced": _time_sliced, "concurrent": _split,
+}
+
+
 class TrainerActor:
-    def __init__(
-        self,
-        config: AppConfig,
-        model_path: str,
-        queue_handle: Any,
-        rollout_handle: Any,
-        resume_state: dict[str, int] | None = None,
-        rank: Any = None,
-    ) -> None:
+    def __init__(self, spec: TrainerSpec, queue_handle: Any, rollout_handle: Any, rank: Any = None) -> None:
         from transformers import AutoTokenizer
 
         from arl.queue.ray_actor import QueueClient
-        from arl.trainer import HFPolicy, Trainer, WeightPublisher
+        from arl.trainer import Trainer, WeightPublisher
 
         _limit_threads()
-        cfg = self.config = config
-        timeouts = run_timeouts(cfg)
-        at, actor = cfg.async_training, cfg.actor
-        layout = layout_of(cfg)
+        self.spec = spec
+        shape, layout = spec.shape, spec.layout
         self.rank = rank or TrainerRank()  # the data-parallel seam: rank / world / rendezvous address
-        self.beside_resident_replica = layout.shared_gpu == "concurrent" and bool(layout.trainer_gpus)
+        self.beside_resident_replica = shape.schedule == "concurrent" and bool(layout.trainer_gpus)
         if self.beside_resident_replica:  # before the model takes any memory
-            limit_trainer_memory(cfg.resources.trainer_memory_fraction)
-        tcfg = trainer_config(cfg, batch_timeout_s=timeouts.batch_s)
-        # Colocated: the state's way out runs beside the replicas' weight wake and the sync, settled before
-        # their KV caches wake (ColocatedControl; FSDP ranks all together, arl.trainer.group.settle_memory_together).
-        offload_overlap = tcfg.optimizer_offload_overlap
+            limit_trainer_memory(spec.trainer_memory_fraction)
         # The KL's reference: recorded in every checkpoint so a resumed run keeps the original base model.
-        self.reference_path = reference_path_of(cfg, model_path, resume_state)
+        self.reference_path = spec.reference_path
         self.follower = self.rank.rank > 0  # ranks 1.. only follow rank 0's collectives (arl.trainer.group)
         self.trainer = None
-        self.publisher = None
-        self.after_step = None
-        # Ray gave this actor its GPU(s) (CUDA_VISIBLE_DEVICES): "cuda" is the rank's own device.
-        device = "cuda" if layout.trainer_gpus else actor.device
-        sync = sync_config(cfg, self.rank.world_size)
-        host = sender_host(sync.transport)  # where the replicas' workers can reach the sender
-        publisher: Any
-        if self.rank.world_size > 1:  # FSDP2 data parallel: fp32 master shards, cast to the rollout dtype per gather
-            # Colocated: every rank frees its cached blocks before the replicas on their GPUs wake.
-            self.after_step = release_memory_together if layout.sleeps else None
-            self.policy = _fsdp_policy(cfg, model_path, tcfg, self.rank, timeouts.step_s, self.reference_path)
-            if resume_state is not None:  # every rank restores its shard of the sharded state
-                self.policy.load_optimizer(Path(model_path))
-            if layout.per_rank_sync:  # each rank feeds the replica on its own device
-                self.publisher = WeightPublisher(sync, num_receivers=layout.receivers_per_rank, host=host)
-                addresses = sender_addresses(self.publisher)
-            if self.follower:
-                return
-            self.policy = LeaderPolicy(self.policy, followers_send=layout.per_rank_sync, after_step=self.after_step)
-            publisher = GroupPublisher(self.publisher, addresses) if layout.per_rank_sync else None
-        else:
-            self.policy = HFPolicy(model_path, tcfg, device=device, dtype=cfg.model.dtype, seed=cfg.seed,
-                                   reference_path=self.reference_path)
-            publisher = None
-        if publisher is None:  # rank 0 alone sends, to every worker of every replica
-            self.publisher = publisher = WeightPublisher(sync, num_receivers=layout.receivers, host=host)
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        source: Any = QueueClient(queue_handle)
-        control: Any = _RolloutHandle(rollout_handle, timeouts.pause_rpc_s, publisher)
-        self.colocated: Any = None
-        self.shared_source: Any = None
-        if layout.shared_gpu == "time_sliced":  # the replicas generate until the batch is in, then sleep
-            self.colocated = TimeSlicedControl(
-                control, rollout_handle, cfg.rollout.sleep_level, RPC_TIMEOUT_S,
-                settle_trainer_memory=self.policy.settle_optimizer_offload if offload_overlap else None)
-            source = self.shared_source = TimeSlicedSource(
-                source, self.colocated, at.require_batches * actor.ppo_mini_batch_size)
-            control = self.colocated
-        elif layout.colocate and layout.sleeps:  # take turns: replicas sleep while this trainer runs
-            self.colocated = ColocatedControl(
-                control, rollout_handle, cfg.rollout.sleep_level, RPC_TIMEOUT_S,
-                settle_trainer_memory=self.policy.settle_optimizer_offload if offload_overlap else None)
-            source = ColocatedSource(source, self.colocated.sleep, at.require_batches * actor.ppo_mini_batch_size)
-            control = self.colocated
+        built = POLICIES[shape.policy](spec, self.rank)
+        self.policy, self.after_step = built.policy, built.after_step
+        if spec.resume is not None:  # model_path is the checkpoint: every rank restores its optimizer (shard)
+            self.policy.load_optimizer(Path(spec.model_path))
+        host = sender_host(spec.sync.transport)  # where the replicas' workers can reach the sender
+        # "per_rank": every rank sends to the workers of the replica on its own device; "rank0": rank 0
+        # alone sends, to every worker of every replica.
+        per_rank = shape.sender == "per_rank"
+        receivers = layout.receivers_per_rank if per_rank else layout.receivers
+        self.publisher = (WeightPublisher(spec.sync, num_receivers=receivers, host=host)
+                          if per_rank or not self.follower else None)
+        addresses = sender_addresses(self.publisher) if per_rank else None  # a collective: every rank joins
+        if self.follower:
+            return
+        self.policy, publisher = built.lead(self.publisher, addresses)
+        # Colocated/time-sliced: the optimizer state's way out runs beside the replicas' weight wake and the
+        # sync, settled before their KV caches wake (FSDP ranks together: arl.trainer.group).
+        settle = self.policy.settle_optimizer_offload if spec.trainer.optimizer_offload_overlap else None
+        wiring = SCHEDULES[shape.schedule](
+            spec, QueueClient(queue_handle), _RolloutHandle(rollout_handle, spec.pause_rpc_s, publisher),
+            rollout_handle, settle)
+        self.colocated, self.shared_source = wiring.sleeping, wiring.shared_source
+        tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
         self.trainer = Trainer(
             self.policy,
-            source,
-            control,
+            wiring.source,
+            wiring.control,
             publisher,
-            tcfg,
+            spec.trainer,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         )
         self.trainer.source = ledger.RecordingSource(self.trainer.source, lambda: self.trainer.step + 1)
-        if resume_state is not None:  # model_path is the checkpoint: restore what the weights do not hold
-            if self.rank.world_size == 1:  # (FSDP ranks restored theirs above)
-                self.policy.load_optimizer(Path(model_path))
-            self.trainer.restore(resume_state)
+        if spec.resume is not None:
+            self.trainer.restore(spec.resume)
 
     async def follow(self) -> dict[str, int]:
         """Ranks 1..: run rank 0's collectives until it stops the group (a thread: the actor stays responsive)."""
@@ -361,9 +401,9 @@ class TrainerActor:
         from arl.trainer.profiling import profiled_step
 
         step = self.trainer.step + 1
-        recording = (profiled_step(Path(self.config.output.dir) / "profile", step)
-                     if step == self.config.trainer.profile_step else contextlib.nullcontext())
-        memory = explain_out_of_memory(self.config) if self.beside_resident_replica else contextlib.nullcontext()
+        recording = (profiled_step(Path(self.spec.profile_dir), step)
+                     if step == self.spec.profile_step else contextlib.nullcontext())
+        memory = explain_out_of_memory(self.spec.oom_advice) if self.beside_resident_replica else contextlib.nullcontext()
         with recording, memory:
             metrics = await self.trainer.train_step()
         if self.shared_source is not None:  # a step without a sync hands the GPU back now
@@ -398,7 +438,7 @@ class TrainerActor:
 
     async def final_sync(self) -> dict[str, Any]:
         """Sync now unless the last step already did, so the engines serve the final weights."""
-        if self.trainer.step % self.config.async_training.trigger_parameter_sync_step == 0:
+        if self.trainer.step % self.spec.trainer.trigger_parameter_sync_step == 0:
             return {}
         return await self.trainer.sync()
 
@@ -427,7 +467,7 @@ class TrainerActor:
         ids = torch.tensor([prompt_ids + token_ids], device=self.policy.device)
         with torch.no_grad():
             logits = self.policy.model(input_ids=ids).logits
-        return token_log_probs(logits, ids, self.config.rollout.temperature)[0, len(prompt_ids):].tolist()
+        return token_log_probs(logits, ids, self.spec.trainer.temperature)[0, len(prompt_ids):].tolist()
 
     async def version(self) -> int:
         return self.trainer.version
@@ -450,36 +490,24 @@ class TrainerActor:
             self.publisher.close()
 
 
-def reference_path_of(cfg: AppConfig, model_path: str, resume_state: dict[str, Any] | None) -> str | None:
-    """The KL reference's folder: `actor.reference_path`, else on a resume the base model the checkpoint
-    recorded, else the model this run starts from. None: a resumed checkpoint that recorded none
-    (validation refuses that when kl_coef > 0)."""
-    if cfg.actor.reference_path:
-        return str(Path(cfg.actor.reference_path).resolve())
-    if resume_state is not None:
-        return resume_state.get("reference_path")
-    return str(Path(model_path).resolve())
-
-
-def _fsdp_policy(cfg: AppConfig, model_path: str, tcfg: Any, rank: Any, step_timeout_s: float,
-                 reference_path: str | None) -> Any:
+def _fsdp_policy(spec: TrainerSpec, rank: TrainerRank) -> Any:
     """This rank's `FSDPPolicy`, joining the group at rank 0's rendezvous (NCCL on GPUs, gloo on the CPU)."""
     import torch
 
     from arl.trainer.distributed import DistributedSpec
     from arl.trainer.fsdp import FSDPPolicy
 
-    on_gpu = cfg.resources.trainer_gpus > 0
+    on_gpu = spec.layout.trainer_gpus > 0
     # Ranks meeting at a node's address (not loopback) bind the interface of their own node's address.
     local = "" if rank.master_addr.startswith("127.") else node_ip()
-    spec = DistributedSpec(
+    distributed = DistributedSpec(
         address=rank.master_addr, port=rank.master_port, rank=rank.rank, world_size=rank.world_size,
         local_address=local,
         local_rank=0 if on_gpu else None,  # Ray shows each rank only its own GPU
         backend=None if on_gpu else "gloo",
         # Followers wait in a broadcast while rank 0 waits for its batch: allow a whole step and more.
-        timeout_s=max(1800.0, 2 * step_timeout_s),
+        timeout_s=max(1800.0, 2 * spec.step_timeout_s),
     )
-    sync_dtype = None if cfg.rollout.dtype == "float32" else getattr(torch, cfg.rollout.dtype, None)
-    return FSDPPolicy(model_path, tcfg, spec, seed=cfg.seed, sync_dtype=sync_dtype, reference_path=reference_path)
-
+    sync_dtype = None if spec.rollout_dtype == "float32" else getattr(torch, spec.rollout_dtype, None)
+    return FSDPPolicy(spec.model_path, spec.trainer, distributed, seed=spec.seed, sync_dtype=sync_dtype,
+                      reference_path=spec.reference_path)

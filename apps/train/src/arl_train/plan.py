@@ -4,20 +4,23 @@
 the config as run), the run's environment variables (set here before Ray or Harbor is imported, and
 handed to every process of the run), the Harbor check, the resume state (a checkpoint's queued samples
 copied where the queue restores them) and the model folder (built for `builtin:` shapes). It ends with
-`plan(...)`, which is pure: the layout, the budget, the timeouts and a spec per replica. The lifecycle
-(arl_train.run) starts what the plan names; tests check plans without starting Ray.
+`plan(...)`, which is pure: the layout, the budget, the timeouts and a spec per actor (one per replica,
+the rollout actor's, the trainer ranks': `arl_train.actor_specs`), so each is derived once and the actors
+never see the whole config. The lifecycle (arl_train.run) starts what the plan names; tests check plans
+without starting Ray.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import msgspec
 from arl.rollout.budget import Budget
 
+from arl_train.actor_specs import RolloutSpec, TrainerSpec, rollout_spec, trainer_spec, with_transport
 from arl_train.allocator import trainer_allocator_env
 from arl_train.checkpointing import resume_state
 from arl_train.harbor_section import check_harbor
@@ -51,6 +54,9 @@ class RunPlan:
     budget: Budget
     timeouts: RunTimeouts
     replicas: list[ReplicaSpec]
+    rollout: RolloutSpec
+    # Every trainer rank's spec (the rank itself is decided at start: placement.trainer_ranks).
+    trainer: TrainerSpec
     # Variables Ray merges into `env` for the trainer ranks alone (the CUDA allocator's setting).
     trainer_env: dict[str, str]
 
@@ -114,6 +120,7 @@ def plan(config: AppConfig, out_dir: Path, model_path: Path, resume: dict[str, A
     check_model(layout, model_path)
     version = int(resume.get("version", 0))
     replicas = [ReplicaSpec(i, *engine_config(config, str(model_path), i, version)) for i in range(layout.replicas)]
+    timeouts = run_timeouts(config)  # once: for a Harbor run this reads the task set
     return RunPlan(
         config=config,
         out_dir=out_dir,
@@ -122,10 +129,21 @@ def plan(config: AppConfig, out_dir: Path, model_path: Path, resume: dict[str, A
         resume=resume,
         layout=layout,
         budget=run_budget(config),
-        timeouts=run_timeouts(config),
+        timeouts=timeouts,
         replicas=replicas,
+        rollout=rollout_spec(config, layout, timeouts, model_path),
+        trainer=trainer_spec(config, layout, timeouts, model_path, resume),
         trainer_env=trainer_environment(config) if layout.trainer_gpus else {},
     )
+
+
+def settle_transport(plan: RunPlan, transport: str) -> RunPlan:
+    """`plan` with the weights' transport settled once the nodes are known (`placement.transport_between_nodes`)."""
+    if transport == plan.config.sync.transport:
+        return plan
+    config = msgspec.structs.replace(plan.config, sync=msgspec.structs.replace(plan.config.sync, transport=transport))
+    return replace(plan, config=config, layout=msgspec.structs.replace(plan.layout, transport=transport),
+                   trainer=with_transport(plan.trainer, transport))
 
 
 def prepare(config: AppConfig) -> RunPlan:

@@ -16,7 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from arl_train.checkpointing import latest_checkpoint_hint, save_checkpoint
 from arl_train.cluster import NodePlan, lost_actor
 from arl_train.errors import NodeLostError
 from arl_train.metrics import MetricsLog, add_engine_phases, phase_medians, phases_line, plot, progress_line
-from arl_train.plan import RunPlan, prepare
+from arl_train.plan import RunPlan, prepare, settle_transport
 from arl_train.sections import AppConfig
 from arl_train.weights_check import verify_engine_weights, weights_check_line
 
@@ -129,9 +129,8 @@ def _place(ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Starte
         groups = reservation.replica_pgs or [reservation.shared_pg] * plan.layout.replicas
         where = msgspec.structs.replace(where, replicas=cluster.nodes_of_groups(groups, nodes))
     transport = transport_between_nodes(config.sync.transport, where.cross_host, where.weights_path())
-    if transport != config.sync.transport:
-        config = msgspec.structs.replace(config, sync=msgspec.structs.replace(config.sync, transport=transport))
-        plan = replace(plan, config=config, layout=msgspec.structs.replace(plan.layout, transport=transport))
+    plan = settle_transport(plan, transport)
+    config = plan.config
     if len(where.nodes) > 1:
         log(f"arl: nodes: {where.describe()}; weights over {transport!r}")
     storage.probe(where, storage.needs(config, plan.out_dir, plan.model_path, where), plan.out_dir,
@@ -166,7 +165,7 @@ def _start(ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Starte
     ]
     workers = [cluster.on_node(node) for node in where.workers]
     started.rollout = ray.remote(num_cpus=0)(RolloutActor).options(**at_driver).remote(
-        config, str(plan.model_path), started.queue, engines, workers)
+        plan.rollout, started.queue, engines, workers)
     log("arl: starting the rollout engine(s)…")
     ray.get(started.rollout.start.remote(
         initial_version=plan.initial_version, skip_tasks=plan.resume.get("tasks_started", 0),
@@ -184,7 +183,7 @@ def _start(ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Starte
         ray.remote(TrainerActor)
         .options(**reservation.trainer_options(r.rank), **extra,
                  **(cluster.on_node(where.trainer[r.rank]) if on_cpu_trainer else {}))
-        .remote(config, str(plan.model_path), started.queue, started.rollout, plan.resume or None, r)
+        .remote(plan.trainer, started.queue, started.rollout, r)
         for r in trainer_ranks(plan.layout, meet)
     ]
     started.trainer, started.followers = actors[0], actors[1:]

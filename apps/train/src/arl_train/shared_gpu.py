@@ -143,10 +143,9 @@ class SharedGpuOutOfMemory(RuntimeError):
     the memory split does not fit this model on this GPU. The message names the keys that change it."""
 
 
-def concurrent_oom_message(config: Any, cause: BaseException) -> str:
+def concurrent_oom_advice(config: Any) -> str:
     """What to change when the trainer runs out of memory beside a resident replica, with this run's values."""
     actor, r = config.actor, config.resources
-    first = next((line for line in str(cause).splitlines() if line.strip()), type(cause).__name__)
     cap = f", resources.trainer_memory_fraction={r.trainer_memory_fraction}" if r.trainer_memory_fraction else ""
     return (f"the trainer ran out of GPU memory beside the resident replica (resources.shared_gpu='concurrent', "
             f"rollout.gpu_memory_utilization={config.rollout.gpu_memory_utilization} of the GPU for the replica{cap}). "
@@ -154,16 +153,23 @@ def concurrent_oom_message(config: Any, cause: BaseException) -> str:
             f"actor.max_tokens_per_microbatch (is {actor.max_tokens_per_microbatch}), set "
             f"actor.activation_checkpointing (is {actor.activation_checkpointing!r}), actor.activation_offload=true "
             f"or actor.optimizer_offload=true; or use resources.shared_gpu='time_sliced', whose replica frees its "
-            f"memory while the trainer trains. torch: {first}")
+            f"memory while the trainer trains.")
+
+
+def concurrent_oom_message(advice: str, cause: BaseException) -> str:
+    """`advice` (`concurrent_oom_advice`) and the first line of torch's own message."""
+    first = next((line for line in str(cause).splitlines() if line.strip()), type(cause).__name__)
+    return f"{advice} torch: {first}"
 
 
 @contextlib.contextmanager
-def explain_out_of_memory(config: Any) -> Iterator[None]:
+def explain_out_of_memory(advice: str) -> Iterator[None]:
     """Around a trainer step of `resources.shared_gpu='concurrent'` on a GPU: a CUDA out-of-memory error
-    becomes `SharedGpuOutOfMemory`, which says which keys split the GPU (torch's own message names none)."""
+    becomes `SharedGpuOutOfMemory`, which says which keys split the GPU (`advice`: torch's own message
+    names none)."""
     import torch
 
     try:
         yield
     except torch.OutOfMemoryError as exc:
-        raise SharedGpuOutOfMemory(concurrent_oom_message(config, exc)) from exc
+        raise SharedGpuOutOfMemory(concurrent_oom_message(advice, exc)) from exc
