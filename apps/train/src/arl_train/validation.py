@@ -4,9 +4,10 @@
 `ConfigError` naming the dotted key of the first offending value: the packages' own checks of the
 fields they declare (`package_checks`, each error mapped to the app's key), ranges, cross-field rules
 and files that must exist of the app's own keys (this module), impossible layouts
-(`placement.check_layout`). Each rule lives in one place: a package's check is not repeated here. `load_config` calls it, so the
-CLI exits 2 on a bad value instead of failing (or hanging) inside an actor. `check_machine` (the
-devices must exist here) is separate so that a config can be inspected on any machine.
+(`placement.check_layout`). Each rule lives in one place: a package's check is not repeated here.
+`load_config` calls it, so the CLI exits 2 on a bad value instead of failing (or hanging) inside an
+actor. `check_machine` (the devices must exist here) is separate so that a config can be inspected on
+any machine.
 """
 
 from __future__ import annotations
