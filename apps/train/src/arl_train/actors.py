@@ -403,7 +403,8 @@ class TrainerActor:
         step = self.trainer.step + 1
         recording = (profiled_step(Path(self.spec.profile_dir), step)
                      if step == self.spec.profile_step else contextlib.nullcontext())
-        memory = explain_out_of_memory(self.spec.oom_advice) if self.beside_resident_replica else contextlib.nullcontext()
+        memory = (explain_out_of_memory(self.spec.oom_advice) if self.beside_resident_replica
+                  else contextlib.nullcontext())
         with recording, memory:
             metrics = await self.trainer.train_step()
         if self.shared_source is not None:  # a step without a sync hands the GPU back now

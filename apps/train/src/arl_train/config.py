@@ -2,10 +2,10 @@
 
 The schema is `arl_train.sections` (re-exported here); overrides are `section.key=value` (value
 parsed as a TOML literal, else taken as a string; the bare word `null` unsets an optional key), e.g.
-`async_training.staleness_threshold=0.5 rollout.n=8`. Unknown keys and wrong types are refused with a `ConfigError` naming the dotted key;
-keys that moved keep working with a warning (`arl_train.legacy_keys`); `arl_train.validation.validate`
-checks every value and resolves the layout before anything starts. Names follow the reference design
-where it has one.
+`async_training.staleness_threshold=0.5 rollout.n=8`. Unknown keys and wrong types are refused with a
+`ConfigError` naming the dotted key; keys that moved keep working with a warning
+(`arl_train.legacy_keys`); `arl_train.validation.validate` checks every value and resolves the layout
+before anything starts. Names follow the reference design where it has one.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ from arl_train.sections import AppConfig, HarborSection
 if TYPE_CHECKING:
     from arl.rollout.types import Task
 
-__all__ = ["HarborSection", "TaskSource", "check_harbor", "harbor_config", "load_app_tasks", "load_tasks", "task_source",
-           "trial_attempt_s", "uses_harbor"]
+__all__ = ["HarborSection", "TaskSource", "check_harbor", "harbor_config", "load_app_tasks", "load_tasks",
+           "task_source", "trial_attempt_s", "uses_harbor"]
 
 # The data.source prefixes whose tasks are Harbor trials (arl.harbor.tasks.SOURCE_PREFIXES).
 HARBOR_SOURCE_PREFIX = ("harbor:", "swebench:")

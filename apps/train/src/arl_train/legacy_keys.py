@@ -2,9 +2,9 @@
 
 A key moves when a section starts embedding a package's own config struct (e.g. the optimizer's
 fields now live in `actor.optim`, arl-trainer's `OptimConfig`) or when it turns out to belong to
-another section (the run-wide waits, once under `[harbor]`, are `[run]`'s). `move_legacy_keys` rewrites a raw
-TOML tree; `modern_key` rewrites one override's key. Both warn (FutureWarning: shown to users by
-default) with the old and the new key; setting both is an error naming both.
+another section (the run-wide waits, once under `[harbor]`, are `[run]`'s). `move_legacy_keys`
+rewrites a raw TOML tree; `modern_key` rewrites one override's key. Both warn (FutureWarning: shown to
+users by default) with the old and the new key; setting both is an error naming both.
 """
 
 from __future__ import annotations

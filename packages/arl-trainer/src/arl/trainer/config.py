@@ -111,7 +111,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         _check(self.require_batches >= 1, "require_batches", self.require_batches, "must be >= 1")
         _check(self.trigger_parameter_sync_step >= 1, "trigger_parameter_sync_step", self.trigger_parameter_sync_step,
                "must be >= 1")
-        _check(self.temperature > 0, "temperature", self.temperature, "must be > 0 (log probs at temperature 0 are undefined)")
+        _check(self.temperature > 0, "temperature", self.temperature,
+               "must be > 0 (log probs at temperature 0 are undefined)")
         _check(self.max_version_lag is None or self.max_version_lag >= 0, "max_version_lag", self.max_version_lag,
                "must be >= 0 (None: no bound)")
         _check(self.batch_timeout_s > 0, "batch_timeout_s", self.batch_timeout_s, "must be > 0")
@@ -123,7 +124,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         _check(self.optimizer_prefetch_inflight_mb >= 0, "optimizer_prefetch_inflight_mb",
                self.optimizer_prefetch_inflight_mb, "must be >= 0")
         _check(self.router_aux_loss_coef >= 0, "router_aux_loss_coef", self.router_aux_loss_coef, "must be >= 0")
-        _check(self.router_replay_gap_every >= 0, "router_replay_gap_every", self.router_replay_gap_every, "must be >= 0")
+        _check(self.router_replay_gap_every >= 0, "router_replay_gap_every", self.router_replay_gap_every,
+               "must be >= 0")
         _check(self.peak_tflops >= 0, "peak_tflops", self.peak_tflops, "must be >= 0 (0: no MFU)")
 
 

@@ -78,7 +78,8 @@ class VllmEngineConfig(msgspec.Struct, kw_only=True):
         if self.max_model_len < 1:
             raise EngineConfigError(f"max_model_len must be >= 1, got {self.max_model_len!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise EngineConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+            raise EngineConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.tensor_parallel_size < 1:
             raise EngineConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
