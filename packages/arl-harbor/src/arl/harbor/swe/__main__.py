@@ -1,7 +1,9 @@
-"""Command line: `python -m arl.harbor.swe {build,verify,images,convert,export}`.
+"""Command line: `python -m arl.harbor.swe {build,releases,verify,images,convert,export}`.
 
   build  --out <set> [--packages a,b] [--max-per-package N] [--max-candidates N] [--jobs N] [--seed S]
          [--cache .cache/swe] [--python /usr/bin/python3.11]
+  releases --out <set> (--package NAME ... | --pinned) [--pairs N] [--versions A,B,...]
+         (tasks from real fixes between consecutive PyPI releases; arl.harbor.swe.release_cli)
   verify <set> [--ids a,b] [--jobs N]     (exit 1 when a task fails a check)
   images <set> [--force] [--network none] [--timeout S]   (docker: every task's image built once,
          recorded in manifest.jsonl; arl.harbor.swe.images)
@@ -19,6 +21,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from arl.harbor.swe import release_cli
 from arl.harbor.swe.build import build
 from arl.harbor.swe.packages import select
 from arl.harbor.swe.venvs import DEBIAN_PYTHON
@@ -53,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="pristine test-suite runs side by side; a test that fails in any is left out as flaky")
     b.add_argument("--cache", type=Path, default=Path(".cache/swe"))
     b.add_argument("--python", default=DEBIAN_PYTHON, help="the interpreter of the test venvs (Debian's)")
+    release_cli.add_parser(sub)
     v = sub.add_parser("verify", help="check oracle / untouched / edited-tests rewards on the host")
     v.add_argument("set", type=Path)
     v.add_argument("--ids", help="comma-separated task ids (default: all)")
@@ -79,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cmd in ("convert", "export"):
         return _rows_command(args)
+    if args.cmd == "releases":
+        return release_cli.run(args, argv, parser)
 
     if args.cmd == "build":
         if args.max_per_package < 1 or args.jobs < 1:
