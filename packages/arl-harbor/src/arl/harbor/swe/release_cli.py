@@ -1,7 +1,7 @@
 """`python -m arl.harbor.swe releases`: the release-history builder's command line (`releases.py`).
 
   releases --out <set> (--package NAME ... | --pinned) [--pairs N] [--versions A,B,...] [--runs N]
-           [--max-files N] [--max-lines N] [--no-check] [--cache .cache/swe] [--python /usr/bin/python3.11]
+           [--max-files N] [--max-lines N] [--test-deps REQ,..] [--no-check] [--cache .cache/swe] [--python /usr/bin/python3.11]
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     r.add_argument("--runs", type=int, default=2, help="test runs per tree side by side (flaky tests left out)")
     r.add_argument("--max-files", type=int, default=MAX_SOURCE_FILES, help="source files a fix may change")
     r.add_argument("--max-lines", type=int, default=MAX_SOURCE_LINES, help="source lines a fix may change")
+    r.add_argument("--test-deps", metavar="REQ[,REQ]",
+                   help="the tests' extra requirements (default: a pinned package's own, else none)")
     r.add_argument("--no-check", action="store_true", help="keep tasks without the oracle/untouched/edit-tests checks")
     r.add_argument("--cache", type=Path, default=Path(".cache/swe"))
     r.add_argument("--python", default=DEBIAN_PYTHON, help="the interpreter of the test venvs (Debian's)")
@@ -47,6 +49,7 @@ def run(args: argparse.Namespace, argv: list[str], parser: argparse.ArgumentPars
     if not Path(args.python).is_file():
         parser.error(f"--python {args.python} does not exist (Debian's python3.11 is expected)")
     versions = [v.strip() for v in (args.versions or "").split(",") if v.strip()] or None
+    test_deps = tuple(d.strip() for d in args.test_deps.split(",") if d.strip()) if args.test_deps else None
     command = "python -m arl.harbor.swe " + " ".join(shlex.quote(a) for a in argv)
 
     def log(msg: str) -> None:
@@ -55,7 +58,8 @@ def run(args: argparse.Namespace, argv: list[str], parser: argparse.ArgumentPars
     try:
         summary = build_releases(names, args.out.resolve(), args.cache.resolve(), pairs=args.pairs,
                                  versions=versions, python=args.python, runs=args.runs, max_files=args.max_files,
-                                 max_lines=args.max_lines, check=not args.no_check, command=command, log=log)
+                                 max_lines=args.max_lines, test_deps=test_deps, check=not args.no_check,
+                                 command=command, log=log)
     except ValueError as e:
         parser.error(f"releases: {e}")
     except ReleaseIndexError as e:

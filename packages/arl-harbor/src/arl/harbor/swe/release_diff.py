@@ -5,8 +5,9 @@ CHANGELOG, ...). A task needs the first two apart: the source part is the oracle
 write), the test part is `tests/test.patch` (applied only by the verifier). A path is a test when the
 grader would put it back as one (`grade_change.protected_reason` says "test": test dirs, `test_*.py`,
 `conftest.py`), so the agent can never have touched what the patch changes. A path is source when it is
-one of the package's own modules (`validate.source_modules`) or a plain file inside their package dirs
-(data, `py.typed`), and the grader would keep an agent's change to it. Everything else (setup.py,
+inside one of the package's dirs (a dir of the package's own modules, `validate.source_modules`, with an
+`__init__.py`: modules, data, `py.typed`) or a top-level module of the source root (`six.py`), and the
+grader would keep an agent's change to it. Everything else (setup.py,
 pyproject.toml, docs, changelogs) is left out of both: the task's testbed is the old tree as released.
 """
 
@@ -106,15 +107,9 @@ def _read(path: Path | None) -> tuple[str | None, bool]:
     return text, "\x00" in text
 
 
-def _package_dirs(modules: list[str], src_root: str) -> set[str]:
-    """The dirs (below the source root) that hold the package's modules."""
-    base = PurePosixPath(src_root)
-    dirs = set()
-    for m in modules:
-        parent = PurePosixPath(m).parent
-        if parent != base and parent != PurePosixPath("."):
-            dirs.add(parent.as_posix())
-    return dirs
+def _package_dirs(modules: set[str]) -> set[str]:
+    """The package dirs among the modules' folders: those with an `__init__.py` module."""
+    return {PurePosixPath(m).parent.as_posix() for m in modules if PurePosixPath(m).name == "__init__.py"}
 
 
 def classify(path: str, *, src_root: str, modules: set[str], package_dirs: set[str]) -> Kind:
@@ -126,17 +121,18 @@ def classify(path: str, *, src_root: str, modules: set[str], package_dirs: set[s
         return "test"
     if reason is not None:
         return "other"
-    if path in modules:
-        return "source"
     parents = {p.as_posix() for p in PurePosixPath(path).parents}
-    return "source" if parents & package_dirs else "other"
+    top_level = PurePosixPath(path).parent == PurePosixPath(src_root)
+    if parents & package_dirs or (top_level and path in modules):
+        return "source"
+    return "other"  # a script folder (bin/, tools/) or a top-level non-module file
 
 
 def diff_trees(old_root: Path, new_root: Path, spec: PackageSpec) -> ReleaseDiff:
     """The change from `old_root` to `new_root`, split into source, test and other paths."""
     old_files, new_files = tree_files(old_root), tree_files(new_root)
     modules = set(source_modules(old_root, spec)) | set(source_modules(new_root, spec))
-    package_dirs = _package_dirs(sorted(modules), spec.src_root)
+    package_dirs = _package_dirs(modules)
     diff = ReleaseDiff()
     for path in sorted(set(old_files) | set(new_files)):
         old_path, new_path = old_files.get(path), new_files.get(path)

@@ -64,11 +64,13 @@ def detect_src_root(tree: Path) -> str:
     return "."
 
 
-def package_spec(name: str, version: str, tree: Path) -> PackageSpec:
+def package_spec(name: str, version: str, tree: Path, *, test_deps: tuple[str, ...] | None = None) -> PackageSpec:
     """The spec of `name` at `version`: the pinned one's test settings when the package is pinned
-    (test deps, pytest args, skipped files), the source root as this release's sdist lays it out."""
+    (test deps, pytest args, skipped files), the source root as this release's sdist lays it out;
+    `test_deps` replace the test deps."""
     base = BY_NAME.get(name) or PackageSpec(name, version)
-    return replace(base, version=version, src_root=detect_src_root(tree))
+    spec = replace(base, version=version, src_root=detect_src_root(tree))
+    return spec if test_deps is None else replace(spec, test_deps=test_deps)
 
 
 def task_id(name: str, old: str, new: str) -> str:
@@ -105,7 +107,8 @@ def _finish_task(task_dir: Path, diff: ReleaseDiff, new: str, issue_source: str)
 
 
 def build_pair(old: Release, new: Release, out: Path, cache: Path, stats: ReleaseStats, *, python: str,
-               runs: int, max_files: int, max_lines: int, check: bool = True, log=print) -> dict | None:
+               runs: int, max_files: int, max_lines: int, test_deps: tuple[str, ...] | None = None,
+               check: bool = True, log=print) -> dict | None:
     """Try one release pair: its manifest row when a task was kept (the reason counted in `stats` if not)."""
     key = f"{old.name} {old.version} -> {new.version}"
     stats.pairs_tried += 1
@@ -116,7 +119,8 @@ def build_pair(old: Release, new: Release, out: Path, cache: Path, stats: Releas
         log(f"[{key}] dropped: {reason}")
 
     old_root, new_root = fetch_release(old, cache), fetch_release(new, cache)
-    spec, new_spec = package_spec(old.name, old.version, old_root), package_spec(new.name, new.version, new_root)
+    spec = package_spec(old.name, old.version, old_root, test_deps=test_deps)
+    new_spec = package_spec(new.name, new.version, new_root, test_deps=test_deps)
     if spec.src_root != new_spec.src_root:
         return reject(f"layout changed ({spec.src_root} -> {new_spec.src_root})")
     diff = diff_trees(old_root, new_root, spec)
@@ -181,9 +185,11 @@ def build_pair(old: Release, new: Release, out: Path, cache: Path, stats: Releas
 
 def build_releases(packages: list[str], out: Path, cache: Path, *, pairs: int = 3, versions: list[str] | None = None,
                    python: str = venvs.DEBIAN_PYTHON, runs: int = 2, max_files: int = MAX_SOURCE_FILES,
-                   max_lines: int = MAX_SOURCE_LINES, check: bool = True, command: str = "", log=print) -> dict:
+                   max_lines: int = MAX_SOURCE_LINES, test_deps: tuple[str, ...] | None = None, check: bool = True,
+                   command: str = "", log=print) -> dict:
     """Tasks from the last `pairs` consecutive release pairs of each package (or from the pairs between
-    `versions`, one package only) into `out`; writes manifest.jsonl and releases.json, returns the summary."""
+    `versions`, one package only) into `out`; writes manifest.jsonl and releases.json (both keep the other
+    packages' rows of earlier builds), returns this build's summary. `test_deps` replace every package's."""
     if not packages:
         raise ValueError("no package named")
     if versions and len(packages) != 1:
@@ -204,7 +210,7 @@ def build_releases(packages: list[str], out: Path, cache: Path, *, pairs: int = 
         for old, new in consecutive_pairs(releases, pairs=pairs, versions=versions):
             try:
                 row = build_pair(old, new, out, cache, stats, python=python, runs=runs, max_files=max_files,
-                                 max_lines=max_lines, check=check, log=log)
+                                 max_lines=max_lines, test_deps=test_deps, check=check, log=log)
             except (OSError, RuntimeError, ValueError) as e:  # a broken sdist or venv: the pair, not the build
                 stats.rejects[f"error: {type(e).__name__}"] += 1
                 log(f"[{name} {old.version} -> {new.version}] error: {e}")
@@ -217,7 +223,10 @@ def build_releases(packages: list[str], out: Path, cache: Path, *, pairs: int = 
     summary = {"command": command, "python": python, "pytest": venvs.PYTEST_REQUIREMENT, "runs": runs,
                "max_source_files": max_files, "max_source_lines": max_lines,
                "seconds": round(time.monotonic() - start, 1), "tasks_built_now": len(rows), "packages": per_package}
-    (out / "releases.json").write_text(json.dumps(summary, indent=1) + "\n")
+    summary_path = out / "releases.json"
+    earlier = json.loads(summary_path.read_text()).get("packages", []) if summary_path.is_file() else []
+    merged = [p for p in earlier if p["package"] not in set(packages)] + per_package
+    summary_path.write_text(json.dumps({**summary, "packages": merged}, indent=1) + "\n")
     return summary
 
 
