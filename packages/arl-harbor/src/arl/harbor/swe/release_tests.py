@@ -19,6 +19,7 @@ from arl.harbor.swe.runner import PytestRun, run_pytest
 from arl.harbor.swe.validate import is_test_path
 
 RUN_TIMEOUT_SEC = 300.0
+BEFORE_TIMEOUT_FLOOR_SEC = 30.0
 
 
 @dataclass
@@ -66,9 +67,12 @@ def compare_trees(before_root: Path, after_root: Path, python: Path, spec: Packa
     """Run `files` on both trees and select the tests; the runs come back too (messages, timings)."""
     if runs < 1:
         raise ValueError(f"runs must be at least 1 (got {runs})")
-    before = run_tree(before_root, python, spec, files, runs=runs)
     after = run_tree(after_root, python, spec, files, runs=runs)
-    for name, tree_runs in (("old source", before), ("new source", after)):
+    # The old source may hang where the release fixed a hang: it gets 10x the fixed source's time.
+    slowest = max(r.seconds for r in after)
+    before = run_tree(before_root, python, spec, files, runs=runs,
+                      timeout_sec=min(RUN_TIMEOUT_SEC, max(BEFORE_TIMEOUT_FLOOR_SEC, 10 * slowest)))
+    for name, tree_runs in (("new source", after), ("old source", before)):
         if any(r.timed_out for r in tree_runs):
             return PairTests(reject=f"{name}: tests timed out"), before, after
         if any(r.exitstatus is None for r in tree_runs):

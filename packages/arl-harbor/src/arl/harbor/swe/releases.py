@@ -29,6 +29,7 @@ from arl.harbor.swe.release_diff import ReleaseDiff, apply_changes, diff_trees
 from arl.harbor.swe.release_index import Release, consecutive_pairs, fetch_release, list_releases
 from arl.harbor.swe.release_notes import find_entry, write_release_issue
 from arl.harbor.swe.release_tests import compare_trees
+from arl.harbor.swe.runner import own_config
 from arl.harbor.swe.verify import verify_task
 from arl.harbor.swe.writer import TaskRecord, write_task
 
@@ -67,9 +68,14 @@ def detect_src_root(tree: Path) -> str:
 def package_spec(name: str, version: str, tree: Path, *, test_deps: tuple[str, ...] | None = None) -> PackageSpec:
     """The spec of `name` at `version`: the pinned one's test settings when the package is pinned
     (test deps, pytest args, skipped files), the source root as this release's sdist lays it out;
-    `test_deps` replace the test deps."""
+    `test_deps` replace the test deps. An unpinned package whose pytest addopts need pytest-cov runs
+    without its addopts."""
     base = BY_NAME.get(name) or PackageSpec(name, version)
     spec = replace(base, version=version, src_root=detect_src_root(tree))
+    config = own_config(tree)
+    if name not in BY_NAME and config is not None and "--cov" in config.read_text(errors="replace"):
+        # Its addopts ask for pytest-cov, which the task image does not have (as parse's pinned spec drops).
+        spec = replace(spec, pytest_args=("-o", "addopts="))
     return spec if test_deps is None else replace(spec, test_deps=test_deps)
 
 

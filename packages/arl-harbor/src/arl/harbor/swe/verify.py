@@ -67,6 +67,7 @@ def run_scenario(task: Path, python: Path, scenario: str, config: dict) -> tuple
                 return None, f"solve.sh failed: {proc.stderr[-500:]}"
         elif scenario == "edit_tests":
             for f in sorted({t.split("::", 1)[0] for t in config["fail_to_pass"]}):
+                (testbed / f).parent.mkdir(parents=True, exist_ok=True)  # a new test file of tests/test.patch
                 (testbed / f).write_text("")
             (testbed / "conftest.py").write_text(_CHEAT_CONFTEST)
         proc = subprocess.run(["bash", str(task / "tests" / "test.sh")], env=env, capture_output=True, text=True,
