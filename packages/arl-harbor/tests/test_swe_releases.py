@@ -12,7 +12,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from arl.harbor.swe.packages import PackageSpec
 from arl.harbor.swe.release_diff import FileChange, apply_changes, diff_trees, file_patch, tree_files
 from arl.harbor.swe.release_index import ReleaseIndexError, consecutive_pairs, releases_from_json, version_key
@@ -30,13 +29,15 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 
 
 OLD = {
-    "PKG-INFO": "Version: 1.0\n", "setup.py": "setup(version='1.0')\n", "CHANGELOG.md": "## 1.0\n\n- First.\n",
+    "PKG-INFO": "Version: 1.0\n", "setup.py": "setup(version='1.0')\n",
+    "CHANGELOG.md": "## 1.0\n\n- First.\n",
     "pyproject.toml": "[tool.pytest.ini_options]\n", "conftest.py": "",
     "bin/tool.py": "print('tool')\n",
     "tinypkg/__init__.py": "__version__ = '1.0'\n",
     "tinypkg/core.py": "def add(a, b):\n    return a - b\n\n\ndef gone():\n    return 1\n",
     "tinypkg/old.py": "X = 1\n",
-    "tests/test_core.py": "from tinypkg.core import add\n\n\ndef test_add_zero():\n    assert add(1, 0) == 1\n",
+    "tests/test_core.py": "from tinypkg.core import add\n\n\ndef test_add_zero():\n"
+                          "    assert add(1, 0) == 1\n",
 }
 NEW = {
     **{k: v for k, v in OLD.items() if k != "tinypkg/old.py"},
@@ -74,16 +75,18 @@ def test_release_diff_reasons_and_src_layout(tmp_path):
                                    "README.md": "x\n"})
     assert detect_src_root(old) == "src" and detect_src_root(tmp_path / "nowhere") == "."
     spec = PackageSpec("lib", "1", src_root="src")
-    only_docs = _tree(tmp_path / "docs", {"src/lib/__init__.py": "A = 1\n", "tests/test_a.py": "def test(): pass\n",
-                                          "README.md": "y\n"})
+    only_docs = _tree(tmp_path / "docs", {"src/lib/__init__.py": "A = 1\n",
+                                          "tests/test_a.py": "def test(): pass\n", "README.md": "y\n"})
     assert diff_trees(old, only_docs, spec).unreviewable(max_files=5, max_lines=100) == "no source change"
-    no_tests = _tree(tmp_path / "src-only", {"src/lib/__init__.py": "A = 2\n", "tests/test_a.py": "def test(): pass\n"})
+    no_tests = _tree(tmp_path / "src-only", {"src/lib/__init__.py": "A = 2\n",
+                                             "tests/test_a.py": "def test(): pass\n"})
     diff = diff_trees(old, no_tests, spec)
     assert [c.path for c in diff.source] == ["src/lib/__init__.py"]
     assert diff.unreviewable(max_files=5, max_lines=100) == "no test module change"
     binary = _tree(tmp_path / "bin", {"src/lib/__init__.py": "A = 2\n", "tests/test_a.py": "def test(): 1\n"})
     (binary / "src/lib/data.mo").write_bytes(b"\x00\xde\xad")
-    assert diff_trees(old, binary, spec).unreviewable(max_files=5, max_lines=100) == "binary change (src/lib/data.mo)"
+    why = diff_trees(old, binary, spec).unreviewable(max_files=5, max_lines=100)
+    assert why == "binary change (src/lib/data.mo)"
     with pytest.raises(ValueError, match="binary"):
         file_patch(FileChange("src/lib/data.mo", "source", None, None, binary=True))
 
@@ -96,8 +99,8 @@ def test_release_patches_recreate_the_new_tree(tmp_path):
     patched = tmp_path / "patched"
     shutil.copytree(old, patched)
     for patch in (diff.source_patch(), diff.test_patch()):
-        subprocess.run(["patch", "-p1", "--forward", "--batch", "--quiet"], cwd=patched, input=patch, text=True,
-                       check=True, timeout=60)
+        subprocess.run(["patch", "-p1", "--forward", "--batch", "--quiet"], cwd=patched, input=patch,
+                       text=True, check=True, timeout=60)
     written = tmp_path / "written"
     shutil.copytree(old, written)
     apply_changes(written, diff.source + diff.tests)
@@ -114,11 +117,13 @@ def test_release_patches_recreate_the_new_tree(tmp_path):
 def test_select_tests_fail_to_pass_pass_to_pass_and_flaky():
     before = [{"test_t.py::p2p", "test_t.py::flaky_old", "test_t.py::broken_by_fix", "conf.py::x"},
               {"test_t.py::p2p", "test_t.py::broken_by_fix", "conf.py::x"}]
-    after = [{"test_t.py::p2p", "test_t.py::f2p", "test_t.py::flaky_old", "test_t.py::flaky_new", "test_t.py::f2p_b", "conf.py::x"},
+    after = [{"test_t.py::p2p", "test_t.py::f2p", "test_t.py::flaky_old", "test_t.py::flaky_new",
+              "test_t.py::f2p_b", "conf.py::x"},
              {"test_t.py::p2p", "test_t.py::f2p", "test_t.py::flaky_old", "test_t.py::f2p_b", "conf.py::x"}]
     sel = select_tests(before, after)
     assert sel.fail_to_pass == ["test_t.py::f2p", "test_t.py::f2p_b"]
-    assert sel.pass_to_pass == ["test_t.py::p2p"]  # conf.py is not a test module; flaky_old passed once before
+    # conf.py is not a test module; flaky_old passed in one run before only
+    assert sel.pass_to_pass == ["test_t.py::p2p"]
     assert sel.flaky == ["test_t.py::flaky_new", "test_t.py::flaky_old"]
     assert sel.reject is None and sel.test_files() == ["test_t.py"]
     assert select_tests([{"test_t.py::a"}], [{"test_t.py::a"}]).reject == "no FAIL_TO_PASS"
@@ -130,14 +135,16 @@ def test_changelog_entries_in_the_usual_styles(tmp_path):
     md = "# Changelog\n\n## 2.0.1\n\n_(June 1)_\n\n- Fixed `x`.\n\n## 2.0.0\n\n- Big.\n"
     assert entry_in_text(md, "2.0.1") == "_(June 1)_\n\n- Fixed `x`."
     assert entry_in_text(md, "2.0") is None  # 2.0.1 / 2.0.0 are not 2.0
-    rst = "v8.0.3 (2026-11-25)\n===================\n\n- Fix recursion.\n\n\nv8.0.2 (2026-11-18)\n====\n\n- Old.\n"
+    rst = ("v8.0.3 (2026-11-25)\n===================\n\n- Fix recursion.\n\n\n"
+           "v8.0.2 (2026-11-18)\n====\n\n- Old.\n")
     assert entry_in_text(rst, "8.0.3") == "- Fix recursion."
     items = "Changelog\n---------\n\n- 1.22.3 Preserve offsets\n  in time results\n- 1.22.2 Fix decimals\n"
     assert entry_in_text(items, "1.22.3") == "Preserve offsets\nin time results"
     assert entry_in_text(items, "1.22.4") is None
     toc = "## 3.1\n\n## 3.0\n\n- Real entry.\n"
     assert entry_in_text(toc, "3.1") is None  # an empty section is no entry
-    root = _tree(tmp_path / "sdist", {"README.rst": "Intro 1.5 words\n\nChangelog\n---------\n\n- 1.5 Fix it\n"})
+    readme = "Intro 1.5 words\n\nChangelog\n---------\n\n- 1.5 Fix it\n"
+    root = _tree(tmp_path / "sdist", {"README.rst": readme})
     assert find_entry(root, "1.5") == ("README.rst", "Fix it")
     (root / "CHANGES.rst").write_text("1.5\n---\n\n- From CHANGES.\n")
     assert find_entry(root, "1.5") == ("CHANGES.rst", "- From CHANGES.")
@@ -151,8 +158,9 @@ def test_release_issue_names_the_checks_never_the_fix():
                                      test_files=["tests/test_core.py"])
     assert "- Fixed `add`." in with_notes and "`tests/test_core.py::test_add`" in with_notes
     assert "assert -1 == 3" not in with_notes  # release notes given: no failure excerpts
-    from_tests = write_release_issue("tinypkg", "1.0", "1.1", f2p, entry=None, messages={f2p[0]: "assert -1 == 3"},
-                                     pass_to_pass_count=1, test_files=["tests/test_core.py"])
+    from_tests = write_release_issue("tinypkg", "1.0", "1.1", f2p, entry=None,
+                                     messages={f2p[0]: "assert -1 == 3"}, pass_to_pass_count=1,
+                                     test_files=["tests/test_core.py"])
     assert "assert -1 == 3" in from_tests and "Release notes" not in from_tests
     assert "a + b" not in from_tests and "a - b" not in from_tests
 
@@ -162,17 +170,17 @@ def test_pypi_release_list_and_consecutive_pairs():
         return [{"packagetype": k, "filename": f"x.{k}", "url": f"../../packages/x.{k}", "yanked": yanked,
                  "digests": {"sha256": "ab"}} for k in kinds]
 
-    data = {"releases": {"1.10.0": files("sdist"), "1.9": files("sdist", "bdist_wheel"), "1.2": files("sdist"),
-                         "2.0rc1": files("sdist"), "1.11": files("bdist_wheel"), "1.12": files("sdist", yanked=True),
-                         "1.3.post1": files("sdist")}}
+    data = {"releases": {"1.10.0": files("sdist"), "1.9": files("sdist", "bdist_wheel"),
+                         "1.2": files("sdist"), "2.0rc1": files("sdist"), "1.11": files("bdist_wheel"),
+                         "1.12": files("sdist", yanked=True), "1.3.post1": files("sdist")}}
     releases = releases_from_json("x", data, base_url="https://pypi.org/pypi/x/json")
     assert [r.version for r in releases] == ["1.2", "1.9", "1.10.0"]
     assert releases[0].url == "https://pypi.org/packages/x.sdist"  # relative to the JSON's URL
     assert version_key("1.2.0") == version_key("1.2") and version_key("2.0rc1") is None
     assert [(a.version, b.version) for a, b in consecutive_pairs(releases, pairs=1)] == [("1.9", "1.10.0")]
     assert len(consecutive_pairs(releases, pairs=5)) == 2
-    assert [(a.version, b.version) for a, b in consecutive_pairs(releases, pairs=1, versions=["1.10.0", "1.2"])] \
-        == [("1.2", "1.10.0")]
+    named = consecutive_pairs(releases, pairs=1, versions=["1.10.0", "1.2"])
+    assert [(a.version, b.version) for a, b in named] == [("1.2", "1.10.0")]
     with pytest.raises(ReleaseIndexError, match=r"no final release with an sdist for \['1.11'\]"):
         consecutive_pairs(releases, pairs=1, versions=["1.9", "1.11"])
 
@@ -199,7 +207,8 @@ def test_build_a_real_fix_from_pypi(tmp_path):
     summary = build_releases(["parse"], out, tmp_path / "cache", versions=["1.22.2", "1.22.3"],
                              log=lambda _msg: None)
     [stats] = summary["packages"]
-    assert (stats["pairs_tried"], stats["reviewable"], stats["with_fail_to_pass"], stats["kept"]) == (1, 1, 1, 1)
+    figures = (stats["pairs_tried"], stats["reviewable"], stats["with_fail_to_pass"], stats["kept"])
+    assert figures == (1, 1, 1, 1)
     task = out / "parse__1.22.2_to_1.22.3"
     config = json.loads((task / "tests" / "config.json").read_text())
     assert config["fail_to_pass"] == [f"tests/test_parse.py::test_flexible_time_preserves_timezone[{o}]"
@@ -214,7 +223,8 @@ def test_build_a_real_fix_from_pypi(tmp_path):
     assert "return dt.time()" in (testbed / "parse" / "__init__.py").read_text()
     assert "preserves_timezone" not in (testbed / "tests" / "test_parse.py").read_text()
     instruction = (task / "instruction.md").read_text()
-    assert "Preserve timezone offsets in strftime time-only results" in instruction and "timetz" not in instruction
+    assert "Preserve timezone offsets in strftime time-only results" in instruction
+    assert "timetz" not in instruction
     row = json.loads((out / "manifest.jsonl").read_text())
     assert row["operator"] == "release" and row["version"] == "1.22.2" and row["new_version"] == "1.22.3"
 
@@ -222,13 +232,16 @@ def test_build_a_real_fix_from_pypi(tmp_path):
 def test_package_spec_of_pinned_and_unpinned_packages(tmp_path):
     from arl.harbor.swe.releases import build_releases, package_spec
 
-    cov = _tree(tmp_path / "cov", {"src/covpkg/__init__.py": "", "setup.cfg": "[tool:pytest]\naddopts = --cov=covpkg\n"})
+    cov = _tree(tmp_path / "cov", {"src/covpkg/__init__.py": "",
+                                   "setup.cfg": "[tool:pytest]\naddopts = --cov=covpkg\n"})
     spec = package_spec("covpkg", "2.0", cov)
     assert (spec.src_root, spec.pytest_args, spec.test_deps) == ("src", ("-o", "addopts="), ())
-    plain = _tree(tmp_path / "plain", {"plainpkg/__init__.py": "", "setup.cfg": "[tool:pytest]\naddopts = -q\n"})
+    plain = _tree(tmp_path / "plain", {"plainpkg/__init__.py": "",
+                                       "setup.cfg": "[tool:pytest]\naddopts = -q\n"})
     assert package_spec("plainpkg", "1", plain, test_deps=("freezegun==1.5.5",)).pytest_args == ()
     pinned = package_spec("humanize", "4.16.0", _tree(tmp_path / "hz", {"src/humanize/__init__.py": ""}))
-    assert pinned.test_deps == ("freezegun==1.5.5",) and pinned.skip_test_files == ("tests/test_benchmarks.py",)
+    assert pinned.test_deps == ("freezegun==1.5.5",)
+    assert pinned.skip_test_files == ("tests/test_benchmarks.py",)
     assert pinned.version == "4.16.0" and pinned.src_root == "src"
     with pytest.raises(ValueError, match="one package"):
         build_releases(["a", "b"], tmp_path / "out", tmp_path / "cache", versions=["1", "2"])

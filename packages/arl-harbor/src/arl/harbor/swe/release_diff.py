@@ -41,7 +41,8 @@ class FileChange:
         """Added plus removed lines (0 for a binary file)."""
         if self.binary:
             return 0
-        diff = difflib.unified_diff((self.old or "").splitlines(), (self.new or "").splitlines(), n=0, lineterm="")
+        old, new = (self.old or "").splitlines(), (self.new or "").splitlines()
+        diff = difflib.unified_diff(old, new, n=0, lineterm="")
         return sum(1 for line in diff if line[:1] in "+-" and not line.startswith(("+++", "---")))
 
 
@@ -149,7 +150,7 @@ def diff_trees(old_root: Path, new_root: Path, spec: PackageSpec) -> ReleaseDiff
 
 
 def file_patch(change: FileChange) -> str:
-    """A git-style diff of one text file that `patch -p1` and `git apply` both apply (adds and deletes too)."""
+    """A git-style diff of one text file that `patch -p1` and `git apply` both apply (adds, deletes too)."""
     if change.binary:
         raise ValueError(f"{change.path}: a binary change cannot be written as a text patch")
     path = change.path

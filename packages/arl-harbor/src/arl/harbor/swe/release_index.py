@@ -10,6 +10,7 @@ against its sha256, into `<cache>/sdists` (where `sources.fetch` finds it too), 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 import urllib.error
@@ -101,7 +102,7 @@ def consecutive_pairs(releases: list[Release], *, pairs: int, versions: list[str
         chosen = sorted((known[v] for v in versions), key=lambda r: version_key(r.version) or ())
     else:
         chosen = releases[-(pairs + 1):]
-    return list(zip(chosen, chosen[1:]))
+    return list(itertools.pairwise(chosen))
 
 
 def fetch_release(release: Release, cache: Path, *, timeout: float = REQUEST_TIMEOUT_SEC) -> Path:

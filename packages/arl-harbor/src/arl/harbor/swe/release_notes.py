@@ -17,9 +17,10 @@ from pathlib import Path
 from arl.harbor.swe.issue import _excerpt
 
 _NOTES_STEMS = ("changelog", "changes", "history", "news", "releases", "release_notes", "release-notes")
-_README_PART = re.compile(r"^\W*(change\s*log|changes|history|release\s+notes|version\s+history)\W*$", re.I)
+_README_PART = re.compile(r"^\W*(change\s*log|changes|history|release\s+notes|version\s+history)\W*$",
+                          re.IGNORECASE)
 _UNDERLINE = re.compile(r"^\s*([=\-~^+*#`'\"])\1{2,}\s*$")
-_ANY_VERSION_HEAD = re.compile(r"^(?:#+\s*)?\[?(?:v|version\s+|release\s+)?\d+\.\d+", re.I)
+_ANY_VERSION_HEAD = re.compile(r"^(?:#+\s*)?\[?(?:v|version\s+|release\s+)?\d+\.\d+", re.IGNORECASE)
 MAX_ENTRY_LINES = 60
 _MAX_FAILING_LISTED = 10
 _MAX_EXCERPTS = 2
@@ -41,8 +42,9 @@ def notes_files(root: Path) -> list[Path]:
 
 def _version_line(version: str) -> re.Pattern[str]:
     v = re.escape(version)
-    return re.compile(rf"^(?P<indent>\s*)(?P<item>[-*+]\s+)?(?:#+\s*)?(?:\*\*)?\[?(?:v|version\s+|release\s+)?{v}"
-                      rf"(?![\w.])(?P<rest>.*)$", re.I)
+    return re.compile(rf"^(?P<indent>\s*)(?P<item>[-*+]\s+)?(?:#+\s*)?(?:\*\*)?\[?"
+                      rf"(?:v|version\s+|release\s+)?{v}"
+                      rf"(?![\w.])(?P<rest>.*)$", re.IGNORECASE)
 
 
 def entry_in_text(text: str, version: str) -> str | None:
@@ -107,25 +109,26 @@ def write_release_issue(package: str, old: str, new: str, fail_to_pass: list[str
                         test_files: list[str]) -> str:
     """The instruction.md of a release task: the changelog entry (or the failures) and what is checked."""
     n = len(fail_to_pass)
-    lines = [f"# {package}: the changes of release {new}", "",
-             f"The source of `{package}` {old} is checked out at `/testbed` (a git repository). Make the source "
-             f"changes that `{package}` {new} made, as its release notes describe"
-             + (" below." if entry else ": they are known here only from the tests that check them, below."), ""]
+    how = " below." if entry else ": they are known here only from the tests that check them, below."
+    intro = (f"The source of `{package}` {old} is checked out at `/testbed` (a git repository). Make the "
+             f"source changes that `{package}` {new} made, as its release notes describe{how}")
+    lines = [f"# {package}: the changes of release {new}", "", intro, ""]
     if entry:
         lines += [f"## Release notes of {new} (from `{entry[0]}`)", "", entry[1], ""]
-    lines += ["## How it is checked", "",
-              f"The tests of {new} are applied over your change when it is graded; they are not in `/testbed` "
-              f"now. {n} test{'s' if n != 1 else ''} of them fail{'s' if n == 1 else ''} on the source as it "
-              "is and must pass:", ""]
+    checked = (f"The tests of {new} are applied over your change when it is graded; they are not in "
+               f"`/testbed` now. {n} test{'s' if n != 1 else ''} of them fail{'s' if n == 1 else ''} on the "
+               "source as it is and must pass:")
+    lines += ["## How it is checked", "", checked, ""]
     lines += [f"- `{t}`" for t in fail_to_pass[:_MAX_FAILING_LISTED]]
     if n > _MAX_FAILING_LISTED:
         lines.append(f"- … and {n - _MAX_FAILING_LISTED} more")
-    if not entry:
-        shown = [t for t in fail_to_pass if messages.get(t)][:_MAX_EXCERPTS]
-        if shown:
-            lines += ["", "## What pytest reports for them now", ""]
-            for t in shown:
-                lines += [f"`{t}`:", "", "```", _excerpt(messages[t]), "```", ""]
-    lines += ["", f"{pass_to_pass_count} other tests in {', '.join(f'`{f}`' for f in test_files)} pass now and "
-              "must still pass. Do not edit the tests: test files are restored before grading.", ""]
+    lines.append("")
+    shown = [t for t in fail_to_pass if messages.get(t)][:_MAX_EXCERPTS] if not entry else []
+    if shown:
+        lines += ["## What pytest reports for them now", ""]
+        for t in shown:
+            lines += [f"`{t}`:", "", "```", _excerpt(messages[t]), "```", ""]
+    files = ", ".join(f"`{f}`" for f in test_files)
+    lines += [(f"{pass_to_pass_count} other tests in {files} pass now and must still pass. Do not edit the "
+               "tests: test files are restored before grading."), ""]
     return "\n".join(lines)

@@ -58,8 +58,8 @@ def run_tree(root: Path, python: Path, spec: PackageSpec, files: list[str], *, r
     for skip in spec.skip_test_files:
         args += ["--ignore", skip]
     with ThreadPoolExecutor(max_workers=runs) as pool:
-        return list(pool.map(lambda _: run_pytest(root, python, src_root=spec.src_root, files=files, args=args,
-                                                  timeout_sec=timeout_sec), range(runs)))
+        return list(pool.map(lambda _: run_pytest(root, python, src_root=spec.src_root, files=files,
+                                                  args=args, timeout_sec=timeout_sec), range(runs)))
 
 
 def compare_trees(before_root: Path, after_root: Path, python: Path, spec: PackageSpec, files: list[str], *,

@@ -1,6 +1,7 @@
 """Build SWE tasks from real fixes: consecutive releases of a package on PyPI (SWE-bench's recipe).
 
-Per (old, new) pair of final releases with sdists: split the change into source, test and other files
+Per (old, new) pair of final releases with sdists (the old one shipping tests): split the change into
+source, test and other files
 (`release_diff`); keep a pair whose source change is reviewable (at most `max_files` files and
 `max_lines` changed lines) and that changes a test module; run the changed test modules on the old source
 with the new tests and on the old source with the new tests and the source change (`release_tests`, the
@@ -20,16 +21,17 @@ import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from arl.harbor.swe import grading, venvs
 from arl.harbor.swe.issue import task_paths
 from arl.harbor.swe.packages import BY_NAME, PackageSpec
-from arl.harbor.swe.release_diff import ReleaseDiff, apply_changes, diff_trees
+from arl.harbor.swe.release_diff import ReleaseDiff, apply_changes, diff_trees, tree_files
 from arl.harbor.swe.release_index import Release, consecutive_pairs, fetch_release, list_releases
 from arl.harbor.swe.release_notes import find_entry, write_release_issue
 from arl.harbor.swe.release_tests import compare_trees
 from arl.harbor.swe.runner import own_config
+from arl.harbor.swe.validate import is_test_path
 from arl.harbor.swe.verify import verify_task
 from arl.harbor.swe.writer import TaskRecord, write_task
 
@@ -65,7 +67,8 @@ def detect_src_root(tree: Path) -> str:
     return "."
 
 
-def package_spec(name: str, version: str, tree: Path, *, test_deps: tuple[str, ...] | None = None) -> PackageSpec:
+def package_spec(name: str, version: str, tree: Path, *,
+                 test_deps: tuple[str, ...] | None = None) -> PackageSpec:
     """The spec of `name` at `version`: the pinned one's test settings when the package is pinned
     (test deps, pytest args, skipped files), the source root as this release's sdist lays it out;
     `test_deps` replace the test deps. An unpinned package whose pytest addopts need pytest-cov runs
@@ -129,6 +132,9 @@ def build_pair(old: Release, new: Release, out: Path, cache: Path, stats: Releas
     new_spec = package_spec(new.name, new.version, new_root, test_deps=test_deps)
     if spec.src_root != new_spec.src_root:
         return reject(f"layout changed ({spec.src_root} -> {new_spec.src_root})")
+    if not any(is_test_path(p) and PurePosixPath(p).name != "conftest.py" for p in tree_files(old_root)):
+        # Its tests would be all new: FAIL_TO_PASS would be every test, whatever the release fixed.
+        return reject("the old sdist ships no tests")
     diff = diff_trees(old_root, new_root, spec)
     if diff.source and diff.test_modules():
         stats.source_and_tests += 1
@@ -148,7 +154,8 @@ def build_pair(old: Release, new: Release, out: Path, cache: Path, stats: Releas
     files = [f for f in diff.test_modules() if f not in spec.skip_test_files]
     if not files:
         return reject("only skipped test modules changed")
-    selection, before_runs, after_runs = compare_trees(before, after, venv / "bin" / "python", spec, files, runs=runs)
+    selection, before_runs, after_runs = compare_trees(before, after, venv / "bin" / "python", spec, files,
+                                                       runs=runs)
     if selection.reject:
         return reject(selection.reject)
     stats.with_fail_to_pass += 1
@@ -189,17 +196,19 @@ def build_pair(old: Release, new: Release, out: Path, cache: Path, stats: Releas
             "source_files": len(diff.source), "source_lines": diff.source_lines}
 
 
-def build_releases(packages: list[str], out: Path, cache: Path, *, pairs: int = 3, versions: list[str] | None = None,
-                   python: str = venvs.DEBIAN_PYTHON, runs: int = 2, max_files: int = MAX_SOURCE_FILES,
-                   max_lines: int = MAX_SOURCE_LINES, test_deps: tuple[str, ...] | None = None, check: bool = True,
-                   command: str = "", log=print) -> dict:
+def build_releases(packages: list[str], out: Path, cache: Path, *, pairs: int = 3,
+                   versions: list[str] | None = None, python: str = venvs.DEBIAN_PYTHON, runs: int = 2,
+                   max_files: int = MAX_SOURCE_FILES, max_lines: int = MAX_SOURCE_LINES,
+                   test_deps: tuple[str, ...] | None = None, check: bool = True, command: str = "",
+                   log=print) -> dict:
     """Tasks from the last `pairs` consecutive release pairs of each package (or from the pairs between
     `versions`, one package only) into `out`; writes manifest.jsonl and releases.json (both keep the other
     packages' rows of earlier builds), returns this build's summary. `test_deps` replace every package's."""
     if not packages:
         raise ValueError("no package named")
     if versions and len(packages) != 1:
-        raise ValueError(f"versions name the releases of one package, but {len(packages)} packages were named")
+        raise ValueError(f"versions name the releases of one package, but {len(packages)} packages "
+                         "were named")
     if versions and len(versions) < 2:
         raise ValueError(f"versions need at least two releases to make a pair (got {versions})")
     for name in packages:
@@ -217,7 +226,7 @@ def build_releases(packages: list[str], out: Path, cache: Path, *, pairs: int = 
             try:
                 row = build_pair(old, new, out, cache, stats, python=python, runs=runs, max_files=max_files,
                                  max_lines=max_lines, test_deps=test_deps, check=check, log=log)
-            except (OSError, RuntimeError, ValueError) as e:  # a broken sdist or venv: the pair, not the build
+            except (OSError, RuntimeError, ValueError) as e:  # a broken sdist or venv: this pair only
                 stats.rejects[f"error: {type(e).__name__}"] += 1
                 log(f"[{name} {old.version} -> {new.version}] error: {e}")
                 continue
@@ -228,7 +237,8 @@ def build_releases(packages: list[str], out: Path, cache: Path, *, pairs: int = 
     _merge_manifest(out / "manifest.jsonl", rows, set(packages))
     summary = {"command": command, "python": python, "pytest": venvs.PYTEST_REQUIREMENT, "runs": runs,
                "max_source_files": max_files, "max_source_lines": max_lines,
-               "seconds": round(time.monotonic() - start, 1), "tasks_built_now": len(rows), "packages": per_package}
+               "seconds": round(time.monotonic() - start, 1), "tasks_built_now": len(rows),
+               "packages": per_package}
     summary_path = out / "releases.json"
     earlier = json.loads(summary_path.read_text()).get("packages", []) if summary_path.is_file() else []
     merged = [p for p in earlier if p["package"] not in set(packages)] + per_package
