@@ -201,6 +201,7 @@ def test_build_a_real_fix_from_pypi(tmp_path):
     changelog line as the issue, and the checks pass (oracle 1.0, untouched 0.0, edited tests 0.0)."""
     if not _pypi_reachable():
         pytest.skip("PyPI is not reachable")
+    from arl.harbor.swe.export_rows import task_row
     from arl.harbor.swe.releases import build_releases
 
     out = tmp_path / "set"
@@ -227,6 +228,9 @@ def test_build_a_real_fix_from_pypi(tmp_path):
     assert "timetz" not in instruction
     row = json.loads((out / "manifest.jsonl").read_text())
     assert row["operator"] == "release" and row["version"] == "1.22.2" and row["new_version"] == "1.22.3"
+    # Exported as a SWE-bench row, the new tests are its test_patch.
+    exported = task_row(task, "hb__parse")
+    assert exported["test_patch"] == (task / "tests" / "test.patch").read_text() and exported["patch"] == fix
 
 
 def test_package_spec_of_pinned_and_unpinned_packages(tmp_path):

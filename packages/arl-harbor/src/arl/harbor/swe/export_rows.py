@@ -15,7 +15,7 @@ The other columns: `instance_id` = the task id; `repo` = `pypi/<package>` (the r
 sdist from PyPI, `version` its version); `base_commit` = the commit of the task's testbed (a git repository
 of one commit, the bug in place: `git -C /testbed rev-parse HEAD` in the image prints it);
 `environment_setup_commit` = `base_commit`; `patch` = the oracle's fix (`solution/fix.patch`); `test_patch`
-= "" (the tests are in the repository already); `problem_statement` = `instruction.md`; `hints_text` = "";
+= "" (the tests are in the repository already; a release task's `tests/test.patch`); `problem_statement` = `instruction.md`; `hints_text` = "";
 `created_at` = when the task dir was written; `difficulty` = "" (not estimated).
 
 `--build` builds each task's image in the local engine (`build_task_image`, offline); `--images-dir DIR`
@@ -82,8 +82,10 @@ def task_row(task_dir: Path, image: str, *, style: str = "swe-bench") -> dict[st
     created = datetime.fromtimestamp((task_dir / "task.toml").stat().st_mtime, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     test = PytestCommand(src_root=config.get("src_root") or ".", config=config.get("pytest_config") or "",
                        args=tuple(config.get("pytest_args") or ()))
+    test_patch = task_dir / "tests" / "test.patch"  # a release task's new tests; built tasks have none
     common = {"instance_id": task_dir.name, "repo": REPO_PREFIX + config["package"], "base_commit": commit,
-              "patch": files["solution/fix.patch"].read_text(), "test_patch": "",
+              "patch": files["solution/fix.patch"].read_text(),
+              "test_patch": test_patch.read_text() if test_patch.is_file() else "",
               "problem_statement": files["instruction.md"].read_text(), "hints_text": "", "created_at": created,
               "version": config["version"]}
     f2p, p2p = list(config["fail_to_pass"]), list(config["pass_to_pass"])
