@@ -85,8 +85,12 @@ def test_release_diff_reasons_and_src_layout(tmp_path):
     assert diff.unreviewable(max_files=5, max_lines=100) == "no test module change"
     binary = _tree(tmp_path / "bin", {"src/lib/__init__.py": "A = 2\n", "tests/test_a.py": "def test(): 1\n"})
     (binary / "src/lib/data.mo").write_bytes(b"\x00\xde\xad")
-    why = diff_trees(old, binary, spec).unreviewable(max_files=5, max_lines=100)
-    assert why == "binary change (src/lib/data.mo)"
+    (binary / "tests/data.bin").write_bytes(b"\x00\x01")
+    diff = diff_trees(old, binary, spec)  # binary files are in neither part: a text patch cannot carry them
+    assert diff.binary == ["src/lib/data.mo", "tests/data.bin"]
+    assert [c.path for c in diff.source] == ["src/lib/__init__.py"]
+    assert [c.path for c in diff.tests] == ["tests/test_a.py"]
+    assert diff.unreviewable(max_files=5, max_lines=100) is None
     with pytest.raises(ValueError, match="binary"):
         file_patch(FileChange("src/lib/data.mo", "source", None, None, binary=True))
 

@@ -9,6 +9,7 @@ inside one of the package's dirs (a dir of the package's own modules, `validate.
 `__init__.py`: modules, data, `py.typed`) or a top-level module of the source root (`six.py`), and the
 grader would keep an agent's change to it. Everything else (setup.py,
 pyproject.toml, docs, changelogs) is left out of both: the task's testbed is the old tree as released.
+Binary files of either part are left out too (a text patch cannot carry them).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class ReleaseDiff:
     source: list[FileChange] = field(default_factory=list)
     tests: list[FileChange] = field(default_factory=list)
     other: list[str] = field(default_factory=list)
+    binary: list[str] = field(default_factory=list)  # binary source/test changes: left out of both parts
 
     @property
     def source_lines(self) -> int:
@@ -69,9 +71,6 @@ class ReleaseDiff:
             return "no source change"
         if not self.test_modules():
             return "no test module change"
-        binary = [c.path for c in self.source + self.tests if c.binary]
-        if binary:
-            return f"binary change ({binary[0]})"
         if len(self.source) > max_files:
             return f"source diff over {max_files} files"
         if self.source_lines > max_lines:
@@ -144,8 +143,13 @@ def diff_trees(old_root: Path, new_root: Path, spec: PackageSpec) -> ReleaseDiff
             diff.other.append(path)
             continue
         (old, old_binary), (new, new_binary) = _read(old_path), _read(new_path)
-        change = FileChange(path, kind, old, new, binary=old_binary or new_binary)
-        (diff.source if kind == "source" else diff.tests).append(change)
+        if old_binary or new_binary:
+            # A text patch cannot carry it (the grader and solve.sh apply patches with `patch`). Leaving it
+            # out of both trees the tests are selected on keeps FAIL_TO_PASS true to the task: a test that
+            # needs it (a compiled .mo catalogue, a data file) passes in neither and is not listed.
+            diff.binary.append(path)
+            continue
+        (diff.source if kind == "source" else diff.tests).append(FileChange(path, kind, old, new))
     return diff
 
 

@@ -108,7 +108,7 @@ def _finish_task(task_dir: Path, diff: ReleaseDiff, new: str, issue_source: str)
     if reach is not None:
         config["reach_patterns"] = reach
     config.update(new_version=new, issue_source=issue_source, source_files=[c.path for c in diff.source],
-                  test_patch_files=[c.path for c in diff.tests])
+                  test_patch_files=[c.path for c in diff.tests], binary_left_out=diff.binary)
     config_path.write_text(json.dumps(config, indent=1) + "\n")
     toml = task_dir / "task.toml"
     toml.write_text(toml.read_text().replace('category = "swe"\n', f'new_version = {json.dumps(new)}\n'
