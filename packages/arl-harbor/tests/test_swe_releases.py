@@ -255,5 +255,7 @@ def test_package_spec_of_pinned_and_unpinned_packages(tmp_path):
         build_releases(["a", "b"], tmp_path / "out", tmp_path / "cache", versions=["1", "2"])
     with pytest.raises(ValueError, match="at least two releases"):
         build_releases(["a"], tmp_path / "out", tmp_path / "cache", versions=["1"])
+    with pytest.raises(ValueError, match="iniconfig is one of pytest's own dependencies"):
+        build_releases(["iniconfig"], tmp_path / "out", tmp_path / "cache")
     with pytest.raises(ValueError, match="not a PyPI package name"):
         build_releases(["../etc"], tmp_path / "out", tmp_path / "cache")

@@ -35,6 +35,10 @@ from arl.harbor.swe.validate import is_test_path
 from arl.harbor.swe.verify import verify_task
 from arl.harbor.swe.writer import TaskRecord, write_task
 
+# pytest's own dependencies: the tests import the testbed through PYTHONPATH, so pytest would run with the
+# package under test (and the agent's change to it) as part of the runner. Refused.
+RUNNER_PACKAGES = frozenset({"pytest", "pluggy", "iniconfig", "packaging", "pygments", "colorama",
+                             "exceptiongroup", "tomli"})
 MAX_SOURCE_FILES = 6
 MAX_SOURCE_LINES = 300
 OPERATOR = "release"  # the `operator` of a release task in its manifest row and task.toml
@@ -214,6 +218,9 @@ def build_releases(packages: list[str], out: Path, cache: Path, *, pairs: int = 
     for name in packages:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
             raise ValueError(f"{name!r} is not a PyPI package name")
+        if name.lower() in RUNNER_PACKAGES:
+            raise ValueError(f"{name} is one of pytest's own dependencies: its tests would run with the package "
+                             "under test inside the runner")
     start = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
