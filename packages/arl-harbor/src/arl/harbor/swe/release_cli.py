@@ -70,7 +70,6 @@ def run(args: argparse.Namespace, argv: list[str], parser: argparse.ArgumentPars
     for p in summary["packages"]:
         log(f"{p['package']}: {p['pairs_tried']} pairs, {p['source_and_tests']} with source + test changes, "
             f"{p['reviewable']} within the caps, {p['with_fail_to_pass']} with FAIL_TO_PASS, "
-            f"{p['kept']} kept "
-            f"({p['seconds']} s)")
+            f"{p['kept']} kept ({p['seconds']} s)")
     log(f"{summary['tasks_built_now']} release tasks in {args.out} ({summary['seconds']} s)")
     return 0

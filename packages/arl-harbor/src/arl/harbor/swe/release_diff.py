@@ -7,9 +7,9 @@ grader would put it back as one (`grade_change.protected_reason` says "test": te
 `conftest.py`), so the agent can never have touched what the patch changes. A path is source when it is
 inside one of the package's dirs (a dir of the package's own modules, `validate.source_modules`, with an
 `__init__.py`: modules, data, `py.typed`) or a top-level module of the source root (`six.py`), and the
-grader would keep an agent's change to it. Everything else (setup.py,
-pyproject.toml, docs, changelogs) is left out of both: the task's testbed is the old tree as released.
-Binary files of either part are left out too (a text patch cannot carry them).
+grader would keep an agent's change to it. Everything else (setup.py, pyproject.toml, docs, changelogs)
+is left out of both: the task's testbed is the old tree as released. Binary files of either part are
+left out too (a text patch cannot carry them).
 """
 
 from __future__ import annotations

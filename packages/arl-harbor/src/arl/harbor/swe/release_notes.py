@@ -109,9 +109,10 @@ def write_release_issue(package: str, old: str, new: str, fail_to_pass: list[str
                         test_files: list[str]) -> str:
     """The instruction.md of a release task: the changelog entry (or the failures) and what is checked."""
     n = len(fail_to_pass)
-    how = " below." if entry else ": they are known here only from the tests that check them, below."
+    how = (", as its release notes below describe." if entry else
+           "; its release notes are not at hand, so they are known here only from the tests that check them.")
     intro = (f"The source of `{package}` {old} is checked out at `/testbed` (a git repository). Make the "
-             f"source changes that `{package}` {new} made, as its release notes describe{how}")
+             f"source changes that `{package}` {new} made{how}")
     lines = [f"# {package}: the changes of release {new}", "", intro, ""]
     if entry:
         lines += [f"## Release notes of {new} (from `{entry[0]}`)", "", entry[1], ""]

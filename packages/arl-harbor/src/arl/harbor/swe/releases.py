@@ -1,16 +1,16 @@
 """Build SWE tasks from real fixes: consecutive releases of a package on PyPI (SWE-bench's recipe).
 
 Per (old, new) pair of final releases with sdists (the old one shipping tests): split the change into
-source, test and other files
-(`release_diff`); keep a pair whose source change is reviewable (at most `max_files` files and
-`max_lines` changed lines) and that changes a test module; run the changed test modules on the old source
-with the new tests and on the old source with the new tests and the source change (`release_tests`, the
-venv from the new release's test deps); FAIL_TO_PASS = failing before, passing after. A kept pair is
-written with the synthetic builder's writer, so it is graded the same way: the old sdist is the testbed,
-the source change the oracle (`solution/fix.patch`), the test change `tests/test.patch` (applied by the
-verifier only), the changelog entry (or the failures) the instruction (`release_notes`). Then the same
-host checks as `verify` run on it (oracle 1.0, untouched 0.0, edited tests not 1.0), and a task that
-fails one is removed. Pairs run one at a time; `<out>/releases.json` holds the per-package figures.
+source, test and other files (`release_diff`); keep a pair whose source change is reviewable (at most
+`max_files` files and `max_lines` changed lines) and that changes a test module; run the changed test
+modules on the old source with the new tests and on the old source with the new tests and the source
+change (`release_tests`, the venv from the new release's test deps); FAIL_TO_PASS = failing before,
+passing after. A kept pair is written with the synthetic builder's writer, so it is graded the same way:
+the old sdist is the testbed, the source change the oracle (`solution/fix.patch`), the test change
+`tests/test.patch` (applied by the verifier only), the changelog entry (or the failures) the instruction
+(`release_notes`). Then the same host checks as `verify` run on it (oracle 1.0, untouched 0.0, edited
+tests not 1.0), and a task that fails one is removed. Pairs run one at a time; `<out>/releases.json`
+holds the per-package figures.
 """
 
 from __future__ import annotations
@@ -149,24 +149,27 @@ def build_pair(old: Release, new: Release, out: Path, cache: Path, stats: Releas
         return reject("the source change only adds files")
     stats.reviewable += 1
 
-    work = cache / "work" / "releases" / task_id(old.name, old.version, new.version)
-    before = _tree_copy(old_root, work / "before")
-    apply_changes(before, diff.tests)
-    after = _tree_copy(before, work / "after")
-    apply_changes(after, diff.source)
-    venv = venvs.ensure_venv(new_spec, cache, python=python)
     files = [f for f in diff.test_modules() if f not in spec.skip_test_files]
     if not files:
         return reject("only skipped test modules changed")
-    selection, before_runs, after_runs = compare_trees(before, after, venv / "bin" / "python", spec, files,
-                                                       runs=runs)
+    work = cache / "work" / "releases" / task_id(old.name, old.version, new.version)
+    try:
+        before = _tree_copy(old_root, work / "before")
+        apply_changes(before, diff.tests)
+        after = _tree_copy(before, work / "after")
+        apply_changes(after, diff.source)
+        venv = venvs.ensure_venv(new_spec, cache, python=python)
+        python_bin = venv / "bin" / "python"
+        selection, before_runs, after_runs = compare_trees(before, after, python_bin, spec, files, runs=runs)
+        # The failures as the task will show them: /testbed and the image's interpreter, not the builder's.
+        messages = {t: task_paths(m, testbed=before, venv=venv) for t, m in before_runs[0].messages.items()}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     if selection.reject:
         return reject(selection.reject)
     stats.with_fail_to_pass += 1
 
     entry = find_entry(new_root, new.version)
-    # The failures as the task will show them: /testbed and the image's interpreter, not the builder's paths.
-    messages = {t: task_paths(m, testbed=before, venv=venv) for t, m in before_runs[0].messages.items()}
     test_files = selection.test_files()
     instruction = write_release_issue(old.name, old.version, new.version, selection.fail_to_pass, entry=entry,
                                       messages=messages, pass_to_pass_count=len(selection.pass_to_pass),
@@ -185,7 +188,6 @@ def build_pair(old: Release, new: Release, out: Path, cache: Path, stats: Releas
                venv_dir=venv_in_set)
     issue_source = "changelog" if entry else "tests"
     _finish_task(task_dir, diff, new.version, issue_source)
-    shutil.rmtree(work, ignore_errors=True)
     if check:
         result = verify_task(task_dir, out)
         if not result.ok:
@@ -219,8 +221,8 @@ def build_releases(packages: list[str], out: Path, cache: Path, *, pairs: int = 
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
             raise ValueError(f"{name!r} is not a PyPI package name")
         if name.lower() in RUNNER_PACKAGES:
-            raise ValueError(f"{name} is one of pytest's own dependencies: its tests would run with the package "
-                             "under test inside the runner")
+            raise ValueError(f"{name} is one of pytest's own dependencies: its tests would run with the "
+                             "package under test inside the runner")
     start = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
