@@ -15,8 +15,9 @@ The other columns: `instance_id` = the task id; `repo` = `pypi/<package>` (the r
 sdist from PyPI, `version` its version); `base_commit` = the commit of the task's testbed (a git repository
 of one commit, the bug in place: `git -C /testbed rev-parse HEAD` in the image prints it);
 `environment_setup_commit` = `base_commit`; `patch` = the oracle's fix (`solution/fix.patch`); `test_patch`
-= "" (the tests are in the repository already; a release task's `tests/test.patch`); `problem_statement` = `instruction.md`; `hints_text` = "";
-`created_at` = when the task dir was written; `difficulty` = "" (not estimated).
+= "" (the tests are in the repository already), or a release task's `tests/test.patch`; `problem_statement`
+= `instruction.md`; `hints_text` = ""; `created_at` = when the task dir was written; `difficulty` = "" (not
+estimated).
 
 `--build` builds each task's image in the local engine (`build_task_image`, offline); `--images-dir DIR`
 also saves them with `docker save` into `DIR/images.tar` (one archive: the tasks share the base image's
