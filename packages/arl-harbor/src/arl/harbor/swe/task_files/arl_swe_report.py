@@ -25,11 +25,16 @@ import functools
 import json
 import os
 import sys
+import time
 import types
 
 _MESSAGE_CHARS = 6000
 _GUARDED = ("_pytest", "pytest", "pluggy", "iniconfig", "arl_swe_report")
 _CODE_HOLDERS = (classmethod, staticmethod)
+# The watch's share of the run: after a check that took t seconds, the next waits CHECK_SPACING * t (a
+# suite of 10,000 fast subtests would otherwise spend most of its time checking); the end always checks.
+CHECK_SPACING = 20
+_clock = time.perf_counter  # taken before the repository's code runs
 
 
 def _guarded(module_name: str) -> bool:
@@ -134,6 +139,7 @@ class _Recorder:
         self._origins = origins
         self._nonce = nonce
         self._config = None
+        self._next_check = 0.0
 
     def _merge(self, nodeid: str, outcome: str) -> None:
         # failed beats everything; passed needs the call phase; skipped stays unless something else happens.
@@ -143,11 +149,14 @@ class _Recorder:
         if outcome == "failed" or old is None or (old == "skipped" and outcome == "passed"):
             self.outcomes[nodeid] = outcome
 
-    def _check(self) -> None:
-        if self._snapshot is None:
+    def _check(self, always: bool = False) -> None:
+        started = _clock()
+        if self._snapshot is None or (not always and started < self._next_check):
             return
         found = self._snapshot.changes() + self._foreign_hooks()
         self.tampered += [f for f in found if f not in self.tampered]
+        ended = _clock()
+        self._next_check = ended + CHECK_SPACING * (ended - started)
 
     def _foreign_hooks(self) -> list[str]:
         """Hook implementations from a file the agent changed, or from code compiled from no file."""
@@ -180,7 +189,7 @@ class _Recorder:
             self.collect_errors[report.nodeid] = report.longreprtext[-_MESSAGE_CHARS:]
 
     def pytest_sessionfinish(self, session, exitstatus) -> None:  # noqa: ANN001 - pytest hook
-        self._check()
+        self._check(always=True)
         data = {"exitstatus": int(exitstatus), "tests": self.outcomes, "messages": self.messages,
                 "collect_errors": self.collect_errors}
         if self._nonce is not None:
