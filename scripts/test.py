@@ -48,8 +48,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["arl-queue", "arl-proxy", "arl-sync", "arl-rollout", "arl-trainer", "arl-harbor"]
 # The package parts' usual seconds on the 2-core CI machine: side by side, the longest start first, so the
 # last one to end is not a long part started late (a part not listed counts as the longest).
-TYPICAL_SECONDS = {"arl-harbor": 150, "arl-rollout": 105, "arl-trainer": 90, "arl-proxy": 30, "arl-sync": 14,
-                   "arl-queue": 12}
+TYPICAL_SECONDS = {
+    "arl-harbor": 150,
+    "arl-rollout": 105,
+    "arl-trainer": 90,
+    "arl-proxy": 30,
+    "arl-sync": 14,
+    "arl-queue": 12,
+}
 APPS_PART = "apps"
 APPS_PATHS = ["apps", "tests"]
 # Enough to list every slow test of the apps part (~35), so the CI log prices each one (docs/guide/testing.md).
@@ -72,25 +78,39 @@ def _env() -> dict[str, str]:
 def package_environment(package: str, env: dict[str, str]) -> Path:
     """`.venvs/<package>`: the package, its declared dependencies and its test group, at uv.lock's versions."""
     venv = REPO_ROOT / ".venvs" / package
-    subprocess.run(["uv", "sync", "--locked", "--package", package, "--group", "test", "--quiet"],
-                   cwd=REPO_ROOT, env=env | {"UV_PROJECT_ENVIRONMENT": str(venv)}, check=True, timeout=1800)
+    subprocess.run(
+        ["uv", "sync", "--locked", "--package", package, "--group", "test", "--quiet"],
+        cwd=REPO_ROOT,
+        env=env | {"UV_PROJECT_ENVIRONMENT": str(venv)},
+        check=True,
+        timeout=1800,
+    )
     return venv / "bin" / "python"
 
 
-def run_part(python: Path | str, paths: list[str], pytest_args: list[str], env: dict[str, str], *,
-             capture: bool = False) -> tuple[int, str]:
+def run_part(
+    python: Path | str,
+    paths: list[str],
+    pytest_args: list[str],
+    env: dict[str, str],
+    *,
+    capture: bool = False,
+) -> tuple[int, str]:
     """pytest on `paths` with `python`: (exit code, its output when `capture`, else "" and it streams)."""
     cmd = [str(python), "-m", "pytest", *paths, "-q", f"--durations={DURATIONS}", *pytest_args]
     header = "$ " + " ".join(cmd)
     if not capture:
         print(header, flush=True)
         return subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=False).returncode, ""
-    done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=False, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(
+        cmd, cwd=REPO_ROOT, env=env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     return done.returncode, header + "\n" + done.stdout
 
 
-def run_package(package: str, pytest_args: list[str], env: dict[str, str], *, capture: bool) -> tuple[int, str]:
+def run_package(
+    package: str, pytest_args: list[str], env: dict[str, str], *, capture: bool
+) -> tuple[int, str]:
     """One package's part: its own environment, then its tests; (exit code, output when `capture`)."""
     try:
         python = package_environment(package, env)
@@ -99,8 +119,9 @@ def run_package(package: str, pytest_args: list[str], env: dict[str, str], *, ca
     return run_part(python, [f"packages/{package}/tests"], pytest_args, env, capture=capture)
 
 
-def summary(results: list[tuple[str, int, float, list[Skip] | None]], wall_s: float,
-            docker_note: str | None = None) -> list[str]:
+def summary(
+    results: list[tuple[str, int, float, list[Skip] | None]], wall_s: float, docker_note: str | None = None
+) -> list[str]:
     """The summary's lines: every part's outcome, time and skips, the wall time, the Docker engine's
     state (when a part needed it), then each skip reason with its tests."""
     lines = []
@@ -122,14 +143,25 @@ def main(argv: list[str] | None = None) -> int:
     pytest_args: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, pytest_args = argv[:cut], argv[cut + 1:]
+        argv, pytest_args = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("parts", nargs="*", default=[*PACKAGES, APPS_PART],
-                        help=f"any of {', '.join(PACKAGES)}, {APPS_PART} (default: all)")
-    parser.add_argument("--jobs", type=int, default=2,
-                        help="package parts at a time, and pytest-xdist workers of the apps part (default 2)")
-    parser.add_argument("--no-docker", action="store_true",
-                        help="leave Docker alone (default: make the project's engine ready for the container tests)")
+    parser.add_argument(
+        "parts",
+        nargs="*",
+        default=[*PACKAGES, APPS_PART],
+        help=f"any of {', '.join(PACKAGES)}, {APPS_PART} (default: all)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="package parts at a time, and pytest-xdist workers of the apps part (default 2)",
+    )
+    parser.add_argument(
+        "--no-docker",
+        action="store_true",
+        help="leave Docker alone (default: make the project's engine ready for the container tests)",
+    )
     args = parser.parse_args(argv)
     unknown = [p for p in args.parts if p not in (*PACKAGES, APPS_PART)]
     if unknown:
@@ -161,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         return package, rc, seconds, read_skips(junit)
 
     try:
-        packages = sorted((p for p in args.parts if p != APPS_PART), key=lambda p: -TYPICAL_SECONDS.get(p, 1e9))
+        packages = sorted(
+            (p for p in args.parts if p != APPS_PART), key=lambda p: -TYPICAL_SECONDS.get(p, 1e9)
+        )
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             results += pool.map(package_part, packages)
         if APPS_PART in args.parts:

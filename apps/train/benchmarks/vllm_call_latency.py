@@ -42,8 +42,12 @@ async def main() -> dict:
     modes = os.environ.get("ARL_LATENCY_MODES", "graphs").split(",")  # graphs, eager
     for eager in [m == "eager" for m in modes]:
         args = AsyncEngineArgs(
-            model=str(model), dtype="float32", max_model_len=512, enforce_eager=eager,
-            gpu_memory_utilization=0.3, disable_log_stats=True,
+            model=str(model),
+            dtype="float32",
+            max_model_len=512,
+            enforce_eager=eager,
+            gpu_memory_utilization=0.3,
+            disable_log_stats=True,
             worker_extension_cls="arl.rollout.engines.vllm_worker.WeightSyncExtension",
         )
         llm = AsyncLLM.from_engine_args(args)
@@ -66,8 +70,12 @@ async def main() -> dict:
         async def is_paused():
             await llm.is_paused()
 
-        calls = {"pause_abort+resume": pause_abort, "pause_keep+resume": pause_keep,
-                 "reset_prefix_cache": reset_cache, "is_paused": is_paused}
+        calls = {
+            "pause_abort+resume": pause_abort,
+            "pause_keep+resume": pause_keep,
+            "reset_prefix_cache": reset_cache,
+            "is_paused": is_paused,
+        }
         try:
             await llm.collective_rpc("arl_ping", timeout=60)
             calls["collective_rpc_noop"] = rpc_noop
@@ -77,8 +85,13 @@ async def main() -> dict:
             row[f"idle_{name}"] = await _timed(fn, 8)
 
         # Under load: 128 long generations in flight (re-submitted as they finish).
-        params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=1.0, logprobs=0,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+        params = SamplingParams(
+            max_tokens=400,
+            ignore_eos=True,
+            temperature=1.0,
+            logprobs=0,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
         stop = asyncio.Event()
 
         async def client(i: int) -> None:
@@ -90,7 +103,13 @@ async def main() -> dict:
 
         clients = [asyncio.create_task(client(i)) for i in range(128)]
         await asyncio.sleep(2.0)
-        for name in ("reset_prefix_cache", "is_paused", "collective_rpc_noop", "pause_keep+resume", "pause_abort+resume"):
+        for name in (
+            "reset_prefix_cache",
+            "is_paused",
+            "collective_rpc_noop",
+            "pause_keep+resume",
+            "pause_abort+resume",
+        ):
             if name in calls:
                 row[f"busy_{name}"] = await _timed(calls[name], 5)
                 await asyncio.sleep(0.5)

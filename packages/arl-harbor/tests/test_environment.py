@@ -7,10 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
-from arl.harbor import LocalSandboxEnvironment, SandboxExecTimeoutError, SandboxStartError
 from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 from harbor.models.trial.paths import TrialPaths
+
+from arl.harbor import LocalSandboxEnvironment, SandboxExecTimeoutError, SandboxStartError
 
 from .conftest import needs_sandbox
 

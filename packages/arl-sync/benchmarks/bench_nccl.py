@@ -74,11 +74,18 @@ def bench_model(rank: int, world: int, dev: torch.device, model: str, args) -> N
     limit = n / min(t_torch, t_cupy) / 1e9
     if rank == 0:
         ntensors = len(sd)
-        print(f"{world} ranks, model {model}: {ntensors} tensors, {n / 1e9:.3f} GB bf16; NCCL {nccl.get_version()}")
-        print(f"limit (same run): bare broadcast of {n / 1e9:.2f} GB: torch.distributed {n / t_torch / 1e9:.1f} GB/s, "
-              f"cupy {n / t_cupy / 1e9:.1f} GB/s")
-        print(f"{'bucket MiB':>10} {'best GB/s':>10} {'median':>8} {'% of limit':>11} {'first sync s':>13} "
-              f"{'groups':>7} {'bit-exact':>10}", flush=True)
+        print(
+            f"{world} ranks, model {model}: {ntensors} tensors, {n / 1e9:.3f} GB bf16; NCCL {nccl.get_version()}"
+        )
+        print(
+            f"limit (same run): bare broadcast of {n / 1e9:.2f} GB: torch.distributed {n / t_torch / 1e9:.1f} GB/s, "
+            f"cupy {n / t_cupy / 1e9:.1f} GB/s"
+        )
+        print(
+            f"{'bucket MiB':>10} {'best GB/s':>10} {'median':>8} {'% of limit':>11} {'first sync s':>13} "
+            f"{'groups':>7} {'bit-exact':>10}",
+            flush=True,
+        )
     ref: list[torch.Tensor] | None = None
     for mb in [int(x) for x in args.buckets.split(",")]:
         cfg = SyncConfig(transport="nccl", bucket_bytes=mb * MiB, timeout_s=300)
@@ -120,10 +127,13 @@ def bench_model(rank: int, world: int, dev: torch.device, model: str, args) -> N
                     checked += 1
         dist.all_reduce(bad)
         if rank == 0:
-            print(f"{mb:>10} {max(rates):>10.1f} {statistics.median(rates):>8.1f} "
-                  f"{100 * max(rates) / limit:>10.0f}% {first:>13.3f} {groups:>7} "
-                  f"{'yes' if int(bad.item()) == 0 else f'NO ({int(bad.item())} tensors differ)':>10}"
-                  f"  ({checked} syncs checked)", flush=True)
+            print(
+                f"{mb:>10} {max(rates):>10.1f} {statistics.median(rates):>8.1f} "
+                f"{100 * max(rates) / limit:>10.0f}% {first:>13.3f} {groups:>7} "
+                f"{'yes' if int(bad.item()) == 0 else f'NO ({int(bad.item())} tensors differ)':>10}"
+                f"  ({checked} syncs checked)",
+                flush=True,
+            )
         dist.barrier()
     del sd, ref
     torch.cuda.empty_cache()
@@ -132,8 +142,9 @@ def bench_model(rank: int, world: int, dev: torch.device, model: str, args) -> N
 def worker(rank: int, world: int, port: int, args) -> None:
     dev = torch.device("cuda", 0 if args.same_gpu else rank)
     torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            device_id=dev)
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=dev
+    )
     for model in args.model.split(","):
         bench_model(rank, world, dev, model, args)
     dist.destroy_process_group()

@@ -118,8 +118,13 @@ def test_triton_reduction_equals_logsumexp_and_entropy():
     """The CUDA head's Triton reduction, run by Triton's CPU interpreter: fp32-exact to 1e-5 relative."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")  # chosen when the kernel is defined, hence a fresh process
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", _TRITON_CHECK], env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _TRITON_CHECK],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
 
@@ -166,8 +171,13 @@ def test_triton_gradient_kernel_equals_eager_formula():
     target's entry keeps its small value when p_t ≈ 1."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", _TRITON_GRADS_CHECK], env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _TRITON_GRADS_CHECK],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     worst_fp32, worst_bf16 = map(float, out.stdout.strip().splitlines()[-1].split())
     assert worst_fp32 < 1e-5 and worst_bf16 <= 2**-7

@@ -90,7 +90,9 @@ def route_ids(routes: RoutedExperts) -> array:
         ids.byteswap()
     tokens, layers, top_k = routes.shape
     if min(routes.shape) < 0 or len(ids) != tokens * layers * top_k:
-        raise RoutedExpertsError(f"routed experts hold {len(ids)} ids, shape {routes.shape} needs {tokens * layers * top_k}")
+        raise RoutedExpertsError(
+            f"routed experts hold {len(ids)} ids, shape {routes.shape} needs {tokens * layers * top_k}"
+        )
     return ids
 
 

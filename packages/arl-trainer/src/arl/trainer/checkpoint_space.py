@@ -36,8 +36,11 @@ def checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, w
     first step (no state yet) AdamW's two moments per trained parameter are counted, which is what
     every later checkpoint holds: a run can check at its start that its checkpoints will fit."""
     state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    state_bytes = tensor_bytes(state) if state else 2 * tensor_bytes(
-        p for group in optimizer.param_groups for p in group["params"])
+    state_bytes = (
+        tensor_bytes(state)
+        if state
+        else 2 * tensor_bytes(p for group in optimizer.param_groups for p in group["params"])
+    )
     return weight_copies * tensor_bytes(model.parameters()) + state_bytes + OVERHEAD_BYTES
 
 
@@ -63,7 +66,8 @@ def space_error(directory: Path, nbytes: int, shortfall: int) -> CheckpointError
     return CheckpointError(
         f"checkpoint {directory}: it needs ~{nbytes / gib:.1f} GiB (weights and optimizer state, written "
         f"beside any previous checkpoint) and its file system ({_existing(directory)}) is "
-        f"{shortfall / gib:.1f} GiB short; free space there or point the output elsewhere")
+        f"{shortfall / gib:.1f} GiB short; free space there or point the output elsewhere"
+    )
 
 
 def require_space(directory: Path, nbytes: int) -> None:
