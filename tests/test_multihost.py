@@ -190,9 +190,8 @@ def test_a_lost_rollout_node_fails_over_and_the_run_goes_on(chain):
     last = rows[-1]["rollout"]
     assert last["replicas_healthy"] == [0] and last["failovers"] > 0  # r2's requests resumed on r1
     assert last["dropped_failed"] == 0 and last["dropped_timeout"] == 0 and last["failed_trajectories"] == 0
-    assert [r["version"] for r in rows] == list(
-        range(1, len(rows) + 1)
-    )  # a sync every step, after the loss too
+    # a sync every step, after the loss too
+    assert [r["version"] for r in rows] == list(range(1, len(rows) + 1))
 
 
 def test_a_lost_trainer_node_fails_the_run_fast_with_the_cause(chain, bed):

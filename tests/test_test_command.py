@@ -102,7 +102,8 @@ def _fake_docker_scripts(folder: Path, *, install_fails: bool) -> Path:
         "install.sh": 'echo "install.sh: apt-get: permission denied" >&2; exit 1'
         if install_fails
         else 'echo "install.sh: ok" >&2',
-        "start.sh": 'echo "start.sh: dockerd answers" >&2; echo "export DOCKER_HOST=unix:///tmp/fake.sock ARL_DOCKER_STARTED=1"',
+        "start.sh": 'echo "start.sh: dockerd answers" >&2; '
+        'echo "export DOCKER_HOST=unix:///tmp/fake.sock ARL_DOCKER_STARTED=1"',
         "build_base_image.sh": 'echo "build_base_image.sh: no mmdebstrap: run scripts/docker/install.sh" >&2; exit 1',
         "stop.sh": "true",
     }

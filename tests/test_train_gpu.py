@@ -51,9 +51,8 @@ def test_concurrent_on_one_gpu_under_the_runs_own_mps_daemon(tmp_path):
     # The trainer rank and the replica's engine core were the daemon's clients; it quit at the end.
     assert mps.clients_seen(tmp_path / "mps") >= 2, (tmp_path / "mps" / "control.log").read_text()
     assert set(Path("/tmp").glob("arl-mps-*")) == pipes_before
-    assert (
-        subprocess.run(["pgrep", "-f", mps.CONTROL], capture_output=True, check=False).returncode == 1
-    )  # none left
+    # none left
+    assert subprocess.run(["pgrep", "-f", mps.CONTROL], capture_output=True, check=False).returncode == 1
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the split layout needs two GPUs")

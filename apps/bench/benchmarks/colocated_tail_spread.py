@@ -1,6 +1,7 @@
 """How much a few colocated steps of a long-tail workload can tell, and what "one GPU counted twice" misses.
 
-    uv run python apps/bench/benchmarks/colocated_tail_spread.py [--calibration apps/bench/calibration/h200_measured.toml]
+    uv run python apps/bench/benchmarks/colocated_tail_spread.py \\
+        [--calibration apps/bench/calibration/h200_measured.toml]
 
 A colocated (synchronous) step generates P prompts × n responses and waits for the last one; on the
 built-in long-tail source every response of a prompt has its prompt's length, so a step's generation

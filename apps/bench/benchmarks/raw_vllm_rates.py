@@ -29,9 +29,10 @@ refilled, for `--share-seconds` alone and then while a trainer process (arl's HF
 batches) trains without pause beside it. The trainer's rate alone is measured in that process over a
 window of its own, after it has loaded and warmed up and before the engine's first window: no alone
 window overlaps the other side's work (an earlier protocol measured the engine while the trainer loaded
-and took its first steps, which let the trainer's alone rate fall below its shared one). `share_engine` = g both / g alone, `share_trainer` = t both / t alone, and
-`share_sum` their sum (> 1: running at once does more work than taking turns). apps/bench's `compare
---rates` turns them into each shared schedule's ideal over colocated.
+and took its first steps, which let the trainer's alone rate fall below its shared one).
+`share_engine` = g both / g alone, `share_trainer` = t both / t alone, and `share_sum` their sum
+(> 1: running at once does more work than taking turns). apps/bench's `compare --rates` turns them
+into each shared schedule's ideal over colocated.
 
 Each workload runs in a process of its own (`--no-isolate`: all in this one), so one workload's
 engine and trainer leave nothing behind for the next: the second engine in one process decoded
@@ -439,9 +440,11 @@ def report(name: str, row: dict, begin: float, out_dir: str | None, result: dict
     """One workload's line on stderr; the results so far to $OUT (kept if a later workload runs out of time)."""
     print(
         f"raw_vllm_rates: {name} ({row['shape']}): g_sync {row['g_sync']:.0f}, g_cont {row['g_cont']:.0f}, "
-        f"t {row['t']:.0f} tokens/s ({row['t_response']:.0f} per response token) → ideal {row['ideal_speedup_1plus1']:.2f}× "
+        f"t {row['t']:.0f} tokens/s ({row['t_response']:.0f} per response token) "
+        f"→ ideal {row['ideal_speedup_1plus1']:.2f}× "
         + (
-            f"| at once: engine {row['share_engine']:.0%} + trainer {row['share_trainer']:.0%} = {row['share_sum']:.2f} "
+            f"| at once: engine {row['share_engine']:.0%} + trainer {row['share_trainer']:.0%} "
+            f"= {row['share_sum']:.2f} "
             if "share_sum" in row
             else ""
         )
@@ -492,9 +495,8 @@ def main() -> int:
         help="also measure engine and trainer alone and at once on the one GPU (two processes)",
     )
     parser.add_argument("--share-seconds", type=float, default=40.0, help="each --share window")
-    parser.add_argument(
-        "--share-trainer-child", default="", help=argparse.SUPPRESS
-    )  # --share's trainer process
+    # --share's trainer process
+    parser.add_argument("--share-trainer-child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     import torch
 

@@ -56,9 +56,8 @@ def test_report_from_runs_counts_an_unfinished_run_as_failed(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2  # no run folder at all
     assert "no mode's run folder" in capsys.readouterr().err
     (tmp_path / "concurrent").mkdir()
-    (tmp_path / "concurrent" / "metrics.jsonl").write_text(
-        ""
-    )  # what a run that died in its first step leaves
+    # what a run that died in its first step leaves
+    (tmp_path / "concurrent" / "metrics.jsonl").write_text("")
     result = report_from_runs(tmp_path, warmup_steps=1)
     assert result["modes"] == {}
     assert "did not finish" in result["failed_modes"]["concurrent"]

@@ -47,9 +47,8 @@ def test_the_window_leaves_the_warm_up_out_and_takes_the_trainers_peak_memory():
     assert r.rollout_rate == pytest.approx(24000 / 18) and r.resumed_requests == 6
     assert r.trainer_peak_mem_gib == 52.25  # the reference pass of step 3, not the warm-up's 70
     assert r.gpu_memory_gib == 0.0  # a summary without the trainer's placement (a CPU run's has 0)
-    assert (
-        summarize("colocated", "a", [], [step_row(1), step_row(2)], summary, 1).trainer_peak_mem_gib == 0.0
-    )  # CPU
+    # CPU
+    assert summarize("colocated", "a", [], [step_row(1), step_row(2)], summary, 1).trainer_peak_mem_gib == 0.0
     on_gpu = SimpleNamespace(
         weights_equal_after_sync=True,
         wall_s=30.0,
@@ -86,9 +85,8 @@ def test_a_window_that_trained_more_than_it_generated_is_flagged(tmp_path, capsy
     }
     assert drawn_from_stock(colocated) == pytest.approx(0.0002, abs=1e-4)
     assert drawn_from_stock(time_sliced) == pytest.approx(0.263, abs=1e-3)
-    assert (
-        drawn_from_stock({"tokens_per_s": 10.0, "generated_tokens_per_s": 0.0}) == 0.0
-    )  # a run that generated nothing
+    # a run that generated nothing
+    assert drawn_from_stock({"tokens_per_s": 10.0, "generated_tokens_per_s": 0.0}) == 0.0
     result = {"modes": {"colocated": colocated, "time_sliced": time_sliced}, "failed_modes": {}}
     assert _write_and_print(result, tmp_path) == 0
     out = capsys.readouterr().out

@@ -3,9 +3,9 @@
 It answers one question about `--preset agent`: when the reward does not rise, is it arl (the proxy,
 segments, the queue, the trainer) or the setting (the tiny model, a binary reward, tens of samples per
 step)? This loop has none of arl's machinery: Hugging Face `generate` samples the first assistant turn of
-`--tasks` random tasks × `--samples` (8 × 4) at temperature 1, the reward is 1 when the tool call's command is the oracle's (what
-the sandbox check accepts for these tasks), advantages are GRPO's per task, the loss is token-mean over
-the turn, one AdamW update per step (grad clip 1.0) — the app's defaults.
+`--tasks` random tasks × `--samples` (8 × 4) at temperature 1, the reward is 1 when the tool call's
+command is the oracle's (what the sandbox check accepts for these tasks), advantages are GRPO's per
+task, the loss is token-mean over the turn, one AdamW update per step (grad clip 1.0) — the app's defaults.
 
     uv run python apps/train/benchmarks/agent_grpo_offline.py runs/agent/model_sft --lr 5e-4 --steps 25
 

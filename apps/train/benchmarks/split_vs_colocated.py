@@ -416,7 +416,8 @@ def summarize(results: dict[str, dict[str, Any]]) -> None:
     if "split" in results and "colocated" in results:
         s, c = results["split"], results["colocated"]
         print(
-            f"speedup split/colocated: trainer samples/s {s['trainer_samples_per_s'] / c['trainer_samples_per_s']:.2f}x, "
+            "speedup split/colocated: "
+            f"trainer samples/s {s['trainer_samples_per_s'] / c['trainer_samples_per_s']:.2f}x, "
             f"rollout samples/s {s['rollout_samples_per_s'] / c['rollout_samples_per_s']:.2f}x"
         )
 

@@ -52,22 +52,23 @@ async def main() -> dict:
         )
         llm = AsyncLLM.from_engine_args(args)
         row: dict = {}
+        # The closures below bind this iteration's llm (and params, stop) as defaults.
 
-        async def pause_abort():
+        async def pause_abort(llm=llm):
             await llm.pause_generation(mode="abort", clear_cache=True)
             await llm.resume_generation()
 
-        async def pause_keep():
+        async def pause_keep(llm=llm):
             await llm.pause_generation(mode="keep", clear_cache=False)
             await llm.resume_generation()
 
-        async def reset_cache():
+        async def reset_cache(llm=llm):
             await llm.reset_prefix_cache()
 
-        async def rpc_noop():
+        async def rpc_noop(llm=llm):
             await llm.collective_rpc("arl_ping", timeout=60)
 
-        async def is_paused():
+        async def is_paused(llm=llm):
             await llm.is_paused()
 
         calls = {
@@ -94,7 +95,7 @@ async def main() -> dict:
         )
         stop = asyncio.Event()
 
-        async def client(i: int) -> None:
+        async def client(i: int, llm=llm, params=params, stop=stop) -> None:
             n = 0
             while not stop.is_set():
                 async for _ in llm.generate(TokensPrompt(prompt_token_ids=[1, 2, 3, 4]), params, f"r{i}-{n}"):

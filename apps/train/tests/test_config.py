@@ -118,9 +118,8 @@ def test_the_shipped_configs_load_without_old_keys():
     for path in sorted(DEFAULT_CONFIG.parent.glob("*.toml")):
         with warnings.catch_warnings():
             warnings.simplefilter("error", FutureWarning)  # a shipped config uses the current keys
-            tree_ok = load_config(
-                path, ["ray.address=auto"]
-            )  # remote Ray: model/task folders are not looked up
+            # remote Ray: model/task folders are not looked up
+            tree_ok = load_config(path, ["ray.address=auto"])
         assert tree_ok.actor.optim.lr > 0, path
 
 

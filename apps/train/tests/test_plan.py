@@ -166,9 +166,8 @@ def test_the_actors_specs_carry_what_the_plan_derived_once(tiny_model, tmp_path)
     )
     p = plan(cfg, tmp_path, tiny_model, {})
     t, r = p.trainer, p.rollout
-    assert (
-        t.trainer.optim.lr == 2e-4 and t.trainer.temperature == 0.7
-    )  # log probs at the sampling temperature
+    # log probs at the sampling temperature
+    assert t.trainer.optim.lr == 2e-4 and t.trainer.temperature == 0.7
     assert t.trainer.batch_timeout_s == p.timeouts.batch_s  # the run's derived batch wait, not the key's
     assert (t.sync.timeout_s, t.sync.transport, t.layout) == (9, "cpu", p.layout)
     assert (t.step_timeout_s, t.pause_rpc_s) == (p.timeouts.step_s, p.timeouts.pause_rpc_s)

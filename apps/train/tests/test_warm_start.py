@@ -83,9 +83,8 @@ def test_warm_start_is_a_section_of_the_one_config(tmp_path):
     with pytest.raises(ConfigError, match=r"invalid config: warm_start\.steps: Expected `int` >= 1"):
         warm_start_config(["warm_start.steps=0"])
     path = tmp_path / "agent.toml"
-    path.write_text(
-        "[warm_start]\nsteps = 7\nweaken_to = 0.1\n"
-    )  # a table of a config file, like any section
+    # a table of a config file, like any section
+    path.write_text("[warm_start]\nsteps = 7\nweaken_to = 0.1\n")
     assert (load_config(path).warm_start.steps, load_config(path).warm_start.weaken_to) == (7, 0.1)
     assert load_config(path, ["warm_start.weaken_to=null"]).warm_start.weaken_to is None
 

@@ -279,7 +279,8 @@ async def wave(
 def fmt(w: dict[str, Any]) -> str:
     ph = " | ".join(f"{w['phases'][p]['median']:.1f}/{w['phases'][p]['p90']:.1f}" for p in PHASES)
     return (
-        f"| {w['env']} | {w.get('grading', 'separate')} | {w['concurrency']} | {w['trials_per_s']:.2f} | {w['wall_s']:.0f} | {ph} | "
+        f"| {w['env']} | {w.get('grading', 'separate')} | {w['concurrency']} | {w['trials_per_s']:.2f} | "
+        f"{w['wall_s']:.0f} | {ph} | "
         f"{w['rewards']} {w['failed'] or ''} | {100 * w['cpu_busy']:.0f}% / {w['loadavg']:.1f} | "
         f"{w['self_cpu_s']:.0f} | {w['children_cpu_s']:.0f} | {w['daemon_cpu_s']:.0f} | "
         f"{w['containers_cpu_s']:.0f} | **{w['cpu_s_per_trial']:.1f}** |"

@@ -117,9 +117,9 @@ async def run_env(tmp_path: Path, name: str, engine_api: bool, monkeypatch) -> t
 
 
 async def test_engine_api_matches_compose_and_leaves_nothing(
-    docker_ready,
+    docker_ready,  # noqa: F811
     tmp_path,
-    monkeypatch,  # noqa: F811
+    monkeypatch,
 ):
     api, api_spawned = await run_env(tmp_path, "api", True, monkeypatch)
     compose, compose_spawned = await run_env(tmp_path, "compose", False, monkeypatch)

@@ -182,7 +182,8 @@ async def test_verifier_that_needs_the_network_fails_loudly(harbor_config, tmp_p
     # A standard pytest verifier: install uv from the network, else score 0. It must not score 0 here.
     test_script = (
         "#!/bin/bash\n"
-        "python3 -c 'import socket; socket.getaddrinfo(\"astral.sh\", 443)' || { echo 0 > /logs/verifier/reward.txt; exit 1; }\n"
+        "python3 -c 'import socket; socket.getaddrinfo(\"astral.sh\", 443)' "
+        "|| { echo 0 > /logs/verifier/reward.txt; exit 1; }\n"
         "echo 1 > /logs/verifier/reward.txt\n"
     )
     task = write_hello_task(tmp_path / "tasks", test_script=test_script)
@@ -204,7 +205,10 @@ async def test_opt_in_route_reaches_exactly_the_routed_host_port(tmp_path, hello
     env = make_env(tmp_path, hello_task, routes=[f"8123=127.0.0.1:{port}"])
     await env.start(force_build=False)
     try:
-        read = "python3 -c 'import socket,sys; s=socket.create_connection((\"127.0.0.1\", {}), 5); print(s.recv(100).decode())'"
+        read = (
+            'python3 -c \'import socket,sys; s=socket.create_connection(("127.0.0.1", {}), 5); '
+            "print(s.recv(100).decode())'"
+        )
         r = await env.exec(read.format(8123))
         assert (r.return_code, r.stdout) == (0, "from-host\n"), r.stderr
         assert (await env.exec(read.format(other_port))).return_code != 0  # only the route, nothing else

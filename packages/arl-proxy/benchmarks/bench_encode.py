@@ -90,10 +90,10 @@ async def main() -> None:
             ntok = len(codec.encode(t))
             calls = max(3, min(200, 200_000 // n))
 
-            def one() -> Any:
+            def one(t: str = t) -> Any:
                 return backend.encode(t, add_special_tokens=False)
 
-            def fast() -> Any:
+            def fast(t: str = t) -> Any:
                 return backend.encode_batch_fast([t], add_special_tokens=False)
 
             rounds = [

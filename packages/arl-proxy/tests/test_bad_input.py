@@ -6,6 +6,7 @@ import aiohttp
 import pytest
 
 from arl.proxy import ChatProxy, ProxyConfig
+from arl.proxy.errors import UnknownSessionError
 from arl.proxy.testing import ScriptedGenerator
 
 GOOD = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
@@ -109,7 +110,7 @@ async def test_unknown_and_closed_sessions(served):
     proxy.pop_session(s.id)
     got, err = await post(http, chat_url(s), GOOD)
     assert got == 404 and err["error"]["code"] == "unknown_session"
-    with pytest.raises(Exception):
+    with pytest.raises(UnknownSessionError):
         proxy.pop_session(s.id)
     async with http.get(f"{proxy.base_url}/no/such/route") as resp:
         assert resp.status == 404 and "error" in await resp.json()

@@ -228,7 +228,8 @@ def _raw(s: Sample) -> dict:
             lambda raw: raw["responses"][0].__setitem__(
                 "response_logprobs", raw["responses"][0]["response_logprobs"][:-2]
             ),
-            r"not a whole number of float32 \(4-byte\) items \(truncated or corrupt\) - at `\$\.responses\[0\]\.response_logprobs`",
+            r"not a whole number of float32 \(4-byte\) items \(truncated or corrupt\) - "
+            r"at `\$\.responses\[0\]\.response_logprobs`",
         ),
         (
             lambda raw: raw.__setitem__("prompt_ids", raw["prompt_ids"][:-1]),

@@ -11,7 +11,7 @@ from arl.queue.types import RoutedExperts
 
 
 def _rows(n: int, layers: int = 3, top_k: int = 2, experts: int = 8) -> list[list[list[int]]]:
-    return [[[(t + l + k) % experts for k in range(top_k)] for l in range(layers)] for t in range(n)]
+    return [[[(t + layer + k) % experts for k in range(top_k)] for layer in range(layers)] for t in range(n)]
 
 
 def test_pack_unpack_round_trip_with_trainer_routed_tokens():

@@ -35,7 +35,7 @@ def hf_step_routes(model, ids: list[int]) -> list[list[list[int]]]:
         model(input_ids=torch.tensor([ids]))
     for h in hooks:
         h.remove()
-    return [[sorted(seen[l][p].tolist()) for l in sorted(seen)] for p in range(len(ids))]
+    return [[sorted(seen[layer][p].tolist()) for layer in sorted(seen)] for p in range(len(ids))]
 
 
 async def test_routes_survive_abort_and_resume_in_token_order(moe_dir):

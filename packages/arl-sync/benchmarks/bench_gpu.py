@@ -134,7 +134,7 @@ def main() -> None:
             torch.cuda.current_stream().wait_stream(st)
 
     lim["pack_per_tensor_two_streams"] = n / timed(two_streams) / 1e9
-    del a, b, h, views
+    a = b = h = views = None  # frees them (a `del` would leave the closures above naming unbound names)
     ctx = mp.get_context("spawn")
     q, answers = ctx.Queue(), ctx.Queue()
     worker = ctx.Process(target=receiver_worker, args=(q, answers), daemon=True)

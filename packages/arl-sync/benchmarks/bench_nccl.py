@@ -8,7 +8,8 @@ against the bandwidth of a bare NCCL broadcast of the same bytes measured alone 
 One process per GPU. Every round changes every tensor's bits on the sender, and every receiver compares
 what arrived bit for bit with a reference broadcast through torch.distributed after the (timed) sync.
 One sender per bucket size: its first sync builds the NCCL group, the later ones must reuse it
-(the `groups` column counts the groups built). `--same-gpu` puts every rank on cuda:0 (NCCL normally refuses that; it is a probe).
+(the `groups` column counts the groups built). `--same-gpu` puts every rank on cuda:0 (NCCL normally
+refuses that; it is a probe).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def bench_model(rank: int, world: int, dev: torch.device, model: str, args) -> N
     stream = torch.cuda.current_stream(dev)
     t_cupy = bench(lambda: comm.bcast(buf.data_ptr(), n, nccl.NCCL_UINT8, 0, stream.cuda_stream))
     comm.destroy()
-    del buf
+    buf = None  # frees it (a `del` would leave the lambdas above naming an unbound name)
     torch.cuda.empty_cache()
     limit = n / min(t_torch, t_cupy) / 1e9
     if rank == 0:

@@ -204,7 +204,8 @@ def main() -> None:
         f"cores={os.cpu_count()}"
     )
     print(
-        f"{'bucket MiB':>10} {'bare copy GB/s':>15} {'sync best':>10} {'median':>8} {'best/bare':>10} {'first sync':>10}"
+        f"{'bucket MiB':>10} {'bare copy GB/s':>15} {'sync best':>10} {'median':>8} "
+        f"{'best/bare':>10} {'first sync':>10}"
     )
     for mb in args.bucket_list:
         raw = max(res["raw"][str(mb)])

@@ -23,7 +23,8 @@ def _receive(receiver: WeightReceiver, rounds: int, stream: bool, got: list) -> 
         else:
             staged: dict = {}
             receiver.receive(
-                apply=lambda named: staged.update({n: t.clone() for n, t in named}), timeout_s=30
+                apply=lambda named, staged=staged: staged.update({n: t.clone() for n, t in named}),
+                timeout_s=30,
             )
             got.append(staged)
 

@@ -27,8 +27,9 @@ for _src in ("packages/arl-trainer/src", "packages/arl-queue/src"):
     if str(_ROOT / _src) not in sys.path:
         sys.path.insert(0, str(_ROOT / _src))
 
-from arl.queue import Response, Sample, decode_sample, encode_sample, iter_segment_rows
-from arl.trainer.batch import TrainBatch, assemble_batch
+# After the sys.path set-up above, which lets the script run without the workspace installed.
+from arl.queue import Response, Sample, decode_sample, encode_sample, iter_segment_rows  # noqa: E402
+from arl.trainer.batch import TrainBatch, assemble_batch  # noqa: E402
 
 
 def per_token_loop(samples: list[Sample], pad_token_id: int) -> TrainBatch:

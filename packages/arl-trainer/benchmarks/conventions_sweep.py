@@ -271,7 +271,8 @@ def table(out: Path) -> dict[str, dict[str, float]]:
     )
     print(
         "| arm | seeds | steps | reward first 10% | reward last 10% | steps to 0.9 | grad max | grad median | "
-        "max/median | grad CV | grad jitter | abs ppo_kl | clip_frac | clip_band_frac | tis_clip_frac | mean abs(behav − prox) | seqs masked | kl |"
+        "max/median | grad CV | grad jitter | abs ppo_kl | clip_frac | clip_band_frac | tis_clip_frac | "
+        "mean abs(behav − prox) | seqs masked | kl |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for arm in ARMS:
@@ -292,7 +293,8 @@ def table(out: Path) -> dict[str, dict[str, float]]:
         print(
             f"| {arm} | {len(summaries)} | {agg['steps']} | {agg['reward_first_tenth']:.3f} | "
             f"{agg['reward_last_tenth']:.3f} | {agg['steps_to_0.9']:.1f} ({len(reached)}/{len(summaries)}) | "
-            f"{agg['grad_norm_max']:.3g} | {agg['grad_norm_median']:.3g} | {agg['grad_spike']:.2f} | {agg['grad_cv']:.2f} | "
+            f"{agg['grad_norm_max']:.3g} | {agg['grad_norm_median']:.3g} | {agg['grad_spike']:.2f} | "
+            f"{agg['grad_cv']:.2f} | "
             f"{agg['grad_jitter']:.3f} | "
             f"{agg['ppo_kl_abs_mean']:.2e} | {agg['clip_frac']:.4f} | {agg['clip_band_frac']:.4f} | "
             f"{agg['tis_clip_frac']:.4f} | {agg['behaviour_proximal_abs_diff']:.3g} | "

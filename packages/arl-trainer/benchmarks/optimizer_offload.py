@@ -79,9 +79,8 @@ def run(name: str, args: argparse.Namespace, device: torch.device) -> dict:
         if i:
             seconds.append(time.perf_counter() - t)
             steps.append(metrics)
-    held_gib = (
-        torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
-    )  # after the last step
+    # after the last step
+    held_gib = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
     mean = lambda key: sum(s.get(key, 0.0) for s in steps) / len(steps)  # noqa: E731
     out.update(
         step_s=sum(seconds) / len(seconds),

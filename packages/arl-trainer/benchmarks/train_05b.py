@@ -118,7 +118,7 @@ def bench_plain(cfg, batch, device, rows_per_mb):
     try:
         return run_steps(step, device, model)
     finally:
-        del model, opt
+        model = opt = None  # frees them (a `del` would leave step() naming unbound names)
         gc.collect()
         empty_cache(device)
 
@@ -153,7 +153,7 @@ def bench_arl(cfg, batch, device, max_tokens, checkpointing, profile=False, comp
             out["gpu_busy_fraction"] = profile_step(step, device)
         return out
     finally:
-        del policy, model
+        policy = model = None  # frees them (a `del` would leave step() naming unbound names)
         gc.collect()
         empty_cache(device)
 
@@ -247,7 +247,7 @@ def main() -> None:
 
     plain = None
     for rows in PLAIN_ROWS:
-        plain = record(f"plain_hf_padded_{rows}rows", lambda: bench_plain(cfg, batch, device, rows))
+        plain = record(f"plain_hf_padded_{rows}rows", lambda rows=rows: bench_plain(cfg, batch, device, rows))
         if plain is not None:
             break
     best = None
@@ -260,7 +260,7 @@ def main() -> None:
     for max_tokens, ckpt in budgets:
         r = record(
             f"arl_packed_{max_tokens}_{ckpt}",
-            lambda: bench_arl(
+            lambda max_tokens=max_tokens, ckpt=ckpt: bench_arl(
                 cfg, batch, device, max_tokens, ckpt, profile=profile and max_tokens == budgets[1][0]
             ),
         )

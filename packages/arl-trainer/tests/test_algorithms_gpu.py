@@ -1,7 +1,9 @@
 """The algorithm functions on CUDA give the CPU results (no host tensors mixed in, no dtype drift).
 
 Skipped without CUDA (see the repository conftest). On the device:
-`PYTHONPATH=packages/arl-queue/src:packages/arl-sync/src:packages/arl-trainer/src python3 -m pytest -q -m gpu packages/arl-trainer/tests/test_algorithms_gpu.py`
+
+    PYTHONPATH=packages/arl-queue/src:packages/arl-sync/src:packages/arl-trainer/src \\
+        python3 -m pytest -q -m gpu packages/arl-trainer/tests/test_algorithms_gpu.py
 """
 
 from __future__ import annotations

@@ -89,9 +89,8 @@ def test_fsdp2_every_rank_raises_when_one_rank_has_no_room(tiny_model_dir, tmp_p
         fsdp_save_without_room_on_one_rank, 2, tiny_model_dir, tmp_path, backend="gloo", timeout_s=120
     )
     estimate, written = map(int, (tmp_path / "sizes.txt").read_text().split())
-    assert (
-        estimate - space.OVERHEAD_BYTES <= written <= estimate
-    )  # the shards and the HF export, global sizes
+    # the shards and the HF export, global sizes
+    assert estimate - space.OVERHEAD_BYTES <= written <= estimate
     raised = [(tmp_path / f"raised_rank{rank}.txt").read_text() for rank in (0, 1)]
     assert raised[0].startswith("CheckpointError: checkpoint ") and "GiB short" in raised[0], raised
     assert raised[1] == raised[0]  # the same sizes on both ranks: the shortfall was agreed on

@@ -89,9 +89,8 @@ def test_host_optimizer_state_refuses_state_that_shares_its_storage(tiny_model_d
     state = HostOptimizerState(policy.optimizer, device_type="cpu")
     with pytest.raises(ValueError, match=r"exp_avg.*does not own its storage alone"):
         state.offload()
-    assert not state.on_host and all(
-        t.untyped_storage().nbytes() > 0 for t in _state_tensors(policy)
-    )  # nothing freed
+    # nothing freed
+    assert not state.on_host and all(t.untyped_storage().nbytes() > 0 for t in _state_tensors(policy))
 
 
 def test_host_arena_lays_tensors_out_exactly_and_is_reused_while_the_state_keeps_its_shapes(tiny_model_dir):

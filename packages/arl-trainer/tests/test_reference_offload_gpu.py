@@ -28,9 +28,8 @@ def test_bf16_reference_is_the_autocast_policy_at_step_one_and_stays_frozen(tiny
         if isinstance(m, torch.nn.Linear) and m.weight is not ref.get_input_embeddings().weight
     ]
     assert linear and all(w.dtype == torch.bfloat16 for w in linear)
-    assert (
-        ref.get_input_embeddings().weight.dtype == torch.float32
-    )  # the residual stream stays fp32, as under autocast
+    # the residual stream stays fp32, as under autocast
+    assert ref.get_input_embeddings().weight.dtype == torch.float32
     ref_bytes = sum(p.numel() * p.element_size() for p in ref.parameters())
     policy_bytes = sum(p.numel() * p.element_size() for p in policy.model.parameters())
     assert ref_bytes < 0.8 * policy_bytes

@@ -72,7 +72,8 @@ class NodePlan(msgspec.Struct, frozen=True, kw_only=True):
 
     def weights_path(self) -> str:
         """Where the weights go, for messages: trainer node → replica nodes."""
-        return f"the trainer is on {self.trainer[0].label()} and the replicas on {', '.join(r.label() for r in self.replicas)}"
+        replicas = ", ".join(r.label() for r in self.replicas)
+        return f"the trainer is on {self.trainer[0].label()} and the replicas on {replicas}"
 
 
 def spread(nodes: list[NodeInfo], resource: str, count: int, fallback: NodeInfo) -> list[NodeInfo]:

@@ -3,7 +3,8 @@ the longest one trial attempt may take.
 
 `[harbor]` (`sections.HarborSection`) is `arl.harbor.HarborConfig` (agent, environment, timeouts,
 retry/keep/zero/drop policy per failure kind, tool parser, proxy host) plus the app's `task_cache_dir`;
-every key is overridable as `harbor.key=value` (e.g. `harbor.agent=oracle harbor.policy.sandbox=drop harbor.tool_parser=hermes`).
+every key is overridable as `harbor.key=value` (e.g. `harbor.agent=oracle harbor.policy.sandbox=drop
+harbor.tool_parser=hermes`).
 `data.source = "harbor:<folder of task dirs | task dir | .jsonl/.json task set>"` (or
 `"swebench:<SWE-bench-format rows | import .toml>"`) makes every task a Harbor trial (see `arl.harbor.tasks`).
 `TaskSource` is where the tasks come from (what the rollout actor is given, `load_tasks` reads it);

@@ -376,7 +376,7 @@ def check_model(layout: Layout, model_path: Path) -> None:
     except (OSError, ValueError) as exc:
         raise PlacementError(
             f"cannot read {model_path}/config.json to check resources.tensor_parallel_size: {exc}"
-        )
+        ) from exc
     cfg = cfg.get("text_config", cfg)
     heads = int(cfg.get("num_attention_heads", 0))
     kv = int(cfg.get("num_key_value_heads", heads))
@@ -396,8 +396,13 @@ def check_cluster(layout: Layout, cluster_gpus: float, node_gpus: list[float]) -
     if need > cluster_gpus:
         raise PlacementError(
             f"the run needs {need} GPUs (resources.trainer_gpus={layout.trainer_gpus}"
-            f"{'' if layout.colocate else f' + rollout.replicas={layout.replicas} × resources.tensor_parallel_size={layout.tensor_parallel_size}'}"
-            f"), the Ray cluster has {cluster_gpus:g}"
+            + (
+                ""
+                if layout.colocate
+                else f" + rollout.replicas={layout.replicas}"
+                f" × resources.tensor_parallel_size={layout.tensor_parallel_size}"
+            )
+            + f"), the Ray cluster has {cluster_gpus:g}"
             + (
                 f"; to train and generate on the same {cluster_gpus:g} GPU(s) asynchronously set "
                 "resources.shared_gpu='time_sliced' (apps/train README, 'Shared GPUs')"

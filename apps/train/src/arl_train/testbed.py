@@ -638,7 +638,8 @@ def _run_app(shared: str, nodes: list[NodeSpec], subnet: str, app_args: list[str
     """The app's command line on the head of a fresh bed, joined to it, its output streamed; its exit code."""
     with bed(shared, nodes, subnet=subnet) as b:
         print(
-            f"arl testbed: {len(b.nodes)} nodes up ({', '.join(f'{n.name} {n.ip} {n.spec.resources}' for n in b.nodes.values())})",
+            f"arl testbed: {len(b.nodes)} nodes up "
+            f"({', '.join(f'{n.name} {n.ip} {n.spec.resources}' for n in b.nodes.values())})",
             flush=True,
         )
         argv = [

@@ -37,7 +37,10 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     """mount(2) itself: `/proc/self/cwd` as a source must be followed by the kernel, not resolved to a
     path by mount(8) (the path is hidden by then)."""
-    encode = lambda s: s.encode() if s is not None else None
+
+    def encode(s: str | None) -> bytes | None:
+        return s.encode() if s is not None else None
+
     if _libc.mount(encode(source), target.encode(), encode(fstype), flags, encode(data)) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")

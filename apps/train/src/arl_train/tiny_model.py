@@ -62,7 +62,7 @@ CHAT_TEMPLATE = (
     {%- if messages[0]['role'] == 'system' %}
         {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
     {%- else %}
-        {{- '<|im_start|>system\\n"""
+        {{- '<|im_start|>system\\n"""  # noqa: E501 - the upstream template's own lines
     + DEFAULT_SYSTEM_PROMPT
     + """<|im_end|>\\n' }}
     {%- endif %}
@@ -101,7 +101,7 @@ CHAT_TEMPLATE = (
 {%- if add_generation_prompt %}
     {{- '<|im_start|>assistant\\n' }}
 {%- endif %}
-"""
+"""  # noqa: E501 - the upstream template's own lines
 )
 
 # ----- the training corpus -----

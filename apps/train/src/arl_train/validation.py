@@ -279,13 +279,14 @@ def _check_recorded_reference(checkpoint: str, recorded: Any, local: bool) -> No
 
 def _check_snapshot(checkpoint: str) -> None:
     """The checkpoint's queued samples must load whole (checksum, schema); never half-restore them."""
-    # checkpointing.save_checkpoint copies the snapshot in after the weights: without it the checkpoint was cut short, and
-    # resuming would silently lose the samples it had queued.
+    # checkpointing.save_checkpoint copies the snapshot in after the weights: without it the checkpoint was
+    # cut short, and resuming would silently lose the samples it had queued.
     _require(
         snapshot_path(checkpoint).is_file(),
         "trainer.resume_from",
         checkpoint,
-        f"is incomplete: no {snapshot_path(checkpoint).name} (the run ended while saving it); use an earlier checkpoint",
+        f"is incomplete: no {snapshot_path(checkpoint).name} (the run ended while saving it); "
+        "use an earlier checkpoint",
     )
     try:
         read_snapshot(checkpoint)

@@ -57,7 +57,7 @@ def weights_check_line(check: dict[str, Any]) -> str:
     """The check's one-line verdict for the terminal."""
     if check["equal"]:
         return f"arl: engine weights equal to the trainer's at version {check['version']}"
-    return (
-        f"arl: engine weights differ from the trainer's at version {check['version']}: "
-        f"{', '.join(check['problems']) or 'probe log-prob diff %.3g' % check['probe_logprob_max_abs_diff']}"
+    problems = (
+        ", ".join(check["problems"]) or f"probe log-prob diff {check['probe_logprob_max_abs_diff']:.3g}"
     )
+    return f"arl: engine weights differ from the trainer's at version {check['version']}: {problems}"

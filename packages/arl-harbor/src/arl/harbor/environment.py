@@ -485,7 +485,8 @@ class LocalSandboxEnvironment(BaseEnvironment):
             f"mkdir {r}/dev/pts {r}/dev/shm",
             f"mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts {r}/dev/pts",
             f"ln -s pts/ptmx {r}/dev/ptmx && ln -s /proc/self/fd {r}/dev/fd",
-            f"ln -s /proc/self/fd/0 {r}/dev/stdin && ln -s /proc/self/fd/1 {r}/dev/stdout && ln -s /proc/self/fd/2 {r}/dev/stderr",
+            f"ln -s /proc/self/fd/0 {r}/dev/stdin && ln -s /proc/self/fd/1 {r}/dev/stdout"
+            f" && ln -s /proc/self/fd/2 {r}/dev/stderr",
             f"mount -t tmpfs -o mode=1777,nosuid,nodev,size=64m,uid={base},gid={base} arl-sandbox-shm {r}/dev/shm",
         ]
         if self._network == "none":
@@ -659,9 +660,8 @@ class LocalSandboxEnvironment(BaseEnvironment):
                 left = leftover_commands(_processes_in(namespaces), self._init_pid)
                 await asyncio.to_thread(write_agent_end, self.trial_paths.trial_dir, left)
             with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(
-                    self._init_pidfd, signal.SIGKILL
-                )  # the PID namespace dies with its init
+                # the PID namespace dies with its init
+                signal.pidfd_send_signal(self._init_pidfd, signal.SIGKILL)
             os.close(self._init_pidfd)
             self._init_pid = self._init_pidfd = None
             if namespaces:

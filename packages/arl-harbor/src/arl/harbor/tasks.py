@@ -1,9 +1,9 @@
 """Harbor task sets as data: `harbor:<folder of task dirs | task dir | dataset file>` → arl `Task` rows;
 `swebench:<SWE-bench-format rows | import .toml>` → the same, through `arl.harbor.swe.import_rows`.
 
-A source names a built-in set (`harbor:builtin:small`: four one-line file tasks), a folder (one task dir holding `task.toml`, or a folder of such dirs, sorted by
-name) or a dataset file (`.jsonl`, one object per line, or `.json`, a list of objects). Each row is a
-task reference in Harbor's own terms:
+A source names a built-in set (`harbor:builtin:small`: four one-line file tasks), a folder (one task dir
+holding `task.toml`, or a folder of such dirs, sorted by name) or a dataset file (`.jsonl`, one
+object per line, or `.json`, a list of objects). Each row is a task reference in Harbor's own terms:
   {"path": "tasks/fix-bug"}                          a local task dir (relative to the file's folder)
   {"name": "org/task", "ref": "sha256:<digest>"}     a registry package, read from Harbor's local cache
   {"git_url": "...", "git_commit_id": "...", "path": "tasks/x"}   a git task, read from the cache

@@ -115,6 +115,9 @@ class RouteRecorder:
             per_layer.append(None if ids is None else ids.reshape(batch, -1, self.top_k)[:, -1].tolist())
         dense = [-1] * self.top_k
         return [
-            [(per_layer[l][b] if per_layer[l] is not None else dense) for l in range(self.num_layers)]  # type: ignore[index]
+            [
+                (per_layer[layer][b] if per_layer[layer] is not None else dense)  # type: ignore[index]
+                for layer in range(self.num_layers)
+            ]
             for b in range(batch)
         ]

@@ -91,9 +91,8 @@ class ServerManager:
                 except EngineDeadError as e:
                     self.mark_dead(replica, e)
                     self.balancer.release(replica)
-                    replica = (
-                        -1
-                    )  # nothing held while acquiring (it raises NoHealthyReplicaError if none is left)
+                    # nothing held while acquiring (it raises NoHealthyReplicaError if none is left)
+                    replica = -1
                     replica = self.balancer.acquire(request_id)
                     self.failovers += 1
                     continue  # resume on a live replica from the tokens sampled so far

@@ -51,8 +51,9 @@ class AgentLoopWorker:
     """One worker process: builds agent loops by name and runs trajectories on its own event loop.
 
     `loop_options` maps an agent-loop name to its factory's options (e.g. {"harbor": {"config": ...,
-    "tokenizer": "/path/to/model"}}; a str tokenizer is loaded here, once); `imports` are modules to import first (they register loops,
-    e.g. "arl.harbor.trial_loop"); `factories` registers more by import path ({"name": "pkg.mod:Factory"}).
+    "tokenizer": "/path/to/model"}}; a str tokenizer is loaded here, once); `imports` are modules to
+    import first (they register loops, e.g. "arl.harbor.trial_loop"); `factories` registers more by
+    import path ({"name": "pkg.mod:Factory"}).
     Wrap it with `ray.remote` (the pool does).
     """
 

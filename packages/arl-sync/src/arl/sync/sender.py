@@ -314,7 +314,7 @@ class WeightSender:
                         acks = sync.acks
                         k = bucket.index - 2
                         self._pump(
-                            lambda: len(acks.get(k, ())) >= n,
+                            lambda acks=acks, k=k: len(acks.get(k, ())) >= n,
                             cfg.timeout_s,
                             f"sync {sync.sync_id}: waiting for receivers to acknowledge bucket {k}",
                         )

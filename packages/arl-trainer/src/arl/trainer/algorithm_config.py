@@ -76,7 +76,8 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     seq_is_high: float = 2.0
     # Weight of the KL(π_θ ‖ π_ref) penalty to a reference policy; 0 = no KL (no reference forward needed).
     kl_coef: float = 0.0
-    # KL estimator per token: "k1" (log ratio), "k2" (½ log ratio²), "k3" (r − 1 − log r, ≥ 0), "low_var_kl" (clamped k3).
+    # KL estimator per token: "k1" (log ratio), "k2" (½ log ratio²), "k3" (r − 1 − log r, ≥ 0),
+    # "low_var_kl" (clamped k3).
     # Default "low_var_kl", chosen by measurement (docs/design/loss-conventions.md): with two updates per
     # step on stale samples raw k3 spiked (gradient norm 226× and 517× the median in 2 of 6 runs), and it
     # bought little KL for the reward it gave up.
@@ -130,7 +131,8 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         if self.kl_log_ratio_clamp <= 0 or self.kl_value_clamp <= 0:
             raise AlgorithmError(
-                f"kl_log_ratio_clamp and kl_value_clamp must be > 0, got {self.kl_log_ratio_clamp}, {self.kl_value_clamp}"
+                "kl_log_ratio_clamp and kl_value_clamp must be > 0, "
+                f"got {self.kl_log_ratio_clamp}, {self.kl_value_clamp}"
             )
         if self.norm_len is not None and self.norm_len <= 0:
             raise AlgorithmError(f"norm_len must be > 0 (or None), got {self.norm_len}")

@@ -2,7 +2,8 @@
 
 Both backends write a checkpoint beside the previous one (into `<name>.tmp`, renamed at the end), so
 a save needs room for a whole new copy. With fp32 master weights that is large: at 7B, 28 GB of
-weights and 56 GB of AdamW moments, more than many nodes' local disks hold (the H200 machine of BENCHMARKS.md has 64 GiB).
+weights and 56 GB of AdamW moments, more than many nodes' local disks hold (the H200 machine of
+BENCHMARKS.md has 64 GiB).
 Without a check the write fails part-way with the serializer's error, which names neither the folder
 nor the sizes, and leaves tens of GB of partial files for the next run to trip over. Here the save
 first compares what it will write with the free space of the folder's file system and raises

@@ -341,9 +341,8 @@ class PackedPolicy:
         )
         norm_len = alg.resolve_norm_len(cfg.loss_agg_norm_len)
         if on_cuda:
-            torch.cuda.reset_peak_memory_stats(
-                self.device
-            )  # the update's own peak, not the passes' before it
+            # the update's own peak, not the passes' before it
+            torch.cuda.reset_peak_memory_stats(self.device)
         # Proximal log probs made micro-batch by micro-batch (reuse / loglinear), for the step's metric.
         made = torch.zeros(batch.loss_mask.shape, dtype=torch.float32) if proximal is None else None
         steps: list[dict[str, float]] = []
@@ -466,9 +465,8 @@ class PackedPolicy:
         # Real tokens over tokens computed: 1 when packed, except for dummy micro-batches (a rank with nothing to do).
         out["padding_efficiency"] = tokens / processed if processed else 1.0
         if self.config.activation_offload:
-            out["offloaded_gib"] = (
-                offloaded / 2**30
-            )  # this rank, the whole step (each byte crosses out and back)
+            # this rank, the whole step (each byte crosses out and back)
+            out["offloaded_gib"] = offloaded / 2**30
         if on_cuda:
             out["peak_mem_proximal_gib"] = peak_prox / 2**30
             out["peak_mem_update_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30

@@ -166,9 +166,8 @@ class FSDPPolicy(PackedPolicy):
             ref
         ):  # no mixed-precision policy: the shards already hold the compute dtype
             fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-        fully_shard(
-            ref_packed, mesh=mesh, reshard_after_forward=True
-        )  # no backward follows: free the root too
+        # no backward follows: free the root too
+        fully_shard(ref_packed, mesh=mesh, reshard_after_forward=True)
         ref_packed.to_empty(device=self.device)
         reset_rotary_buffers(ref, self.device)
         if own:  # this rank's shards of the initial weights, cast: no read, no communication

@@ -187,7 +187,8 @@ def chunked_log_probs(
     temperature: float = 1.0,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log π(targets), entropy), both (N,) in fp32 (fp64 for fp64 input), from hidden (N, d) and the LM head weight (V, d).
+    """(log π(targets), entropy), both (N,) in fp32 (fp64 for fp64 input), from hidden (N, d) and the LM
+    head weight (V, d).
 
     Equal to `log_softmax(hidden @ weight.T / temperature)` picked at `targets` (and its entropy),
     gradients included, without materialising the (N, V) logits outside one chunk.

@@ -157,7 +157,8 @@ def replay_routes(
     top_k = next(iter(routers.values())).top_k
     if routes.shape[2] < needed or routes.shape[3] != top_k:
         raise RouterReplayError(
-            f"routes have {routes.shape[2]} layers x top-{routes.shape[3]}; the model needs {needed} layers x top-{top_k}"
+            f"routes have {routes.shape[2]} layers x top-{routes.shape[3]}; "
+            f"the model needs {needed} layers x top-{top_k}"
         )
     num_experts = next(iter(routers.values())).num_experts
     if int(routes.max()) >= num_experts:
@@ -287,9 +288,8 @@ def routes_for_batch(samples: Sequence[Sample], width: int | None = None) -> tor
             elif (ids.shape[1], ids.shape[2]) != shape:
                 raise RouterReplayError(f"sample {uid}: routes of {tuple(ids.shape[1:])}, others {shape}")
             mask = torch.tensor(r.response_mask, dtype=torch.bool)
-            ids = ids.masked_fill(~mask[:, None, None], -1).to(
-                torch.int16
-            )  # only sampled tokens are replayed
+            # only sampled tokens are replayed
+            ids = ids.masked_fill(~mask[:, None, None], -1).to(torch.int16)
         per_row.append((p, ids, p + n))
     if shape is None:
         return None

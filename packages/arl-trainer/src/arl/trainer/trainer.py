@@ -103,9 +103,8 @@ class Trainer:
         self.policy.version = self.version  # the weights' version, for version-aware proximal modes
         n_per_prompt = batch.input_ids.shape[0] / len(samples)
         train_start = time.perf_counter()
-        routes = routes_for_batch(
-            samples, width=batch.input_ids.shape[1]
-        )  # MoE engine routes; None when dense
+        # MoE engine routes; None when dense
+        routes = routes_for_batch(samples, width=batch.input_ids.shape[1])
         metrics = self.policy.train_step(
             batch, mini_batch_rows=max(1, int(self.config.ppo_mini_batch_size * n_per_prompt)), routes=routes
         )
