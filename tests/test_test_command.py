@@ -1,5 +1,5 @@
-"""scripts/test.py, README's test command: its summary names the skipped tests and why, and it makes the
-project's Docker engine ready where it can, without failing where it cannot.
+"""scripts/test.py, README's test command: its summary names the skipped tests and why, its lint part runs
+ruff, and it makes the project's Docker engine ready where it can, without failing where it cannot.
 
 The skips come from a small fake part run by the script's own `run_part`; the Docker steps are fake
 scripts in place of scripts/docker/ (the real ones install packages and start daemons).
@@ -93,6 +93,34 @@ def test_a_part_s_skips_and_their_reasons_reach_the_summary(scripts, tmp_path):
     assert "fake: 1 skipped: tmux is not installed" in reasons
     assert "broken: no report of its skips (pytest did not write its JUnit XML)" in reasons
     assert not any(line.startswith("clean") for line in reasons)
+
+
+def test_the_lint_part_runs_ruff_check_and_the_format_check_and_fails_on_either(scripts, tmp_path):
+    """`lint`: `ruff check` and `ruff format --check`, both run, each finding a line naming its file."""
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.ruff]\nline-length = 110\n[tool.ruff.lint]\nselect = ["F"]\n'
+    )
+    (tmp_path / "clean.py").write_text("x = [1, 2]\n")
+    rc, output = scripts.run_lint(scripts._env(), root=tmp_path)
+    assert rc == 0, output
+    assert [line for line in output.splitlines() if line.startswith("$ ruff")] == [
+        "$ ruff check --output-format concise .",
+        "$ ruff format --check --output-format concise .",
+    ]
+    (tmp_path / "unused.py").write_text("import os\n")  # formatted, but F401
+    (tmp_path / "unformatted.py").write_text("x = [1,2]\n")  # lint-clean, but not formatted
+    rc, output = scripts.run_lint(scripts._env(), root=tmp_path)
+    assert rc == 1, output
+    assert "unused.py:1:8: F401" in output
+    assert "unformatted.py:1:8: unformatted: File would be reformatted" in output
+    assert "clean.py" not in output
+    assert output.splitlines()[-1] == scripts.LINT_FIX
+    # In the summary: an outcome and a time, no skips (not a pytest part).
+    assert scripts.summary([("lint", rc, 0.4, None), ("fake", 0, 1.0, [])], wall_s=1.4) == [
+        "lint         FAILED (exit 1)          0 s",
+        "fake         passed                   1 s   0 skipped",
+        "wall                                  1 s",
+    ]
 
 
 def _fake_docker_scripts(folder: Path, *, install_fails: bool) -> Path:
