@@ -31,8 +31,16 @@ class DockerEngine:
 def answers(host: str, env: dict[str, str]) -> bool:
     """Whether a docker daemon answers on `host` (a DOCKER_HOST value) within 10 s."""
     try:
-        return subprocess.run(["docker", "info"], env=env | {"DOCKER_HOST": host}, capture_output=True,
-                              timeout=10, check=False).returncode == 0
+        return (
+            subprocess.run(
+                ["docker", "info"],
+                env=env | {"DOCKER_HOST": host},
+                capture_output=True,
+                timeout=10,
+                check=False,
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -41,8 +49,14 @@ def _step(script: str, env: dict[str, str]) -> tuple[bool, str, str]:
     """Run one of scripts/docker/: (succeeded, its stdout, the last line it wrote to stderr). Its stderr
     is printed, indented, as it is progress for the log."""
     try:
-        done = subprocess.run(["bash", str(DOCKER_SCRIPTS / script)], env=env, capture_output=True, text=True,
-                              timeout=STEP_TIMEOUT_S[script], check=False)
+        done = subprocess.run(
+            ["bash", str(DOCKER_SCRIPTS / script)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=STEP_TIMEOUT_S[script],
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return False, "", f"{script} did not end within {STEP_TIMEOUT_S[script]} s"
     except OSError as exc:

@@ -58,7 +58,7 @@ STEP_TIMEOUT_S = 900
 #: imports must be installed with the package (its dependencies) or by one of its extras.
 OPTIONAL_IMPORTS = {
     ("arl.rollout.dataset", "pyarrow"): "only `.parquet` task files need it; without it the loader raises "
-                                        "DatasetError saying to install pyarrow",
+    "DatasetError saying to install pyarrow",
 }
 
 # Runs inside the fresh environment: imports the package and all its submodules, then resolves every import
@@ -143,15 +143,17 @@ def _run(cmd: list[str], *, cwd: Path, env: dict[str, str], label: str | None = 
     """Run `cmd`, returning stdout; raise CheckFailed with its output when it fails or times out."""
     print("$ " + (label or " ".join(cmd)), flush=True)
     try:
-        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=STEP_TIMEOUT_S, check=False)
+        proc = subprocess.run(
+            cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired as exc:
         raise CheckFailed(f"timed out after {STEP_TIMEOUT_S}s: {' '.join(cmd)}") from exc
     except FileNotFoundError as exc:
         raise CheckFailed(f"command not found: {cmd[0]}") from exc
     if proc.returncode != 0:
-        raise CheckFailed(f"command failed ({proc.returncode}): {' '.join(cmd)}\n"
-                          f"{proc.stdout[-4000:]}{proc.stderr[-4000:]}")
+        raise CheckFailed(
+            f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-4000:]}{proc.stderr[-4000:]}"
+        )
     return proc.stdout
 
 
@@ -218,8 +220,9 @@ def build(name: str, dist: Path, env: dict[str, str]) -> tuple[Path, Path]:
     _run(["uv", "build", "--package", name, "--no-sources", "-o", str(out)], cwd=REPO_ROOT, env=env)
     wheels, sdists = sorted(out.glob("*.whl")), sorted(out.glob("*.tar.gz"))
     if len(wheels) != 1 or len(sdists) != 1:
-        raise CheckFailed(f"expected one wheel and one sdist for {name} in {out}, found "
-                          f"{[p.name for p in wheels + sdists]}")
+        raise CheckFailed(
+            f"expected one wheel and one sdist for {name} in {out}, found {[p.name for p in wheels + sdists]}"
+        )
     return wheels[0], sdists[0]
 
 
@@ -265,7 +268,9 @@ def check_artifacts(name: str, wheel: Path, sdist: Path) -> list[str]:
         if pkg_info is None:
             problems.append(f"{sdist.name}: no PKG-INFO")
         else:
-            problems += _validate_metadata(tf.extractfile(pkg_info).read().decode(), name, version, sdist.name)
+            problems += _validate_metadata(
+                tf.extractfile(pkg_info).read().decode(), name, version, sdist.name
+            )
     for required in ("pyproject.toml", "README.md", "CHANGELOG.md"):
         if required not in members:
             problems.append(f"{sdist.name} lacks {required}")
@@ -278,8 +283,21 @@ def check_artifacts(name: str, wheel: Path, sdist: Path) -> list[str]:
 
 def _locked_constraints(work: Path, env: dict[str, str]) -> Path:
     """uv.lock's versions as a pip constraints file (without the workspace's own packages)."""
-    text = _run(["uv", "export", "--frozen", "--no-hashes", "--no-emit-workspace", "--all-packages",
-                 "--no-header", "--no-annotate"], cwd=REPO_ROOT, env=env, label="uv export (uv.lock's versions)")
+    text = _run(
+        [
+            "uv",
+            "export",
+            "--frozen",
+            "--no-hashes",
+            "--no-emit-workspace",
+            "--all-packages",
+            "--no-header",
+            "--no-annotate",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        label="uv export (uv.lock's versions)",
+    )
     lines = [ln for ln in text.splitlines() if ln and not ln.startswith(("#", "-e", "."))]
     path = work / "constraints.txt"
     path.write_text("\n".join(lines) + "\n")
@@ -307,33 +325,56 @@ def check_deferred(name: str, deferred: dict[str, list[list]], optional: dict[st
             if top in optional:
                 print(f"  {mod}:{line}: a function imports {target}, from the {optional[top]} extra")
             elif (mod, top) in OPTIONAL_IMPORTS:
-                print(f"  {mod}:{line}: a function imports {target}, not installed: {OPTIONAL_IMPORTS[(mod, top)]}")
+                print(
+                    f"  {mod}:{line}: a function imports {target}, not installed: {OPTIONAL_IMPORTS[(mod, top)]}"
+                )
             else:
-                problems.append(f"{name}: {mod}:{line} imports {target} inside a function, but {top} is not "
-                                f"installed with {name} alone (an undeclared dependency, or an import up the "
-                                f"layers of docs/ARCHITECTURE.md)")
+                problems.append(
+                    f"{name}: {mod}:{line} imports {target} inside a function, but {top} is not "
+                    f"installed with {name} alone (an undeclared dependency, or an import up the "
+                    f"layers of docs/ARCHITECTURE.md)"
+                )
     for mod, top in OPTIONAL_IMPORTS:
         if (mod == package or mod.startswith(package + ".")) and (mod, top) not in seen:
-            problems.append(f"OPTIONAL_IMPORTS lists {mod} importing {top}, which it no longer does while "
-                            f"{top} is missing: remove the entry")
+            problems.append(
+                f"OPTIONAL_IMPORTS lists {mod} importing {top}, which it no longer does while "
+                f"{top} is missing: remove the entry"
+            )
     return problems
 
 
-def install_and_probe(name: str, wheels: dict[str, Path], work: Path, python: str,
-                      constraints: Path, env: dict[str, str]) -> list[str]:
+def install_and_probe(
+    name: str, wheels: dict[str, Path], work: Path, python: str, constraints: Path, env: dict[str, str]
+) -> list[str]:
     """A fresh venv with the package's wheel (+ its arl siblings' wheels) and its declared
     dependencies at the locked versions; import every module; return the problems."""
     venv = work / "venv" / name
     _run(["uv", "venv", str(venv), "--python", python, "--no-project"], cwd=work, env=env)
     venv_python = venv / "bin" / "python"
     closure = workspace_closure(name)
-    _run(["uv", "pip", "install", "--python", str(venv_python), "--constraint", str(constraints),
-          *(str(wheels[n]) for n in closure)], cwd=work, env=env,
-         label=f"uv pip install <{', '.join(closure)} wheels> (declared dependencies, locked versions)")
+    _run(
+        [
+            "uv",
+            "pip",
+            "install",
+            "--python",
+            str(venv_python),
+            "--constraint",
+            str(constraints),
+            *(str(wheels[n]) for n in closure),
+        ],
+        cwd=work,
+        env=env,
+        label=f"uv pip install <{', '.join(closure)} wheels> (declared dependencies, locked versions)",
+    )
     module = PACKAGES[name][1]
     forbidden = FORBIDDEN_IN_LIGHT if name in LIGHT else ()
-    out = _run([str(venv_python), "-I", "-c", _PROBE, ",".join(forbidden), module], cwd=work, env=env,
-               label=f"{venv_python} -I -c <import every module of {module}>")
+    out = _run(
+        [str(venv_python), "-I", "-c", _PROBE, ",".join(forbidden), module],
+        cwd=work,
+        env=env,
+        label=f"{venv_python} -I -c <import every module of {module}>",
+    )
     report = json.loads(out.strip().splitlines()[-1])
     optional = extras_modules(name)
     problems = []
@@ -342,15 +383,19 @@ def install_and_probe(name: str, wheels: dict[str, Path], work: Path, python: st
         if missing in optional:
             print(f"  {mod}: needs the {optional[missing]} extra ({missing})")
             continue
-        problems.append(f"{name}: import of {mod} failed in a fresh environment with only the declared "
-                        f"dependencies (an undeclared dependency?):\n{tb}")
+        problems.append(
+            f"{name}: import of {mod} failed in a fresh environment with only the declared "
+            f"dependencies (an undeclared dependency?):\n{tb}"
+        )
     problems += check_deferred(name, report["deferred"], optional)
     if report["installed"]:
         problems.append(f"installing {name} also installed {', '.join(report['installed'])}")
     for dep, first in report["pulled_by"].items():
         problems.append(f"{dep} imported by {first} ({name} must work without it)")
-    print(f"  {name}: imported {len(report['imported'])} modules, resolved {report['in_functions']} imports "
-          f"inside their functions")
+    print(
+        f"  {name}: imported {len(report['imported'])} modules, resolved {report['in_functions']} imports "
+        f"inside their functions"
+    )
     return problems
 
 
@@ -394,8 +439,10 @@ def main(argv: list[str] | None = None) -> int:
         for p in problems:
             print(f"FAIL: {p}", file=sys.stderr)
         return 1
-    print(f"OK: {', '.join(args.packages)} build, validate, install alone and import "
-          f"({time.monotonic() - started:.0f}s)")
+    print(
+        f"OK: {', '.join(args.packages)} build, validate, install alone and import "
+        f"({time.monotonic() - started:.0f}s)"
+    )
     return 0
 
 

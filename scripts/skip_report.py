@@ -39,7 +39,7 @@ def _node_id(case: ET.Element) -> str:
     dotted = file.removesuffix(".py").replace("/", ".")
     if not classname and name == dotted:
         return file  # a module skipped at collection: pytest names it after the file
-    inner = classname[len(dotted) + 1:].split(".") if classname.startswith(dotted + ".") else []
+    inner = classname[len(dotted) + 1 :].split(".") if classname.startswith(dotted + ".") else []
     return "::".join([file, *inner, name])
 
 
@@ -84,6 +84,11 @@ def format_skips(skips_by_part: dict[str, list[Skip] | None], width: int = 110) 
             by_reason[skip.reason].append(skip.test)
         for reason, tests in by_reason.items():
             lines.append(f"{part}: {len(tests)} skipped: {reason}")
-            lines += textwrap.wrap(", ".join(tests), width=width, initial_indent="    ",
-                                   subsequent_indent="    ", break_on_hyphens=False)
+            lines += textwrap.wrap(
+                ", ".join(tests),
+                width=width,
+                initial_indent="    ",
+                subsequent_indent="    ",
+                break_on_hyphens=False,
+            )
     return lines

@@ -1,5 +1,9 @@
 #!/usr/bin/env python3
-"""Run arl's tests in parts: each package in an environment of its own, then the apps and cross-package tests.
+"""Run arl's tests in parts: lint, each package in an environment of its own, then the apps and cross-package tests.
+
+The `lint` part comes first and takes seconds: `ruff check .` and `ruff format --check .` from the
+repository root, with the ruff pinned in the workspace's dev group (`python -m ruff` in this script's
+interpreter, the workspace's environment) and the settings of the root pyproject.toml.
 
 A package's tests run in a virtual environment that holds only that package, its declared
 dependencies and its `test` dependency group (`.venvs/<package>`, made by `uv sync --locked
@@ -23,6 +27,7 @@ third adds nothing (docs/guide/testing.md).
 
     uv run scripts/test.py                     # everything (what CI runs)
     uv run scripts/test.py arl-proxy apps      # some parts
+    uv run scripts/test.py lint                # ruff only
     uv run scripts/test.py --jobs 1            # one part and one test at a time
     uv run scripts/test.py -- -m "not slow"    # arguments after -- go to every pytest
     uv run scripts/test.py arl-harbor --no-docker
@@ -48,9 +53,23 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["arl-queue", "arl-proxy", "arl-sync", "arl-rollout", "arl-trainer", "arl-harbor"]
 # The package parts' usual seconds on the 2-core CI machine: side by side, the longest start first, so the
 # last one to end is not a long part started late (a part not listed counts as the longest).
-TYPICAL_SECONDS = {"arl-harbor": 150, "arl-rollout": 105, "arl-trainer": 90, "arl-proxy": 30, "arl-sync": 14,
-                   "arl-queue": 12}
+TYPICAL_SECONDS = {
+    "arl-harbor": 150,
+    "arl-rollout": 105,
+    "arl-trainer": 90,
+    "arl-proxy": 30,
+    "arl-sync": 14,
+    "arl-queue": 12,
+}
 APPS_PART = "apps"
+LINT_PART = "lint"
+# The lint part: these ruff commands, from the repository root, one line per finding (`uv run ruff
+# format --diff .` shows the formatter's changes); pytest's arguments (after --) are not theirs.
+LINT_COMMANDS = (
+    ("check", "--output-format", "concise", "."),
+    ("format", "--check", "--output-format", "concise", "."),
+)
+LINT_FIX = "to fix: uv run ruff format . && uv run ruff check --fix . (then what remains, by hand)"
 APPS_PATHS = ["apps", "tests"]
 # Enough to list every slow test of the apps part (~35), so the CI log prices each one (docs/guide/testing.md).
 DURATIONS = 40
@@ -72,25 +91,39 @@ def _env() -> dict[str, str]:
 def package_environment(package: str, env: dict[str, str]) -> Path:
     """`.venvs/<package>`: the package, its declared dependencies and its test group, at uv.lock's versions."""
     venv = REPO_ROOT / ".venvs" / package
-    subprocess.run(["uv", "sync", "--locked", "--package", package, "--group", "test", "--quiet"],
-                   cwd=REPO_ROOT, env=env | {"UV_PROJECT_ENVIRONMENT": str(venv)}, check=True, timeout=1800)
+    subprocess.run(
+        ["uv", "sync", "--locked", "--package", package, "--group", "test", "--quiet"],
+        cwd=REPO_ROOT,
+        env=env | {"UV_PROJECT_ENVIRONMENT": str(venv)},
+        check=True,
+        timeout=1800,
+    )
     return venv / "bin" / "python"
 
 
-def run_part(python: Path | str, paths: list[str], pytest_args: list[str], env: dict[str, str], *,
-             capture: bool = False) -> tuple[int, str]:
+def run_part(
+    python: Path | str,
+    paths: list[str],
+    pytest_args: list[str],
+    env: dict[str, str],
+    *,
+    capture: bool = False,
+) -> tuple[int, str]:
     """pytest on `paths` with `python`: (exit code, its output when `capture`, else "" and it streams)."""
     cmd = [str(python), "-m", "pytest", *paths, "-q", f"--durations={DURATIONS}", *pytest_args]
     header = "$ " + " ".join(cmd)
     if not capture:
         print(header, flush=True)
         return subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=False).returncode, ""
-    done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=False, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(
+        cmd, cwd=REPO_ROOT, env=env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     return done.returncode, header + "\n" + done.stdout
 
 
-def run_package(package: str, pytest_args: list[str], env: dict[str, str], *, capture: bool) -> tuple[int, str]:
+def run_package(
+    package: str, pytest_args: list[str], env: dict[str, str], *, capture: bool
+) -> tuple[int, str]:
     """One package's part: its own environment, then its tests; (exit code, output when `capture`)."""
     try:
         python = package_environment(package, env)
@@ -99,10 +132,27 @@ def run_package(package: str, pytest_args: list[str], env: dict[str, str], *, ca
     return run_part(python, [f"packages/{package}/tests"], pytest_args, env, capture=capture)
 
 
-def summary(results: list[tuple[str, int, float, list[Skip] | None]], wall_s: float,
-            docker_note: str | None = None) -> list[str]:
+def run_lint(env: dict[str, str], root: Path = REPO_ROOT) -> tuple[int, str]:
+    """The lint part: each of LINT_COMMANDS, all run even when one fails; (exit code, their output)."""
+    rc, output = 0, []
+    for args in LINT_COMMANDS:
+        cmd = [sys.executable, "-m", "ruff", *args]
+        done = subprocess.run(
+            cmd, cwd=root, env=env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        output += [f"$ ruff {' '.join(args)}", done.stdout.rstrip()]
+        rc = rc or done.returncode
+    if rc:
+        output.append(LINT_FIX)
+    return rc, "\n".join(output)
+
+
+def summary(
+    results: list[tuple[str, int, float, list[Skip] | None]], wall_s: float, docker_note: str | None = None
+) -> list[str]:
     """The summary's lines: every part's outcome, time and skips, the wall time, the Docker engine's
-    state (when a part needed it), then each skip reason with its tests."""
+    state (when a part needed it), then each skip reason with its tests. The lint part has no skips
+    (its `skips` is None)."""
     lines = []
     for part, rc, seconds, skips in results:
         outcome = "passed" if rc == 0 else ("no tests" if rc == 5 else f"FAILED (exit {rc})")
@@ -111,7 +161,9 @@ def summary(results: list[tuple[str, int, float, list[Skip] | None]], wall_s: fl
     lines.append(f"{'wall':12s} {'':18s} {wall_s:7.0f} s")
     if docker_note is not None:
         lines.append(f"{'docker':12s} {docker_note}")
-    skips_by_part = {part: skips for part, _, _, skips in results if skips is None or skips}
+    skips_by_part = {
+        part: skips for part, _, _, skips in results if part != LINT_PART and (skips is None or skips)
+    }
     if skips_by_part:
         lines += ["", "skipped, and why:", *format_skips(skips_by_part)]
     return lines
@@ -122,29 +174,45 @@ def main(argv: list[str] | None = None) -> int:
     pytest_args: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, pytest_args = argv[:cut], argv[cut + 1:]
+        argv, pytest_args = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("parts", nargs="*", default=[*PACKAGES, APPS_PART],
-                        help=f"any of {', '.join(PACKAGES)}, {APPS_PART} (default: all)")
-    parser.add_argument("--jobs", type=int, default=2,
-                        help="package parts at a time, and pytest-xdist workers of the apps part (default 2)")
-    parser.add_argument("--no-docker", action="store_true",
-                        help="leave Docker alone (default: make the project's engine ready for the container tests)")
+    parser.add_argument(
+        "parts",
+        nargs="*",
+        default=[LINT_PART, *PACKAGES, APPS_PART],
+        help=f"any of {LINT_PART}, {', '.join(PACKAGES)}, {APPS_PART} (default: all)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="package parts at a time, and pytest-xdist workers of the apps part (default 2)",
+    )
+    parser.add_argument(
+        "--no-docker",
+        action="store_true",
+        help="leave Docker alone (default: make the project's engine ready for the container tests)",
+    )
     args = parser.parse_args(argv)
-    unknown = [p for p in args.parts if p not in (*PACKAGES, APPS_PART)]
+    unknown = [p for p in args.parts if p not in (LINT_PART, *PACKAGES, APPS_PART)]
     if unknown:
-        parser.error(f"unknown part(s) {unknown}: choose from {PACKAGES + [APPS_PART]}")
+        parser.error(f"unknown part(s) {unknown}: choose from {[LINT_PART, *PACKAGES, APPS_PART]}")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     began = time.monotonic()
     env = _env()
+    results: list[tuple[str, int, float, list[Skip] | None]] = []
+    if LINT_PART in args.parts:
+        started = time.monotonic()
+        rc, output = run_lint(env)
+        print(f"\n=== {LINT_PART} ===\n{output}", flush=True)
+        results.append((LINT_PART, rc, time.monotonic() - started, None))
     docker = None
     if not args.no_docker and any(p in DOCKER_PARTS for p in args.parts):
         docker = docker_setup.prepare(env)
         print(f"docker: {docker.note}", flush=True)
         if docker.host:
             env["DOCKER_HOST"] = docker.host
-    results: list[tuple[str, int, float, list[Skip] | None]] = []
     print_lock = threading.Lock()
     reports = Path(tempfile.mkdtemp(prefix="arl-test-"))  # each part's JUnit XML: its skips and their reasons
 
@@ -161,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         return package, rc, seconds, read_skips(junit)
 
     try:
-        packages = sorted((p for p in args.parts if p != APPS_PART), key=lambda p: -TYPICAL_SECONDS.get(p, 1e9))
+        packages = sorted(
+            (p for p in args.parts if p in PACKAGES), key=lambda p: -TYPICAL_SECONDS.get(p, 1e9)
+        )
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             results += pool.map(package_part, packages)
         if APPS_PART in args.parts:

@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from arl_train.warm_start import load_agent_config
 from arl_train.run import run
+from arl_train.warm_start import load_agent_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a full app run (tiers: conftest.py)
 

@@ -17,7 +17,11 @@ import yaml
 from arl_train.sections import ClusterSection
 
 GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guide"
-ROLES = {ClusterSection().trainer_resource, ClusterSection().rollout_resource, ClusterSection().sandbox_resource}
+ROLES = {
+    ClusterSection().trainer_resource,
+    ClusterSection().rollout_resource,
+    ClusterSection().sandbox_resource,
+}
 
 
 def _resources(start_params: dict) -> dict[str, float]:
@@ -41,11 +45,17 @@ def test_the_kuberay_manifest_places_every_role_and_mounts_one_shared_folder():
         pod = group["template"]["spec"]
         shared = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
         assert len(shared) == 1 and shared[0]["persistentVolumeClaim"]["claimName"] in claims
-        assert "ReadWriteMany" in claims[shared[0]["persistentVolumeClaim"]["claimName"]]["spec"]["accessModes"]
+        assert (
+            "ReadWriteMany" in claims[shared[0]["persistentVolumeClaim"]["claimName"]]["spec"]["accessModes"]
+        )
         for container in pod["containers"]:
             mounts |= {m["mountPath"] for m in container["volumeMounts"] if m["name"] == shared[0]["name"]}
     assert mounts == {"/shared"}  # one path on every node: storage.shared_dir
-    head_ports = {p["containerPort"] for c in spec["headGroupSpec"]["template"]["spec"]["containers"] for p in c["ports"]}
+    head_ports = {
+        p["containerPort"]
+        for c in spec["headGroupSpec"]["template"]["spec"]["containers"]
+        for p in c["ports"]
+    }
     assert 6379 in head_ports
     assert "storage.shared_dir=/shared" in (GUIDE / "cluster" / "raycluster.yaml").read_text()
 

@@ -12,7 +12,9 @@ from arl_train.cli import build_parser
 from arl_train.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("conventions_sweep", ROOT / "packages/arl-trainer/benchmarks/conventions_sweep.py")
+_spec = importlib.util.spec_from_file_location(
+    "conventions_sweep", ROOT / "packages/arl-trainer/benchmarks/conventions_sweep.py"
+)
 sweep = importlib.util.module_from_spec(_spec)
 sys.modules["conventions_sweep"] = sweep
 _spec.loader.exec_module(sweep)
@@ -30,7 +32,9 @@ def test_every_run_of_the_sweep_loads(workload, arm, tmp_path):
     config = _load(sweep.app_args(arm, 0, 5, tmp_path / "run", workload))
     assert config.trainer.total_steps == 5 and config.async_training.partial_rollout
     if arm == "norm_constant":  # the constant is the workload's generation budget
-        assert config.actor.algorithm.norm_len == sweep.WORKLOADS[workload].budget == config.rollout.max_tokens
+        assert (
+            config.actor.algorithm.norm_len == sweep.WORKLOADS[workload].budget == config.rollout.max_tokens
+        )
     if arm.startswith("seqis"):  # the workload's band
         algorithm = config.actor.algorithm
         assert (algorithm.seq_is_low, algorithm.seq_is_high) == sweep.WORKLOADS[workload].seq_is_band

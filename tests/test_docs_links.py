@@ -15,8 +15,19 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SKIP_DIRS = {".git", ".venv", ".venvs", ".cache", ".pytest_cache", ".ruff_cache", ".device-stage",
-             "node_modules", "runs", "dist", "__pycache__"}
+SKIP_DIRS = {
+    ".git",
+    ".venv",
+    ".venvs",
+    ".cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".device-stage",
+    "node_modules",
+    "runs",
+    "dist",
+    "__pycache__",
+}
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 FENCE = re.compile(r"^\s*(```|~~~)")
@@ -64,16 +75,20 @@ def broken_links(path: Path) -> list[str]:
 
 
 def test_the_link_finder_skips_code_and_urls():
-    text = "\n".join([
-        "[a](docs/x.md) and ![img](pic.png#frag) and [web](https://example.com) [anchor](#top)",
-        "`[not](in/code.md)` [b](<spaced/path.md>) [c](y.md \"title\")",
-        "```",
-        "[fenced](nope.md)",
-        "```",
-    ])
+    text = "\n".join(
+        [
+            "[a](docs/x.md) and ![img](pic.png#frag) and [web](https://example.com) [anchor](#top)",
+            '`[not](in/code.md)` [b](<spaced/path.md>) [c](y.md "title")',
+            "```",
+            "[fenced](nope.md)",
+            "```",
+        ]
+    )
     assert [t for _, t in relative_links(text)] == ["docs/x.md", "pic.png#frag", "spaced/path.md", "y.md"]
 
 
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_relative_links_resolve(path: Path):
-    assert broken_links(path) == [], "links to nothing (fix the path, or write it as `code` if it is not a link)"
+    assert broken_links(path) == [], (
+        "links to nothing (fix the path, or write it as `code` if it is not a link)"
+    )

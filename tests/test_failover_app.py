@@ -22,11 +22,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a full app run (tiers: conft
 
 
 def test_killing_a_replica_mid_run_completes_with_the_failover_counted(tmp_path, app_ray_head):
-    config = load_config(overrides=[
-        "rollout.engine=torch", "rollout.replicas=2", "trainer.total_steps=3",
-        "actor.ppo_mini_batch_size=4", "rollout.n=4", "rollout.max_tokens=200",
-        "async_training.staleness_threshold=1.0", f"output.dir={tmp_path}", f"ray.address={app_ray_head}",
-    ])
+    config = load_config(
+        overrides=[
+            "rollout.engine=torch",
+            "rollout.replicas=2",
+            "trainer.total_steps=3",
+            "actor.ppo_mini_batch_size=4",
+            "rollout.n=4",
+            "rollout.max_tokens=200",
+            "async_training.staleness_threshold=1.0",
+            f"output.dir={tmp_path}",
+            f"ray.address={app_ray_head}",
+        ]
+    )
     pids: list[int] = []
     killed: list[int] = []
 

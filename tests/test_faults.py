@@ -22,21 +22,26 @@ from arl_train.ledger import CONSUMED, PRODUCED, TaskTracker
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
-    outcomes, book = faults.run_chain(tmp_path_factory.mktemp("faults"), "torch", total_steps=28, timeout_s=300)
+    outcomes, book = faults.run_chain(
+        tmp_path_factory.mktemp("faults"), "torch", total_steps=28, timeout_s=300
+    )
     print(faults.format_table(outcomes))
     return {o.fault: o for o in outcomes}, book
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.parametrize("fault", [
-    "generation stalls past its timeout",
-    "trainer actor killed, resumed",
-    "rollout engine killed, resumed",
-    "driver SIGKILLed, resumed",
-    "corrupt queue snapshot",
-    "malformed proxy requests",
-])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "generation stalls past its timeout",
+        "trainer actor killed, resumed",
+        "rollout engine killed, resumed",
+        "driver SIGKILLed, resumed",
+        "corrupt queue snapshot",
+        "malformed proxy requests",
+    ],
+)
 def test_fault_is_handled(chain, fault):
     outcomes, _ = chain
     outcome = outcomes[fault]

@@ -139,8 +139,10 @@ def violations(unit: Unit, units: dict[str, Unit], repo: Path = REPO) -> list[st
             where = f"{path.relative_to(repo)}:{imp.line} imports {imp.module}"
             if target in unit.extras:
                 if imp.at_import:
-                    problems.append(f"{where} when the module is imported, but {target} is an extra of "
-                                    f"{unit.name}: import it inside the function that needs it")
+                    problems.append(
+                        f"{where} when the module is imported, but {target} is an extra of "
+                        f"{unit.name}: import it inside the function that needs it"
+                    )
                 continue
             listed = ", ".join(sorted(unit.allowed | {f"{e} (extra)" for e in unit.extras})) or "nothing"
             inside = "" if imp.at_import else " (inside a function)"
@@ -159,10 +161,12 @@ UNITS = read_table(ARCHITECTURE.read_text())
 
 
 def test_the_table_names_every_package_and_app():
-    assert {u for u in UNITS if not u.startswith("apps/")} == {p.name for p in (REPO / "packages").iterdir()
-                                                                 if (p / "pyproject.toml").is_file()}
-    assert {u for u in UNITS if u.startswith("apps/")} == {f"apps/{p.name}" for p in (REPO / "apps").iterdir()
-                                                             if (p / "pyproject.toml").is_file()}
+    assert {u for u in UNITS if not u.startswith("apps/")} == {
+        p.name for p in (REPO / "packages").iterdir() if (p / "pyproject.toml").is_file()
+    }
+    assert {u for u in UNITS if u.startswith("apps/")} == {
+        f"apps/{p.name}" for p in (REPO / "apps").iterdir() if (p / "pyproject.toml").is_file()
+    }
     for unit in UNITS.values():
         assert unit.src.is_dir(), f"{unit.name}: no {unit.src}"
     modules = {*REPO.glob("packages/*/src/**/*.py"), *REPO.glob("apps/*/src/**/*.py")}
@@ -186,7 +190,8 @@ def test_declared_dependencies_match_the_table(name):
     in_table = unit.allowed & ({*UNITS} | set(GUARDED))
     assert declared(unit, UNITS) == in_table, (
         f"{name}'s pyproject.toml declares {sorted(declared(unit, UNITS))} of the arl packages, torch and "
-        f"ray; docs/ARCHITECTURE.md's table lists {sorted(in_table)}")
+        f"ray; docs/ARCHITECTURE.md's table lists {sorted(in_table)}"
+    )
 
 
 def test_the_checker_sees_imports_in_functions_and_extras_at_import_time(tmp_path):
@@ -206,17 +211,22 @@ def test_the_checker_sees_imports_in_functions_and_extras_at_import_time(tmp_pat
     low.mkdir(parents=True)
     (low / "ok.py").write_text(
         "from typing import TYPE_CHECKING\nimport msgspec\nif TYPE_CHECKING:\n    import ray\n"
-        "def actor():\n    import ray\n    return ray\n")
+        "def actor():\n    import ray\n    return ray\n"
+    )
     (low / "up.py").write_text("def f():\n    from arl.high.x import y\n    from the_app.run import run\n")
-    (low / "eager.py").write_text("try:\n    import ray\nexcept ImportError:\n    ray = None\n"
-                                  "class C:\n    import torch\n")
+    (low / "eager.py").write_text(
+        "try:\n    import ray\nexcept ImportError:\n    ray = None\nclass C:\n    import torch\n"
+    )
     units = read_table(table, tmp_path)
     assert units["arl-high"].allowed == {"arl-low", "torch"}
     assert units["apps/app"].module == "the_app"
     assert units["apps/app"].allowed == {"arl-low", "arl-high", "msgspec", "ray", "torch"}
     problems = violations(units["arl-low"], units, tmp_path)
     assert [p.split(" imports ")[0] for p in problems] == [
-        "packages/arl-low/src/arl/low/eager.py:2", "packages/arl-low/src/arl/low/eager.py:6",
-        "packages/arl-low/src/arl/low/up.py:2", "packages/arl-low/src/arl/low/up.py:3"]
+        "packages/arl-low/src/arl/low/eager.py:2",
+        "packages/arl-low/src/arl/low/eager.py:6",
+        "packages/arl-low/src/arl/low/up.py:2",
+        "packages/arl-low/src/arl/low/up.py:3",
+    ]
     assert "ray is an extra of arl-low" in problems[0]
     assert "(inside a function), but arl-low may depend on: msgspec, ray (extra)" in problems[2]

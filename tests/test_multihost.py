@@ -47,8 +47,13 @@ NODES = [
 TOTAL_STEPS = 14
 LOSE_ROLLOUT_AT, LOSE_TRAINER_AT = 2, 7
 # lr 1e-2 makes the digits reward rise within the chain's 14 steps (0.003 -> 0.8 in 16 steps on one host).
-COMMON = ["resources.trainer_cpu_ranks=2", "run.agent_workers=1", "trainer.save_every=1", "actor.optim.lr=1e-2",
-          f"trainer.total_steps={TOTAL_STEPS}"]
+COMMON = [
+    "resources.trainer_cpu_ranks=2",
+    "run.agent_workers=1",
+    "trainer.save_every=1",
+    "actor.optim.lr=1e-2",
+    f"trainer.total_steps={TOTAL_STEPS}",
+]
 TIMEOUT_S = 900.0
 
 
@@ -63,11 +68,17 @@ def bed(tmp_path_factory):
 
 def _app(bed: testbed.TestBed, name: str, overrides: list[str]) -> faults.AppRun:
     """The app's command line on the head, joining the bed's cluster, its run folder in the shared folder."""
+
     def launch(argv, **kw):
         return bed.popen("head", argv, **kw)
 
-    return faults.AppRun(name, bed.shared_dir, [f"ray.address={bed.address}", f"storage.shared_dir={bed.shared_dir}",
-                                                *overrides], TIMEOUT_S, launch=launch)
+    return faults.AppRun(
+        name,
+        bed.shared_dir,
+        [f"ray.address={bed.address}", f"storage.shared_dir={bed.shared_dir}", *overrides],
+        TIMEOUT_S,
+        launch=launch,
+    )
 
 
 def _summary(run: faults.AppRun) -> dict:
@@ -91,7 +102,9 @@ def chain(bed):
     out["A"] = a
     bed.add_node(NodeSpec("t3", {"trainer": 1}))
     resume, out["resumed_at"] = faults.latest_checkpoint(a.out)
-    c = _app(bed, "C", [*COMMON, "rollout.engine=vllm", "rollout.replicas=1", f"trainer.resume_from={resume}"])
+    c = _app(
+        bed, "C", [*COMMON, "rollout.engine=vllm", "rollout.replicas=1", f"trainer.resume_from={resume}"]
+    )
     try:
         out["C_exit"] = c.wait_exit()
     finally:
@@ -104,26 +117,52 @@ def test_nodes_are_hosts_of_their_own(bed):
     """Own hostname, address, /tmp and /dev/shm; the machine's files read-only; the shared folder shared;
     no route anywhere but the bridge's subnet."""
     (bed.shared_dir / "from-host").write_text("x")
-    seen = bed.run("t1", ["sh", "-c", "hostname; ip -4 -o addr show eth0; ip route; ls /tmp; cat "
-                          f"{bed.shared_dir}/from-host; touch /work/arl-probe 2>&1; true"]).stdout
+    seen = bed.run(
+        "t1",
+        [
+            "sh",
+            "-c",
+            "hostname; ip -4 -o addr show eth0; ip route; ls /tmp; cat "
+            f"{bed.shared_dir}/from-host; touch /work/arl-probe 2>&1; true",
+        ],
+    ).stdout
     assert seen.startswith("t1\n") and f"inet {bed.nodes['t1'].ip}/24" in seen
     assert "default" not in seen and "10.213.0.0/24 dev eth0" in seen
     assert "Read-only file system" in seen and "\nx" in seen and "ray" in seen
-    far = bed.run("t1", [sys.executable, "-c", "import socket; s=socket.socket(); s.settimeout(2); "
-                         "print(s.connect_ex(('10.0.0.1', 9)))"]).stdout.strip()
+    far = bed.run(
+        "t1",
+        [
+            sys.executable,
+            "-c",
+            "import socket; s=socket.socket(); s.settimeout(2); print(s.connect_ex(('10.0.0.1', 9)))",
+        ],
+    ).stdout.strip()
     assert far == "101"  # ENETUNREACH: nothing outside the bed is reachable
 
 
 def test_a_run_that_cannot_see_its_folder_on_a_node_is_refused_naming_it(bed, tmp_path):
     """The run folder on the head's private /tmp: the trainer and rollout nodes do not see it."""
     private = "/tmp/arl-private-run"
-    done = bed.run("head", [sys.executable, "-m", "arl_train.cli", f"ray.address={bed.address}",
-                            f"output.dir={private}", "trainer.total_steps=1", "rollout.engine=torch"],
-                   check=False, timeout=300)
+    done = bed.run(
+        "head",
+        [
+            sys.executable,
+            "-m",
+            "arl_train.cli",
+            f"ray.address={bed.address}",
+            f"output.dir={private}",
+            "trainer.total_steps=1",
+            "rollout.engine=torch",
+        ],
+        check=False,
+        timeout=300,
+    )
     text = done.stdout + done.stderr
     assert done.returncode != 0
     assert "cannot see what the run needs" in text, text[-3000:]
-    assert f"node {bed.nodes['t1'].ip}" in text and f"the run folder (output.dir) {private}" in text, text[-3000:]
+    assert f"node {bed.nodes['t1'].ip}" in text and f"the run folder (output.dir) {private}" in text, text[
+        -3000:
+    ]
     assert "storage.shared_dir" in text
 
 
@@ -135,8 +174,10 @@ def _placement(run: faults.AppRun) -> dict:
 
 def test_across_hosts_the_app_places_each_part_by_node_resource(chain, bed):
     ip = {name: node.ip for name, node in bed.nodes.items()}
-    assert (f"arl: nodes: driver {ip['head']} | trainer ranks {ip['t1']}, {ip['t2']} | replicas {ip['r1']}, "
-            f"{ip['r2']} | agent workers {ip['head']}; weights over 'tcp'") in chain["A"].tail(None)
+    assert (
+        f"arl: nodes: driver {ip['head']} | trainer ranks {ip['t1']}, {ip['t2']} | replicas {ip['r1']}, "
+        f"{ip['r2']} | agent workers {ip['head']}; weights over 'tcp'"
+    ) in chain["A"].tail(None)
     trainer = _placement(chain["A"])
     assert trainer["node"] == ip["t1"] and trainer["sync_address"].startswith(f"tcp://{ip['t1']}:")
     # FSDP2's two ranks on two hosts met at rank 0's node address, never loopback.
@@ -149,15 +190,21 @@ def test_a_lost_rollout_node_fails_over_and_the_run_goes_on(chain):
     last = rows[-1]["rollout"]
     assert last["replicas_healthy"] == [0] and last["failovers"] > 0  # r2's requests resumed on r1
     assert last["dropped_failed"] == 0 and last["dropped_timeout"] == 0 and last["failed_trajectories"] == 0
-    assert [r["version"] for r in rows] == list(range(1, len(rows) + 1))  # a sync every step, after the loss too
+    # a sync every step, after the loss too
+    assert [r["version"] for r in rows] == list(range(1, len(rows) + 1))
 
 
 def test_a_lost_trainer_node_fails_the_run_fast_with_the_cause(chain, bed):
     assert chain["A_exit"] == 1 and chain["A_detect_s"] < 60, chain["A_detect_s"]
-    failed = next(line for line in chain["A"].tail(None).splitlines() if line.startswith("arl-train: the run failed:"))
+    failed = next(
+        line for line in chain["A"].tail(None).splitlines() if line.startswith("arl-train: the run failed:")
+    )
     # The driver names the part, its node and what Ray knows, and where to resume from.
-    assert re.search(rf"NodeLostError: trainer rank [01] on node ({bed.nodes['t1'].ip}) \(\w+\) was lost "
-                     r"\((ActorDiedError|ActorUnavailableError)\): the node is gone", failed), failed
+    assert re.search(
+        rf"NodeLostError: trainer rank [01] on node ({bed.nodes['t1'].ip}) \(\w+\) was lost "
+        r"\((ActorDiedError|ActorUnavailableError)\): the node is gone",
+        failed,
+    ), failed
     assert f"trainer.resume_from={chain['A'].out}/checkpoints/step_" in failed, failed
 
 
@@ -165,16 +212,22 @@ def test_the_run_resumes_on_a_new_node_from_the_shared_checkpoint_and_ends_with_
     c = chain["C"]
     assert chain["C_exit"] == 0, c.tail(4000)
     assert chain["resumed_at"] >= LOSE_TRAINER_AT - 1
-    assert f"trainer ranks {bed.nodes['t2'].ip}, {bed.nodes['t3'].ip} | replicas {bed.nodes['r1'].ip}" in c.tail(None)
+    assert (
+        f"trainer ranks {bed.nodes['t2'].ip}, {bed.nodes['t3'].ip} | replicas {bed.nodes['r1'].ip}"
+        in c.tail(None)
+    )
     s = _summary(c)
-    assert s["steps"] == TOTAL_STEPS - chain["resumed_at"] and s["rollout"]["engine_versions"] == [TOTAL_STEPS]
+    assert s["steps"] == TOTAL_STEPS - chain["resumed_at"] and s["rollout"]["engine_versions"] == [
+        TOTAL_STEPS
+    ]
     assert s["weights_equal_after_sync"] and s["weights_max_abs_diff"] == 0.0  # vLLM's weights, sent over TCP
     assert s["probe_logprob_max_abs_diff"] < 1e-4
 
 
 def test_over_the_chain_it_learns(chain):
-    rewards = [r["reward_mean"] for r in chain["A"].rows()[: chain["resumed_at"]]] + \
-              [r["reward_mean"] for r in chain["C"].rows()]
+    rewards = [r["reward_mean"] for r in chain["A"].rows()[: chain["resumed_at"]]] + [
+        r["reward_mean"] for r in chain["C"].rows()
+    ]
     assert len(rewards) == TOTAL_STEPS
     # 14 steps of the digits task: the reward is still small at the end (0.038 from 0.002 in one run on a
     # loaded 2-core machine), but it has risen by an order of magnitude.

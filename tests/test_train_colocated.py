@@ -28,12 +28,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a full app run (tiers: conft
 @pytest.fixture
 def colocated_run(app_ray_head):
     """Three colocated steps of 4 samples on the shared Ray head: returns (summary, metrics rows)."""
+
     def run_colocated(tmp_path, *overrides, log=lambda _: None):
-        config = load_config(overrides=["resources.colocate=true", "trainer.total_steps=3", "actor.ppo_mini_batch_size=4",
-                                        "rollout.n=4", "rollout.max_tokens=8", f"output.dir={tmp_path}",
-                                        f"ray.address={app_ray_head}", *overrides])
+        config = load_config(
+            overrides=[
+                "resources.colocate=true",
+                "trainer.total_steps=3",
+                "actor.ppo_mini_batch_size=4",
+                "rollout.n=4",
+                "rollout.max_tokens=8",
+                f"output.dir={tmp_path}",
+                f"ray.address={app_ray_head}",
+                *overrides,
+            ]
+        )
         summary = run(config, log=log)
         return summary, [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
     return run_colocated
 
 
@@ -50,7 +61,11 @@ def test_colocated_run_takes_turns_trains_and_syncs(tmp_path, colocated_run):
     # batch (how much of it finishes depends on the machine), never trained.
     produced, consumed = ledger.read(tmp_path / "ledger")
     per_version = Counter(r["version"] for r in produced)
-    assert [per_version[v] for v in (0, 1, 2)] == [4, 4, 4] and per_version[3] <= 4 and set(per_version) <= {0, 1, 2, 3}
+    assert (
+        [per_version[v] for v in (0, 1, 2)] == [4, 4, 4]
+        and per_version[3] <= 4
+        and set(per_version) <= {0, 1, 2, 3}
+    )
     assert {r["uid"] for r in consumed} == {r["uid"] for r in produced if r["version"] < 3}
     assert 12 <= summary.rollout["produced"] <= 16 and summary.rollout["resumed_requests"] == 0
     # The turn-taking ran every step: sleep once the batch was in, wake around the weight transfer.
@@ -68,7 +83,10 @@ def test_colocated_run_takes_turns_trains_and_syncs(tmp_path, colocated_run):
     # generation, so a row's window may hold the next step's): every request ran in a KV cache far larger
     # than they need, none preempted.
     windows = [r["rollout"]["scheduler"] for r in rows]
-    assert max(w["running_max"] for w in windows) >= 4 and 0 < max(w["kv_cache_usage_max"] for w in windows) < 0.5
+    assert (
+        max(w["running_max"] for w in windows) >= 4
+        and 0 < max(w["kv_cache_usage_max"] for w in windows) < 0.5
+    )
     assert sum(w["preempted"] for w in windows) == 0
     # trainer.profile_step: step 2 alone was recorded, as an ops table and a Chrome trace.
     assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["step_2.json", "step_2.txt"]
@@ -81,8 +99,13 @@ def test_two_colocated_ranks_each_sync_the_replica_beside_them(tmp_path, colocat
     transport here), and both replicas end holding the trainer's weights. With `optimizer_offload`
     every rank settles its state's way out before the KV caches wake (on the CPU there is no CUDA
     state to move: the settle runs, through every rank, and waits for nothing)."""
-    summary, rows = colocated_run(tmp_path, "resources.trainer_cpu_ranks=2", "rollout.replicas=2", "rollout.engine=torch",
-                         "actor.optimizer_offload=true")
+    summary, rows = colocated_run(
+        tmp_path,
+        "resources.trainer_cpu_ranks=2",
+        "rollout.replicas=2",
+        "rollout.engine=torch",
+        "actor.optimizer_offload=true",
+    )
 
     assert summary.layout["colocate"] and summary.layout["trainer_cpu_ranks"] == 2
     assert summary.steps == 3 and summary.samples_consumed == 12
@@ -111,7 +134,9 @@ def test_a_dead_replica_fails_a_per_rank_colocated_run_by_name(tmp_path, colocat
             os.kill(pids[1], signal.SIGKILL)  # before the first step's generation is done
 
     with pytest.raises(Exception, match=r"1 replica\(s\) died: with one replica per trainer rank"):
-        colocated_run(tmp_path, "resources.trainer_cpu_ranks=2", "rollout.replicas=2", "rollout.engine=torch", log=log)
+        colocated_run(
+            tmp_path, "resources.trainer_cpu_ranks=2", "rollout.replicas=2", "rollout.engine=torch", log=log
+        )
     assert len(pids) == 2
 
 
@@ -123,10 +148,19 @@ def test_time_sliced_run_yields_at_each_batch_resumes_partials_and_learns(tmp_pa
     step, a step without a sync (every second one here) hands the GPU back with the old weights,
     staleness stays within the budget, the engine ends with the trainer's weights, and the digits
     reward rises."""
-    summary, rows = colocated_run(tmp_path, "resources.shared_gpu=time_sliced", "trainer.total_steps=30",
-                         "rollout.engine=torch", "actor.ppo_mini_batch_size=8", "rollout.n=8", "rollout.max_tokens=12",
-                         "async_training.staleness_threshold=1.0", "async_training.trigger_parameter_sync_step=2",
-                         "async_training.max_version_lag=2", "trainer.save_final=false")
+    summary, rows = colocated_run(
+        tmp_path,
+        "resources.shared_gpu=time_sliced",
+        "trainer.total_steps=30",
+        "rollout.engine=torch",
+        "actor.ppo_mini_batch_size=8",
+        "rollout.n=8",
+        "rollout.max_tokens=12",
+        "async_training.staleness_threshold=1.0",
+        "async_training.trigger_parameter_sync_step=2",
+        "async_training.max_version_lag=2",
+        "trainer.save_final=false",
+    )
 
     assert summary.layout["colocate"] and summary.layout["shared_gpu"] == "time_sliced"
     assert summary.steps == 30 and summary.samples_consumed == 240
@@ -142,17 +176,27 @@ def test_time_sliced_run_yields_at_each_batch_resumes_partials_and_learns(tmp_pa
     assert max(r["staleness_max"] for r in rows) <= 2 and rows[-1]["dropped_version_lag_total"] >= 0
     assert summary.weights_equal_after_sync and summary.weights_max_abs_diff == 0.0
     # It learns while sharing the device: the digits reward rises from ~0.01.
-    assert summary.reward_last_tenth > summary.reward_first_tenth + 0.05, (summary.reward_first_tenth,
-                                                                            summary.reward_last_tenth)
+    assert summary.reward_last_tenth > summary.reward_first_tenth + 0.05, (
+        summary.reward_first_tenth,
+        summary.reward_last_tenth,
+    )
 
 
 def test_two_concurrent_ranks_each_sync_the_replica_beside_them(tmp_path, colocated_run):
     """`resources.shared_gpu=concurrent` with two FSDP2 trainer ranks (gloo) and two replicas: both
     stay resident and generate while the ranks train (mode d: the staleness budget lets the next
     batch start); every rank sends to the replica beside it and both end with the trainer's weights."""
-    summary, rows = colocated_run(tmp_path, "resources.shared_gpu=concurrent", "resources.trainer_cpu_ranks=2",
-                         "rollout.replicas=2", "rollout.engine=torch", "rollout.max_tokens=24", "trainer.total_steps=4",
-                         "async_training.staleness_threshold=1.0", "trainer.save_final=false")
+    summary, rows = colocated_run(
+        tmp_path,
+        "resources.shared_gpu=concurrent",
+        "resources.trainer_cpu_ranks=2",
+        "rollout.replicas=2",
+        "rollout.engine=torch",
+        "rollout.max_tokens=24",
+        "trainer.total_steps=4",
+        "async_training.staleness_threshold=1.0",
+        "trainer.save_final=false",
+    )
 
     assert summary.layout["shared_gpu"] == "concurrent" and summary.layout["trainer_cpu_ranks"] == 2
     assert summary.steps == 4 and summary.samples_consumed == 16

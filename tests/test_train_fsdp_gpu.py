@@ -24,8 +24,9 @@ CONFIG = Path(__file__).resolve().parents[1] / "apps" / "train" / "configs" / "g
 
 
 def _run(tmp_path, *overrides):
-    config = load_config(CONFIG, [f"output.dir={tmp_path}", "trainer.total_steps=3", "resources.trainer_gpus=2",
-                                  *overrides])
+    config = load_config(
+        CONFIG, [f"output.dir={tmp_path}", "trainer.total_steps=3", "resources.trainer_gpus=2", *overrides]
+    )
     summary = run(config, log=print)
     _, consumed = ledger.read(tmp_path / "ledger")
     assert len(consumed) == summary.samples_consumed == 3 * config.actor.ppo_mini_batch_size
@@ -45,7 +46,9 @@ def test_two_ranks_on_two_gpus_with_a_cpu_engine(tmp_path):
     assert s.layout["trainer_gpus"] == 2 and s.layout["transport"] == "cpu"
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 3, reason="two trainer ranks and a vLLM replica need three GPUs")
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 3, reason="two trainer ranks and a vLLM replica need three GPUs"
+)
 def test_two_ranks_and_a_vllm_replica_on_three_gpus(tmp_path):
     pytest.importorskip("vllm")
     s = _run(tmp_path, "rollout.enforce_eager=true")

@@ -23,8 +23,9 @@ CONFIG = Path(__file__).resolve().parents[1] / "apps" / "train" / "configs" / "g
 
 def _run(tmp_path, *overrides):
     pytest.importorskip("vllm")
-    config = load_config(CONFIG, [f"output.dir={tmp_path}", "trainer.total_steps=3", "rollout.enforce_eager=true",
-                                  *overrides])
+    config = load_config(
+        CONFIG, [f"output.dir={tmp_path}", "trainer.total_steps=3", "rollout.enforce_eager=true", *overrides]
+    )
     return run(config, log=print)
 
 
@@ -39,13 +40,19 @@ def test_colocated_on_one_gpu(tmp_path):
 @pytest.mark.skipif(shutil.which(mps.CONTROL) is None, reason="no nvidia-cuda-mps-control on this machine")
 def test_concurrent_on_one_gpu_under_the_runs_own_mps_daemon(tmp_path):
     pipes_before = set(Path("/tmp").glob("arl-mps-*"))
-    s = _run(tmp_path, "resources.shared_gpu=concurrent", "resources.mps=start", "async_training.staleness_threshold=1.0")
+    s = _run(
+        tmp_path,
+        "resources.shared_gpu=concurrent",
+        "resources.mps=start",
+        "async_training.staleness_threshold=1.0",
+    )
     assert s.layout["shared_gpu"] == "concurrent" and s.layout["transport"] == "cuda_ipc" and s.steps == 3
     assert s.weights_equal_after_sync and s.weights_max_abs_diff == 0.0, s.weights_problems
     # The trainer rank and the replica's engine core were the daemon's clients; it quit at the end.
     assert mps.clients_seen(tmp_path / "mps") >= 2, (tmp_path / "mps" / "control.log").read_text()
     assert set(Path("/tmp").glob("arl-mps-*")) == pipes_before
-    assert subprocess.run(["pgrep", "-f", mps.CONTROL], capture_output=True, check=False).returncode == 1  # none left
+    # none left
+    assert subprocess.run(["pgrep", "-f", mps.CONTROL], capture_output=True, check=False).returncode == 1
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the split layout needs two GPUs")

@@ -19,24 +19,35 @@ from pathlib import Path
 
 import pytest
 import torch
-from arl.queue.persistence import SNAPSHOT_FILENAME, read_snapshot
 from safetensors.torch import load_file
 
+from arl.queue.persistence import SNAPSHOT_FILENAME, read_snapshot
 from arl_train import ledger
 from arl_train.config import load_config
 from arl_train.run import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a full app run (tiers: conftest.py)
 
-COMMON = ["rollout.engine=torch", "actor.ppo_mini_batch_size=2", "rollout.n=2", "rollout.max_tokens=8",
-          "async_training.staleness_threshold=1.0", "actor.algorithm.kl_coef=0.01", "resources.trainer_cpu_ranks=2"]
+COMMON = [
+    "rollout.engine=torch",
+    "actor.ppo_mini_batch_size=2",
+    "rollout.n=2",
+    "rollout.max_tokens=8",
+    "async_training.staleness_threshold=1.0",
+    "actor.algorithm.kl_coef=0.01",
+    "resources.trainer_cpu_ranks=2",
+]
 
 
 def _tasks(tmp_path: Path) -> str:
     """Prompts scored by `synthetic_hash`: every group has reward variance, so every step updates."""
     path = tmp_path / "tasks.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"Say something {i}.", "reward_fn": "synthetic_hash"}) + "\n"
-                            for i in range(64)))
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": f"Say something {i}.", "reward_fn": "synthetic_hash"}) + "\n"
+            for i in range(64)
+        )
+    )
     return f"data.source={path}"
 
 
@@ -62,13 +73,32 @@ def chain(tmp_path_factory, app_ray_head):
     data = _tasks(tmp)
     checkpoint = tmp / "a" / "checkpoint"
     ray = f"ray.address={app_ray_head}"
-    first = run(load_config(overrides=[*COMMON, data, ray, "trainer.total_steps=3", f"output.dir={tmp / 'a'}"]),
-                log=lambda _: None)
+    first = run(
+        load_config(overrides=[*COMMON, data, ray, "trainer.total_steps=3", f"output.dir={tmp / 'a'}"]),
+        log=lambda _: None,
+    )
     queued = read_snapshot(checkpoint)  # samples produced but not yet trained on (read before b runs)
-    second = run(load_config(overrides=[*COMMON, data, ray, "trainer.total_steps=5",
-                                        f"trainer.resume_from={checkpoint}", f"output.dir={tmp / 'b'}"]),
-                 log=lambda _: None)
-    return {"tmp": tmp, "data": data, "first": first, "second": second, "checkpoint": checkpoint, "queued": queued}
+    second = run(
+        load_config(
+            overrides=[
+                *COMMON,
+                data,
+                ray,
+                "trainer.total_steps=5",
+                f"trainer.resume_from={checkpoint}",
+                f"output.dir={tmp / 'b'}",
+            ]
+        ),
+        log=lambda _: None,
+    )
+    return {
+        "tmp": tmp,
+        "data": data,
+        "first": first,
+        "second": second,
+        "checkpoint": checkpoint,
+        "queued": queued,
+    }
 
 
 def test_the_checkpoint_records_step_version_position_queue_and_base_model(chain):
@@ -141,17 +171,44 @@ def test_the_resumed_trainer_keeps_the_base_model_as_its_reference(chain):
     tmp, data, checkpoint = chain["tmp"], chain["data"], chain["checkpoint"]
     assert _rows(tmp / "b")[0]["kl_ref_mean"] > 0.0  # against its own start (the checkpoint) it would be 0
     base = str((tmp / "a" / "model").resolve())
-    resumed = load_config(overrides=[*COMMON, data, "trainer.total_steps=5", f"trainer.resume_from={checkpoint}",
-                                     f"output.dir={tmp / 'b'}"])
+    resumed = load_config(
+        overrides=[
+            *COMMON,
+            data,
+            "trainer.total_steps=5",
+            f"trainer.resume_from={checkpoint}",
+            f"output.dir={tmp / 'b'}",
+        ]
+    )
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     assert reference_path_of(resumed, str(checkpoint), state) == base
     assert reference_path_of(load_config(overrides=[*COMMON, data]), str(tmp / "a" / "model"), None) == base
     tcfg = TrainerConfig(algorithm=resumed.actor.algorithm, mixed_precision="none")
     policy = HFPolicy(checkpoint, tcfg, reference_path=reference_path_of(resumed, str(checkpoint), state))
-    ids = torch.randint(1, policy.model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0)).tolist()
-    batch = assemble_batch([Sample(uid="probe", prompt_ids=ids[0][:4], responses=[Response(
-        response_ids=row[4:], response_mask=[1] * 8, response_logprobs=[0.0] * 8, weight_versions=[0] * 8, reward=0.0)
-        for row in ids], start_version=0, end_version=0)], pad_token_id=0)
+    ids = torch.randint(
+        1, policy.model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0)
+    ).tolist()
+    batch = assemble_batch(
+        [
+            Sample(
+                uid="probe",
+                prompt_ids=ids[0][:4],
+                responses=[
+                    Response(
+                        response_ids=row[4:],
+                        response_mask=[1] * 8,
+                        response_logprobs=[0.0] * 8,
+                        weight_versions=[0] * 8,
+                        reward=0.0,
+                    )
+                    for row in ids
+                ],
+                start_version=0,
+                end_version=0,
+            )
+        ],
+        pad_token_id=0,
+    )
     base_policy = HFPolicy(base, TrainerConfig(mixed_precision="none"))
     assert torch.equal(policy.reference_log_probs(batch), base_policy.log_probs(batch))
     assert not torch.equal(policy.log_probs(batch), base_policy.log_probs(batch))  # so its KL is > 0

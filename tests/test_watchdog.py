@@ -29,7 +29,11 @@ def _env(run_id: str) -> dict[str, str]:
 
 def test_watchdog_ends_the_children_of_a_sigkilled_driver(tmp_path):
     run_id = uuid.uuid4().hex
-    driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import subprocess, sys, time
         from arl_train import watchdog
         watchdog.start()
@@ -37,7 +41,12 @@ def test_watchdog_ends_the_children_of_a_sigkilled_driver(tmp_path):
         subprocess.Popen(["sleep", "301"], start_new_session=True)   # one that left the process group
         print("ready", flush=True)
         time.sleep(300)
-    """)], env=_env(run_id), stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        env=_env(run_id),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert driver.stdout.readline().strip() == "ready"
         assert len(run_processes(run_id, exclude={driver.pid}, nested=True)) == 2
@@ -50,13 +59,23 @@ def test_watchdog_ends_the_children_of_a_sigkilled_driver(tmp_path):
 
 def test_watchdog_stop_sweeps_leftovers_and_spares_the_driver():
     run_id = uuid.uuid4().hex
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import os, subprocess, sys
         from arl_train import watchdog
         guard = watchdog.start()
         child = subprocess.Popen(["sleep", "300"], start_new_session=True)
         guard.stop()
         print(child.wait(10), flush=True)
-    """)], env=_env(run_id), capture_output=True, text=True, timeout=60)
+    """),
+        ],
+        env=_env(run_id),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(-signal.SIGTERM)

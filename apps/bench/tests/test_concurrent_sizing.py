@@ -7,11 +7,27 @@ from arl_bench.compare import ModeResult, concurrent_share_from, replica_share_b
 
 
 def result(peak_gib: float, card_gib: float) -> ModeResult:
-    return ModeResult(mode="time_sliced", app_mode="d", overrides=[], steps_measured=8, samples_per_s=1.0,
-                      tokens_per_s=1.0, generated_tokens_per_s=1.0, trainer_idle_fraction=0.5,
-                      rollout_idle_fraction=0.5, sync_s_per_step=0.5, staleness_mean=0.9, train_s_per_step=5.0,
-                      step_s_mean=14.5, response_length_mean=827.0, weights_equal_after_sync=True, wall_s=268.0,
-                      output_dir="/runs/x", trainer_peak_mem_gib=peak_gib, gpu_memory_gib=card_gib)
+    return ModeResult(
+        mode="time_sliced",
+        app_mode="d",
+        overrides=[],
+        steps_measured=8,
+        samples_per_s=1.0,
+        tokens_per_s=1.0,
+        generated_tokens_per_s=1.0,
+        trainer_idle_fraction=0.5,
+        rollout_idle_fraction=0.5,
+        sync_s_per_step=0.5,
+        staleness_mean=0.9,
+        train_s_per_step=5.0,
+        step_s_mean=14.5,
+        response_length_mean=827.0,
+        weights_equal_after_sync=True,
+        wall_s=268.0,
+        output_dir="/runs/x",
+        trainer_peak_mem_gib=peak_gib,
+        gpu_memory_gib=card_gib,
+    )
 
 
 def test_the_replica_gets_what_the_trainers_peak_and_the_margin_leave():
@@ -28,4 +44,3 @@ def test_the_share_comes_from_the_largest_peak_of_the_runs_on_a_gpu():
     assert concurrent_share_from({"colocated": result(0.0, 0.0)}) is None  # CPU runs measure no peak
     runs = {"colocated": result(59.4, 79.2), "time_sliced": result(60.1, 79.2)}
     assert concurrent_share_from(runs) == replica_share_beside(60.1, 79.2)
-

@@ -3,8 +3,16 @@ the raw rates, and each side's share of wall time slowed by the other."""
 
 import pytest
 
-from arl_bench.compare import (ModeResult, add_slowdowns, alone_rates, at_once_bound, best_mix, ideal_speedups,
-                               mode_settings, turn_taking_ideals)
+from arl_bench.compare import (
+    ModeResult,
+    add_slowdowns,
+    alone_rates,
+    at_once_bound,
+    best_mix,
+    ideal_speedups,
+    mode_settings,
+    turn_taking_ideals,
+)
 
 
 def test_ideals_from_the_rates():
@@ -19,27 +27,56 @@ def test_ideals_from_the_rates():
     x = g / (g + t * ts - g * gs)
     assert best_mix(g, t, gs, ts) == pytest.approx(x * t * ts)
     assert x * g * gs + (1 - x) * g == pytest.approx(x * t * ts)  # both sides make the same tokens
-    assert ideal_speedups(1000.0, 2000.0, 2000.0, 1.0, 1.0)["concurrent"] == pytest.approx(2000.0 / (1 / (1 / 1000 + 1 / 2000)))
+    assert ideal_speedups(1000.0, 2000.0, 2000.0, 1.0, 1.0)["concurrent"] == pytest.approx(
+        2000.0 / (1 / (1 / 1000 + 1 / 2000))
+    )
 
 
 def _mode(trainer_rate, rollout_rate, trainer_work=0.5, rollout_work=0.5):
-    return ModeResult(mode="m", app_mode="d", overrides=[], steps_measured=1, samples_per_s=1.0, tokens_per_s=1.0,
-                      generated_tokens_per_s=1.0, trainer_idle_fraction=0.5, rollout_idle_fraction=0.5,
-                      sync_s_per_step=0.0, staleness_mean=0.0, train_s_per_step=1.0, step_s_mean=2.0,
-                      response_length_mean=1.0, weights_equal_after_sync=True, wall_s=1.0, output_dir="",
-                      trainer_rate=trainer_rate, rollout_rate=rollout_rate, trainer_work_fraction=trainer_work,
-                      rollout_work_fraction=rollout_work)
+    return ModeResult(
+        mode="m",
+        app_mode="d",
+        overrides=[],
+        steps_measured=1,
+        samples_per_s=1.0,
+        tokens_per_s=1.0,
+        generated_tokens_per_s=1.0,
+        trainer_idle_fraction=0.5,
+        rollout_idle_fraction=0.5,
+        sync_s_per_step=0.0,
+        staleness_mean=0.0,
+        train_s_per_step=1.0,
+        step_s_mean=2.0,
+        response_length_mean=1.0,
+        weights_equal_after_sync=True,
+        wall_s=1.0,
+        output_dir="",
+        trainer_rate=trainer_rate,
+        rollout_rate=rollout_rate,
+        trainer_work_fraction=trainer_work,
+        rollout_work_fraction=rollout_work,
+    )
 
 
 def test_slowed_shares_use_the_rates_alone_of_the_same_compare():
-    results = {"colocated": _mode(100.0, 50.0), "time_sliced": _mode(100.0, 80.0),
-               "concurrent": _mode(50.0, 40.0, trainer_work=0.6, rollout_work=1.0)}
+    results = {
+        "colocated": _mode(100.0, 50.0),
+        "time_sliced": _mode(100.0, 80.0),
+        "concurrent": _mode(50.0, 40.0, trainer_work=0.6, rollout_work=1.0),
+    }
     alone = alone_rates(results)
-    assert alone == {"trainer": 100.0, "rollout": 80.0}  # colocated's draining batches are not the engine's best
+    assert alone == {
+        "trainer": 100.0,
+        "rollout": 80.0,
+    }  # colocated's draining batches are not the engine's best
     add_slowdowns(results, alone)
     assert results["concurrent"].trainer_slowed_fraction == pytest.approx(0.3)
     assert results["concurrent"].rollout_slowed_fraction == pytest.approx(0.5)
-    assert results["time_sliced"].trainer_slowed_fraction == 0.0 == results["time_sliced"].rollout_slowed_fraction
+    assert (
+        results["time_sliced"].trainer_slowed_fraction
+        == 0.0
+        == results["time_sliced"].rollout_slowed_fraction
+    )
 
 
 def test_shared_modes_run_as_mode_d_on_the_shared_gpus():
@@ -48,7 +85,11 @@ def test_shared_modes_run_as_mode_d_on_the_shared_gpus():
 
 
 def test_turn_taking_bound_from_the_rates_alone_of_the_same_compare():
-    results = {"colocated": _mode(100.0, 50.0), "time_sliced": _mode(100.0, 80.0), "concurrent": _mode(50.0, 40.0)}
+    results = {
+        "colocated": _mode(100.0, 50.0),
+        "time_sliced": _mode(100.0, 80.0),
+        "concurrent": _mode(50.0, 40.0),
+    }
     bounds = turn_taking_ideals(results, alone_rates(results))
     # 1/(1/100 + 1/80) for both shared schedules; colocated at its own draining rate 1/(1/100 + 1/50).
     assert bounds == pytest.approx({"time_sliced": 400 / 9, "concurrent": 400 / 9, "colocated": 100 / 3})
@@ -82,8 +123,11 @@ def test_the_headline_comes_from_a_steady_window_or_else_from_the_bounds():
     assert h["samples_speedup"] == pytest.approx(1.4)
     # time_sliced trained 26% more than it generated (the warm-up's stock): the bounds' 1.30x, the window's
     # 1.32x only as a footnote; no samples/s headline.
-    stock = {"colocated": _window(4953.0, 4952.0, 10.0), "time_sliced": _window(6538.0, 5189.0, 15.4),
-             "concurrent": _window(7281.0, 5763.0, 12.1)}
+    stock = {
+        "colocated": _window(4953.0, 4952.0, 10.0),
+        "time_sliced": _window(6538.0, 5189.0, 15.4),
+        "concurrent": _window(7281.0, 5763.0, 12.1),
+    }
     h = headline(stock, bounds, 7730.0)
     assert h["time_sliced"]["source"] == "bounds" and h["time_sliced"]["samples_speedup"] is None
     assert h["time_sliced"]["trained_tokens_speedup"] == pytest.approx(7302 / 5617)

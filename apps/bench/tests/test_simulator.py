@@ -22,15 +22,24 @@ def test_without_a_tail_or_batch_effect_the_split_matches_the_formula():
     # batch finishes at once, so the rollout must be allowed a full batch ahead to overlap the trainer
     # (at 0.5 the budget is spent before training starts and the split runs serially: 0.5×).
     calib = calibration({1: 1000.0}, train_tokens_per_s=1000.0)
-    w = SimWorkload(source="builtin:longtail?median=100&sigma=0.000001&max=100", prompt_len=1, n=4,
-                    prompts_per_step=8, steps=8, warmup_steps=2)
+    w = SimWorkload(
+        source="builtin:longtail?median=100&sigma=0.000001&max=100",
+        prompt_len=1,
+        n=4,
+        prompts_per_step=8,
+        steps=8,
+        warmup_steps=2,
+    )
     coloc, split = simulate("colocated", 2, calib, w), simulate("d", 2, calib, w, staleness=1.0)
     assert split.samples_per_s / coloc.samples_per_s == pytest.approx(1.0, rel=0.1)
     assert simulate("d", 2, calib, w).samples_per_s / coloc.samples_per_s == pytest.approx(0.5, rel=0.1)
     # A trainer 3× slower per GPU: colocated pays 1/g + 1/t per token over 2 GPUs, the split max(1/g, 1/t)
     # on one each: (1/1000 + 3/1000) / (2 · 3/1000) = 0.67.
     slow = calibration({1: 1000.0}, train_tokens_per_s=1000.0 / 3)
-    ratio = simulate("d", 2, slow, w, staleness=1.0).samples_per_s / simulate("colocated", 2, slow, w).samples_per_s
+    ratio = (
+        simulate("d", 2, slow, w, staleness=1.0).samples_per_s
+        / simulate("colocated", 2, slow, w).samples_per_s
+    )
     assert ratio == pytest.approx(2 / 3, rel=0.1)
 
 
@@ -48,7 +57,10 @@ def test_long_tail_favours_mode_d_and_staleness_stays_bounded():
     for r in results.values():
         assert 0.0 <= r.engine_idle_fraction <= 1.0 and 0.0 <= r.trainer_idle_fraction <= 1.0
     again = simulate("d", 4, calib, w)
-    assert (again.samples_per_s, again.staleness_mean) == (results["d"].samples_per_s, results["d"].staleness_mean)
+    assert (again.samples_per_s, again.staleness_mean) == (
+        results["d"].samples_per_s,
+        results["d"].staleness_mean,
+    )
 
 
 def test_bad_calibration_and_layout_are_named(tmp_path):
@@ -70,14 +82,26 @@ def test_shared_schedules_match_their_formulas_without_a_tail():
     from arl_bench.simulate import ShareCost
 
     calib = calibration({1: 1000.0}, train_tokens_per_s=1000.0)
-    w = SimWorkload(source="builtin:longtail?median=100&sigma=0.000001&max=100", prompt_len=1, n=4,
-                    prompts_per_step=8, steps=10, warmup_steps=2)
+    w = SimWorkload(
+        source="builtin:longtail?median=100&sigma=0.000001&max=100",
+        prompt_len=1,
+        n=4,
+        prompts_per_step=8,
+        steps=10,
+        warmup_steps=2,
+    )
     coloc = simulate("colocated", 1, calib, w).samples_per_s
-    assert simulate("time_sliced", 1, calib, w, staleness=1.0).samples_per_s / coloc == pytest.approx(1.0, rel=0.1)
+    assert simulate("time_sliced", 1, calib, w, staleness=1.0).samples_per_s / coloc == pytest.approx(
+        1.0, rel=0.1
+    )
     calib.share = ShareCost(engine=1.0, trainer=1.0)
-    assert simulate("concurrent", 1, calib, w, staleness=1.0).samples_per_s / coloc == pytest.approx(2.0, rel=0.1)
+    assert simulate("concurrent", 1, calib, w, staleness=1.0).samples_per_s / coloc == pytest.approx(
+        2.0, rel=0.1
+    )
     calib.share = ShareCost(engine=0.5, trainer=0.5)
-    assert simulate("concurrent", 1, calib, w, staleness=1.0).samples_per_s / coloc == pytest.approx(1.0, rel=0.1)
+    assert simulate("concurrent", 1, calib, w, staleness=1.0).samples_per_s / coloc == pytest.approx(
+        1.0, rel=0.1
+    )
 
 
 def test_on_the_long_tail_time_sliced_beats_colocated_on_the_same_gpus():

@@ -12,17 +12,33 @@ from arl_bench.report import COLUMNS, table
 
 def step_row(step: int, **extra: float) -> dict:
     """Step `step` of a run that trains 100 samples of 1,000 tokens in 10 s a step, generating the whole time."""
-    return {"step_s": 10.0, "samples_seen": 100 * step, "sampled_tokens_per_s": 1000.0, "train_s": 4.0, "wait_s": 6.0,
-            "sync_s": 0.5, "staleness_mean": 0.5, "staleness_max": 2, "response_length_mean": 100.0,
-            "rollout": {"manager_elapsed_s": 10.0 * step, "engine_busy_s": 9.0 * step, "engine_generated_tokens": 12000.0 * step,
-                        "engine_replicas": 1.0, "resumed_requests": 3 * step},
-            **extra}
+    return {
+        "step_s": 10.0,
+        "samples_seen": 100 * step,
+        "sampled_tokens_per_s": 1000.0,
+        "train_s": 4.0,
+        "wait_s": 6.0,
+        "sync_s": 0.5,
+        "staleness_mean": 0.5,
+        "staleness_max": 2,
+        "response_length_mean": 100.0,
+        "rollout": {
+            "manager_elapsed_s": 10.0 * step,
+            "engine_busy_s": 9.0 * step,
+            "engine_generated_tokens": 12000.0 * step,
+            "engine_replicas": 1.0,
+            "resumed_requests": 3 * step,
+        },
+        **extra,
+    }
 
 
 def test_the_window_leaves_the_warm_up_out_and_takes_the_trainers_peak_memory():
-    rows = [step_row(1, peak_mem_update_gib=70.0),  # warm-up: left out
-            step_row(2, peak_mem_update_gib=50.5, peak_mem_proximal_gib=11.4),
-            step_row(3, peak_mem_update_gib=49.0, peak_mem_ref_gib=52.25)]
+    rows = [
+        step_row(1, peak_mem_update_gib=70.0),  # warm-up: left out
+        step_row(2, peak_mem_update_gib=50.5, peak_mem_proximal_gib=11.4),
+        step_row(3, peak_mem_update_gib=49.0, peak_mem_ref_gib=52.25),
+    ]
     summary = SimpleNamespace(weights_equal_after_sync=True, wall_s=30.0, output_dir="/runs/x")
     r = summarize("time_sliced", "d", [], rows, summary, warmup_steps=1)
     assert r.steps_measured == 2
@@ -31,9 +47,14 @@ def test_the_window_leaves_the_warm_up_out_and_takes_the_trainers_peak_memory():
     assert r.rollout_rate == pytest.approx(24000 / 18) and r.resumed_requests == 6
     assert r.trainer_peak_mem_gib == 52.25  # the reference pass of step 3, not the warm-up's 70
     assert r.gpu_memory_gib == 0.0  # a summary without the trainer's placement (a CPU run's has 0)
-    assert summarize("colocated", "a", [], [step_row(1), step_row(2)], summary, 1).trainer_peak_mem_gib == 0.0  # CPU
-    on_gpu = SimpleNamespace(weights_equal_after_sync=True, wall_s=30.0, output_dir="/runs/x",
-                             trainer={"device": "cuda", "gpu_memory_gib": 79.2})
+    # CPU
+    assert summarize("colocated", "a", [], [step_row(1), step_row(2)], summary, 1).trainer_peak_mem_gib == 0.0
+    on_gpu = SimpleNamespace(
+        weights_equal_after_sync=True,
+        wall_s=30.0,
+        output_dir="/runs/x",
+        trainer={"device": "cuda", "gpu_memory_gib": 79.2},
+    )
     assert summarize("time_sliced", "d", [], rows, on_gpu, 1).gpu_memory_gib == 79.2  # the card, for sizing
 
 
@@ -47,13 +68,25 @@ def test_the_table_leaves_a_cell_blank_where_the_compare_had_no_colocated_run():
 def test_a_window_that_trained_more_than_it_generated_is_flagged(tmp_path, capsys):
     """Figures of a 4-step long-prompt-kl compare on an H100: time_sliced trained 6,310 tokens/s while
     generating 4,997, colocated exactly what it generated."""
-    colocated = {"samples_per_s": 0.719, "tokens_per_s": 4953.4, "generated_tokens_per_s": 4952.3,
-                 "trainer_idle_fraction": 0.56, "rollout_idle_fraction": 0.42, "speedup_over_colocated": 1.0,
-                 "weights_equal_after_sync": True}
-    time_sliced = {**colocated, "tokens_per_s": 6310.4, "generated_tokens_per_s": 4996.7, "speedup_over_colocated": 1.49}
+    colocated = {
+        "samples_per_s": 0.719,
+        "tokens_per_s": 4953.4,
+        "generated_tokens_per_s": 4952.3,
+        "trainer_idle_fraction": 0.56,
+        "rollout_idle_fraction": 0.42,
+        "speedup_over_colocated": 1.0,
+        "weights_equal_after_sync": True,
+    }
+    time_sliced = {
+        **colocated,
+        "tokens_per_s": 6310.4,
+        "generated_tokens_per_s": 4996.7,
+        "speedup_over_colocated": 1.49,
+    }
     assert drawn_from_stock(colocated) == pytest.approx(0.0002, abs=1e-4)
     assert drawn_from_stock(time_sliced) == pytest.approx(0.263, abs=1e-3)
-    assert drawn_from_stock({"tokens_per_s": 10.0, "generated_tokens_per_s": 0.0}) == 0.0  # a run that generated nothing
+    # a run that generated nothing
+    assert drawn_from_stock({"tokens_per_s": 10.0, "generated_tokens_per_s": 0.0}) == 0.0
     result = {"modes": {"colocated": colocated, "time_sliced": time_sliced}, "failed_modes": {}}
     assert _write_and_print(result, tmp_path) == 0
     out = capsys.readouterr().out

@@ -3,9 +3,9 @@
 It answers one question about `--preset agent`: when the reward does not rise, is it arl (the proxy,
 segments, the queue, the trainer) or the setting (the tiny model, a binary reward, tens of samples per
 step)? This loop has none of arl's machinery: Hugging Face `generate` samples the first assistant turn of
-`--tasks` random tasks × `--samples` (8 × 4) at temperature 1, the reward is 1 when the tool call's command is the oracle's (what
-the sandbox check accepts for these tasks), advantages are GRPO's per task, the loss is token-mean over
-the turn, one AdamW update per step (grad clip 1.0) — the app's defaults.
+`--tasks` random tasks × `--samples` (8 × 4) at temperature 1, the reward is 1 when the tool call's
+command is the oracle's (what the sandbox check accepts for these tasks), advantages are GRPO's per
+task, the loss is token-mean over the turn, one AdamW update per step (grad clip 1.0) — the app's defaults.
 
     uv run python apps/train/benchmarks/agent_grpo_offline.py runs/agent/model_sft --lr 5e-4 --steps 25
 
@@ -47,9 +47,17 @@ def main() -> None:
         for task in rng.sample(tasks, args.tasks):
             ids = torch.tensor([first_turn_prompt(tokenizer, task)]).repeat(args.samples, 1)
             with torch.no_grad():
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                                     top_k=0, top_p=1.0, max_new_tokens=MAX_TOKENS, pad_token_id=tokenizer.pad_token_id)
-            turn = out[:, ids.shape[1]:]
+                out = model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=True,
+                    temperature=1.0,
+                    top_k=0,
+                    top_p=1.0,
+                    max_new_tokens=MAX_TOKENS,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+            turn = out[:, ids.shape[1] :]
             r = torch.tensor([float(runs_the_oracle(task, tokenizer.decode(row))) for row in turn])
             advantages = (r - r.mean()) / (r.std() + 1e-6) if r.std() > 0 else torch.zeros_like(r)
             # The turn ends at its first <|im_end|>: later tokens (padding) are not trained.
@@ -60,7 +68,9 @@ def main() -> None:
             tokens += float(mask.sum())
         optimizer.zero_grad()
         for out, start, advantages, mask in groups:
-            logp = torch.log_softmax(model(out).logits[:, start - 1:-1].float(), -1).gather(-1, out[:, start:, None])[..., 0]
+            logp = torch.log_softmax(model(out).logits[:, start - 1 : -1].float(), -1).gather(
+                -1, out[:, start:, None]
+            )[..., 0]
             (-(advantages[:, None] * logp * mask).sum() / tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -35,10 +35,17 @@ def main() -> None:
     p.add_argument("--full", default="")
     args = p.parse_args()
     s = MODEL_SHAPES[args.shape]
-    config = Qwen3Config(vocab_size=1024, hidden_size=s["hidden_size"], intermediate_size=s["intermediate_size"],
-                         num_hidden_layers=s["num_layers"], num_attention_heads=s["num_heads"],
-                         num_key_value_heads=s["num_kv_heads"], head_dim=s["head_dim"], tie_word_embeddings=True,
-                         pad_token_id=0)
+    config = Qwen3Config(
+        vocab_size=1024,
+        hidden_size=s["hidden_size"],
+        intermediate_size=s["intermediate_size"],
+        num_hidden_layers=s["num_layers"],
+        num_attention_heads=s["num_heads"],
+        num_key_value_heads=s["num_kv_heads"],
+        head_dim=s["head_dim"],
+        tie_word_embeddings=True,
+        pad_token_id=0,
+    )
     result: dict = {"shape": args.shape, "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()}
     t = time.perf_counter()
     model = random_causal_lm(Qwen3ForCausalLM, config, torch.bfloat16, seed=0)

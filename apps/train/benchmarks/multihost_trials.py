@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from arl_train import testbed
@@ -82,11 +81,17 @@ def measure(bed: testbed.TestBed, run: AppRun, steps: int, sandboxes: list[str])
     seconds = last["elapsed_s"] - first["elapsed_s"]
     rewards = [r["reward_mean"] for r in run.rows()]
     tenth = max(1, len(rewards) // 10)
-    return {"exit": code, "trials": trials, "seconds": round(seconds, 1), "trials_per_s": round(trials / seconds, 3),
-            "sandbox_cpu_s": round(cpu1 - cpu0, 1), "cpu_s_per_trial": round((cpu1 - cpu0) / max(1, trials), 3),
-            "reward_first_tenth": round(sum(rewards[:tenth]) / tenth, 3),
-            "reward_last_tenth": round(sum(rewards[-tenth:]) / tenth, 3),
-            "reward_mean": [round(r, 3) for r in rewards]}
+    return {
+        "exit": code,
+        "trials": trials,
+        "seconds": round(seconds, 1),
+        "trials_per_s": round(trials / seconds, 3),
+        "sandbox_cpu_s": round(cpu1 - cpu0, 1),
+        "cpu_s_per_trial": round((cpu1 - cpu0) / max(1, trials), 3),
+        "reward_first_tenth": round(sum(rewards[:tenth]) / tenth, 3),
+        "reward_last_tenth": round(sum(rewards[-tenth:]) / tenth, 3),
+        "reward_mean": [round(r, 3) for r in rewards],
+    }
 
 
 def main() -> int:
@@ -101,30 +106,52 @@ def main() -> int:
     root = Path(args.root)
     results = {}
     with testbed.bed(root / "shared", NODES, log_dir=root / "logs") as bed:
+
         def launch(argv, **kw):
             return bed.popen("head", argv, **kw)
 
         base = [f"ray.address={bed.address}", f"storage.shared_dir={bed.shared_dir}", "run.agent_workers=2"]
-        one = AppRun("one", bed.shared_dir, ["--preset", "agent", *base, "cluster.sandbox_resource=sandbox1"],
-                     timeout_s=3600, launch=launch)
+        one = AppRun(
+            "one",
+            bed.shared_dir,
+            ["--preset", "agent", *base, "cluster.sandbox_resource=sandbox1"],
+            timeout_s=3600,
+            launch=launch,
+        )
         try:
             results["1 sandbox node"] = measure(bed, one, PRESET_STEPS, ["s1"])
         finally:
             one.cleanup()
         warm = one.out
-        two = AppRun("two", bed.shared_dir, ["--config", str(AGENT_CONFIG), *base, f"trainer.total_steps={args.steps}",
-                                             "trainer.save_final=false",
-                                             f"model.path={warm / 'model_sft'}", f"data.source=harbor:{warm / 'tasks'}",
-                                             "cluster.sandbox_resource=sandbox"], timeout_s=3600, launch=launch)
+        two = AppRun(
+            "two",
+            bed.shared_dir,
+            [
+                "--config",
+                str(AGENT_CONFIG),
+                *base,
+                f"trainer.total_steps={args.steps}",
+                "trainer.save_final=false",
+                f"model.path={warm / 'model_sft'}",
+                f"data.source=harbor:{warm / 'tasks'}",
+                "cluster.sandbox_resource=sandbox",
+            ],
+            timeout_s=3600,
+            launch=launch,
+        )
         try:
             results["2 sandbox nodes"] = measure(bed, two, args.steps, ["s1", "s2"])
         finally:
             two.cleanup()
     print(json.dumps(results, indent=2))
-    print(f"{'sandbox nodes':>15} {'trials':>7} {'s':>7} {'trials/s':>9} {'sandbox CPU-s/trial':>20} {'reward':>14}")
+    print(
+        f"{'sandbox nodes':>15} {'trials':>7} {'s':>7} {'trials/s':>9} {'sandbox CPU-s/trial':>20} {'reward':>14}"
+    )
     for name, r in results.items():
-        print(f"{name:>15} {r['trials']:>7} {r['seconds']:>7} {r['trials_per_s']:>9} {r['cpu_s_per_trial']:>20} "
-              f"{r['reward_first_tenth']:>6} -> {r['reward_last_tenth']}")
+        print(
+            f"{name:>15} {r['trials']:>7} {r['seconds']:>7} {r['trials_per_s']:>9} {r['cpu_s_per_trial']:>20} "
+            f"{r['reward_first_tenth']:>6} -> {r['reward_last_tenth']}"
+        )
     return 0 if all(r["exit"] == 0 for r in results.values()) else 1
 
 

@@ -78,8 +78,11 @@ def build_model(out: Path, args: argparse.Namespace) -> Path:
     model = Qwen3ForCausalLM(cfg).to(torch.float32)
     model.save_pretrained(out, safe_serialization=True)
     n = sum(p.numel() for p in model.parameters())
-    print(f"model: random-init Qwen3, {n / 1e6:.1f}M parameters (hidden {args.hidden}, {args.layers} layers, "
-          f"vocab {args.vocab}, head_dim {args.head_dim}) at {out}", flush=True)
+    print(
+        f"model: random-init Qwen3, {n / 1e6:.1f}M parameters (hidden {args.hidden}, {args.layers} layers, "
+        f"vocab {args.vocab}, head_dim {args.head_dim}) at {out}",
+        flush=True,
+    )
     return out
 
 
@@ -89,23 +92,35 @@ def build_model(out: Path, args: argparse.Namespace) -> Path:
 
 async def rollout_main(args: argparse.Namespace) -> None:
     import torch
+    from zmq_channel import RolloutServer, encode_samples
 
     from arl.proxy.types import SamplingParams
     from arl.queue.queue import MessageQueue
     from arl.rollout import Rollouter, ServerManager, Task, compute_budget
     from arl.rollout.engines.torch_engine import TorchEngine, TorchEngineConfig
     from arl.rollout.testing import TokenAgentLoop
-    from zmq_channel import RolloutServer, encode_samples
 
     torch.set_num_threads(args.threads)
     device = "cuda:0" if args.gpu_visible else "cpu"
-    engine = TorchEngine(TorchEngineConfig(model_path=args.model_dir, device=device, dtype=args.engine_dtype,
-                                           seed=args.seed, max_batch=args.max_batch))
+    engine = TorchEngine(
+        TorchEngineConfig(
+            model_path=args.model_dir,
+            device=device,
+            dtype=args.engine_dtype,
+            seed=args.seed,
+            max_batch=args.max_batch,
+        )
+    )
     await engine.start()
     manager = ServerManager([engine], generate_timeout_s=600.0)
-    budget = compute_budget(require_batches=1, ppo_mini_batch_size=args.mini_batch,
-                            staleness_threshold=args.staleness, trigger_parameter_sync_step=args.sync_every,
-                            replicas=1, per_replica=args.per_replica)
+    budget = compute_budget(
+        require_batches=1,
+        ppo_mini_batch_size=args.mini_batch,
+        staleness_threshold=args.staleness,
+        trigger_parameter_sync_step=args.sync_every,
+        replicas=1,
+        per_replica=args.per_replica,
+    )
     queue = MessageQueue(budget.max_queue)
 
     def tasks():
@@ -115,9 +130,14 @@ async def rollout_main(args: argparse.Namespace) -> None:
             yield 0, Task(id=f"t{i}", messages=[], agent="token", metadata={"prompt_ids": ids})
 
     rollouter = Rollouter(
-        tasks=tasks(), manager=manager, sink=queue, agent_loops={"token": TokenAgentLoop()},
+        tasks=tasks(),
+        manager=manager,
+        sink=queue,
+        agent_loops={"token": TokenAgentLoop()},
         sampling_params=SamplingParams(max_tokens=args.max_tokens, temperature=1.0),
-        n=args.n, budget=budget, partial_rollout=True,
+        n=args.n,
+        budget=budget,
+        partial_rollout=True,
     )
     run_task = asyncio.create_task(rollouter.run())
 
@@ -146,17 +166,31 @@ async def rollout_main(args: argparse.Namespace) -> None:
     async def stats() -> dict[str, Any]:
         alive()
         return rollouter.stats.as_dict() | {
-            "resumed_requests": manager.resumed_requests, "engine_version": engine.weight_version,
-            "queue_size": queue.size(), "t": time.monotonic(),
+            "resumed_requests": manager.resumed_requests,
+            "engine_version": engine.weight_version,
+            "queue_size": queue.size(),
+            "t": time.monotonic(),
         }
 
     async def stop() -> None:
         pass
 
-    server = RolloutServer(f"tcp://127.0.0.1:{args.port}", dict(
-        get_batch=get_batch, size=size, pause=pause, update_weights=update_weights, resume=resume,
-        stats=stats, stop=stop))
-    print(f"[rollout] ready: TorchEngine (NOT vLLM) on {device} ({args.engine_dtype}), budget {budget}", flush=True)
+    server = RolloutServer(
+        f"tcp://127.0.0.1:{args.port}",
+        dict(
+            get_batch=get_batch,
+            size=size,
+            pause=pause,
+            update_weights=update_weights,
+            resume=resume,
+            stats=stats,
+            stop=stop,
+        ),
+    )
+    print(
+        f"[rollout] ready: TorchEngine (NOT vLLM) on {device} ({args.engine_dtype}), budget {budget}",
+        flush=True,
+    )
     try:
         await server.serve()
     finally:
@@ -175,20 +209,29 @@ async def rollout_main(args: argparse.Namespace) -> None:
 
 async def trainer_main(args: argparse.Namespace) -> None:
     import torch
+    from zmq_channel import RolloutClient
 
     from arl.sync import SyncConfig
     from arl.trainer import HFPolicy, OptimConfig, Trainer, TrainerConfig, WeightPublisher
-    from zmq_channel import RolloutClient
 
     torch.set_num_threads(args.threads)
     torch.set_float32_matmul_precision("high")  # TF32 matmuls for the fp32 master weights
     device = "cuda:0" if args.gpu_visible else "cpu"
-    tcfg = TrainerConfig(ppo_mini_batch_size=args.mini_batch, require_batches=1,
-                         trigger_parameter_sync_step=args.sync_every, temperature=1.0,
-                         batch_timeout_s=300.0, optim=OptimConfig(lr=args.lr, grad_clip=1.0))
+    tcfg = TrainerConfig(
+        ppo_mini_batch_size=args.mini_batch,
+        require_batches=1,
+        trigger_parameter_sync_step=args.sync_every,
+        temperature=1.0,
+        batch_timeout_s=300.0,
+        optim=OptimConfig(lr=args.lr, grad_clip=1.0),
+    )
     policy = HFPolicy(args.model_dir, tcfg, device=device, dtype="float32", seed=args.seed)
-    sync_cfg = SyncConfig(transport=args.transport, bucket_bytes=args.bucket_mb << 20, timeout_s=120.0,
-                          cast_dtype=args.engine_dtype if args.engine_dtype != "float32" else None)
+    sync_cfg = SyncConfig(
+        transport=args.transport,
+        bucket_bytes=args.bucket_mb << 20,
+        timeout_s=120.0,
+        cast_dtype=args.engine_dtype if args.engine_dtype != "float32" else None,
+    )
     publisher = WeightPublisher(sync_cfg, num_receivers=1)
     client = RolloutClient(f"tcp://127.0.0.1:{args.port}")
     trainer = Trainer(policy, client, client, publisher, tcfg, pad_token_id=0)
@@ -198,7 +241,10 @@ async def trainer_main(args: argparse.Namespace) -> None:
     stats0: dict[str, Any] | None = None
     try:
         await client.stats()  # the rollout side is up
-        print(f"[trainer] HFPolicy fp32 on {device}, transport {args.transport}, bucket {args.bucket_mb} MiB", flush=True)
+        print(
+            f"[trainer] HFPolicy fp32 on {device}, transport {args.transport}, bucket {args.bucket_mb} MiB",
+            flush=True,
+        )
         for step in range(1, args.steps + 1):
             m = await trainer.train_step()
             m["t"] = time.perf_counter() - t_start
@@ -207,11 +253,17 @@ async def trainer_main(args: argparse.Namespace) -> None:
                 t_measure = time.perf_counter()
                 stats0 = await client.stats()
             if step % args.log_every == 0 or step == 1:
-                print(f"[trainer] step {step:4d} reward {m['reward_mean']:.3f} samples/s {m['samples_per_s']:6.1f} "
-                      f"sync {1e3 * m.get('sync_s', 0):6.1f} ms (transfer {1e3 * m.get('sync_transfer_s', 0):6.1f} ms) "
-                      f"staleness {m['staleness_mean']:.2f} mixed {m['mixed_version_samples']}", flush=True)
+                print(
+                    f"[trainer] step {step:4d} reward {m['reward_mean']:.3f} samples/s {m['samples_per_s']:6.1f} "
+                    f"sync {1e3 * m.get('sync_s', 0):6.1f} ms (transfer {1e3 * m.get('sync_transfer_s', 0):6.1f} ms) "
+                    f"staleness {m['staleness_mean']:.2f} mixed {m['mixed_version_samples']}",
+                    flush=True,
+                )
             if t_measure is not None and time.perf_counter() - t_measure > args.max_seconds:
-                print(f"[trainer] stopping after {step} steps: --max-seconds {args.max_seconds} reached", flush=True)
+                print(
+                    f"[trainer] stopping after {step} steps: --max-seconds {args.max_seconds} reached",
+                    flush=True,
+                )
                 break
         t_end = time.perf_counter()
         stats1 = await client.stats()
@@ -229,8 +281,14 @@ async def trainer_main(args: argparse.Namespace) -> None:
     k = max(1, min(10, len(rows) // 4))
     syncs = [r for r in measured if "sync_transfer_s" in r]
     result = dict(
-        config=args.config, transport=args.transport, steps=len(rows), measured_steps=len(measured),
-        wall_s=wall, mini_batch=args.mini_batch, n=args.n, max_tokens=args.max_tokens,
+        config=args.config,
+        transport=args.transport,
+        steps=len(rows),
+        measured_steps=len(measured),
+        wall_s=wall,
+        mini_batch=args.mini_batch,
+        n=args.n,
+        max_tokens=args.max_tokens,
         trainer_samples_per_s=sum(args.mini_batch for _ in measured) / wall,
         rollout_samples_per_s=produced / wall,
         rollout_tokens_per_s=(stats1["generated_tokens"] - stats0["generated_tokens"]) / wall,
@@ -247,7 +305,8 @@ async def trainer_main(args: argparse.Namespace) -> None:
         reward_window=k,
         staleness_mean=statistics.mean(r["staleness_mean"] for r in measured),
         mixed_version_samples=sum(r["mixed_version_samples"] for r in measured),
-        resumed_requests=stats1["resumed_requests"], aborted_syncs=stats1["aborted_syncs"],
+        resumed_requests=stats1["resumed_requests"],
+        aborted_syncs=stats1["aborted_syncs"],
         behaviour_proximal_abs_diff_last=rows[-1]["behaviour_proximal_abs_diff"],
         reward_curve=[round(r["reward_mean"], 4) for r in rows],
     )
@@ -259,9 +318,27 @@ async def trainer_main(args: argparse.Namespace) -> None:
 
 
 def role_args(args: argparse.Namespace) -> list[str]:
-    keep = ("model_dir", "steps", "warmup_steps", "max_seconds", "mini_batch", "n", "staleness", "sync_every",
-            "per_replica", "max_batch", "max_tokens", "prompt_len", "vocab", "lr", "seed", "engine_dtype",
-            "bucket_mb", "threads", "log_every")
+    keep = (
+        "model_dir",
+        "steps",
+        "warmup_steps",
+        "max_seconds",
+        "mini_batch",
+        "n",
+        "staleness",
+        "sync_every",
+        "per_replica",
+        "max_batch",
+        "max_tokens",
+        "prompt_len",
+        "vocab",
+        "lr",
+        "seed",
+        "engine_dtype",
+        "bucket_mb",
+        "threads",
+        "log_every",
+    )
     out: list[str] = []
     for k in keep:
         out += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
@@ -274,11 +351,16 @@ def run_config(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any
     c = CONFIGS[name]
     port = free_port()
     result = work / f"{name}.json"
-    common = [sys.executable, str(Path(__file__).resolve())] + role_args(args) + [
-        "--port", str(port), "--transport", c["transport"], "--config", name]
+    common = (
+        [sys.executable, str(Path(__file__).resolve())]
+        + role_args(args)
+        + ["--port", str(port), "--transport", c["transport"], "--config", name]
+    )
     env = dict(os.environ)
     env.setdefault("NCCL_NVLS_ENABLE", "0")
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(HERE)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     env["PYTHONUNBUFFERED"] = "1"
 
     def spawn(role: str, gpu: str, extra: list[str]) -> subprocess.Popen[bytes]:
@@ -289,9 +371,12 @@ def run_config(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any
             e["CUDA_VISIBLE_DEVICES"] = ""
         return subprocess.Popen(common + ["--role", role] + (["--gpu-visible"] if gpu else []) + extra, env=e)
 
-    print(f"\n=== {name}: trainer on {'GPU ' + c['trainer_gpu'] if c['trainer_gpu'] else 'CPU'}, "
-          f"engine (TorchEngine, NOT vLLM) on {'GPU ' + c['rollout_gpu'] if c['rollout_gpu'] else 'CPU'}, "
-          f"transport {c['transport']} ===", flush=True)
+    print(
+        f"\n=== {name}: trainer on {'GPU ' + c['trainer_gpu'] if c['trainer_gpu'] else 'CPU'}, "
+        f"engine (TorchEngine, NOT vLLM) on {'GPU ' + c['rollout_gpu'] if c['rollout_gpu'] else 'CPU'}, "
+        f"transport {c['transport']} ===",
+        flush=True,
+    )
     t0 = time.perf_counter()
     rollout = spawn("rollout", c["rollout_gpu"], [])
     trainer = spawn("trainer", c["trainer_gpu"], ["--result", str(result)])
@@ -317,17 +402,24 @@ def run_config(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any
 
 
 def summarize(results: dict[str, dict[str, Any]]) -> None:
-    print("\nconfig     transport  steps  trainer samples/s  rollout samples/s  tokens/s  sync ms/step "
-          "(transfer)  first sync s  reward first→last")
+    print(
+        "\nconfig     transport  steps  trainer samples/s  rollout samples/s  tokens/s  sync ms/step "
+        "(transfer)  first sync s  reward first→last"
+    )
     for name, r in results.items():
-        print(f"{name:<10} {r['transport']:<9} {r['measured_steps']:>6} {r['trainer_samples_per_s']:>18.1f} "
-              f"{r['rollout_samples_per_s']:>18.1f} {r['rollout_tokens_per_s']:>9.0f} {1e3 * r['sync_s_mean']:>12.1f} "
-              f"({1e3 * r['sync_transfer_s_mean']:.1f}) {r['first_sync_s']:>13.2f}  "
-              f"{r['reward_first']:.3f}→{r['reward_last']:.3f}")
+        print(
+            f"{name:<10} {r['transport']:<9} {r['measured_steps']:>6} {r['trainer_samples_per_s']:>18.1f} "
+            f"{r['rollout_samples_per_s']:>18.1f} {r['rollout_tokens_per_s']:>9.0f} {1e3 * r['sync_s_mean']:>12.1f} "
+            f"({1e3 * r['sync_transfer_s_mean']:.1f}) {r['first_sync_s']:>13.2f}  "
+            f"{r['reward_first']:.3f}→{r['reward_last']:.3f}"
+        )
     if "split" in results and "colocated" in results:
         s, c = results["split"], results["colocated"]
-        print(f"speedup split/colocated: trainer samples/s {s['trainer_samples_per_s'] / c['trainer_samples_per_s']:.2f}x, "
-              f"rollout samples/s {s['rollout_samples_per_s'] / c['rollout_samples_per_s']:.2f}x")
+        print(
+            "speedup split/colocated: "
+            f"trainer samples/s {s['trainer_samples_per_s'] / c['trainer_samples_per_s']:.2f}x, "
+            f"rollout samples/s {s['rollout_samples_per_s'] / c['rollout_samples_per_s']:.2f}x"
+        )
 
 
 def main() -> None:

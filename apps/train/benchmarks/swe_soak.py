@@ -67,7 +67,9 @@ def env_failing_copy(task: Path, root: Path, env: str) -> Path:
     out = root / f"envfail-{task.name}"[:100]
     if not out.is_dir():
         _copy_task(task, out)
-        (out / "environment" / "local_setup.sh").write_text("#!/bin/bash\necho 'soak: environment fails' >&2\nexit 1\n")
+        (out / "environment" / "local_setup.sh").write_text(
+            "#!/bin/bash\necho 'soak: environment fails' >&2\nexit 1\n"
+        )
         if env == "docker":
             dockerfile = out / "environment" / "Dockerfile"
             dockerfile.write_text(dockerfile.read_text() + "\nRUN echo 'soak: environment fails' && exit 1\n")
@@ -80,8 +82,10 @@ def verifier_timeout_copy(task: Path, root: Path) -> Path:
         _copy_task(task, out)
         toml = (out / "task.toml").read_text()
         head, sep, rest = toml.partition("[verifier]")
-        rest = "\n".join("timeout_sec = 3.0" if line.startswith("timeout_sec") and i < 3 else line
-                         for i, line in enumerate(rest.split("\n")))
+        rest = "\n".join(
+            "timeout_sec = 3.0" if line.startswith("timeout_sec") and i < 3 else line
+            for i, line in enumerate(rest.split("\n"))
+        )
         (out / "task.toml").write_text(head + sep + rest)
         test = out / "tests" / "test.sh"
         lines = test.read_text().split("\n", 1)
@@ -105,11 +109,18 @@ class DisconnectingShellAgent(_shell_agent_base()):  # type: ignore[misc]
 
     async def run(self, instruction: str, environment: Any, context: Any) -> None:
         import aiohttp
+
         from arl.harbor.shell_agent import BASH_TOOL, SYSTEM_PROMPT
 
-        body = {"model": self.model_name or "policy", "stream": True, "tools": [BASH_TOOL],
-                "messages": [{"role": "system", "content": SYSTEM_PROMPT},
-                             {"role": "user", "content": instruction.strip()}]}
+        body = {
+            "model": self.model_name or "policy",
+            "stream": True,
+            "tools": [BASH_TOOL],
+            "messages": [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": instruction.strip()},
+            ],
+        }
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
             response = await http.post(f"{self._base_url.rstrip('/')}/chat/completions", json=body)
             await response.content.readany()  # the first SSE chunk, sent before generation starts
@@ -161,8 +172,11 @@ def snapshot(work: Path) -> dict[str, Any]:
         for cid in _run(["docker", "ps", "-aq", "--no-trunc"]).split():
             if str(work) in _run(["docker", "inspect", "--format", "{{json .Mounts}}", cid]):
                 containers.append(cid)
-    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
-              if str(work) in line.split()[4]]
+    mounts = [
+        line.split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if str(work) in line.split()[4]
+    ]
     procs, netns = {}, set()
     for p in descendants():
         try:
@@ -177,9 +191,15 @@ def snapshot(work: Path) -> dict[str, Any]:
             st = os.statvfs(path)
             disk[str(path)] = (st.f_blocks - st.f_bfree) * st.f_frsize
     images = len(_run(["docker", "images", "-aq"]).split()) if shutil.which("docker") else 0
-    return {"containers": containers, "mounts": mounts, "netns": sorted(netns), "procs": procs,
-            "disk_used": disk, "docker_images": images,
-            "work_bytes": sum(f.stat().st_size for f in work.rglob("*") if f.is_file()) if work.exists() else 0}
+    return {
+        "containers": containers,
+        "mounts": mounts,
+        "netns": sorted(netns),
+        "procs": procs,
+        "disk_used": disk,
+        "docker_images": images,
+        "work_bytes": sum(f.stat().st_size for f in work.rglob("*") if f.is_file()) if work.exists() else 0,
+    }
 
 
 def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -189,21 +209,31 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         "netns_left": sorted(set(after["netns"]) - set(before["netns"])),
         "processes_left": {k: v for k, v in after["procs"].items() if k not in before["procs"]},
         "docker_images_delta": after["docker_images"] - before["docker_images"],
-        "disk_delta_mb": {k: round((after["disk_used"].get(k, 0) - v) / 2**20, 1)
-                          for k, v in before["disk_used"].items()},
+        "disk_delta_mb": {
+            k: round((after["disk_used"].get(k, 0) - v) / 2**20, 1) for k, v in before["disk_used"].items()
+        },
     }
 
 
 # ----- stage 1: trials --------------------------------------------------------------------------------
-async def trial(i: int, kind: str, task_id: str, task: Path, args: argparse.Namespace, tokenizer: Any,
-                work: Path, variants: Path) -> dict[str, Any]:
+async def trial(
+    i: int,
+    kind: str,
+    task_id: str,
+    task: Path,
+    args: argparse.Namespace,
+    tokenizer: Any,
+    work: Path,
+    variants: Path,
+) -> dict[str, Any]:
     import msgspec
+    from swe_throughput import harbor_fields
+
     from arl.harbor import HarborAgentLoop, HarborConfig
     from arl.harbor.agents.scripts import script_completions
     from arl.proxy.testing import ScriptedGenerator
     from arl.proxy.types import SamplingParams
     from arl.rollout.types import Task
-    from swe_throughput import harbor_fields
 
     fields = harbor_fields(args.env, args.task_set, work / f"t{i:05d}", args.trial_timeout)
     fields["keep_trial_dirs"] = False
@@ -227,16 +257,30 @@ async def trial(i: int, kind: str, task_id: str, task: Path, args: argparse.Name
     try:
         result = await asyncio.wait_for(
             loop.run(t, generator, SamplingParams(max_tokens=4096, temperature=1.0), f"soak-{i}"),
-            args.trial_timeout * 2 + 120)
+            args.trial_timeout * 2 + 120,
+        )
     except Exception as exc:  # noqa: BLE001 - a trial that does not come back is what the soak counts
-        return row | {"outcome": "lost", "error": f"{type(exc).__name__}: {exc}"[:300],
-                      "wall": time.monotonic() - started}
-    row |= {"wall": time.monotonic() - started, "failed": result.failed, "kind": result.failure_kind,
-            "reward": None if result.failed else result.reward, "segments": len(result.segments),
-            "dropped_turns": result.dropped_turns, "error": (result.error or "")[:200]}
+        return row | {
+            "outcome": "lost",
+            "error": f"{type(exc).__name__}: {exc}"[:300],
+            "wall": time.monotonic() - started,
+        }
+    row |= {
+        "wall": time.monotonic() - started,
+        "failed": result.failed,
+        "kind": result.failure_kind,
+        "reward": None if result.failed else result.reward,
+        "segments": len(result.segments),
+        "dropped_turns": result.dropped_turns,
+        "error": (result.error or "")[:200],
+    }
     if kind in ("none", "client_disconnect"):
         # The reply the agent never received is counted as dropped, never recorded: one drop exactly there.
-        ok = not result.failed and result.reward == 1.0 and result.dropped_turns == int(kind == "client_disconnect")
+        ok = (
+            not result.failed
+            and result.reward == 1.0
+            and result.dropped_turns == int(kind == "client_disconnect")
+        )
     elif kind == "env_start_fails":
         ok = result.failed and result.failure_kind in ("sandbox", "invalid_task")
     else:
@@ -273,22 +317,38 @@ async def stage_trials(args: argparse.Namespace, tasks: list[tuple[str, Path]], 
     for r in rows:
         by_fault.setdefault(r["fault"], Counter())[r["outcome"]] += 1
     wrong = [r for r in rows if r["outcome"] != "ok"][:10]
-    return {"trials": len(rows), "wall_s": round(wall, 1), "trials_per_s": round(len(rows) / wall, 3),
-            "by_fault": {k: dict(v) for k, v in by_fault.items()},
-            "lost": sum(r["outcome"] == "lost" for r in rows), "wrong": sum(r["outcome"] == "wrong" for r in rows),
-            "examples_not_ok": wrong,
-            "disconnect_segments": dict(Counter(r.get("segments") for r in rows if r["fault"] == "client_disconnect")),
-            "dropped_turns_by_fault": {f: sum(r.get("dropped_turns") or 0 for r in rows if r["fault"] == f)
-                                       for f in ("none", *FAULTS)}}
+    return {
+        "trials": len(rows),
+        "wall_s": round(wall, 1),
+        "trials_per_s": round(len(rows) / wall, 3),
+        "by_fault": {k: dict(v) for k, v in by_fault.items()},
+        "lost": sum(r["outcome"] == "lost" for r in rows),
+        "wrong": sum(r["outcome"] == "wrong" for r in rows),
+        "examples_not_ok": wrong,
+        "disconnect_segments": dict(
+            Counter(r.get("segments") for r in rows if r["fault"] == "client_disconnect")
+        ),
+        "dropped_turns_by_fault": {
+            f: sum(r.get("dropped_turns") or 0 for r in rows if r["fault"] == f) for f in ("none", *FAULTS)
+        },
+    }
 
 
 # ----- stage 2: the app with worker and replica kills -------------------------------------------------
 def stage_app(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from arl_train.faults import AppRun, check_ledger, latest_checkpoint, wait_gone
 
-    base = ["--preset", "swe", f"swe.task_set={args.task_set}", "swe.env=local", "swe.tasks=4",
-            f"trainer.total_steps={args.app_steps}", "trainer.save_every=1", "run.agent_workers=2",
-            "async_training.staleness_threshold=1.0"]
+    base = [
+        "--preset",
+        "swe",
+        f"swe.task_set={args.task_set}",
+        "swe.env=local",
+        "swe.tasks=4",
+        f"trainer.total_steps={args.app_steps}",
+        "trainer.save_every=1",
+        "run.agent_workers=2",
+        "async_training.staleness_threshold=1.0",
+    ]
     root.mkdir(parents=True, exist_ok=True)
     outcomes: list[dict[str, Any]] = []
     runs: list[Any] = []
@@ -301,9 +361,15 @@ def stage_app(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         killed = time.monotonic()
         a.wait_step(a.last_step() + 1)
         rows = a.rows()
-        outcomes.append({"fault": "agent-loop worker process killed", "killed_pid": pid,
-                         "run_went_on": a.proc.poll() is None, "next_step_s": round(time.monotonic() - killed, 1),
-                         "agent_workers": rows[-1].get("rollout", {}).get("agent_workers")})
+        outcomes.append(
+            {
+                "fault": "agent-loop worker process killed",
+                "killed_pid": pid,
+                "run_went_on": a.proc.poll() is None,
+                "next_step_s": round(time.monotonic() - killed, 1),
+                "agent_workers": rows[-1].get("rollout", {}).get("agent_workers"),
+            }
+        )
         # Right after that step (a checkpoint per step): the resumed run still has steps to train.
         engine_pid = a.kill_one(b"VLLM::EngineCore")
         killed = time.monotonic()
@@ -315,9 +381,17 @@ def stage_app(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         b = AppRun("B", root, [*base, f"trainer.resume_from={checkpoint}"], args.app_timeout)
         runs.append(b)
         first = b.wait_step(ck_step + 1)
-        outcomes.append({"fault": "replica (vLLM engine core) killed", "killed_pid": engine_pid, "driver_exit": rc,
-                         "detect_s": round(detect, 1), "left": left, "resumed_at_step": ck_step + 1,
-                         "recover_s": round(first - killed, 1)})
+        outcomes.append(
+            {
+                "fault": "replica (vLLM engine core) killed",
+                "killed_pid": engine_pid,
+                "driver_exit": rc,
+                "detect_s": round(detect, 1),
+                "left": left,
+                "resumed_at_step": ck_step + 1,
+                "recover_s": round(first - killed, 1),
+            }
+        )
         rc_b = b.wait_exit()
         segments.append((b, None))
         outcomes.append({"fault": "none: the resumed run ends", "exit": rc_b})
@@ -334,7 +408,9 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--fault-rate", type=float, default=0.2)
-    parser.add_argument("--faults", default=",".join(FAULTS), help=f"the faults drawn from (any of {', '.join(FAULTS)})")
+    parser.add_argument(
+        "--faults", default=",".join(FAULTS), help=f"the faults drawn from (any of {', '.join(FAULTS)})"
+    )
     parser.add_argument("--env", choices=("local", "docker"), default="local")
     parser.add_argument("--skip", default="humanize__humanize.i18n.activate__remove_assign")
     parser.add_argument("--trial-timeout", type=float, default=600.0)
@@ -348,7 +424,9 @@ def main() -> int:
     if unknown:
         parser.error(f"--faults: unknown {sorted(unknown)}; choose from {', '.join(FAULTS)}")
     if 0 < args.app_steps < 3:
-        parser.error("--app-steps must be 0 or at least 3 (worker kill after step 1, replica kill after step 2)")
+        parser.error(
+            "--app-steps must be 0 or at least 3 (worker kill after step 1, replica kill after step 2)"
+        )
     if args.env == "docker":
         os.environ.setdefault("DOCKER_HOST", "unix:///run/arl-docker/docker.sock")
     os.environ.setdefault("ARL_CACHE_DIR", "/tmp/arl-cache")
@@ -357,8 +435,12 @@ def main() -> int:
     tasks = load_tasks(args.task_set, set(filter(None, args.skip.split(","))))
     work = Path(tempfile.mkdtemp(prefix="arl-swe-soak-"))
     before = snapshot(work)
-    report: dict[str, Any] = {"task_set": str(args.task_set), "env": args.env, "tasks": len(tasks),
-                              "args": {k: str(v) for k, v in vars(args).items()}}
+    report: dict[str, Any] = {
+        "task_set": str(args.task_set),
+        "env": args.env,
+        "tasks": len(tasks),
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
     try:
         if args.trials:
             report["trials"] = asyncio.run(stage_trials(args, tasks, work))
@@ -375,7 +457,9 @@ def main() -> int:
             shutil.rmtree(work / "app", ignore_errors=True)  # the app runs' folders (checkpoints, models)
         after = snapshot(work)
         report["hygiene"] = compare(before, after) | {
-            "trial_dirs_left": len(trial_dirs), "work_bytes_left": after["work_bytes"]}
+            "trial_dirs_left": len(trial_dirs),
+            "work_bytes_left": after["work_bytes"],
+        }
         if (work / "app").exists():
             print(f"# the app stage failed: its runs are kept in {work / 'app'}", flush=True)
         else:
@@ -386,9 +470,16 @@ def main() -> int:
     t = report.get("trials", {})
     app = report.get("app", {}).get("ledger", {})
     h = report["hygiene"]
-    clean = (not t.get("lost") and not t.get("wrong") and not sum(app.get("lost_per_run", [0]))
-             and not app.get("consumed_twice") and not h["containers_left"] and not h["mounts_left"]
-             and not h["netns_left"] and not h["processes_left"])
+    clean = (
+        not t.get("lost")
+        and not t.get("wrong")
+        and not sum(app.get("lost_per_run", [0]))
+        and not app.get("consumed_twice")
+        and not h["containers_left"]
+        and not h["mounts_left"]
+        and not h["netns_left"]
+        and not h["processes_left"]
+    )
     return 0 if clean else 1
 
 

@@ -42,32 +42,41 @@ async def main() -> dict:
     modes = os.environ.get("ARL_LATENCY_MODES", "graphs").split(",")  # graphs, eager
     for eager in [m == "eager" for m in modes]:
         args = AsyncEngineArgs(
-            model=str(model), dtype="float32", max_model_len=512, enforce_eager=eager,
-            gpu_memory_utilization=0.3, disable_log_stats=True,
+            model=str(model),
+            dtype="float32",
+            max_model_len=512,
+            enforce_eager=eager,
+            gpu_memory_utilization=0.3,
+            disable_log_stats=True,
             worker_extension_cls="arl.rollout.engines.vllm_worker.WeightSyncExtension",
         )
         llm = AsyncLLM.from_engine_args(args)
         row: dict = {}
+        # The closures below bind this iteration's llm (and params, stop) as defaults.
 
-        async def pause_abort():
+        async def pause_abort(llm=llm):
             await llm.pause_generation(mode="abort", clear_cache=True)
             await llm.resume_generation()
 
-        async def pause_keep():
+        async def pause_keep(llm=llm):
             await llm.pause_generation(mode="keep", clear_cache=False)
             await llm.resume_generation()
 
-        async def reset_cache():
+        async def reset_cache(llm=llm):
             await llm.reset_prefix_cache()
 
-        async def rpc_noop():
+        async def rpc_noop(llm=llm):
             await llm.collective_rpc("arl_ping", timeout=60)
 
-        async def is_paused():
+        async def is_paused(llm=llm):
             await llm.is_paused()
 
-        calls = {"pause_abort+resume": pause_abort, "pause_keep+resume": pause_keep,
-                 "reset_prefix_cache": reset_cache, "is_paused": is_paused}
+        calls = {
+            "pause_abort+resume": pause_abort,
+            "pause_keep+resume": pause_keep,
+            "reset_prefix_cache": reset_cache,
+            "is_paused": is_paused,
+        }
         try:
             await llm.collective_rpc("arl_ping", timeout=60)
             calls["collective_rpc_noop"] = rpc_noop
@@ -77,11 +86,16 @@ async def main() -> dict:
             row[f"idle_{name}"] = await _timed(fn, 8)
 
         # Under load: 128 long generations in flight (re-submitted as they finish).
-        params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=1.0, logprobs=0,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+        params = SamplingParams(
+            max_tokens=400,
+            ignore_eos=True,
+            temperature=1.0,
+            logprobs=0,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
         stop = asyncio.Event()
 
-        async def client(i: int) -> None:
+        async def client(i: int, llm=llm, params=params, stop=stop) -> None:
             n = 0
             while not stop.is_set():
                 async for _ in llm.generate(TokensPrompt(prompt_token_ids=[1, 2, 3, 4]), params, f"r{i}-{n}"):
@@ -90,7 +104,13 @@ async def main() -> dict:
 
         clients = [asyncio.create_task(client(i)) for i in range(128)]
         await asyncio.sleep(2.0)
-        for name in ("reset_prefix_cache", "is_paused", "collective_rpc_noop", "pause_keep+resume", "pause_abort+resume"):
+        for name in (
+            "reset_prefix_cache",
+            "is_paused",
+            "collective_rpc_noop",
+            "pause_keep+resume",
+            "pause_abort+resume",
+        ):
             if name in calls:
                 row[f"busy_{name}"] = await _timed(calls[name], 5)
                 await asyncio.sleep(0.5)

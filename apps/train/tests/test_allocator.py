@@ -15,12 +15,16 @@ def test_expandable_segments_added_when_nothing_is_set():
 
 def test_other_allocator_options_are_kept_under_the_name_they_were_set_by():
     assert trainer_allocator_env(True, {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}) == {
-        "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"}
+        "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"
+    }
     assert trainer_allocator_env(True, {"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.8,"}) == {
-        "PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.8,expandable_segments:True"}
+        "PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.8,expandable_segments:True"
+    }
 
 
-@pytest.mark.parametrize("conf", ["expandable_segments:False", "max_split_size_mb:64,expandable_segments:True"])
+@pytest.mark.parametrize(
+    "conf", ["expandable_segments:False", "max_split_size_mb:64,expandable_segments:True"]
+)
 def test_a_users_own_expandable_segments_choice_stands(conf):
     assert trainer_allocator_env(True, {"PYTORCH_CUDA_ALLOC_CONF": conf}) == {}
     assert trainer_allocator_env(True, {"PYTORCH_ALLOC_CONF": conf}) == {}

@@ -22,8 +22,14 @@ R2 = NodeInfo(id="d" * 56, ip="10.0.0.5", resources={"rollout": 1.0})
 
 
 def test_each_role_is_spread_over_the_nodes_declaring_it_in_turn():
-    config = load_config(overrides=["rollout.replicas=3", "resources.trainer_cpu_ranks=2", "run.agent_workers=2",
-                                    "ray.address=10.0.0.2:6379"])
+    config = load_config(
+        overrides=[
+            "rollout.replicas=3",
+            "resources.trainer_cpu_ranks=2",
+            "run.agent_workers=2",
+            "ray.address=10.0.0.2:6379",
+        ]
+    )
     where = plan_nodes(config, [T2, R2, HEAD, R1, T1], HEAD.id)
     assert where.driver == HEAD
     assert where.trainer == [T1, T2]  # by address: .3 before .10
@@ -51,16 +57,24 @@ def test_the_transport_between_nodes():
     assert transport_between_nodes("auto", cross_host=False, where="x") == "cpu"
     assert transport_between_nodes("tcp", cross_host=False, where="x") == "tcp"
     assert transport_between_nodes("nccl", cross_host=True, where="x") == "nccl"
-    with pytest.raises(PlacementError, match=r"sync.transport = 'cpu': needs the trainer and the replicas on one "
-                                             r"host, but the trainer is on .*; use 'tcp'") as err:
-        transport_between_nodes("cpu", cross_host=True, where=NodePlan(
-            driver=HEAD, trainer=[T1], replicas=[R1], workers=[]).weights_path())
+    with pytest.raises(
+        PlacementError,
+        match=r"sync.transport = 'cpu': needs the trainer and the replicas on one "
+        r"host, but the trainer is on .*; use 'tcp'",
+    ) as err:
+        transport_between_nodes(
+            "cpu",
+            cross_host=True,
+            where=NodePlan(driver=HEAD, trainer=[T1], replicas=[R1], workers=[]).weights_path(),
+        )
     assert err.value.key == "sync.transport"
     assert load_config(overrides=["sync.transport=tcp"]).sync.bucket_mb == 64
 
 
 def test_what_each_node_must_see(tmp_path):
-    config = load_config(overrides=["run.agent_workers=1", f"data.source={_jsonl(tmp_path)}", "ray.address=auto"])
+    config = load_config(
+        overrides=["run.agent_workers=1", f"data.source={_jsonl(tmp_path)}", "ray.address=auto"]
+    )
     where = NodePlan(driver=HEAD, trainer=[T1], replicas=[R1], workers=[R2])
     wanted = needs(config, tmp_path / "run", tmp_path / "run" / "model", where)
     run = Need(path=str(tmp_path / "run"), what="the run folder (output.dir)", write=True)
@@ -68,7 +82,10 @@ def test_what_each_node_must_see(tmp_path):
     data = Need(path=str(tmp_path / "d.jsonl"), what="the dataset (data.source)")
     assert wanted == {T1.id: [run, model], R1.id: [model], R2.id: [run, model, data]}
     # Nothing is asked of the driver's own node: a single host probes nothing.
-    assert needs(config, tmp_path, tmp_path, NodePlan(driver=HEAD, trainer=[HEAD], replicas=[HEAD], workers=[])) == {}
+    assert (
+        needs(config, tmp_path, tmp_path, NodePlan(driver=HEAD, trainer=[HEAD], replicas=[HEAD], workers=[]))
+        == {}
+    )
 
 
 def _jsonl(tmp_path: Path) -> Path:
@@ -82,14 +99,22 @@ def test_the_probe_tells_a_shared_folder_from_a_same_named_local_one(tmp_path):
     shared.mkdir()
     model.mkdir()
     (shared / ".probe").write_text("token")
-    ok = [{"path": str(shared), "what": "the run folder", "write": True}, {"path": str(model), "what": "the model",
-                                                                          "write": False}]
+    ok = [
+        {"path": str(shared), "what": "the run folder", "write": True},
+        {"path": str(model), "what": "the model", "write": False},
+    ]
     assert check_paths(ok, ".probe", "token") == []
     assert list(shared.iterdir()) == [shared / ".probe"]  # its own write probe removed
-    problems = check_paths([*ok, {"path": str(tmp_path / "gone"), "what": "the task set", "write": False}],
-                           ".probe", "another token")
-    assert problems == [f"the run folder {shared} there is another folder than the driver's (it does not hold the "
-                        "driver's probe file .probe)", f"the task set {tmp_path / 'gone'} does not exist there"]
+    problems = check_paths(
+        [*ok, {"path": str(tmp_path / "gone"), "what": "the task set", "write": False}],
+        ".probe",
+        "another token",
+    )
+    assert problems == [
+        f"the run folder {shared} there is another folder than the driver's (it does not hold the "
+        "driver's probe file .probe)",
+        f"the task set {tmp_path / 'gone'} does not exist there",
+    ]
     assert free_port_on("127.0.0.1") > 0
 
 
@@ -123,9 +148,12 @@ def test_a_lost_actor_is_named_with_its_node():
     parts = {"trainer rank 0": (Handle(), T1), "the rollout actor": (object(), HEAD)}
     err = ActorUnavailableError(f"The actor {ACTOR} is unavailable", bytes.fromhex(ACTOR))
     message = lost_actor(err, parts, wait_s=0.0, node_alive=lambda node: False)
-    assert message == (f"trainer rank 0 on node {T1.ip} ({T1.id[:8]}) was lost (ActorUnavailableError): the node is "
-                       "gone (Ray's raylet there is dead or does not answer: the host, or every process on it, was lost)")
+    assert message == (
+        f"trainer rank 0 on node {T1.ip} ({T1.id[:8]}) was lost (ActorUnavailableError): the node is "
+        "gone (Ray's raylet there is dead or does not answer: the host, or every process on it, was lost)"
+    )
     wrapped = RayTaskError("train_step", "traceback", err)
     assert lost_actor(wrapped, parts, wait_s=0.0, node_alive=lambda node: True).endswith(
-        "its process died or stopped answering (the node is still up)")
+        "its process died or stopped answering (the node is still up)"
+    )
     assert lost_actor(ValueError("not Ray's"), parts) is None

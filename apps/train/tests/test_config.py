@@ -14,8 +14,15 @@ def test_defaults_are_mode_d():
 
 
 def test_overrides_and_modes():
-    cfg = load_config(overrides=["rollout.n=4", "actor.optim.lr=1e-4", "output.dir=/tmp/x", "ray.address=auto"])
-    assert cfg.rollout.n == 4 and cfg.actor.optim.lr == 1e-4 and cfg.output.dir == "/tmp/x" and cfg.ray.address == "auto"
+    cfg = load_config(
+        overrides=["rollout.n=4", "actor.optim.lr=1e-4", "output.dir=/tmp/x", "ray.address=auto"]
+    )
+    assert (
+        cfg.rollout.n == 4
+        and cfg.actor.optim.lr == 1e-4
+        and cfg.output.dir == "/tmp/x"
+        and cfg.ray.address == "auto"
+    )
     a = load_config(mode="a")
     assert (a.async_training.trigger_parameter_sync_step, a.async_training.staleness_threshold) == (1, 0.0)
     b = load_config(mode="b")
@@ -23,7 +30,12 @@ def test_overrides_and_modes():
     c = load_config(mode="c")
     assert c.async_training.staleness_threshold > 0 and c.async_training.partial_rollout is False
     # an explicit override wins over the mode preset
-    assert load_config(mode="a", overrides=["async_training.trigger_parameter_sync_step=3"]).async_training.trigger_parameter_sync_step == 3
+    assert (
+        load_config(
+            mode="a", overrides=["async_training.trigger_parameter_sync_step=3"]
+        ).async_training.trigger_parameter_sync_step
+        == 3
+    )
 
 
 @pytest.mark.parametrize(
@@ -57,20 +69,23 @@ def test_unknown_key_in_toml_file(tmp_path):
 
 def test_wrong_types_in_a_toml_file_name_the_dotted_key(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text("[actor.optim]\nlr = \"fast\"\n")
+    path.write_text('[actor.optim]\nlr = "fast"\n')
     with pytest.raises(ConfigError, match=r"invalid config: actor\.optim\.lr: Expected `float`") as err:
         load_config(path)
     assert err.value.key == "actor.optim.lr"
 
 
-@pytest.mark.parametrize(("old", "new", "value"), [
-    ("actor.lr", "actor.optim.lr", 1e-4),
-    ("actor.grad_clip", "actor.optim.grad_clip", 0.5),
-    ("actor.fused_optimizer", "actor.optim.fused", True),
-    ("harbor.step_timeout_s", "run.step_timeout_s", 5.0),
-    ("harbor.drain_timeout_s", "run.drain_timeout_s", 7.0),
-    ("harbor.agent_workers", "run.agent_workers", 2),
-])
+@pytest.mark.parametrize(
+    ("old", "new", "value"),
+    [
+        ("actor.lr", "actor.optim.lr", 1e-4),
+        ("actor.grad_clip", "actor.optim.grad_clip", 0.5),
+        ("actor.fused_optimizer", "actor.optim.fused", True),
+        ("harbor.step_timeout_s", "run.step_timeout_s", 5.0),
+        ("harbor.drain_timeout_s", "run.drain_timeout_s", 7.0),
+        ("harbor.agent_workers", "run.agent_workers", 2),
+    ],
+)
 def test_moved_keys_keep_working_with_a_warning_naming_both(tmp_path, old, new, value):
     def get(cfg, dotted):
         for part in dotted.split("."):
@@ -78,12 +93,17 @@ def test_moved_keys_keep_working_with_a_warning_naming_both(tmp_path, old, new, 
         return cfg
 
     literal = str(value).lower()
-    with pytest.warns(FutureWarning, match=rf"'{re.escape(old)}' \(override\) is deprecated: it is now '{re.escape(new)}'"):
+    with pytest.warns(
+        FutureWarning, match=rf"'{re.escape(old)}' \(override\) is deprecated: it is now '{re.escape(new)}'"
+    ):
         assert get(load_config(overrides=[f"{old}={literal}"]), new) == value
     section, _, leaf = old.rpartition(".")
     path = tmp_path / "old.toml"
     path.write_text(f"[{section}]\n{leaf} = {literal}\n")
-    with pytest.warns(FutureWarning, match=rf"'{re.escape(old)}' \(config file .*old\.toml\) is deprecated: it is now '{re.escape(new)}'"):
+    with pytest.warns(
+        FutureWarning,
+        match=rf"'{re.escape(old)}' \(config file .*old\.toml\) is deprecated: it is now '{re.escape(new)}'",
+    ):
         assert get(load_config(path), new) == value
     # Both names in one file: ambiguous, refused naming both.
     new_section, _, new_leaf = new.rpartition(".")
@@ -98,7 +118,8 @@ def test_the_shipped_configs_load_without_old_keys():
     for path in sorted(DEFAULT_CONFIG.parent.glob("*.toml")):
         with warnings.catch_warnings():
             warnings.simplefilter("error", FutureWarning)  # a shipped config uses the current keys
-            tree_ok = load_config(path, ["ray.address=auto"])  # remote Ray: model/task folders are not looked up
+            # remote Ray: model/task folders are not looked up
+            tree_ok = load_config(path, ["ray.address=auto"])
         assert tree_ok.actor.optim.lr > 0, path
 
 

@@ -25,8 +25,11 @@ def ray1(app_ray_head):
 
 def test_a_cancelled_generate_is_cancelled_in_the_replica(ray1, tmp_path):
     model = save_random_qwen3(tmp_path, vocab=128, hidden=32, head_dim=16, max_positions=4096)
-    handle = ray1.remote(EngineActor).options(max_concurrency=MAX_CONCURRENCY, num_cpus=0).remote(
-        "torch", TorchEngineConfig(model_path=str(model)))
+    handle = (
+        ray1.remote(EngineActor)
+        .options(max_concurrency=MAX_CONCURRENCY, num_cpus=0)
+        .remote("torch", TorchEngineConfig(model_path=str(model)))
+    )
 
     async def scenario() -> tuple[int, int]:
         engine = RemoteEngine(handle, initial_version=0, rpc_timeout_s=60, start_timeout_s=120)

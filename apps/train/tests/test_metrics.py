@@ -8,9 +8,21 @@ from arl_train.metrics import MetricsLog, derive, scalars
 
 
 def _row(step, wait_s, step_s, elapsed, busy, turns, responses, **rollout):
-    return {"step": step, "wait_s": wait_s, "step_s": step_s, "reward_mean": 0.5 * step, "rollout": {
-        "manager_elapsed_s": elapsed, "engine_busy_s": busy, "engine_replicas": 2.0, "turns": turns,
-        "trained_responses": responses, "engine_versions": [step], **rollout}}
+    return {
+        "step": step,
+        "wait_s": wait_s,
+        "step_s": step_s,
+        "reward_mean": 0.5 * step,
+        "rollout": {
+            "manager_elapsed_s": elapsed,
+            "engine_busy_s": busy,
+            "engine_replicas": 2.0,
+            "turns": turns,
+            "trained_responses": responses,
+            "engine_versions": [step],
+            **rollout,
+        },
+    }
 
 
 def test_derived_metrics_idle_ratio_per_side_over_the_step_window():
@@ -23,7 +35,11 @@ def test_derived_metrics_idle_ratio_per_side_over_the_step_window():
     assert d2["turns_per_trajectory"] == 2.0 and d2["tool_calls_per_trajectory"] == 2.0
     assert d2["proxy_rebuilds"] == 2.0
     assert "tool_calls_per_trajectory" not in derive(_row(1, 0, 1, 1, 0, 1, 1), None)  # not reported: absent
-    assert scalars({"a": 1, "b": {"c": 2.5, "d": [1]}, "e": "x", "f": True}) == {"a": 1.0, "b/c": 2.5, "f": 1.0}
+    assert scalars({"a": 1, "b": {"c": 2.5, "d": [1]}, "e": "x", "f": True}) == {
+        "a": 1.0,
+        "b/c": 2.5,
+        "f": 1.0,
+    }
 
 
 def test_rows_go_to_jsonl_and_tensorboard(tmp_path):
@@ -47,7 +63,15 @@ def test_tells_per_step_and_on_the_step_line():
     second = _row(2, 1.0, 4.0, 20.0, 15.0, 12, 6, tells={"protected_touched": 2, "leftover_processes": 1})
     d2 = derive(second, first)
     assert d2["tells/protected_touched"] == 0.0 and d2["tells/leftover_processes"] == 1.0
-    row = {**second, **d2, "staleness_mean": 0.0, "staleness_max": 0, "samples_per_s": 1.0, "sync_s": 0.0,
-           "version": 2, "loss": 0.0}
+    row = {
+        **second,
+        **d2,
+        "staleness_mean": 0.0,
+        "staleness_max": 0,
+        "samples_per_s": 1.0,
+        "sync_s": 0.0,
+        "version": 2,
+        "loss": 0.0,
+    }
     assert progress_line(row, 10).endswith("| hacking tells: leftover_processes 1")
     assert "hacking" not in progress_line({**row, "tells/leftover_processes": 0.0}, 10)

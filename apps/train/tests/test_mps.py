@@ -22,7 +22,7 @@ if [ "$1" = "-d" ]; then
   exit {exit_code}
 fi
 cat >> {calls}
-"""
+"""  # noqa: E501 - the log line is nvidia-cuda-mps-control's own
 
 
 @pytest.fixture
@@ -50,7 +50,12 @@ def test_start_hands_the_daemon_its_folders_and_stop_asks_it_to_quit(tmp_path, f
     assert calls.read_text().splitlines() == ["args=-d", f"pipe={pipe}", f"log={tmp_path / 'out' / 'mps'}"]
     assert mps.clients_seen(daemon.log_dir) == 1
     daemon.stop()
-    assert calls.read_text().splitlines()[3:] == ["args=", f"pipe={pipe}", f"log={tmp_path / 'out' / 'mps'}", "quit"]
+    assert calls.read_text().splitlines()[3:] == [
+        "args=",
+        f"pipe={pipe}",
+        f"log={tmp_path / 'out' / 'mps'}",
+        "quit",
+    ]
     assert not pipe.exists()
 
 

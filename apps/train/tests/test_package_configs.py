@@ -2,11 +2,11 @@
 
 import msgspec
 import pytest
+
 from arl.rollout.engines.torch_engine import TorchEngineConfig
 from arl.rollout.engines.vllm_engine import VllmEngineConfig
 from arl.sync import SyncConfig
 from arl.trainer.config import OptimConfig, TrainerConfig
-
 from arl_train.borrow import origin
 from arl_train.config import load_config
 from arl_train.package_configs import engine_config, sync_config, trainer_config
@@ -131,16 +131,19 @@ def test_a_section_field_that_drifts_from_its_package_fails_at_import():
         pass
 
     with pytest.raises(TypeError, match=r"timeout_s: default 5\.0, the package's is 60\.0 \(say why"):
+
         @borrows(SyncConfig)
         class Quiet(Base):
             timeout_s: float = 5.0
 
     with pytest.raises(TypeError, match=r"timeout_s: type <class 'int'>"):
+
         @borrows(SyncConfig)
         class Typed(Base):
             timeout_s: int = 60
 
     with pytest.raises(TypeError, match=r"nope: SyncConfig has no such field"):
+
         @borrows(SyncConfig)
         class Unknown(Base):
             nope: int = 0
@@ -149,4 +152,7 @@ def test_a_section_field_that_drifts_from_its_package_fails_at_import():
     class Slow(Base):
         timeout_s: float = 300.0
 
-    assert origin(Slow, "timeout_s").app_default == 300.0 and origin(Slow, "timeout_s").reason == "a slow machine"
+    assert (
+        origin(Slow, "timeout_s").app_default == 300.0
+        and origin(Slow, "timeout_s").reason == "a slow machine"
+    )

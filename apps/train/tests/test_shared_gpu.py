@@ -27,7 +27,9 @@ GPU = ["resources.trainer_gpus=1", "rollout.device=cuda", "actor.device=cuda"]
 
 @pytest.mark.parametrize("schedule", ["time_sliced", "concurrent"])
 def test_a_shared_schedule_is_colocated_and_keeps_the_async_mode(schedule):
-    cfg = load_config(overrides=[*GPU, f"resources.shared_gpu={schedule}", "rollout.gpu_memory_utilization=0.3"])
+    cfg = load_config(
+        overrides=[*GPU, f"resources.shared_gpu={schedule}", "rollout.gpu_memory_utilization=0.3"]
+    )
     lay = layout_of(cfg)
     assert cfg.resources.colocate and lay.colocate and lay.shared_gpu == schedule
     assert cfg.sync.transport == "cuda_ipc"  # the rank writes into the replica beside it
@@ -46,8 +48,15 @@ def test_time_sliced_always_resumes_partials_and_mode_b_keeps_its_sync_period():
 
 
 def test_two_cpu_ranks_each_sync_the_replica_beside_them():
-    lay = layout_of(load_config(overrides=["resources.shared_gpu=time_sliced", "resources.trainer_cpu_ranks=2",
-                                           "rollout.replicas=2"]))
+    lay = layout_of(
+        load_config(
+            overrides=[
+                "resources.shared_gpu=time_sliced",
+                "resources.trainer_cpu_ranks=2",
+                "rollout.replicas=2",
+            ]
+        )
+    )
     assert lay.per_rank_sync and lay.sleeps
 
 
@@ -55,26 +64,90 @@ def test_two_cpu_ranks_each_sync_the_replica_beside_them():
     "overrides, mode, message",
     [
         (["resources.shared_gpu=time_sliced"], "a", "needs an asynchronous mode"),
-        ([*GPU, "resources.shared_gpu=concurrent", "resources.trainer_gpus=2", "rollout.replicas=1",
-          "rollout.gpu_memory_utilization=0.3"], None, "resources.trainer_gpus = 2: with resources.shared_gpu='concurrent' needs as many trainer GPUs"),
-        ([*GPU, "resources.shared_gpu=time_sliced", "resources.tensor_parallel_size=2"], None,
-         "resources.tensor_parallel_size = 2: with resources.shared_gpu='time_sliced'"),
-        ([*GPU, "resources.shared_gpu=concurrent"], None, "rollout.gpu_memory_utilization = 0.85: with resources.shared_gpu='concurrent'"),
-        ([*GPU, "resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.5",
-          "resources.trainer_memory_fraction=0.6"], None, "is more than the whole GPU"),
-        ([*GPU, "resources.shared_gpu=time_sliced", "resources.trainer_memory_fraction=0.5"], None,
-         "resources.trainer_memory_fraction = 0.5: splits a GPU"),
-        (["resources.shared_gpu=concurrent", "rollout.device=cuda"], None, "resources.shared_gpu = 'concurrent': puts trainer"),
+        (
+            [
+                *GPU,
+                "resources.shared_gpu=concurrent",
+                "resources.trainer_gpus=2",
+                "rollout.replicas=1",
+                "rollout.gpu_memory_utilization=0.3",
+            ],
+            None,
+            "resources.trainer_gpus = 2: with resources.shared_gpu='concurrent' needs as many trainer GPUs",
+        ),
+        (
+            [*GPU, "resources.shared_gpu=time_sliced", "resources.tensor_parallel_size=2"],
+            None,
+            "resources.tensor_parallel_size = 2: with resources.shared_gpu='time_sliced'",
+        ),
+        (
+            [*GPU, "resources.shared_gpu=concurrent"],
+            None,
+            "rollout.gpu_memory_utilization = 0.85: with resources.shared_gpu='concurrent'",
+        ),
+        (
+            [
+                *GPU,
+                "resources.shared_gpu=concurrent",
+                "rollout.gpu_memory_utilization=0.5",
+                "resources.trainer_memory_fraction=0.6",
+            ],
+            None,
+            "is more than the whole GPU",
+        ),
+        (
+            [*GPU, "resources.shared_gpu=time_sliced", "resources.trainer_memory_fraction=0.5"],
+            None,
+            "resources.trainer_memory_fraction = 0.5: splits a GPU",
+        ),
+        (
+            ["resources.shared_gpu=concurrent", "rollout.device=cuda"],
+            None,
+            "resources.shared_gpu = 'concurrent': puts trainer",
+        ),
         (["resources.shared_gpu=sometimes"], None, "shared_gpu"),
-        ([*GPU, "resources.shared_gpu=time_sliced", "resources.mps=start"], None,
-         "resources.mps = 'start': is for resources.shared_gpu='concurrent'"),
-        (["resources.shared_gpu=concurrent", "resources.mps=start"], None, "resources.mps = 'start': needs GPUs"),
-        ([*GPU, "resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.3", "resources.mps=start",
-          "ray.address=auto"], None, "resources.mps = 'start': starts the daemon on this machine"),
-        ([*GPU, "resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.3",
-          "resources.mps_trainer_sm_percent=50"], None, "resources.mps_trainer_sm_percent = 50: caps the trainer's SMs"),
-        ([*GPU, "resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.3", "resources.mps=start",
-          "resources.mps_trainer_sm_percent=120"], None, "resources.mps_trainer_sm_percent = 120: must be in"),
+        (
+            [*GPU, "resources.shared_gpu=time_sliced", "resources.mps=start"],
+            None,
+            "resources.mps = 'start': is for resources.shared_gpu='concurrent'",
+        ),
+        (
+            ["resources.shared_gpu=concurrent", "resources.mps=start"],
+            None,
+            "resources.mps = 'start': needs GPUs",
+        ),
+        (
+            [
+                *GPU,
+                "resources.shared_gpu=concurrent",
+                "rollout.gpu_memory_utilization=0.3",
+                "resources.mps=start",
+                "ray.address=auto",
+            ],
+            None,
+            "resources.mps = 'start': starts the daemon on this machine",
+        ),
+        (
+            [
+                *GPU,
+                "resources.shared_gpu=concurrent",
+                "rollout.gpu_memory_utilization=0.3",
+                "resources.mps_trainer_sm_percent=50",
+            ],
+            None,
+            "resources.mps_trainer_sm_percent = 50: caps the trainer's SMs",
+        ),
+        (
+            [
+                *GPU,
+                "resources.shared_gpu=concurrent",
+                "rollout.gpu_memory_utilization=0.3",
+                "resources.mps=start",
+                "resources.mps_trainer_sm_percent=120",
+            ],
+            None,
+            "resources.mps_trainer_sm_percent = 120: must be in",
+        ),
     ],
 )
 def test_bad_shared_settings_are_refused_at_load_by_name(overrides, mode, message):
@@ -84,8 +157,13 @@ def test_bad_shared_settings_are_refused_at_load_by_name(overrides, mode, messag
 
 def _wrappers(log, required=5):
     inner = Inner(log)
-    control = TimeSlicedControl(inner, RolloutHandle(log), sleep_level=1, timeout_s=5,
-                                release_trainer_memory=lambda: log.append(("release",)))
+    control = TimeSlicedControl(
+        inner,
+        RolloutHandle(log),
+        sleep_level=1,
+        timeout_s=5,
+        release_trainer_memory=lambda: log.append(("release",)),
+    )
     return control, TimeSlicedSource(inner, control, required=required)
 
 
@@ -101,8 +179,14 @@ async def test_a_synced_step_aborts_at_the_batch_sleeps_then_wakes_around_the_tr
     await control.update_weights("tcp://x", b"{}", 1)
     await control.resume(4)
     await source.end_step()  # synced: nothing left to hand back
-    assert log[-6:] == [("release",), ("wake_up", ["weights"]), ("update_weights", 1), ("release",),
-                        ("wake_up", ["kv_cache"]), ("resume", 4)]
+    assert log[-6:] == [
+        ("release",),
+        ("wake_up", ["weights"]),
+        ("update_weights", 1),
+        ("release",),
+        ("wake_up", ["kv_cache"]),
+        ("resume", 4),
+    ]
     timings = control.pop_timings()
     assert {"shared_pause_s", "shared_sleep_s", "shared_wake_weights_s", "shared_wake_kv_s"} <= timings.keys()
     assert timings["shared_yields_total"] == 1
@@ -125,22 +209,41 @@ async def test_samples_dropped_after_the_yield_give_the_replica_the_gpu_back_unt
     await source.get_batch(3)
     assert control.yielded
     await source.get_batch(1)  # e.g. one sample over max_version_lag was dropped
-    assert log[-6:] == [("release",), ("wake_up", None), ("resume_generation", None), ("get_batch", 1),
-                        ("pause",), ("sleep", 1)]
+    assert log[-6:] == [
+        ("release",),
+        ("wake_up", None),
+        ("resume_generation", None),
+        ("get_batch", 1),
+        ("pause",),
+        ("sleep", 1),
+    ]
     assert control.yielded and control.yields == 2
 
 
 def test_out_of_memory_beside_a_resident_replica_names_the_keys_of_the_split():
-    cfg = load_config(overrides=[*GPU, "resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.35",
-                                 "actor.max_tokens_per_microbatch=16384"])
-    torch_message = "CUDA out of memory. Tried to allocate 128.00 MiB. GPU 0 has a total capacity of 79.18 GiB"
+    cfg = load_config(
+        overrides=[
+            *GPU,
+            "resources.shared_gpu=concurrent",
+            "rollout.gpu_memory_utilization=0.35",
+            "actor.max_tokens_per_microbatch=16384",
+        ]
+    )
+    torch_message = (
+        "CUDA out of memory. Tried to allocate 128.00 MiB. GPU 0 has a total capacity of 79.18 GiB"
+    )
     with pytest.raises(SharedGpuOutOfMemory) as caught:
         with explain_out_of_memory(concurrent_oom_advice(cfg)):
             raise torch.OutOfMemoryError(torch_message)
     message = str(caught.value)
-    for named in ("rollout.gpu_memory_utilization=0.35", "actor.max_tokens_per_microbatch (is 16384)",
-                  "actor.activation_checkpointing", "actor.activation_offload", "resources.shared_gpu='time_sliced'",
-                  f"torch: {torch_message}"):
+    for named in (
+        "rollout.gpu_memory_utilization=0.35",
+        "actor.max_tokens_per_microbatch (is 16384)",
+        "actor.activation_checkpointing",
+        "actor.activation_offload",
+        "resources.shared_gpu='time_sliced'",
+        f"torch: {torch_message}",
+    ):
         assert named in message
     assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
     with pytest.raises(ValueError):  # any other error passes through as it is
@@ -151,7 +254,9 @@ def test_out_of_memory_beside_a_resident_replica_names_the_keys_of_the_split():
 @pytest.mark.gpu
 def test_a_real_cuda_out_of_memory_becomes_the_shared_gpu_error():
     """What CUDA raises when an allocation does not fit is what `explain_out_of_memory` catches."""
-    cfg = load_config(overrides=[*GPU, "resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.35"])
+    cfg = load_config(
+        overrides=[*GPU, "resources.shared_gpu=concurrent", "rollout.gpu_memory_utilization=0.35"]
+    )
     too_big = torch.cuda.get_device_properties(0).total_memory * 2
     with pytest.raises(SharedGpuOutOfMemory, match="rollout.gpu_memory_utilization=0.35") as caught:
         with explain_out_of_memory(concurrent_oom_advice(cfg)):

@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
 from arl.harbor.docker_environment import DOCKER_IMPORT_PATH
 from arl.harbor.testing import write_swe_task
 from arl_train.config import ConfigError, load_config
@@ -48,8 +49,15 @@ def test_eight_gpu_recipe_resolves_to_a_split_placement(model_dir: Path) -> None
     assert not config.resources.colocate and config.resources.shared_gpu == "off"
     assert config.sync.transport == "nccl"
     # The documented alternative: shared on all 8 GPUs.
-    shared = load_config(CONFIGS / "swe_8gpu.toml", [f"model.path={model_dir}", "resources.trainer_gpus=8",
-                                                     "rollout.replicas=8", "resources.shared_gpu=time_sliced"])
+    shared = load_config(
+        CONFIGS / "swe_8gpu.toml",
+        [
+            f"model.path={model_dir}",
+            "resources.trainer_gpus=8",
+            "rollout.replicas=8",
+            "resources.shared_gpu=time_sliced",
+        ],
+    )
     assert shared.resources.colocate and shared.sync.transport == "cuda_ipc"
     # A layout that cannot be packed is refused by name.
     with pytest.raises(ConfigError, match="trainer_gpus"):
@@ -75,13 +83,18 @@ def test_timeouts_derive_from_the_task_set(model_dir: Path, tmp_path: Path) -> N
     info = tomllib.loads((task / "task.toml").read_text())
     from arl.harbor.tasks import AGENT_SETUP_ALLOWANCE_SEC, TEARDOWN_ALLOWANCE_SEC
 
-    phases = (info["environment"].get("build_timeout_sec", 600.0) + AGENT_SETUP_ALLOWANCE_SEC
-              + info["agent"]["timeout_sec"] + info["verifier"]["timeout_sec"])
+    phases = (
+        info["environment"].get("build_timeout_sec", 600.0)
+        + AGENT_SETUP_ALLOWANCE_SEC
+        + info["agent"]["timeout_sec"]
+        + info["verifier"]["timeout_sec"]
+    )
     timeouts = run_timeouts(config)
     assert timeouts.attempt_s == pytest.approx(phases + TEARDOWN_ALLOWANCE_SEC)
     attempts, backoff = config.harbor.policy.max_attempts, config.harbor.policy.retry_backoff_sec
-    assert timeouts.prompt_s == pytest.approx(attempts * timeouts.attempt_s
-                                              + backoff * attempts * (attempts - 1) / 2)
+    assert timeouts.prompt_s == pytest.approx(
+        attempts * timeouts.attempt_s + backoff * attempts * (attempts - 1) / 2
+    )
     assert timeouts.step_s > timeouts.batch_s > timeouts.prompt_s
 
 
@@ -102,19 +115,27 @@ def test_swe_preset_config_on_this_cpu(tmp_path: Path, monkeypatch: pytest.Monke
     task_set = tmp_path / "set"
     for name in ("a", "b", "c"):
         write_swe_task(task_set, name=name)
-        (task_set / name / "environment" / "local_binds.json").write_text(json.dumps({"/arl/venv": "../../_venvs/x"}))
-    (task_set / "manifest.jsonl").write_text("".join(json.dumps({"id": n, "package": p}) + "\n"
-                                                     for n, p in (("a", "x"), ("b", "x"), ("c", "y"))))
+        (task_set / name / "environment" / "local_binds.json").write_text(
+            json.dumps({"/arl/venv": "../../_venvs/x"})
+        )
+    (task_set / "manifest.jsonl").write_text(
+        "".join(json.dumps({"id": n, "package": p}) + "\n" for n, p in (("a", "x"), ("b", "x"), ("c", "y")))
+    )
     out = tmp_path / "run"
-    config = swe_preset.load_swe_config(None, [f"swe.task_set={task_set}", "swe.tasks=2", "swe.env=local",
-                                               f"output.dir={out}"], log=lambda _: None)
+    config = swe_preset.load_swe_config(
+        None,
+        [f"swe.task_set={task_set}", "swe.tasks=2", "swe.env=local", f"output.dir={out}"],
+        log=lambda _: None,
+    )
     assert config.rollout.device == "cpu" and config.resources.trainer_gpus == 0
     assert config.resources.shared_gpu == "off" and config.sync.transport == "cpu"
     assert [b["max_position_embeddings"] for b in built] == [4096]  # a SWE issue does not fit 1024
     assert Path(config.model.path) == out / "model_tiny_4k"
     rows = [json.loads(line) for line in (out / "swe_tasks.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["a", "c"]  # one package after another
-    assert all(Path(r["path"]).parent == out / "tasks" and Path(r["path"], "task.toml").is_file() for r in rows)
+    assert all(
+        Path(r["path"]).parent == out / "tasks" and Path(r["path"], "task.toml").is_file() for r in rows
+    )
     binds = json.loads((out / "tasks" / "a" / "environment" / "local_binds.json").read_text())
     assert binds == {"/arl/venv": str((task_set / "_venvs" / "x").resolve())}  # still the set's venv
     h = harbor_config(config)

@@ -17,12 +17,15 @@ def test_node_specs_from_the_command_line():
     assert parse_node("plain") == NodeSpec("plain", {})
 
 
-@pytest.mark.parametrize("nodes, problem", [
-    ([NodeSpec("a", {}), NodeSpec("b", {})], "exactly one head"),
-    ([NodeSpec("a", {}, head=True), NodeSpec("a", {})], "unique"),
-    ([NodeSpec("head-1", {}, head=True)], "alphanumeric"),
-    ([NodeSpec("averyveryverylongname", {}, head=True)], "at most 12"),
-])
+@pytest.mark.parametrize(
+    "nodes, problem",
+    [
+        ([NodeSpec("a", {}), NodeSpec("b", {})], "exactly one head"),
+        ([NodeSpec("a", {}, head=True), NodeSpec("a", {})], "unique"),
+        ([NodeSpec("head-1", {}, head=True)], "alphanumeric"),
+        ([NodeSpec("averyveryverylongname", {}, head=True)], "at most 12"),
+    ],
+)
 def test_a_bed_refuses_nodes_it_cannot_name(tmp_path, nodes, problem):
     with pytest.raises(ValueError, match=problem):
         TestBed(tmp_path, nodes)

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from arl_train.tiny_model import EOS_TOKEN, EXTRA_TOKENS, PAD_TOKEN, SPECIAL_TOKENS, build_tiny_model
 
 DIGITS = "0123456789"
@@ -274,25 +275,41 @@ def test_large_shapes_draw_their_weights_like_transformers_once_and_deterministi
 
     from arl_train.random_init import random_causal_lm
 
-    shape = dict(hidden_size=256, intermediate_size=768, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=64,
-                 dtype="bfloat16")
+    shape = dict(
+        hidden_size=256,
+        intermediate_size=768,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        dtype="bfloat16",
+    )
     first = build_tiny_model(tmp_path / "a", seed=3, **shape)
     again = build_tiny_model(tmp_path / "b", seed=3, **shape)
     other = build_tiny_model(tmp_path / "c", seed=4, **shape)
-    assert _files(first) == _files(again) and _files(first)["model.safetensors"] != _files(other)["model.safetensors"]
+    assert (
+        _files(first) == _files(again)
+        and _files(first)["model.safetensors"] != _files(other)["model.safetensors"]
+    )
 
     config = Qwen3Config.from_pretrained(first)
     one_thread = random_causal_lm(Qwen3ForCausalLM, config, torch.bfloat16, seed=3, threads=1)
     many = random_causal_lm(Qwen3ForCausalLM, config, torch.bfloat16, seed=3, threads=4)
     reference = Qwen3ForCausalLM._from_config(config, dtype=torch.bfloat16)
     assert {k: (v.shape, v.dtype) for k, v in many.state_dict().items()} == {
-        k: (v.shape, v.dtype) for k, v in reference.state_dict().items()}
-    assert all(torch.equal(a, b) for a, b in zip(one_thread.state_dict().values(), many.state_dict().values(), strict=True))
+        k: (v.shape, v.dtype) for k, v in reference.state_dict().items()
+    }
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(one_thread.state_dict().values(), many.state_dict().values(), strict=True)
+    )
     assert many.lm_head.weight is many.model.embed_tokens.weight
     embed = many.model.embed_tokens.weight.float()
     assert (embed[config.pad_token_id] == 0).all()
     up = many.model.layers[1].mlp.up_proj.weight.float()
-    assert up.std().item() == pytest.approx(config.initializer_range, rel=0.02) and abs(up.mean().item()) < 1e-3
+    assert (
+        up.std().item() == pytest.approx(config.initializer_range, rel=0.02) and abs(up.mean().item()) < 1e-3
+    )
     assert all((p == 1).all() for n, p in many.named_parameters() if "norm" in n)
 
     model = AutoModelForCausalLM.from_pretrained(first, dtype=torch.float32).eval()

@@ -27,18 +27,24 @@ def _run_group(body, tmp_path):
 
 
 def test_followers_join_the_reference_forwards(tmp_path):
+    from group_ranks import kl_group
+
     from arl.trainer import HFPolicy, TrainerConfig
     from arl.trainer.algorithm_config import AlgorithmConfig
     from arl.trainer.group import probe_batch
 
-    from group_ranks import kl_group
-
     model = _run_group(kl_group, tmp_path)
     leader = torch.load(tmp_path / "leader.pt", weights_only=False)
-    assert torch.load(tmp_path / "follower.pt", weights_only=False) == {"train": 1, "ref_log_probs": 1, "stop": 1}
+    assert torch.load(tmp_path / "follower.pt", weights_only=False) == {
+        "train": 1,
+        "ref_log_probs": 1,
+        "stop": 1,
+    }
     assert leader["metrics"]["kl_ref_mean"] == 0.0  # step 1: the reference is the initial policy
     single = HFPolicy(model, TrainerConfig(mixed_precision="none", algorithm=AlgorithmConfig(kl_coef=0.1)))
-    assert torch.allclose(leader["ref"], single.reference_log_probs(probe_batch([1, 2, 3, 4], [5, 6, 7, 8, 9])), atol=1e-6)
+    assert torch.allclose(
+        leader["ref"], single.reference_log_probs(probe_batch([1, 2, 3, 4], [5, 6, 7, 8, 9])), atol=1e-6
+    )
 
 
 def test_rank_zeros_settle_runs_on_every_rank(tmp_path):

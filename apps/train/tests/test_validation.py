@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from arl_train.validation import check_machine
 from arl_train.config import ConfigError, load_config
+from arl_train.validation import check_machine
 
 APP = Path(__file__).resolve().parents[1] / "__main__.py"
 
@@ -63,15 +63,30 @@ def test_each_bad_value_is_refused_by_name(override, key):
         load_config(overrides=[override])
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("actor.ppo_mini_batch_size=0", "invalid config: actor.ppo_mini_batch_size = 0: ppo_mini_batch_size must be >= 1"),
-    ("actor.optim.lr=0", "invalid config: actor.optim.lr = 0: lr must be > 0"),
-    ("async_training.require_batches=0", "invalid config: async_training.require_batches = 0: require_batches must"),
-    ("async_training.max_version_lag=-2", "invalid config: async_training.max_version_lag = -2: max_version_lag must"),
-    ("sync.timeout_s=-1.0", "invalid config: sync.timeout_s = -1.0: timeout_s must be > 0"),
-    # The torch engine does not read it, but the field is vLLM's: its check applies whichever engine runs.
-    ("rollout.gpu_memory_utilization=0.0", "invalid config: rollout.gpu_memory_utilization = 0.0: gpu_memory_utilization"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "actor.ppo_mini_batch_size=0",
+            "invalid config: actor.ppo_mini_batch_size = 0: ppo_mini_batch_size must be >= 1",
+        ),
+        ("actor.optim.lr=0", "invalid config: actor.optim.lr = 0: lr must be > 0"),
+        (
+            "async_training.require_batches=0",
+            "invalid config: async_training.require_batches = 0: require_batches must",
+        ),
+        (
+            "async_training.max_version_lag=-2",
+            "invalid config: async_training.max_version_lag = -2: max_version_lag must",
+        ),
+        ("sync.timeout_s=-1.0", "invalid config: sync.timeout_s = -1.0: timeout_s must be > 0"),
+        # The torch engine does not read it, but the field is vLLM's: its check applies whichever engine runs.
+        (
+            "rollout.gpu_memory_utilization=0.0",
+            "invalid config: rollout.gpu_memory_utilization = 0.0: gpu_memory_utilization",
+        ),
+    ],
+)
 def test_a_package_refuses_its_own_field_and_the_app_names_the_key(override, message):
     overrides = [override, "rollout.engine=torch"] if "gpu_memory" in override else [override]
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")) as err:
@@ -83,7 +98,9 @@ def test_no_bound_is_minus_one_in_toml():
     assert load_config(overrides=["async_training.max_version_lag=-1"]).async_training.max_version_lag == -1
 
 
-@pytest.mark.parametrize("shape", ["tiny", "qwen3-0.6b-random", "qwen3-1.7b-random", "qwen3-4b-random", "qwen3-8b-random"])
+@pytest.mark.parametrize(
+    "shape", ["tiny", "qwen3-0.6b-random", "qwen3-1.7b-random", "qwen3-4b-random", "qwen3-8b-random"]
+)
 def test_every_builtin_model_shape_is_accepted(shape):
     # The bench's GPU presets name these shapes; a check that knew only builtin:tiny stopped them at load.
     assert load_config(overrides=[f"model.path=builtin:{shape}"]).model.path == f"builtin:{shape}"
@@ -98,7 +115,12 @@ def test_resume_needs_steps_beyond_the_checkpoint(tmp_path):
     write_snapshot(tmp_path, [])
     with pytest.raises(ConfigError, match=r"trainer\.total_steps.*step \(40\)"):
         load_config(overrides=[f"trainer.resume_from={tmp_path}", "trainer.total_steps=40"])
-    assert load_config(overrides=[f"trainer.resume_from={tmp_path}", "trainer.total_steps=41"]).trainer.total_steps == 41
+    assert (
+        load_config(
+            overrides=[f"trainer.resume_from={tmp_path}", "trainer.total_steps=41"]
+        ).trainer.total_steps
+        == 41
+    )
 
 
 def test_gpu_requests_are_checked_against_this_machine():
@@ -116,12 +138,18 @@ def test_defaults_and_modes_pass():
         load_config(mode=mode)
 
 
-@pytest.mark.parametrize("override", ["rollout.n=0", "async_training.staleness_threshold=-1", "sync.transport=cuda_ipc"])
+@pytest.mark.parametrize(
+    "override", ["rollout.n=0", "async_training.staleness_threshold=-1", "sync.transport=cuda_ipc"]
+)
 def test_cli_exits_2_naming_the_key_before_anything_starts(tmp_path, override):
     ray_tmp, out = tmp_path / "ray", tmp_path / "out"
     env = os.environ | {"ARL_RAY_TMP": str(ray_tmp)}
     proc = subprocess.run(
-        [sys.executable, str(APP), override, f"output.dir={out}"], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, str(APP), override, f"output.dir={out}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
     assert override.partition("=")[0] in proc.stderr
@@ -135,10 +163,20 @@ def test_a_corrupt_queue_snapshot_in_the_checkpoint_is_refused_by_name(tmp_path)
     from arl.queue.types import Response, Sample
 
     (tmp_path / "trainer_state.json").write_text(json.dumps({"step": 2, "version": 2, "samples_seen": 4}))
-    response = Response(response_ids=[1, 2], response_mask=[1, 1], response_logprobs=[-0.1, -0.2],
-                        weight_versions=[1, 1], reward=1.0)
-    write_snapshot(tmp_path, [Sample(uid=f"u{i}", prompt_ids=[5], responses=[response], start_version=1,
-                                     end_version=1) for i in range(3)])
+    response = Response(
+        response_ids=[1, 2],
+        response_mask=[1, 1],
+        response_logprobs=[-0.1, -0.2],
+        weight_versions=[1, 1],
+        reward=1.0,
+    )
+    write_snapshot(
+        tmp_path,
+        [
+            Sample(uid=f"u{i}", prompt_ids=[5], responses=[response], start_version=1, end_version=1)
+            for i in range(3)
+        ],
+    )
     overrides = [f"trainer.resume_from={tmp_path}", "trainer.total_steps=5"]
     assert load_config(overrides=overrides).trainer.resume_from == str(tmp_path)
     snapshot = tmp_path / SNAPSHOT_FILENAME
@@ -180,9 +218,13 @@ def test_a_kl_resume_needs_the_reference_its_checkpoint_recorded(tmp_path):
     state = {"step": 2, "version": 2, "samples_seen": 4}
     overrides = [f"trainer.resume_from={ckpt}", "trainer.total_steps=5", "actor.algorithm.kl_coef=0.01"]
     (ckpt / "trainer_state.json").write_text(json.dumps(state))
-    with pytest.raises(ConfigError, match=r"trainer\.resume_from.*records no reference_path.*actor\.reference_path"):
+    with pytest.raises(
+        ConfigError, match=r"trainer\.resume_from.*records no reference_path.*actor\.reference_path"
+    ):
         load_config(overrides=overrides)
-    assert load_config(overrides=[*overrides, f"actor.reference_path={base}"]).actor.reference_path == str(base)
+    assert load_config(overrides=[*overrides, f"actor.reference_path={base}"]).actor.reference_path == str(
+        base
+    )
     assert load_config(overrides=overrides[:2]).trainer.resume_from == str(ckpt)  # no KL: no reference needed
     (ckpt / "trainer_state.json").write_text(json.dumps(state | {"reference_path": str(tmp_path / "gone")}))
     with pytest.raises(ConfigError, match=r"trainer\.resume_from.*is not a model folder any more"):
@@ -193,4 +235,6 @@ def test_a_kl_resume_needs_the_reference_its_checkpoint_recorded(tmp_path):
 
 def test_compiled_layers_are_taken_by_both_backends():
     assert load_config(overrides=["actor.compile_layers=true"]).actor.compile_layers
-    assert load_config(overrides=["actor.compile_layers=true", "resources.trainer_cpu_ranks=2"]).actor.compile_layers
+    assert load_config(
+        overrides=["actor.compile_layers=true", "resources.trainer_cpu_ranks=2"]
+    ).actor.compile_layers

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+
 from arl.harbor.builtin_tasks import FAMILIES, random_task, random_tasks
 from arl_train.config import load_config
 from arl_train.warm_start import encode_demonstration, supervised_pass
@@ -45,7 +46,9 @@ def test_demonstration_masks_exactly_the_assistant_turns(tokenizer):
     assert len(ids) == len(mask)
     trained = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
     assert trained == (
-        '<tool_call>\n{"name": "bash", "arguments": {"command": "' + task.solution + '"}}\n</tool_call><|im_end|>'
+        '<tool_call>\n{"name": "bash", "arguments": {"command": "'
+        + task.solution
+        + '"}}\n</tool_call><|im_end|>'
         "Done.<|im_end|>"
     )
     # The instruction and the tool output are context (mask 0); the prompt ends with the generation prompt.
@@ -57,7 +60,9 @@ def test_demonstration_masks_exactly_the_assistant_turns(tokenizer):
 def test_supervised_pass_lowers_the_loss_and_saves_a_model(tiny, tokenizer, tmp_path):
     torch.set_num_threads(1)
     examples = [encode_demonstration(tokenizer, t) for t in random_tasks(32, seed=4)]
-    losses = supervised_pass(tiny, tmp_path / "sft", examples, steps=12, batch_size=8, lr=3e-3, log=lambda _: None)
+    losses = supervised_pass(
+        tiny, tmp_path / "sft", examples, steps=12, batch_size=8, lr=3e-3, log=lambda _: None
+    )
     assert len(losses) == 12
     assert sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3, losses
     assert (tmp_path / "sft" / "config.json").is_file() and (tmp_path / "sft" / "tokenizer.json").is_file()
@@ -78,7 +83,8 @@ def test_warm_start_is_a_section_of_the_one_config(tmp_path):
     with pytest.raises(ConfigError, match=r"invalid config: warm_start\.steps: Expected `int` >= 1"):
         warm_start_config(["warm_start.steps=0"])
     path = tmp_path / "agent.toml"
-    path.write_text("[warm_start]\nsteps = 7\nweaken_to = 0.1\n")  # a table of a config file, like any section
+    # a table of a config file, like any section
+    path.write_text("[warm_start]\nsteps = 7\nweaken_to = 0.1\n")
     assert (load_config(path).warm_start.steps, load_config(path).warm_start.weaken_to) == (7, 0.1)
     assert load_config(path, ["warm_start.weaken_to=null"]).warm_start.weaken_to is None
 
@@ -137,12 +143,21 @@ def test_first_turn_success_counts_exactly_the_oracle_calls(tokenizer):
     def half_right(task):  # the oracle on the first four tasks, their slip on the others
         return call(task.solution if tasks.index(task) < 4 else slipped(task).solution)
 
-    assert first_turn_success(_ScriptedPolicy(tokenizer, tasks, lambda t: call(t.solution)), tokenizer, tasks,
-                              samples=3, seed=0) == 1.0
-    assert first_turn_success(_ScriptedPolicy(tokenizer, tasks, half_right), tokenizer, tasks, samples=3, seed=0) == 0.5
+    assert (
+        first_turn_success(
+            _ScriptedPolicy(tokenizer, tasks, lambda t: call(t.solution)), tokenizer, tasks, samples=3, seed=0
+        )
+        == 1.0
+    )
+    assert (
+        first_turn_success(_ScriptedPolicy(tokenizer, tasks, half_right), tokenizer, tasks, samples=3, seed=0)
+        == 0.5
+    )
     no_call = _ScriptedPolicy(tokenizer, tasks, lambda t: t.solution + "<|im_end|>")  # the command as prose
     assert first_turn_success(no_call, tokenizer, tasks, samples=2, seed=0) == 0.0
-    broken = _ScriptedPolicy(tokenizer, tasks, lambda t: '<tool_call>\n{"name": "bash", "arguments": {"command"<|im_end|>')
+    broken = _ScriptedPolicy(
+        tokenizer, tasks, lambda t: '<tool_call>\n{"name": "bash", "arguments": {"command"<|im_end|>'
+    )
     assert first_turn_success(broken, tokenizer, tasks, samples=2, seed=0) == 0.0
 
 
@@ -151,8 +166,9 @@ def test_the_weakening_pass_stops_at_its_target(tmp_path):
     record keeps every check and both passes' losses."""
     from arl_train.warm_start import WarmStartConfig, prepare_agent_run
 
-    cfg = WarmStartConfig(tasks=4, examples=8, steps=2, batch_size=2, weaken_to=0.0, weaken_max_steps=3,
-                          check_samples=1)
+    cfg = WarmStartConfig(
+        tasks=4, examples=8, steps=2, batch_size=2, weaken_to=0.0, weaken_max_steps=3, check_samples=1
+    )
     prepare_agent_run(tmp_path / "w", cfg, run_seed=1, log=lambda _: None)
     record = json.loads((tmp_path / "w" / "warm_start.json").read_text())
     phases = [phase for phase, _, _ in record["first_turn_success"]]
@@ -170,8 +186,17 @@ def test_supervised_pass_is_deterministic_by_seed(tiny, tokenizer, tmp_path):
     examples = [encode_demonstration(tokenizer, t) for t in random_tasks(16, seed=6)]
 
     def sft(name: str, seed: int) -> tuple[list[float], dict]:
-        losses = supervised_pass(tiny, tmp_path / name, examples, steps=4, batch_size=4, lr=3e-3, seed=seed,
-                                 threads=2, log=lambda _: None)
+        losses = supervised_pass(
+            tiny,
+            tmp_path / name,
+            examples,
+            steps=4,
+            batch_size=4,
+            lr=3e-3,
+            seed=seed,
+            threads=2,
+            log=lambda _: None,
+        )
         return losses, load_file(str(tmp_path / name / "model.safetensors"))
 
     (la, wa), (lb, wb), (lc, _) = sft("a", 3), sft("b", 3), sft("c", 4)

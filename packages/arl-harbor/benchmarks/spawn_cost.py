@@ -25,7 +25,10 @@ async def _spawns(count: int) -> tuple[float, float]:
     t0, c0 = time.perf_counter(), os.times()
     for _ in range(count):
         proc = await asyncio.create_subprocess_exec(
-            "/bin/true", start_new_session=True, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            "/bin/true",
+            start_new_session=True,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         await proc.wait()
     c1 = os.times()
@@ -51,10 +54,16 @@ def main() -> None:
         return
     rows = {}
     for rss in (0.0, args.rss_gib):
-        out = subprocess.run([sys.executable, __file__, "--spawns", str(args.spawns), "--child", str(rss)],
-                             check=True, capture_output=True, text=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, __file__, "--spawns", str(args.spawns), "--child", str(rss)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
         rows[rss] = (float(out[0]), float(out[1]))
-        print(f"parent holding {rss:.1f} GiB: {rows[rss][0]:.2f} ms per spawn (wall), parent CPU {rows[rss][1]:.2f} ms")
+        print(
+            f"parent holding {rss:.1f} GiB: {rows[rss][0]:.2f} ms per spawn (wall), parent CPU {rows[rss][1]:.2f} ms"
+        )
     print(f"ratio: {rows[args.rss_gib][0] / rows[0.0][0]:.1f}× the wall time per spawn")
 
 

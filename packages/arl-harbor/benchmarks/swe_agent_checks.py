@@ -50,8 +50,9 @@ def load_tasks(task_set: Path) -> list[tuple[str, Path]]:
     return [(d.name, d) for d in dirs]
 
 
-def rebased_copy(task_set: Path, tasks: list[tuple[str, Path]], image: str,
-                 agent_cache: Path) -> tuple[Path, list[tuple[str, Path]]]:
+def rebased_copy(
+    task_set: Path, tasks: list[tuple[str, Path]], image: str, agent_cache: Path
+) -> tuple[Path, list[tuple[str, Path]]]:
     """A copy of the set's task dirs whose Dockerfiles start FROM `image` (built first when it is
     `arl-swe-base-mini-swe-agent:*` and missing: the base image + mini-swe-agent)."""
     import subprocess
@@ -107,29 +108,45 @@ async def main_async(args: argparse.Namespace) -> int:
     trials_dir = Path(args.trials_dir or tempfile.mkdtemp(prefix="arl-swe-checks-"))
     overrides: dict = {}
     started = time.monotonic()
-    print(f"# {len(tasks)} tasks × {scripts} · agent {args.agent} · env {args.env} · "
-          f"{args.concurrency} at a time", flush=True)
+    print(
+        f"# {len(tasks)} tasks × {scripts} · agent {args.agent} · env {args.env} · "
+        f"{args.concurrency} at a time",
+        flush=True,
+    )
     slots = asyncio.Semaphore(args.concurrency)
     width = max(10, *map(len, scripts))
 
     async def one(task_id: str, task_dir: Path, script: str):
         async with slots:
-            r = await run_check(task_dir, agent=args.agent, script=script, env=args.env, tokenizer=tokenizer,
-                                trials_dir=trials_dir, mini_venv=mini_venv, task_id=task_id,
-                                trial_timeout_sec=args.trial_timeout, config_overrides=dict(overrides),
-                                max_attempts=args.attempts)
+            r = await run_check(
+                task_dir,
+                agent=args.agent,
+                script=script,
+                env=args.env,
+                tokenizer=tokenizer,
+                trials_dir=trials_dir,
+                mini_venv=mini_venv,
+                task_id=task_id,
+                trial_timeout_sec=args.trial_timeout,
+                config_overrides=dict(overrides),
+                max_attempts=args.attempts,
+            )
         status = "ok  " if r.ok else "MISS"
         extra = f" {r.failure_kind}: {r.error[:300]}" if r.failed or r.error else ""
         extra += " (after a retried attempt)" if r.retried else ""
         tokens = f" token problems: {r.token_problems}" if r.token_problems else ""
-        print(f"{status} {script:{width}s} reward={r.reward} f2p={r.rewards.get('fail_to_pass')} "
-              f"p2p={r.rewards.get('pass_to_pass')} turns={r.generator_calls} segments={r.segments} "
-              f"{r.wall_s:5.1f}s {task_id}{extra}{tokens}", flush=True)
+        print(
+            f"{status} {script:{width}s} reward={r.reward} f2p={r.rewards.get('fail_to_pass')} "
+            f"p2p={r.rewards.get('pass_to_pass')} turns={r.generator_calls} segments={r.segments} "
+            f"{r.wall_s:5.1f}s {task_id}{extra}{tokens}",
+            flush=True,
+        )
         return r
 
     # Task-major order, so with --concurrency 1 a task's scripts run one after another as before.
-    results = await asyncio.gather(*(one(task_id, task_dir, script) for task_id, task_dir in tasks
-                                     for script in scripts))
+    results = await asyncio.gather(
+        *(one(task_id, task_dir, script) for task_id, task_dir in tasks for script in scripts)
+    )
     wall = time.monotonic() - started
     print("\n# summary")
     for script in scripts:
@@ -139,9 +156,11 @@ async def main_async(args: argparse.Namespace) -> int:
         mean = sum(rewards) / len(rewards) if rewards else float("nan")
         token_ok = sum(not r.token_problems for r in mine)
         per_trial = sum(r.wall_s for r in mine) / max(1, len(mine))
-        print(f"{script:{width}s} {ok}/{len(mine)} as expected; mean reward {mean:.3f}; "
-              f"failed {sum(r.failed for r in mine)}; token-exact {token_ok}/{len(mine)}; "
-              f"{per_trial:.1f} s/trial")
+        print(
+            f"{script:{width}s} {ok}/{len(mine)} as expected; mean reward {mean:.3f}; "
+            f"failed {sum(r.failed for r in mine)}; token-exact {token_ok}/{len(mine)}; "
+            f"{per_trial:.1f} s/trial"
+        )
     print(f"total {len(results)} trials in {wall:.0f} s")
     if args.json_out:
         args.json_out.write_text(json.dumps([r.__dict__ for r in results], indent=1, default=str))
@@ -155,18 +174,28 @@ def main() -> int:
     parser.add_argument("task_set", type=Path, help="a SWE task set folder (manifest.jsonl + task dirs)")
     parser.add_argument("--env", choices=("local", "docker"), required=True)
     parser.add_argument("--agent", choices=("shell", "terminus-2", "mini-swe-agent"), required=True)
-    parser.add_argument("--script", default="oracle,nop,edit-tests",
-                        help="comma-separated scripts: oracle, nop, edit-tests, attack:<name>, attack:all")
+    parser.add_argument(
+        "--script",
+        default="oracle,nop,edit-tests",
+        help="comma-separated scripts: oracle, nop, edit-tests, attack:<name>, attack:all",
+    )
     parser.add_argument("--tasks", help="comma-separated task ids (default: all)")
     parser.add_argument("--limit", type=int, default=0, help="only the first N tasks")
     parser.add_argument("--trial-timeout", type=float, default=None, help="seconds per trial")
-    parser.add_argument("--attempts", type=int, default=1,
-                        help="attempts per trial (the failure policy retries sandbox failures; default 1)")
+    parser.add_argument(
+        "--attempts",
+        type=int,
+        default=1,
+        help="attempts per trial (the failure policy retries sandbox failures; default 1)",
+    )
     parser.add_argument("--trials-dir", type=Path, default=None, help="keep trial dirs here")
     parser.add_argument("--keep-trials", action="store_true")
-    parser.add_argument("--base-image", default=None,
-                        help="docker: run on a copy of the set whose Dockerfiles start FROM this image (e.g. "
-                             "arl-swe-base-mini-swe-agent:bench, built with mini-swe-agent when missing)")
+    parser.add_argument(
+        "--base-image",
+        default=None,
+        help="docker: run on a copy of the set whose Dockerfiles start FROM this image (e.g. "
+        "arl-swe-base-mini-swe-agent:bench, built with mini-swe-agent when missing)",
+    )
     parser.add_argument("--agent-cache", type=Path, default=REPO / ".cache" / "agents")
     parser.add_argument("--json-out", type=Path, default=None)
     parser.add_argument("--concurrency", type=int, default=1, help="trials at once (default 1)")

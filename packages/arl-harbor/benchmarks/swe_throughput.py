@@ -68,9 +68,15 @@ def phases(result_json: Path) -> dict[str, float]:
 
     def span(key: str) -> tuple[float, float] | None:
         v = r.get(key) or {}
-        return (_t(v["started_at"]), _t(v["finished_at"])) if v.get("started_at") and v.get("finished_at") else None
+        return (
+            (_t(v["started_at"]), _t(v["finished_at"]))
+            if v.get("started_at") and v.get("finished_at")
+            else None
+        )
 
-    env, setup, run, ver = (span(k) for k in ("environment_setup", "agent_setup", "agent_execution", "verifier"))
+    env, setup, run, ver = (
+        span(k) for k in ("environment_setup", "agent_setup", "agent_execution", "verifier")
+    )
     if env:
         out["environment"] = env[1] - env[0]
     if setup and run:
@@ -100,10 +106,12 @@ def daemon_cpu() -> dict[int, float]:
             text = stat.read_text()
         except OSError:
             continue
-        name = text[text.index("(") + 1:text.rindex(")")]
+        name = text[text.index("(") + 1 : text.rindex(")")]
         if name in DAEMONS or name.startswith("containerd-shim"):
-            rest = text[text.rindex(")") + 2:].split()
-            out[int(stat.parent.name)] = (int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])) / tick
+            rest = text[text.rindex(")") + 2 :].split()
+            out[int(stat.parent.name)] = (
+                int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])
+            ) / tick
     return out
 
 
@@ -116,7 +124,10 @@ def daemon_cpu_since(before: dict[int, float]) -> float:
 def containers_cpu_s() -> float:
     """CPU seconds of every process ever run in a docker container (the containers' parent cgroup, which
     keeps the seconds of removed containers; cgroup v1 cpuacct with the cgroupfs driver, else 0)."""
-    for path in ("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage", "/sys/fs/cgroup/cpu,cpuacct/docker/cpuacct.usage"):
+    for path in (
+        "/sys/fs/cgroup/cpuacct/docker/cpuacct.usage",
+        "/sys/fs/cgroup/cpu,cpuacct/docker/cpuacct.usage",
+    ):
         try:
             return int(Path(path).read_text()) / 1e9
         except (OSError, ValueError):
@@ -145,7 +156,9 @@ def quantiles(values: list[float]) -> tuple[float, float]:
 
 
 def load_tasks(task_set: Path, skip: set[str]) -> list[tuple[str, Path]]:
-    rows = [json.loads(line) for line in (task_set / "manifest.jsonl").read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line) for line in (task_set / "manifest.jsonl").read_text().splitlines() if line.strip()
+    ]
     return [(r["id"], task_set / r["id"]) for r in rows if r["id"] not in skip]
 
 
@@ -161,8 +174,9 @@ def shared_grading_copy(task_set: Path, tasks: list[tuple[str, Path]], work: Pat
             binds = copy / "environment" / "local_binds.json"
             if binds.is_file():  # relative to the task's environment/: keep pointing at the set's venvs
                 table = json.loads(binds.read_text())
-                binds.write_text(json.dumps({k: str((task_dir / "environment" / v).resolve())
-                                             for k, v in table.items()}))
+                binds.write_text(
+                    json.dumps({k: str((task_dir / "environment" / v).resolve()) for k, v in table.items()})
+                )
             toml = copy / "task.toml"
             text = re.sub(r'(?m)^(artifacts = .*|environment_mode = "separate")\n', "", toml.read_text())
             toml.write_text(text)
@@ -183,9 +197,11 @@ def harbor_fields(env: str, task_set: Path, trials_dir: Path, trial_timeout: flo
     return fields
 
 
-async def one_trial(i: int, task_id: str, task_dir: Path, fields: dict[str, Any], tokenizer: Any,
-                    trials_dir: Path) -> dict[str, Any]:
+async def one_trial(
+    i: int, task_id: str, task_dir: Path, fields: dict[str, Any], tokenizer: Any, trials_dir: Path
+) -> dict[str, Any]:
     import msgspec
+
     from arl.harbor import HarborAgentLoop, HarborConfig
     from arl.harbor.agents.scripts import script_completions
     from arl.proxy.testing import ScriptedGenerator
@@ -199,28 +215,46 @@ async def one_trial(i: int, task_id: str, task_dir: Path, fields: dict[str, Any]
     task = Task(id=task_id, messages=[], agent="harbor", metadata={"harbor_task_path": str(task_dir)})
     started = time.monotonic()
     result = await loop.run(task, generator, SamplingParams(max_tokens=4096, temperature=1.0), f"tp-{i}")
-    row: dict[str, Any] = {"task": task_id, "wall": time.monotonic() - started, "failed": result.failed,
-                           "kind": result.failure_kind if result.failed else "", "reward": result.reward,
-                           "error": (result.error or "")[:300]}
+    row: dict[str, Any] = {
+        "task": task_id,
+        "wall": time.monotonic() - started,
+        "failed": result.failed,
+        "kind": result.failure_kind if result.failed else "",
+        "reward": result.reward,
+        "error": (result.error or "")[:300],
+    }
     found = sorted(mine.glob("*/result.json"))
     if found:
         row["phases"] = phases(found[-1])
     return row
 
 
-async def wave(env: str, n: int, tasks: list[tuple[str, Path]], task_set: Path, tokenizer: Any, work: Path,
-               trial_timeout: float, grading: str = "separate") -> dict[str, Any]:
+async def wave(
+    env: str,
+    n: int,
+    tasks: list[tuple[str, Path]],
+    task_set: Path,
+    tokenizer: Any,
+    work: Path,
+    trial_timeout: float,
+    grading: str = "separate",
+) -> dict[str, Any]:
     trials_dir = work / f"{grading}-{env}-{n}"
     fields = harbor_fields(env, task_set, trials_dir, trial_timeout)
     busy0, total0 = cpu_times()
     self0, children0, daemons0, containers0 = self_cpu_s(), children_cpu_s(), daemon_cpu(), containers_cpu_s()
     started = time.monotonic()
-    rows = await asyncio.gather(*(one_trial(i, *tasks[i % len(tasks)], fields, tokenizer, trials_dir)
-                                  for i in range(n)))
+    rows = await asyncio.gather(
+        *(one_trial(i, *tasks[i % len(tasks)], fields, tokenizer, trials_dir) for i in range(n))
+    )
     wall = time.monotonic() - started
     busy1, total1 = cpu_times()
     out: dict[str, Any] = {
-        "env": env, "grading": grading, "concurrency": n, "wall_s": wall, "trials_per_s": n / wall,
+        "env": env,
+        "grading": grading,
+        "concurrency": n,
+        "wall_s": wall,
+        "trials_per_s": n / wall,
         "rewards": dict(Counter(str(r["reward"]) for r in rows if not r["failed"])),
         "failed": dict(Counter(r["kind"] for r in rows if r["failed"])),
         "errors": sorted({r["error"] for r in rows if r["failed"]})[:3],
@@ -232,8 +266,9 @@ async def wave(env: str, n: int, tasks: list[tuple[str, Path]], task_set: Path, 
         "containers_cpu_s": containers_cpu_s() - containers0,
         "phases": {},
     }
-    out["cpu_s_per_trial"] = sum(out[k] for k in ("self_cpu_s", "children_cpu_s", "daemon_cpu_s",
-                                                  "containers_cpu_s")) / n
+    out["cpu_s_per_trial"] = (
+        sum(out[k] for k in ("self_cpu_s", "children_cpu_s", "daemon_cpu_s", "containers_cpu_s")) / n
+    )
     for p in PHASES:
         med, p90 = quantiles([r["phases"][p] for r in rows if p in r.get("phases", {})])
         out["phases"][p] = {"median": med, "p90": p90}
@@ -243,10 +278,13 @@ async def wave(env: str, n: int, tasks: list[tuple[str, Path]], task_set: Path, 
 
 def fmt(w: dict[str, Any]) -> str:
     ph = " | ".join(f"{w['phases'][p]['median']:.1f}/{w['phases'][p]['p90']:.1f}" for p in PHASES)
-    return (f"| {w['env']} | {w.get('grading', 'separate')} | {w['concurrency']} | {w['trials_per_s']:.2f} | {w['wall_s']:.0f} | {ph} | "
-            f"{w['rewards']} {w['failed'] or ''} | {100 * w['cpu_busy']:.0f}% / {w['loadavg']:.1f} | "
-            f"{w['self_cpu_s']:.0f} | {w['children_cpu_s']:.0f} | {w['daemon_cpu_s']:.0f} | "
-            f"{w['containers_cpu_s']:.0f} | **{w['cpu_s_per_trial']:.1f}** |")
+    return (
+        f"| {w['env']} | {w.get('grading', 'separate')} | {w['concurrency']} | {w['trials_per_s']:.2f} | "
+        f"{w['wall_s']:.0f} | {ph} | "
+        f"{w['rewards']} {w['failed'] or ''} | {100 * w['cpu_busy']:.0f}% / {w['loadavg']:.1f} | "
+        f"{w['self_cpu_s']:.0f} | {w['children_cpu_s']:.0f} | {w['daemon_cpu_s']:.0f} | "
+        f"{w['containers_cpu_s']:.0f} | **{w['cpu_s_per_trial']:.1f}** |"
+    )
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -259,16 +297,19 @@ async def main_async(args: argparse.Namespace) -> int:
         raise SystemExit(f"{task_set}: no tasks left")
     tokenizer = tokenizer_for_checks()
     # Imported before the first wave so that no wave pays them.
-    import arl.harbor.environment  # noqa: F401
     import harbor.trial.trial  # noqa: F401
+
+    import arl.harbor.environment  # noqa: F401
     from arl.harbor import HarborAgentLoop  # noqa: F401
     from arl.harbor.agents.scripts import script_completions  # noqa: F401
     from arl.proxy.testing import ScriptedGenerator  # noqa: F401
 
     envs = args.envs.split(",")
     work = Path(tempfile.mkdtemp(prefix="arl-swe-tp-", dir=args.work_dir))
-    task_lists = {g: tasks if g == "separate" else shared_grading_copy(task_set, tasks, work)
-                  for g in args.grading.split(",")}
+    task_lists = {
+        g: tasks if g == "separate" else shared_grading_copy(task_set, tasks, work)
+        for g in args.grading.split(",")
+    }
     if any(e.startswith("docker") for e in envs):
         from arl.harbor.docker_environment import build_task_image
 
@@ -277,15 +318,19 @@ async def main_async(args: argparse.Namespace) -> int:
                 await build_task_image(task_dir / "environment", network="none")
     results = []
     print(f"# {len(tasks)} tasks of {task_set}; shell agent, oracle script; cores {os.cpu_count()}")
-    print("| env | grading | concurrent | trials/s | wall s | environment | agent | verifier | teardown | trial | "
-          "rewards / failed | CPU busy / load | this process CPU s | its children CPU s | docker daemons CPU s | "
-          "containers CPU s | CPU s per trial |")
+    print(
+        "| env | grading | concurrent | trials/s | wall s | environment | agent | verifier | teardown | trial | "
+        "rewards / failed | CPU busy / load | this process CPU s | its children CPU s | docker daemons CPU s | "
+        "containers CPU s | CPU s per trial |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     try:
         for n in (int(x) for x in args.concurrency.split(",")):
             for grading, graded_tasks in task_lists.items():
                 for env in envs:
-                    w = await wave(env, n, graded_tasks, task_set, tokenizer, work, args.trial_timeout, grading)
+                    w = await wave(
+                        env, n, graded_tasks, task_set, tokenizer, work, args.trial_timeout, grading
+                    )
                     results.append(w)
                     print(fmt(w), flush=True)
                     if w["errors"]:
@@ -301,13 +346,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("task_set", type=Path, help="a SWE task set (manifest.jsonl + Harbor task dirs)")
     parser.add_argument("--concurrency", default="16,64,256")
-    parser.add_argument("--envs", default="local,docker",
-                        help="comma-separated: local, docker (execs and copies over the Engine API), "
-                             "docker-compose (the same through `docker compose` CLI calls, Harbor's path)")
-    parser.add_argument("--skip", default="humanize__humanize.i18n.activate__remove_assign",
-                        help="task ids left out (default: the smoke task whose oracle fails in the image)")
-    parser.add_argument("--grading", default="separate",
-                        help="comma-separated: separate (as built), shared (the verifier in the agent's environment)")
+    parser.add_argument(
+        "--envs",
+        default="local,docker",
+        help="comma-separated: local, docker (execs and copies over the Engine API), "
+        "docker-compose (the same through `docker compose` CLI calls, Harbor's path)",
+    )
+    parser.add_argument(
+        "--skip",
+        default="humanize__humanize.i18n.activate__remove_assign",
+        help="task ids left out (default: the smoke task whose oracle fails in the image)",
+    )
+    parser.add_argument(
+        "--grading",
+        default="separate",
+        help="comma-separated: separate (as built), shared (the verifier in the agent's environment)",
+    )
     parser.add_argument("--trial-timeout", type=float, default=1800.0)
     parser.add_argument("--work-dir", default=None, help="where trial dirs go (default: /tmp)")
     parser.add_argument("--json-out", type=Path, default=None)

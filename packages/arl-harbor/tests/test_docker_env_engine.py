@@ -13,11 +13,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from arl.harbor.docker_environment import DockerEnvironment
 from harbor.environments.docker.docker import _sanitize_docker_compose_project_name
 from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 from harbor.models.trial.paths import TrialPaths
+
+from arl.harbor.docker_environment import DockerEnvironment
 
 from .pytest_swe_task import SWE_BASE_IMAGE
 from .test_docker_env import docker_ready  # noqa: F401 - the fixture
@@ -116,7 +117,9 @@ async def run_env(tmp_path: Path, name: str, engine_api: bool, monkeypatch) -> t
 
 
 async def test_engine_api_matches_compose_and_leaves_nothing(
-    docker_ready, tmp_path, monkeypatch  # noqa: F811
+    docker_ready,  # noqa: F811
+    tmp_path,
+    monkeypatch,
 ):
     api, api_spawned = await run_env(tmp_path, "api", True, monkeypatch)
     compose, compose_spawned = await run_env(tmp_path, "compose", False, monkeypatch)

@@ -7,10 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
-from arl.harbor import LocalSandboxEnvironment, SandboxExecTimeoutError, SandboxStartError
 from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 from harbor.models.trial.paths import TrialPaths
+
+from arl.harbor import LocalSandboxEnvironment, SandboxExecTimeoutError, SandboxStartError
 
 from .conftest import needs_sandbox
 
@@ -58,7 +59,10 @@ async def test_exec_runs_in_workdir_with_env_and_isolation(tmp_path, hello_task)
         # Processes started by one exec are visible to the next (a tmux server must survive).
         await env.exec(f"nohup sleep {BACKGROUND_SLEEP} >/dev/null 2>&1 &")
         # init + ours (poll: the background child may not have exec'd `sleep` yet)
-        count = "for i in $(seq 100); do [ $(pgrep -x sleep | wc -l) = 2 ] && break; sleep 0.05; done; pgrep -x sleep | wc -l"
+        count = (
+            "for i in $(seq 100); do [ $(pgrep -x sleep | wc -l) = 2 ] && break; sleep 0.05; done; "
+            "pgrep -x sleep | wc -l"
+        )
         assert (await env.exec(count)).stdout.strip() == "2"
         # Unknown users fail like `docker exec -u` does.
         assert (await env.exec("id", user="no-such-user")).return_code == 126

@@ -6,9 +6,10 @@ from datetime import UTC, datetime
 
 import msgspec
 import pytest
+from harbor.models.trial.result import ExceptionInfo, TimingInfo
+
 from arl.harbor import FailurePolicy, HarborConfig, classify_exception, decide
 from arl.harbor.policy import phase_of
-from harbor.models.trial.result import ExceptionInfo, TimingInfo
 
 
 @pytest.mark.parametrize(

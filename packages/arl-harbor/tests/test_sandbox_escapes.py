@@ -13,18 +13,21 @@ import os
 from pathlib import Path
 
 import pytest
+from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
+from harbor.models.trial.paths import TrialPaths
+
 from arl.harbor import HarborAgentLoop, LocalSandboxEnvironment
 from arl.harbor.testing import HELLO_SOLUTION, SCRIPTED_AGENT_IMPORT_PATH, write_hello_task
 from arl.rollout.types import Task
-from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
-from harbor.models.trial.paths import TrialPaths
 
 from .conftest import needs_sandbox
 
 pytestmark = needs_sandbox
 
 
-def make_env(tmp_path: Path, task_dir: Path, *, cpus=None, memory_mb=None, **kwargs) -> LocalSandboxEnvironment:
+def make_env(
+    tmp_path: Path, task_dir: Path, *, cpus=None, memory_mb=None, **kwargs
+) -> LocalSandboxEnvironment:
     paths = TrialPaths(tmp_path / "trial")
     paths.mkdir()
     return LocalSandboxEnvironment(
@@ -106,7 +109,9 @@ async def test_host_loopback_services_are_unreachable(sandbox):
 
 async def test_memory_and_process_limits_hold(sandbox):
     # 512 MB against a 128 MB limit: killed by the cgroup or refused by the rlimit, never granted.
-    hog = await sandbox.exec("python3 -c 'b = bytearray(512 << 20); b[::4096] = b\"x\" * len(b[::4096]); print(\"granted\")'")
+    hog = await sandbox.exec(
+        'python3 -c \'b = bytearray(512 << 20); b[::4096] = b"x" * len(b[::4096]); print("granted")\''
+    )
     assert hog.return_code != 0 and "granted" not in hog.stdout
     # A fork bomb stops at max_processes (48); the sandbox still answers afterwards.
     bomb = (
@@ -129,18 +134,27 @@ async def test_processes_do_not_outlive_the_sandbox(tmp_path, hello_task):
         assert (await env.exec(check)).return_code == 0
     finally:
         await env.stop(delete=True)
-    out = await asyncio.create_subprocess_exec("pgrep", "-f", "^sleep 987.654$", stdout=asyncio.subprocess.PIPE)
+    out = await asyncio.create_subprocess_exec(
+        "pgrep", "-f", "^sleep 987.654$", stdout=asyncio.subprocess.PIPE
+    )
     assert (await out.communicate())[0] == b""
     assert not (tmp_path / "trial" / "sandbox").exists()
 
 
 # -- whole trials ------------------------------------------------------------------------------------
 
+
 async def run_trial(harbor_config, task: Path, script: str) -> tuple[object, dict]:
     loop = HarborAgentLoop(
-        harbor_config(agent_import_path=SCRIPTED_AGENT_IMPORT_PATH, agent_kwargs={"script": script}, policy={"max_attempts": 1})
+        harbor_config(
+            agent_import_path=SCRIPTED_AGENT_IMPORT_PATH,
+            agent_kwargs={"script": script},
+            policy={"max_attempts": 1},
+        )
     )
-    result = await loop.run(Task(id="t", messages=[], agent="harbor", metadata={"harbor_task_path": str(task)}), None, None, "r")
+    result = await loop.run(
+        Task(id="t", messages=[], agent="harbor", metadata={"harbor_task_path": str(task)}), None, None, "r"
+    )
     logs = list(Path(loop.config.trials_dir).rglob("scripted.json"))
     return result, json.loads(logs[-1].read_text()) if logs else {}
 
@@ -168,7 +182,8 @@ async def test_verifier_that_needs_the_network_fails_loudly(harbor_config, tmp_p
     # A standard pytest verifier: install uv from the network, else score 0. It must not score 0 here.
     test_script = (
         "#!/bin/bash\n"
-        "python3 -c 'import socket; socket.getaddrinfo(\"astral.sh\", 443)' || { echo 0 > /logs/verifier/reward.txt; exit 1; }\n"
+        "python3 -c 'import socket; socket.getaddrinfo(\"astral.sh\", 443)' "
+        "|| { echo 0 > /logs/verifier/reward.txt; exit 1; }\n"
         "echo 1 > /logs/verifier/reward.txt\n"
     )
     task = write_hello_task(tmp_path / "tasks", test_script=test_script)
@@ -190,7 +205,10 @@ async def test_opt_in_route_reaches_exactly_the_routed_host_port(tmp_path, hello
     env = make_env(tmp_path, hello_task, routes=[f"8123=127.0.0.1:{port}"])
     await env.start(force_build=False)
     try:
-        read = "python3 -c 'import socket,sys; s=socket.create_connection((\"127.0.0.1\", {}), 5); print(s.recv(100).decode())'"
+        read = (
+            'python3 -c \'import socket,sys; s=socket.create_connection(("127.0.0.1", {}), 5); '
+            "print(s.recv(100).decode())'"
+        )
         r = await env.exec(read.format(8123))
         assert (r.return_code, r.stdout) == (0, "from-host\n"), r.stderr
         assert (await env.exec(read.format(other_port))).return_code != 0  # only the route, nothing else

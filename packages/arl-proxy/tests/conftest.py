@@ -18,6 +18,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers module
 
 from arl_proxy_helpers import Agent, qwen3_path  # noqa: E402
+
 from arl.proxy import ChatProxy, ProxyConfig  # noqa: E402
 from arl.proxy.testing import ScriptedGenerator  # noqa: E402
 
@@ -38,8 +39,12 @@ def _pip_download(spec: str, dest: Path) -> None:
         candidates.append(["uvx", "pip"])
     errors = []
     for cmd in candidates:
-        proc = subprocess.run([*cmd, "download", "--no-deps", spec, "-d", str(dest)], capture_output=True,
-                              text=True, timeout=300)
+        proc = subprocess.run(
+            [*cmd, "download", "--no-deps", spec, "-d", str(dest)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if proc.returncode == 0:
             return
         errors.append(f"{' '.join(cmd)}: {proc.stderr.strip()[-300:]}")
@@ -101,12 +106,20 @@ def tiny_tok():
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=special,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    corpus = ["Hello world. The agent runs ls and cat.\n\nDone!", "user assistant system tool call result"] * 50
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    corpus = [
+        "Hello world. The agent runs ls and cat.\n\nDone!",
+        "user assistant system tool call result",
+    ] * 50
     bpe.train_from_iterator(corpus, trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
     tok.chat_template = CHATML_TEMPLATE
     return tok
 
@@ -114,8 +127,6 @@ def tiny_tok():
 @pytest.fixture(params=["qwen3", "qwen25", "llama"])
 def any_tok(request, qwen3_tok, qwen25_tok, llama_tok):
     return request.param, {"qwen3": qwen3_tok, "qwen25": qwen25_tok, "llama": llama_tok}[request.param]
-
-
 
 
 @pytest.fixture
@@ -133,5 +144,3 @@ async def make_agent():
     yield make
     for p in proxies:
         await p.stop()
-
-

@@ -6,6 +6,7 @@ import aiohttp
 import pytest
 
 from arl.proxy import ChatProxy, ProxyConfig
+from arl.proxy.errors import UnknownSessionError
 from arl.proxy.testing import ScriptedGenerator
 
 GOOD = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
@@ -30,30 +31,64 @@ def chat_url(session) -> str:
     return session.base_url + "/chat/completions"
 
 
-@pytest.mark.parametrize("body,status,code,needle", [
-    (b"{not json", 400, "invalid_request", "not valid JSON"),
-    (b"[1, 2]", 400, "invalid_request", "JSON object"),
-    (b'{"model": "m"}', 400, "invalid_messages", "'messages' is required"),
-    (b'{"messages": "hello"}', 400, "invalid_messages", "non-empty list"),
-    (b'{"messages": []}', 400, "invalid_messages", "non-empty list"),
-    (b'{"messages": [42]}', 400, "invalid_messages", "messages[0] must be an object"),
-    (b'{"messages": [{"content": "x"}]}', 400, "invalid_messages", "messages[0].role"),
-    (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "invalid_messages", "'wizard'"),
-    (b'{"messages": [{"role": "user", "content": 7}]}', 400, "invalid_messages", "content must be"),
-    (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', 400, "invalid_messages", "image_url"),
-    (b'{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}', 400,
-     "invalid_messages", "assistant message"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "invalid_request", "n=2"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "lots"}', 400, "invalid_request",
-     "max_tokens"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', 400, "invalid_request", "at least 1"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', 400,
-     "invalid_request", "tools[0]"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes"}', 400, "invalid_request",
-     "tool_choice"),
-    (b'{"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"function": {}}]}, '
-     b'{"role": "user", "content": "y"}]}', 400, "invalid_messages", "tool_calls[0]"),
-])
+@pytest.mark.parametrize(
+    "body,status,code,needle",
+    [
+        (b"{not json", 400, "invalid_request", "not valid JSON"),
+        (b"[1, 2]", 400, "invalid_request", "JSON object"),
+        (b'{"model": "m"}', 400, "invalid_messages", "'messages' is required"),
+        (b'{"messages": "hello"}', 400, "invalid_messages", "non-empty list"),
+        (b'{"messages": []}', 400, "invalid_messages", "non-empty list"),
+        (b'{"messages": [42]}', 400, "invalid_messages", "messages[0] must be an object"),
+        (b'{"messages": [{"content": "x"}]}', 400, "invalid_messages", "messages[0].role"),
+        (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "invalid_messages", "'wizard'"),
+        (b'{"messages": [{"role": "user", "content": 7}]}', 400, "invalid_messages", "content must be"),
+        (
+            b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}',
+            400,
+            "invalid_messages",
+            "image_url",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}',
+            400,
+            "invalid_messages",
+            "assistant message",
+        ),
+        (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "invalid_request", "n=2"),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "lots"}',
+            400,
+            "invalid_request",
+            "max_tokens",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}',
+            400,
+            "invalid_request",
+            "at least 1",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}',
+            400,
+            "invalid_request",
+            "tools[0]",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes"}',
+            400,
+            "invalid_request",
+            "tool_choice",
+        ),
+        (
+            b'{"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"function": {}}]}, '
+            b'{"role": "user", "content": "y"}]}',
+            400,
+            "invalid_messages",
+            "tool_calls[0]",
+        ),
+    ],
+)
 async def test_bad_requests(served, body, status, code, needle):
     proxy, gen, http = served
     s = proxy.open_session()
@@ -75,7 +110,7 @@ async def test_unknown_and_closed_sessions(served):
     proxy.pop_session(s.id)
     got, err = await post(http, chat_url(s), GOOD)
     assert got == 404 and err["error"]["code"] == "unknown_session"
-    with pytest.raises(Exception):
+    with pytest.raises(UnknownSessionError):
         proxy.pop_session(s.id)
     async with http.get(f"{proxy.base_url}/no/such/route") as resp:
         assert resp.status == 404 and "error" in await resp.json()

@@ -7,12 +7,11 @@ import os
 
 import aiohttp
 import pytest
+from arl_proxy_helpers import TOOLS, check_trajectory, one_shot
 from openai import AsyncOpenAI
 
 from arl.proxy import ChatProxy, ProxyConfig
 from arl.proxy.testing import ScriptedGenerator
-
-from arl_proxy_helpers import TOOLS, check_trajectory, one_shot
 
 CALL = 'Checking.\n<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>'
 FINAL = "<think>\nDone.\n</think>\n\nThere are two files."
@@ -38,22 +37,30 @@ async def test_openai_streaming_matches_plain(proxy, qwen3_tok):
             if stream:
                 content, calls, finish, usage = "", {}, None, None
                 async for ch in await client.chat.completions.create(
-                        model="arl-test", messages=messages, tools=TOOLS, stream=True,
-                        stream_options={"include_usage": True}):
+                    model="arl-test",
+                    messages=messages,
+                    tools=TOOLS,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                ):
                     if ch.usage is not None:
                         usage = ch.usage
                     for choice in ch.choices:
                         content += choice.delta.content or ""
                         for tc in choice.delta.tool_calls or []:
-                            slot = calls.setdefault(tc.index, {"id": tc.id, "type": "function",
-                                                               "function": {"name": "", "arguments": ""}})
+                            slot = calls.setdefault(
+                                tc.index,
+                                {"id": tc.id, "type": "function", "function": {"name": "", "arguments": ""}},
+                            )
                             slot["function"]["name"] += tc.function.name or ""
                             slot["function"]["arguments"] += tc.function.arguments or ""
                         finish = choice.finish_reason or finish
                 msg = {"role": "assistant", "content": content or None}
                 if calls:
                     msg["tool_calls"] = [calls[i] for i in sorted(calls)]
-                assert usage is not None and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+                assert (
+                    usage is not None and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+                )
             else:
                 r = await client.chat.completions.create(model="arl-test", messages=messages, tools=TOOLS)
                 msg, finish = r.choices[0].message.model_dump(exclude_none=True), r.choices[0].finish_reason
@@ -61,7 +68,9 @@ async def test_openai_streaming_matches_plain(proxy, qwen3_tok):
             messages.append(msg)
             if finish == "tool_calls":
                 assert msg["tool_calls"][0]["function"]["name"] == "bash"
-                messages.append({"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "a\nb"})
+                messages.append(
+                    {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "a\nb"}
+                )
             else:
                 assert finish == "stop" and msg["content"] == FINAL
         traj = proxy.pop_session(s.id)
@@ -76,12 +85,19 @@ async def test_logprobs_and_token_ids(proxy, qwen3_tok):
     proxy.generator.extend(["Hello there."])
     s = proxy.open_session()
     client = AsyncOpenAI(base_url=s.base_url, api_key="x", max_retries=0)
-    r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}],
-                                             logprobs=True, top_logprobs=2, extra_body={"return_token_ids": True})
+    r = await client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Hi"}],
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"return_token_ids": True},
+    )
     out = proxy.generator.calls[-1].output
     choice = r.choices[0]
     assert [c.logprob for c in choice.logprobs.content] == out.log_probs
-    assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob == c.logprob for c in choice.logprobs.content)
+    assert all(
+        len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob == c.logprob for c in choice.logprobs.content
+    )
     assert "".join(c.token for c in choice.logprobs.content[:-1]) == "Hello there."
     extra = r.model_extra
     assert extra["prompt_token_ids"] == proxy.generator.calls[-1].prompt_ids
@@ -91,9 +107,15 @@ async def test_logprobs_and_token_ids(proxy, qwen3_tok):
     proxy.generator.extend(["Again."])
     ids = []
     async for ch in await client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."},
-                                 {"role": "user", "content": "Again"}], stream=True,
-            extra_body={"return_token_ids": True}):
+        model="m",
+        messages=[
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello there."},
+            {"role": "user", "content": "Again"},
+        ],
+        stream=True,
+        extra_body={"return_token_ids": True},
+    ):
         for c in ch.choices:
             ids += (c.model_extra or {}).get("token_ids") or []
     assert ids == proxy.generator.calls[-1].output.token_ids
@@ -124,8 +146,15 @@ async def test_litellm(qwen25_tok, stream):
     s = proxy.open_session()
     messages = [{"role": "user", "content": "How many files?"}]
     for turn in range(2):
-        kwargs = dict(model="hosted_vllm/arl-test", api_base=s.base_url, api_key="x", messages=messages,
-                      tools=TOOLS, timeout=30, num_retries=0)
+        kwargs = dict(
+            model="hosted_vllm/arl-test",
+            api_base=s.base_url,
+            api_key="x",
+            messages=messages,
+            tools=TOOLS,
+            timeout=30,
+            num_retries=0,
+        )
         if stream:
             chunks = [c async for c in await litellm.acompletion(stream=True, **kwargs)]
             resp = litellm.stream_chunk_builder(chunks, messages=messages)
@@ -136,9 +165,19 @@ async def test_litellm(qwen25_tok, stream):
             assert resp.choices[0].finish_reason == "tool_calls"
             call = msg.tool_calls[0]
             assert call.function.name == "bash" and json.loads(call.function.arguments) == {"cmd": "ls"}
-            messages.append({"role": "assistant", "content": msg.content,
-                             "tool_calls": [{"id": call.id, "type": "function",
-                                             "function": {"name": "bash", "arguments": call.function.arguments}}]})
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": msg.content,
+                    "tool_calls": [
+                        {
+                            "id": call.id,
+                            "type": "function",
+                            "function": {"name": "bash", "arguments": call.function.arguments},
+                        }
+                    ],
+                }
+            )
             messages.append({"role": "tool", "tool_call_id": call.id, "content": "a\nb"})
         else:
             assert msg.content == "There are two files."

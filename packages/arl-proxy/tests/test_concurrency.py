@@ -7,12 +7,11 @@ import asyncio
 import random
 
 import pytest
+from arl_proxy_helpers import TOOLS, check_trajectory, one_shot
 from openai import AsyncOpenAI
 
 from arl.proxy import ChatProxy, ProxyConfig, SamplingParams, TokenOutput
 from arl.proxy.testing import ScriptedGenerator
-
-from arl_proxy_helpers import TOOLS, check_trajectory, one_shot
 
 N, TURNS = 64, 4
 
@@ -37,16 +36,20 @@ def test_negative_tokenize_settings_are_refused(qwen25_tok, field):
         ChatProxy(qwen25_tok, PerSession(qwen25_tok), ProxyConfig(**{field: -1}))
 
 
-@pytest.mark.parametrize("tokenize", [{"tokenize_threads": 0}, {}, {"tokenize_inline_chars": 0}],
-                         ids=["loop", "default", "pool"])
+@pytest.mark.parametrize(
+    "tokenize", [{"tokenize_threads": 0}, {}, {"tokenize_inline_chars": 0}], ids=["loop", "default", "pool"]
+)
 async def test_64_concurrent_sessions(qwen25_tok, tokenize):
     random.seed(0)
     router = PerSession(qwen25_tok)
     async with ChatProxy(qwen25_tok, router, ProxyConfig(tool_parser="hermes", **tokenize)) as proxy:
+
         async def agent(i: int):
             s = proxy.open_session()
-            script = [f'<tool_call>\n{{"name": "bash", "arguments": {{"cmd": "echo {i}-{t}"}}}}\n</tool_call>'
-                      for t in range(TURNS - 1)] + [f"Agent {i} is done."]
+            script = [
+                f'<tool_call>\n{{"name": "bash", "arguments": {{"cmd": "echo {i}-{t}"}}}}\n</tool_call>'
+                for t in range(TURNS - 1)
+            ] + [f"Agent {i} is done."]
             router.gens[s.id] = ScriptedGenerator(qwen25_tok, script)
             client = AsyncOpenAI(base_url=s.base_url, api_key="x", max_retries=0)
             messages = [{"role": "user", "content": f"You are agent {i}."}]
@@ -57,8 +60,9 @@ async def test_64_concurrent_sessions(qwen25_tok, tokenize):
                 messages.append(msg)
                 if t < TURNS - 1:
                     assert msg["tool_calls"][0]["function"]["arguments"] == f'{{"cmd": "echo {i}-{t}"}}'
-                    messages.append({"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"],
-                                     "content": f"{i}-{t}"})
+                    messages.append(
+                        {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": f"{i}-{t}"}
+                    )
             await client.close()
             return s.id, messages
 

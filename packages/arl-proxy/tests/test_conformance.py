@@ -10,10 +10,9 @@ import json
 import os
 
 import pytest
+from arl_proxy_helpers import TOOLS, check_segments, check_trajectory, one_shot, sampled_tokens
 
 from arl.proxy.testing import Scripted
-
-from arl_proxy_helpers import TOOLS, check_segments, check_trajectory, one_shot, sampled_tokens
 
 PARSER = {"qwen3": "hermes", "qwen25": "hermes", "llama": "llama3_json"}
 
@@ -22,7 +21,9 @@ def call_text(kind: str, calls: list[tuple[str, dict]], content: str = "", think
     """What the model would emit for `calls` in this family's format."""
     if kind == "llama":
         return ";".join(json.dumps({"name": n, "parameters": a}) for n, a in calls)
-    body = "\n".join(f'<tool_call>\n{{"name": "{n}", "arguments": {json.dumps(a)}}}\n</tool_call>' for n, a in calls)
+    body = "\n".join(
+        f'<tool_call>\n{{"name": "{n}", "arguments": {json.dumps(a)}}}\n</tool_call>' for n, a in calls
+    )
     text = (content + "\n" if content else "") + body
     return f"<think>\n{think}\n</think>\n\n{text}" if think is not None else text
 
@@ -57,8 +58,10 @@ def assert_no_rebuild_turns(agent, traj) -> None:
 async def test_single_turn(any_tok, make_agent):
     kind, tok = any_tok
     agent = await make_agent(tok, tool_parser=PARSER[kind])
-    agent.messages = [{"role": "system", "content": "You are a helpful assistant.\n"},
-                      {"role": "user", "content": "Say hello.\n\n"}]
+    agent.messages = [
+        {"role": "system", "content": "You are a helpful assistant.\n"},
+        {"role": "user", "content": "Say hello.\n\n"},
+    ]
     # Qwen3 in thinking mode always opens with a think block (its template renders one on the last turn).
     text = answer_text(kind, "Hello! How can I help you today?", "A greeting.")
     resp = await agent.turn(text)
@@ -72,7 +75,7 @@ async def test_single_turn(any_tok, make_agent):
     # The end-of-turn tail the engine never emitted (Qwen: "\n" after <|im_end|>) is there with mask 0.
     tail = agent.proxy.codec.eos_tail_ids
     if tail:
-        assert traj.response_ids[-len(tail):] == tail and traj.response_mask[-len(tail):] == [0] * len(tail)
+        assert traj.response_ids[-len(tail) :] == tail and traj.response_mask[-len(tail) :] == [0] * len(tail)
 
 
 @pytest.mark.parametrize("mode", ["window", "full"])
@@ -80,17 +83,25 @@ async def test_multi_turn_tool_use(any_tok, make_agent, mode):
     kind, tok = any_tok
     agent = await make_agent(tok, tool_parser=PARSER[kind], incremental_check=mode)
     think = "I need to look around first." if kind == "qwen3" else None
-    agent.messages = [{"role": "system", "content": "You are a coding agent."},
-                      {"role": "user", "content": "Fix the failing test in the repo."}]
+    agent.messages = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing test in the repo."},
+    ]
     r = await agent.turn(call_text(kind, [("bash", {"cmd": "ls -la"})], "Let me look.", think), tools=TOOLS)
     assert r.choices[0].finish_reason == "tool_calls"
     assert r.choices[0].message.tool_calls[0].function.name == "bash"
     assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"cmd": "ls -la"}
     agent.messages.append(tool_msg(agent, "total 8\nfoo.py\ntest_foo.py\n"))
-    await agent.turn(call_text(kind, [("read_file", {"path": "foo.py", "limit": 20})], "", think), tools=TOOLS)
+    await agent.turn(
+        call_text(kind, [("read_file", {"path": "foo.py", "limit": 20})], "", think), tools=TOOLS
+    )
     agent.messages.append(tool_msg(agent, "def add(a, b):\n    return a - b\n\n"))
-    await agent.turn(call_text(kind, [("bash", {"cmd": "sed -i 's/-/+/' foo.py && pytest -q"})],
-                               "The sign is wrong.", think), tools=TOOLS)
+    await agent.turn(
+        call_text(
+            kind, [("bash", {"cmd": "sed -i 's/-/+/' foo.py && pytest -q"})], "The sign is wrong.", think
+        ),
+        tools=TOOLS,
+    )
     agent.messages.append(tool_msg(agent, "1 passed in 0.01s."))
     await agent.turn(answer_text(kind, "Fixed: add() now adds.", think), tools=TOOLS)
     traj = agent.pop()
@@ -104,14 +115,27 @@ async def test_parallel_calls_grouped_results(kind, qwen3_tok, qwen25_tok, make_
     tok = qwen3_tok if kind == "qwen3" else qwen25_tok
     agent = await make_agent(tok, tool_parser="hermes")
     agent.messages = [{"role": "user", "content": "Read both files."}]
-    r = await agent.turn(call_text(kind, [("read_file", {"path": "a.py"}), ("read_file", {"path": "b.py"}),
-                                          ("bash", {"cmd": "wc -l a.py b.py"})], "Reading both."), tools=TOOLS)
+    r = await agent.turn(
+        call_text(
+            kind,
+            [
+                ("read_file", {"path": "a.py"}),
+                ("read_file", {"path": "b.py"}),
+                ("bash", {"cmd": "wc -l a.py b.py"}),
+            ],
+            "Reading both.",
+        ),
+        tools=TOOLS,
+    )
     calls = r.choices[0].message.tool_calls
     assert [c.function.name for c in calls] == ["read_file", "read_file", "bash"]
     assert len({c.id for c in calls}) == 3
     assert r.choices[0].message.content == "Reading both."
-    agent.messages += [tool_msg(agent, "print('a')\n", 0), tool_msg(agent, "print('b')\n", 1),
-                       tool_msg(agent, "1 a.py\n1 b.py\n2 total", 2)]
+    agent.messages += [
+        tool_msg(agent, "print('a')\n", 0),
+        tool_msg(agent, "print('b')\n", 1),
+        tool_msg(agent, "1 a.py\n1 b.py\n2 total", 2),
+    ]
     await agent.turn(answer_text(kind, "Both files print one line.", "Easy."), tools=TOOLS)
     traj = agent.pop()
     assert_exact(agent, traj, TOOLS)
@@ -199,8 +223,12 @@ async def test_qwen3_thinking_off(segments, qwen3_tok, make_agent):
         # Turn 1 is trained in its own segment, exactly as the model saw it (with the empty think block).
         assert len(traj.segments) == 2
         first = traj.segments[0]
-        assert first.prompt_ids + first.response_ids == agent.gen.calls[0].prompt_ids + agent.gen.calls[
-            0].output.token_ids + agent.proxy.codec.eos_tail_ids
+        assert (
+            first.prompt_ids + first.response_ids
+            == agent.gen.calls[0].prompt_ids
+            + agent.gen.calls[0].output.token_ids
+            + agent.proxy.codec.eos_tail_ids
+        )
         check_segments(traj, agent)
     else:
         # One sequence: turn 1's tokens are lost to training (mask 0 in the rebuilt text).
@@ -227,7 +255,10 @@ async def test_qwen3_thinking_on_tool_loop_then_new_user_turn(qwen3_tok, make_ag
     assert "Count them." not in qwen3_tok.decode(traj.response_ids)
     # Turn 1 kept its tokens up to where the rewritten text diverges (<think> is dropped at once, so none);
     # the last turn is fully sampled.
-    assert sampled_tokens(traj)[-len(agent.gen.calls[2].output.token_ids):] == agent.gen.calls[2].output.token_ids
+    assert (
+        sampled_tokens(traj)[-len(agent.gen.calls[2].output.token_ids) :]
+        == agent.gen.calls[2].output.token_ids
+    )
     dumps = sorted(os.listdir(tmp_path))
     assert "rebuild_001.json" in dumps and "proxy_trajectory.json" in dumps
     debug = json.loads((tmp_path / "rebuild_001.json").read_text())
@@ -239,12 +270,16 @@ async def test_qwen3_thinking_on_tool_loop_then_new_user_turn(qwen3_tok, make_ag
 
 
 @pytest.mark.parametrize("segments", [True, False])
-@pytest.mark.parametrize("edit", ["edit_tool_result", "drop_message", "reorder", "change_tools", "edit_system"])
+@pytest.mark.parametrize(
+    "edit", ["edit_tool_result", "drop_message", "reorder", "change_tools", "edit_system"]
+)
 async def test_history_rewrite(edit, segments, any_tok, make_agent, tmp_path):
     kind, tok = any_tok
     agent = await make_agent(tok, tool_parser=PARSER[kind], trajectory_dir=str(tmp_path), segments=segments)
-    agent.messages = [{"role": "system", "content": "You are a coding agent."},
-                      {"role": "user", "content": "Inspect the repo."}]
+    agent.messages = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Inspect the repo."},
+    ]
     await agent.turn(call_text(kind, [("bash", {"cmd": "ls"})], "Listing."), tools=TOOLS)
     agent.messages.append(tool_msg(agent, "a.py\nb.py"))
     await agent.turn(call_text(kind, [("read_file", {"path": "a.py"})]), tools=TOOLS)
@@ -264,7 +299,9 @@ async def test_history_rewrite(edit, segments, any_tok, make_agent, tmp_path):
     elif edit == "reorder":  # Llama renders tool results without ids: swap two tool contents all the same
         m[3], m[5] = {**m[3], "content": m[5]["content"]}, {**m[5], "content": m[3]["content"]}
     elif edit == "change_tools":
-        tools = TOOLS[:1] + [{"type": "function", "function": {**TOOLS[1]["function"], "description": "Read."}}]
+        tools = TOOLS[:1] + [
+            {"type": "function", "function": {**TOOLS[1]["function"], "description": "Read."}}
+        ]
     elif edit == "edit_system":
         m[0] = {"role": "system", "content": "You are a careful coding agent."}
     await agent.turn(answer_text(kind, "Done inspecting.", "Enough."), tools=tools)
@@ -273,7 +310,7 @@ async def test_history_rewrite(edit, segments, any_tok, make_agent, tmp_path):
     assert_exact(agent, traj, tools)
     assert "rebuild_001.json" in os.listdir(tmp_path)
     last = agent.gen.calls[-1].output.token_ids
-    assert sampled_tokens(traj)[-len(last):] == last
+    assert sampled_tokens(traj)[-len(last) :] == last
     if segments:
         # Turns 1-3 in one segment, the rewritten last turn in another; every sampled token trained once.
         assert len(traj.segments) == 2
@@ -322,26 +359,37 @@ async def test_resumed_history(segments, any_tok, make_agent):
     the whole history again."""
     kind, tok = any_tok
     agent = await make_agent(tok, tool_parser=PARSER[kind], segments=segments)
-    agent.messages = [{"role": "system", "content": "You are a coding agent."},
-                      {"role": "user", "content": "Fix the failing test in the repo."}]
+    agent.messages = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing test in the repo."},
+    ]
     for k in range(6):
-        call = {"id": f"call_{k}", "type": "function",
-                "function": {"name": "bash", "arguments": json.dumps({"cmd": f"grep -rn f_{k} src/"})}}
-        agent.messages += [{"role": "assistant", "content": f"Looking at part {k}.", "tool_calls": [call]},
-                           {"role": "tool", "tool_call_id": f"call_{k}", "content": f"src/m{k}.py: def f_{k}(): ..."}]
+        call = {
+            "id": f"call_{k}",
+            "type": "function",
+            "function": {"name": "bash", "arguments": json.dumps({"cmd": f"grep -rn f_{k} src/"})},
+        }
+        agent.messages += [
+            {"role": "assistant", "content": f"Looking at part {k}.", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{k}", "content": f"src/m{k}.py: def f_{k}(): ..."},
+        ]
     resumed = len(agent.messages)
     codec, rendered = agent.proxy.codec, []
     render = codec.render
     codec.render = lambda messages, *args: rendered.append(len(messages)) or render(messages, *args)
     think = "Next step." if kind == "qwen3" else None
-    await agent.turn(call_text(kind, [("bash", {"cmd": "pytest -q"})], "Running the tests.", think), tools=TOOLS)
+    await agent.turn(
+        call_text(kind, [("bash", {"cmd": "pytest -q"})], "Running the tests.", think), tools=TOOLS
+    )
     first_renders, rendered[:] = list(rendered), []
     agent.messages.append(tool_msg(agent, "1 failed"))
     await agent.turn(call_text(kind, [("read_file", {"path": "src/m0.py"})], "", think), tools=TOOLS)
     agent.messages.append(tool_msg(agent, "def f_0(): return 1"))
     await agent.turn(answer_text(kind, "Found it.", think), tools=TOOLS)
     traj = agent.pop()
-    assert agent.gen.calls[0].prompt_ids == one_shot(tok, agent.messages[:resumed], TOOLS, add_generation_prompt=True)
+    assert agent.gen.calls[0].prompt_ids == one_shot(
+        tok, agent.messages[:resumed], TOOLS, add_generation_prompt=True
+    )
     assert_exact(agent, traj, TOOLS)
     assert_no_rebuild_turns(agent, traj)
     assert first_renders[0] == resumed
@@ -413,4 +461,5 @@ async def test_weight_versions_and_routed_experts(qwen3_tok, make_agent):
     for m, v, e in zip(traj.response_mask, traj.weight_versions, traj.routed_experts):
         assert (v in (3, 4) and len(e) == 2) if m else (v == -1 and e == [])
     assert [v for v, m in zip(traj.weight_versions, traj.response_mask) if m] == (
-        [3] * len(agent.gen.calls[0].output.token_ids) + [4] * len(agent.gen.calls[1].output.token_ids))
+        [3] * len(agent.gen.calls[0].output.token_ids) + [4] * len(agent.gen.calls[1].output.token_ids)
+    )

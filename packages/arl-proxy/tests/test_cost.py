@@ -19,15 +19,16 @@ import time
 
 import aiohttp
 import pytest
+from arl_proxy_helpers import TOOLS
 
 from arl.proxy import ChatProxy, ProxyConfig, SamplingParams, TokenOutput
 from arl.proxy.testing import ScriptedGenerator
 
-from arl_proxy_helpers import TOOLS
-
 SESSIONS, TURNS, FROM_TURN = 16, 30, 21
 MIN_RATIO = 5.0
-TOOL_OUTPUT = "".join(f"src/module_{k}.py: def function_{k}(x): return x * {k}  # line {k}\n" for k in range(8))
+TOOL_OUTPUT = "".join(
+    f"src/module_{k}.py: def function_{k}(x): return x * {k}  # line {k}\n" for k in range(8)
+)
 
 
 class PerSession:
@@ -42,19 +43,26 @@ class PerSession:
 
 
 def _script(i: int) -> list[str]:
-    return [f'Step {t} of task {i}.\n<tool_call>\n{{"name": "bash", "arguments": {{"cmd": "grep -rn f_{t} src/"}}}}'
-            "\n</tool_call>" for t in range(TURNS)]
+    return [
+        f'Step {t} of task {i}.\n<tool_call>\n{{"name": "bash", "arguments": {{"cmd": "grep -rn f_{t} src/"}}}}'
+        "\n</tool_call>"
+        for t in range(TURNS)
+    ]
 
 
-async def _session(http: aiohttp.ClientSession, proxy: ChatProxy, engine: PerSession, tok, i: int,
-                   full_ms: list[float]) -> None:
+async def _session(
+    http: aiohttp.ClientSession, proxy: ChatProxy, engine: PerSession, tok, i: int, full_ms: list[float]
+) -> None:
     s = proxy.open_session()
     engine.gens[s.id] = ScriptedGenerator(tok, _script(i))
-    messages = [{"role": "system", "content": "You are a careful software engineering agent."},
-                {"role": "user", "content": f"Task {i}: find and fix the bug in the repository."}]
+    messages = [
+        {"role": "system", "content": "You are a careful software engineering agent."},
+        {"role": "user", "content": f"Task {i}: find and fix the bug in the repository."},
+    ]
     for turn in range(1, TURNS + 1):
-        async with http.post(s.base_url + "/chat/completions",
-                             json={"model": "m", "messages": messages, "tools": TOOLS}) as resp:
+        async with http.post(
+            s.base_url + "/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS}
+        ) as resp:
             body = await resp.json()
             assert resp.status == 200, body
         if turn >= FROM_TURN:  # the whole history this turn was prompted with, rendered and tokenized anew
@@ -62,7 +70,10 @@ async def _session(http: aiohttp.ClientSession, proxy: ChatProxy, engine: PerSes
             proxy.codec.encode(proxy.codec.render(messages, TOOLS, True))
             full_ms.append((time.perf_counter() - t0) * 1e3)
         msg = {k: v for k, v in body["choices"][0]["message"].items() if v is not None}
-        messages += [msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": TOOL_OUTPUT}]
+        messages += [
+            msg,
+            {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": TOOL_OUTPUT},
+        ]
         await asyncio.sleep(0)
     traj = proxy.pop_session(s.id)
     assert traj.rebuilds == 0 and traj.num_turns == TURNS
@@ -73,14 +84,20 @@ async def test_incremental_tokenization_is_cheaper_than_a_full_rerender(qwen3_to
     full_ms: list[float] = []
     async with ChatProxy(qwen3_tok, engine, ProxyConfig(tool_parser="hermes")) as proxy:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=SESSIONS)) as http:
-            await asyncio.gather(*(_session(http, proxy, engine, qwen3_tok, i, full_ms) for i in range(SESSIONS)))
+            await asyncio.gather(
+                *(_session(http, proxy, engine, qwen3_tok, i, full_ms) for i in range(SESSIONS))
+            )
         proxy_ms = [t.tokenize * 1e3 for t in proxy.timings if t.turn >= FROM_TURN]
     assert len(proxy_ms) == len(full_ms) == SESSIONS * (TURNS - FROM_TURN + 1)
     ratio = statistics.median(full_ms) / statistics.median(proxy_ms)
-    print(f"full re-render {statistics.median(full_ms):.3f} ms / proxy {statistics.median(proxy_ms):.3f} ms "
-          f"per turn (medians, turns {FROM_TURN}-{TURNS}): {ratio:.1f}x")
-    assert ratio >= MIN_RATIO, (f"the proxy's tokenization per turn is only {ratio:.1f}x cheaper than a full "
-                                f"re-render (need {MIN_RATIO}x)")
+    print(
+        f"full re-render {statistics.median(full_ms):.3f} ms / proxy {statistics.median(proxy_ms):.3f} ms "
+        f"per turn (medians, turns {FROM_TURN}-{TURNS}): {ratio:.1f}x"
+    )
+    assert ratio >= MIN_RATIO, (
+        f"the proxy's tokenization per turn is only {ratio:.1f}x cheaper than a full "
+        f"re-render (need {MIN_RATIO}x)"
+    )
 
 
 class _Threads:
@@ -106,8 +123,9 @@ async def test_long_texts_are_tokenized_off_the_loop_short_ones_on_it(qwen3_tok,
         messages = [{"role": "user", "content": "Read this log:\n" + "line of the build log\n" * 200}]
         async with aiohttp.ClientSession() as http:
             for _ in range(2):
-                async with http.post(s.base_url + "/chat/completions",
-                                     json={"model": "m", "messages": messages}) as resp:
+                async with http.post(
+                    s.base_url + "/chat/completions", json={"model": "m", "messages": messages}
+                ) as resp:
                     reply = (await resp.json())["choices"][0]["message"]
                 messages += [reply, {"role": "user", "content": "And now?"}]
     loop_thread = threading.main_thread().name
@@ -136,10 +154,18 @@ async def test_a_tokenizer_that_holds_the_gil_tokenizes_on_the_loop(tiny_tok):
         seen = _Threads(proxy.codec)
         s = proxy.open_session()
         async with aiohttp.ClientSession() as http:
-            async with http.post(s.base_url + "/chat/completions",
-                                 json={"model": "m", "messages": [{"role": "user", "content": "Hello world."}]}) as r:
+            async with http.post(
+                s.base_url + "/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "Hello world."}]},
+            ) as r:
                 assert r.status == 200
-        assert proxy.pop_session(s.id).prompt_ids == tiny_tok.apply_chat_template(
-            [{"role": "user", "content": "Hello world."}], add_generation_prompt=True, tokenize=True, return_dict=True
-        )["input_ids"]
+        assert (
+            proxy.pop_session(s.id).prompt_ids
+            == tiny_tok.apply_chat_template(
+                [{"role": "user", "content": "Hello world."}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+            )["input_ids"]
+        )
     assert seen.calls and all(name == threading.main_thread().name for _, name in seen.calls)

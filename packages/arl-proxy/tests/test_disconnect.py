@@ -114,8 +114,9 @@ def recorded(traj: Trajectory) -> Trajectory:
     return msgspec.structs.replace(traj, session_id="", dropped_turns=0)
 
 
-async def control_trajectory(served: Served, messages: list[dict[str, Any]], replies: list[str],
-                             stream: bool) -> Trajectory:
+async def control_trajectory(
+    served: Served, messages: list[dict[str, Any]], replies: list[str], stream: bool
+) -> Trajectory:
     """The same turns in a fresh session where every reply was delivered."""
     session = served.proxy.open_session()
     convo: list[dict[str, Any]] = []

@@ -12,7 +12,10 @@ async def test_tiny_chatml_tokenizer(tiny_tok, make_agent):
     # The template's end-of-turn token is the first stop token; the tokenizer's EOS is a stop token too.
     assert codec.stop_token_ids[0] == tiny_tok.convert_tokens_to_ids("<|im_end|>")
     assert tiny_tok.eos_token_id in codec.stop_token_ids
-    agent.messages = [{"role": "system", "content": "Hello world."}, {"role": "user", "content": "The agent runs ls.\n\n"}]
+    agent.messages = [
+        {"role": "system", "content": "Hello world."},
+        {"role": "user", "content": "The agent runs ls.\n\n"},
+    ]
     await agent.turn("Done! The agent runs cat.")
     agent.messages.append({"role": "user", "content": "Hello world.\n"})
     await agent.turn("Done.")

@@ -11,28 +11,41 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from arl.proxy.testing import Scripted
 from arl_proxy_helpers import TOOLS, Agent, check_segments, divergences, sampled_tokens
 from test_conformance import PARSER, answer_text, call_text, tool_msg
+
+from arl.proxy.testing import Scripted
 
 TURNS = 5
 OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
-async def _tool_session(agent: Agent, kind: str, *, think: bool, user_each_turn: bool = False,
-                        truncate_old_output: bool = False, extra_body=None, versions: bool = False) -> None:
+async def _tool_session(
+    agent: Agent,
+    kind: str,
+    *,
+    think: bool,
+    user_each_turn: bool = False,
+    truncate_old_output: bool = False,
+    extra_body=None,
+    versions: bool = False,
+) -> None:
     """A 5-turn tool session: 4 tool calls with results, then an answer."""
-    agent.messages = [{"role": "system", "content": "You are a shell agent."},
-                      {"role": "user", "content": "Find the largest file."}]
+    agent.messages = [
+        {"role": "system", "content": "You are a shell agent."},
+        {"role": "user", "content": "Find the largest file."},
+    ]
     for t in range(TURNS):
         reason = f"Step {t}: look closer." if think else None
         if t < TURNS - 1:
-            text = call_text(kind, [("bash", {"cmd": f"ls -l dir{t}"})], "" if kind == "qwen3" else f"Step {t}.",
-                             reason)
+            text = call_text(
+                kind, [("bash", {"cmd": f"ls -l dir{t}"})], "" if kind == "qwen3" else f"Step {t}.", reason
+            )
         else:
             text = answer_text(kind, "The largest file is dir3/big.bin.", reason)
-        await agent.turn(Scripted(text, weight_version=10 + t) if versions else text, tools=TOOLS,
-                         extra_body=extra_body)
+        await agent.turn(
+            Scripted(text, weight_version=10 + t) if versions else text, tools=TOOLS, extra_body=extra_body
+        )
         if t == TURNS - 1:
             break
         if truncate_old_output:  # an agent condensing its context: earlier tool output shortened
@@ -81,12 +94,21 @@ async def test_qwen3_thinking_on_tool_loop_is_one_segment(qwen3_tok, make_agent)
     check_segments(traj, agent)
 
 
-@pytest.mark.parametrize(("kind", "think"), [("qwen3", True), ("qwen3", False), ("qwen25", False), ("llama", False)])
-async def test_agent_truncates_old_output_every_turn(kind, think, qwen3_tok, qwen25_tok, llama_tok, make_agent):
+@pytest.mark.parametrize(
+    ("kind", "think"), [("qwen3", True), ("qwen3", False), ("qwen25", False), ("llama", False)]
+)
+async def test_agent_truncates_old_output_every_turn(
+    kind, think, qwen3_tok, qwen25_tok, llama_tok, make_agent
+):
     tok = {"qwen3": qwen3_tok, "qwen25": qwen25_tok, "llama": llama_tok}[kind]
     agent = await make_agent(tok, tool_parser=PARSER[kind])
-    await _tool_session(agent, kind, think=think, truncate_old_output=True,
-                        extra_body=OFF if kind == "qwen3" and not think else None)
+    await _tool_session(
+        agent,
+        kind,
+        think=think,
+        truncate_old_output=True,
+        extra_body=OFF if kind == "qwen3" and not think else None,
+    )
     traj = agent.pop()
     # Turn 2 only appends; from turn 3 on the agent shortens the tool output it had appended before (with
     # Qwen3's thinking off, turn 2 diverges too: the empty think block of turn 1 is dropped).

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+from arl_proxy_helpers import TOOLS, one_shot, qwen3_path
 from openai import AsyncOpenAI
 
 from arl.proxy import SamplingParams, UpstreamGenerator
 from arl.proxy.testing import ScriptedGenerator
-
-from arl_proxy_helpers import TOOLS, one_shot, qwen3_path
 
 
 def fake_vllm(gen: ScriptedGenerator, seen: list[dict]) -> web.Application:
@@ -30,12 +29,26 @@ def fake_vllm(gen: ScriptedGenerator, seen: list[dict]) -> web.Application:
         body = await request.json()
         seen.append(body)
         assert isinstance(body["prompt"], list) and body["return_token_ids"] is True
-        sp = SamplingParams(max_tokens=body["max_tokens"], stop_token_ids=body["stop_token_ids"],
-                            stop=body.get("stop", []))
+        sp = SamplingParams(
+            max_tokens=body["max_tokens"], stop_token_ids=body["stop_token_ids"], stop=body.get("stop", [])
+        )
         out = await gen.generate(body.get("user", ""), body["prompt"], sp)
-        return web.json_response({"id": "cmpl-1", "object": "text_completion", "model": body["model"], "choices": [{
-            "index": 0, "text": "", "token_ids": out.token_ids, "finish_reason": out.stop_reason,
-            "logprobs": {"tokens": [], "token_logprobs": out.log_probs, "top_logprobs": None}}]})
+        return web.json_response(
+            {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "",
+                        "token_ids": out.token_ids,
+                        "finish_reason": out.stop_reason,
+                        "logprobs": {"tokens": [], "token_logprobs": out.log_probs, "top_logprobs": None},
+                    }
+                ],
+            }
+        )
 
     app = web.Application()
     app.router.add_get("/v1/models", models)
@@ -59,7 +72,9 @@ async def served_url(proc: asyncio.subprocess.Process, log: Path, timeout_s: flo
         if found:
             return found.group(1)
         assert proc.returncode is None, f"arl-proxy serve exited {proc.returncode}:\n{log.read_text()}"
-        assert asyncio.get_running_loop().time() < deadline, f"arl-proxy serve did not start:\n{log.read_text()}"
+        assert asyncio.get_running_loop().time() < deadline, (
+            f"arl-proxy serve did not start:\n{log.read_text()}"
+        )
         await asyncio.sleep(0.1)
 
 
@@ -71,25 +86,50 @@ async def test_upstream_generator(qwen3_tok):
     try:
         async with UpstreamGenerator(f"http://127.0.0.1:{port}") as up:
             assert up.model == "upstream-model"
-            out = await up.generate("sess-1", [1, 2, 3], SamplingParams(max_tokens=9, stop_token_ids=[151645]))
-        assert out.token_ids == gen.calls[0].output.token_ids and out.log_probs == gen.calls[0].output.log_probs
+            out = await up.generate(
+                "sess-1", [1, 2, 3], SamplingParams(max_tokens=9, stop_token_ids=[151645])
+            )
+        assert (
+            out.token_ids == gen.calls[0].output.token_ids and out.log_probs == gen.calls[0].output.log_probs
+        )
         assert out.stop_reason == "stop" and seen[0]["user"] == "sess-1" and seen[0]["prompt"] == [1, 2, 3]
     finally:
         await runner.cleanup()
 
 
 async def test_cli_serve_end_to_end(qwen3_tok, tmp_path):
-    gen = ScriptedGenerator(qwen3_tok, ['<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>',
-                                        "<think>\nok\n</think>\n\nTwo files."])
+    gen = ScriptedGenerator(
+        qwen3_tok,
+        [
+            '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>',
+            "<think>\nok\n</think>\n\nTwo files.",
+        ],
+    )
     seen: list[dict] = []
     runner = web.AppRunner(fake_vllm(gen, seen))
     up_port = await serve_upstream(runner)
     log = tmp_path / "proxy.log"
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "arl.proxy.cli", "serve", "--tokenizer", qwen3_path(), "--upstream",
-            f"http://127.0.0.1:{up_port}", "--tool-parser", "hermes", "--port", "0", "--api-key", "k",
-            "--trajectory-root", str(tmp_path), stdout=out, stderr=subprocess.STDOUT)
+            sys.executable,
+            "-m",
+            "arl.proxy.cli",
+            "serve",
+            "--tokenizer",
+            qwen3_path(),
+            "--upstream",
+            f"http://127.0.0.1:{up_port}",
+            "--tool-parser",
+            "hermes",
+            "--port",
+            "0",
+            "--api-key",
+            "k",
+            "--trajectory-root",
+            str(tmp_path),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     auth = {"Authorization": "Bearer k"}
     try:
         base = await served_url(proc, log)
@@ -103,7 +143,9 @@ async def test_cli_serve_end_to_end(qwen3_tok, tmp_path):
             messages = [{"role": "user", "content": "List files."}]
             r1 = await client.chat.completions.create(model="x", messages=messages, tools=TOOLS)
             messages.append(r1.choices[0].message.model_dump(exclude_none=True))
-            messages.append({"role": "tool", "tool_call_id": messages[-1]["tool_calls"][0]["id"], "content": "a\nb"})
+            messages.append(
+                {"role": "tool", "tool_call_id": messages[-1]["tool_calls"][0]["id"], "content": "a\nb"}
+            )
             r2 = await client.chat.completions.create(model="x", messages=messages, tools=TOOLS)
             messages.append(r2.choices[0].message.model_dump(exclude_none=True))
             async with http.get(f"{base}/sessions/{info['id']}/trajectory", headers=auth) as r:
@@ -116,7 +158,8 @@ async def test_cli_serve_end_to_end(qwen3_tok, tmp_path):
         assert traj["num_turns"] == 2 and traj["rebuilds"] == 0
         assert traj["prompt_ids"] + traj["response_ids"] == one_shot(qwen3_tok, messages, TOOLS)
         assert [t for t, m in zip(traj["response_ids"], traj["response_mask"]) if m] == (
-            gen.calls[0].output.token_ids + gen.calls[1].output.token_ids)
+            gen.calls[0].output.token_ids + gen.calls[1].output.token_ids
+        )
         assert seen[0]["user"] == seen[1]["user"]  # one stable request id per session
         assert (tmp_path / info["id"] / "proxy_trajectory.json").is_file()
     finally:

@@ -12,6 +12,7 @@ import msgspec
 
 # arl-queue's schema 4, as it was before per-token fields were packed.
 
+
 class V4Routes(msgspec.Struct, kw_only=True, frozen=True):
     data: bytes
     shape: tuple[int, int, int]

@@ -37,6 +37,7 @@ from typing import Any
 
 import msgspec
 from _schema_v4 import BytesQueueActor, V4QueueActor, V4Sample, v4_decoder, v4_encoder
+
 from arl.queue.codec import decode_sample, encode_sample, to_builtins
 from arl.queue.ray_actor import QueueClient, create_queue_actor
 from arl.queue.types import Response, Sample
@@ -51,21 +52,35 @@ def v4_of(sample: Sample) -> V4Sample:
 
 # ----- the samples -----
 
+
 def make_lists(tokens: int, n: int, rng: random.Random) -> tuple[list[int], list[dict[str, Any]]]:
     """One prompt (256 tokens) and `n` responses' per-token lists totalling `tokens` response tokens, as an
     engine hands them over."""
     per = max(1, tokens // n)
     prompt = [rng.randrange(150_000) for _ in range(256)]
-    responses = [{"response_ids": [rng.randrange(150_000) for _ in range(per)], "response_mask": [1] * per,
-                  "response_logprobs": [-rng.random() * 5 for _ in range(per)], "weight_versions": [7] * per,
-                  "reward": float(rng.random() > 0.5)} for _ in range(n)]
+    responses = [
+        {
+            "response_ids": [rng.randrange(150_000) for _ in range(per)],
+            "response_mask": [1] * per,
+            "response_logprobs": [-rng.random() * 5 for _ in range(per)],
+            "weight_versions": [7] * per,
+            "reward": float(rng.random() > 0.5),
+        }
+        for _ in range(n)
+    ]
     return prompt, responses
 
 
 def build_sample(prompt: list[int], responses: list[dict[str, Any]], index: int) -> Sample:
     """A schema-5 `Sample` from lists (what the rollouter does; packs every per-token field)."""
-    return Sample(uid=f"s{index}", prompt_ids=prompt, responses=[Response(**r) for r in responses],
-                  start_version=7, end_version=7, task_id=f"t{index}")
+    return Sample(
+        uid=f"s{index}",
+        prompt_ids=prompt,
+        responses=[Response(**r) for r in responses],
+        start_version=7,
+        end_version=7,
+        task_id=f"t{index}",
+    )
 
 
 async def _through(put: Any, get_batch: Any, items: list[Any], batch: int) -> float:
@@ -91,8 +106,13 @@ async def bench_msgspec(samples: list[Sample], batch: int) -> float:
     return await _through(client.put, client.get_batch, samples, batch)
 
 
-async def _bench_bytes_actor(actor_cls: type, items: list[Any], batch: int,
-                             dumps: Callable[[Any], bytes], loads: Callable[[bytes], Any]) -> float:
+async def _bench_bytes_actor(
+    actor_cls: type,
+    items: list[Any],
+    batch: int,
+    dumps: Callable[[Any], bytes],
+    loads: Callable[[bytes], Any],
+) -> float:
     import ray
 
     actor = ray.remote(actor_cls).options(max_concurrency=1000, num_cpus=0).remote()
@@ -116,8 +136,12 @@ def _per_sample_ms(fn: Callable[[Any], Any], items: list[Any]) -> float:
     return round((time.perf_counter() - start) / len(items) * 1e3, 3)
 
 
-def codec_costs(lists: list[tuple[list[int], list[dict[str, Any]]]], samples: list[Sample],
-                v4: list[V4Sample], plain: list[dict[str, Any]]) -> dict[str, float]:
+def codec_costs(
+    lists: list[tuple[list[int], list[dict[str, Any]]]],
+    samples: list[Sample],
+    v4: list[V4Sample],
+    plain: list[dict[str, Any]],
+) -> dict[str, float]:
     """ms per sample of each codec alone, in this process (no Ray, no actor)."""
     from ray import cloudpickle
 
@@ -137,13 +161,22 @@ def codec_costs(lists: list[tuple[list[int], list[dict[str, Any]]]], samples: li
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096, 16384, 32768],
-                        help="response tokens per sample (summed over its n responses)")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        nargs="+",
+        default=[1024, 4096, 16384, 32768],
+        help="response tokens per sample (summed over its n responses)",
+    )
     parser.add_argument("--n", type=int, default=8, help="responses per sample (the GRPO group)")
     parser.add_argument("--samples", type=int, default=200, help="samples moved per size and codec")
     parser.add_argument("--batch", type=int, default=8, help="samples per consumer get")
-    parser.add_argument("--trainer-rate", type=float, default=37.0,
-                        help="trainer consumption, samples/s (default: apps/train's H200 figure)")
+    parser.add_argument(
+        "--trainer-rate",
+        type=float,
+        default=37.0,
+        help="trainer consumption, samples/s (default: apps/train's H200 figure)",
+    )
     args = parser.parse_args()
 
     # Before Ray is imported: under `uv run` it would otherwise ship the tree and start workers through uv.
@@ -169,15 +202,20 @@ def main() -> None:
             k = min(len(samples), 20)
             costs = codec_costs(lists[:k], samples[:k], v4[:k], plain[:k])
             t_new = asyncio.run(bench_msgspec(samples, args.batch))
-            t_v4 = asyncio.run(_bench_bytes_actor(V4QueueActor, v4, args.batch, v4_encoder.encode,
-                                                  v4_decoder.decode))
-            t_pickle = asyncio.run(_bench_bytes_actor(BytesQueueActor, plain, args.batch, cloudpickle.dumps,
-                                                      cloudpickle.loads))
+            t_v4 = asyncio.run(
+                _bench_bytes_actor(V4QueueActor, v4, args.batch, v4_encoder.encode, v4_decoder.decode)
+            )
+            t_pickle = asyncio.run(
+                _bench_bytes_actor(BytesQueueActor, plain, args.batch, cloudpickle.dumps, cloudpickle.loads)
+            )
             n = len(samples)
             row = {
                 "tokens_per_sample": tokens,
-                "mb_per_sample": {"msgspec": round(mb / n, 3), "msgspec_v4": round(mb4 / n, 3),
-                                  "cloudpickle": round(mbp / n, 3)},
+                "mb_per_sample": {
+                    "msgspec": round(mb / n, 3),
+                    "msgspec_v4": round(mb4 / n, 3),
+                    "cloudpickle": round(mbp / n, 3),
+                },
                 "msgspec_samples_per_s": round(n / t_new, 1),
                 "msgspec_mb_per_s": round(mb / t_new, 1),
                 "msgspec_v4_samples_per_s": round(n / t_v4, 1),
@@ -194,9 +232,16 @@ def main() -> None:
             del lists, samples, v4, plain
     finally:
         ray.shutdown()
-    result = {"bench": "arl-queue ray actor", "samples": args.samples, "n": args.n, "batch": args.batch,
-              "trainer_rate_samples_per_s": args.trainer_rate, "cpus": os.cpu_count(),
-              "load_avg_1m": round(os.getloadavg()[0], 2), "rows": rows}
+    result = {
+        "bench": "arl-queue ray actor",
+        "samples": args.samples,
+        "n": args.n,
+        "batch": args.batch,
+        "trainer_rate_samples_per_s": args.trainer_rate,
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "rows": rows,
+    }
     print(json.dumps(result, indent=1))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "bench_queue.json").write_text(json.dumps(result, indent=1))

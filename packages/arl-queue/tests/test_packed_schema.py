@@ -9,6 +9,7 @@ import random
 
 import msgspec
 import pytest
+
 from arl.queue import (
     SCHEMA_VERSION,
     DecodeError,
@@ -43,27 +44,55 @@ def _segments(turns: int, rng: random.Random, routed: bool = False) -> list[Segm
     for k in range(turns):
         sampled = [rng.randrange(150_000) for _ in range(7)]
         mask = [1] * 7 + [0]
-        routes = [[[rng.randrange(128), rng.randrange(128)]] * 3 if m else [] for m in mask] if routed else None
-        segs.append(SegmentRow(prompt_ids=prompt, response_ids=[*sampled, 13], response_mask=mask,
-                               response_logprobs=[-rng.randrange(64) / 8 for _ in range(7)] + [0.0],
-                               weight_versions=[k] * 7 + [-1], routed_experts=routes))
+        routes = (
+            [[[rng.randrange(128), rng.randrange(128)]] * 3 if m else [] for m in mask] if routed else None
+        )
+        segs.append(
+            SegmentRow(
+                prompt_ids=prompt,
+                response_ids=[*sampled, 13],
+                response_mask=mask,
+                response_logprobs=[-rng.randrange(64) / 8 for _ in range(7)] + [0.0],
+                weight_versions=[k] * 7 + [-1],
+                routed_experts=routes,
+            )
+        )
         prompt = prompt[:-2] + sampled + [13, 50 + k]  # drops two template tokens, adds a tool result
     return segs
 
 
 def _sample(rng: random.Random, *, tokens: int = 40, n: int = 3, routed: bool = False) -> Sample:
     per = tokens // n
-    responses = [Response(response_ids=[rng.randrange(150_000) for _ in range(per)],
-                          response_mask=[rng.randrange(2) for _ in range(per)],
-                          response_logprobs=[-rng.randrange(1000) / 64 for _ in range(per)],
-                          weight_versions=[rng.randrange(-1, 5) for _ in range(per)], reward=1.0,
-                          routed_experts=pack_routes([[[1, 2], [3, 4]]] * per) if routed else None)
-                 for _ in range(n)]
+    responses = [
+        Response(
+            response_ids=[rng.randrange(150_000) for _ in range(per)],
+            response_mask=[rng.randrange(2) for _ in range(per)],
+            response_logprobs=[-rng.randrange(1000) / 64 for _ in range(per)],
+            weight_versions=[rng.randrange(-1, 5) for _ in range(per)],
+            reward=1.0,
+            routed_experts=pack_routes([[[1, 2], [3, 4]]] * per) if routed else None,
+        )
+        for _ in range(n)
+    ]
     responses.append(response_from_segments(_segments(3, rng, routed), group_prompt=[1, 2], reward=0.5))
-    responses.append(Response(response_ids=[], response_mask=[], response_logprobs=[], weight_versions=[],
-                              reward=0.0, finish_reason="abort"))
-    return Sample(uid="u", prompt_ids=[rng.randrange(150_000) for _ in range(9)], responses=responses,
-                  start_version=1, end_version=4, metadata={"k": [1, 2]})
+    responses.append(
+        Response(
+            response_ids=[],
+            response_mask=[],
+            response_logprobs=[],
+            weight_versions=[],
+            reward=0.0,
+            finish_reason="abort",
+        )
+    )
+    return Sample(
+        uid="u",
+        prompt_ids=[rng.randrange(150_000) for _ in range(9)],
+        responses=responses,
+        start_version=1,
+        end_version=4,
+        metadata={"k": [1, 2]},
+    )
 
 
 @pytest.mark.parametrize("routed", [False, True])
@@ -75,22 +104,34 @@ def test_round_trip_with_segments_routes_and_empty_responses(routed):
     assert r.num_segments == 3 and back.segments_of(r) == s.segments_of(s.responses[-2])
     assert back.responses[-1].response_ids == [] and back.responses[-1].num_trained == 0
     for resp in back.responses:
-        assert (type(resp.response_ids), type(resp.response_mask), type(resp.response_logprobs),
-                type(resp.weight_versions)) == (Int32Array, UInt8Array, Float32Array, Int32Array)
+        assert (
+            type(resp.response_ids),
+            type(resp.response_mask),
+            type(resp.response_logprobs),
+            type(resp.weight_versions),
+        ) == (Int32Array, UInt8Array, Float32Array, Int32Array)
         for seg in resp.next_segments:
             assert type(seg.prompt_tail) is Int32Array and type(seg.response_logprobs) is Float32Array
-    if routed:  # per-token routes of a later segment: sampled tokens routed, the tool token left to the trainer
+    if (
+        routed
+    ):  # per-token routes of a later segment: sampled tokens routed, the tool token left to the trainer
         routes = unpack_routes(back.segments_of(r)[1].routed_experts)
         assert len(routes) == 8 and all(len(t) == 3 for t in routes[:7]) and routes[7] == []
     assert Sample(uid="e", prompt_ids=[], responses=[], start_version=0, end_version=0) == decode_sample(
-        encode_sample(Sample(uid="e", prompt_ids=[], responses=[], start_version=0, end_version=0)))
+        encode_sample(Sample(uid="e", prompt_ids=[], responses=[], start_version=0, end_version=0))
+    )
 
 
 def test_32k_tokens_round_trip_as_packed_bytes():
     rng = random.Random(1)
     n = 32_768
-    r = Response(response_ids=[rng.randrange(2**31 - 1) for _ in range(n)], response_mask=[1] * n,
-                 response_logprobs=[-rng.random() * 9 for _ in range(n)], weight_versions=[7] * n, reward=1.0)
+    r = Response(
+        response_ids=[rng.randrange(2**31 - 1) for _ in range(n)],
+        response_mask=[1] * n,
+        response_logprobs=[-rng.random() * 9 for _ in range(n)],
+        weight_versions=[7] * n,
+        reward=1.0,
+    )
     s = Sample(uid="big", prompt_ids=list(range(256)), responses=[r], start_version=7, end_version=7)
     data = encode_sample(s)
     # 4 + 1 + 4 + 4 bytes per token plus framing: packed, not a msgpack item per token.
@@ -98,7 +139,9 @@ def test_32k_tokens_round_trip_as_packed_bytes():
     back = decode_sample(data)
     assert back == s and len(back.responses[0].response_ids) == n
     assert back.responses[0].response_ids[-1] == r.response_ids[-1] and back.min_token_version() == 7
-    assert back.responses[0].response_logprobs == [float(x) for x in r.response_logprobs]  # float32 both sides
+    assert back.responses[0].response_logprobs == [
+        float(x) for x in r.response_logprobs
+    ]  # float32 both sides
 
 
 def test_packed_arrays_read_like_lists():
@@ -110,8 +153,12 @@ def test_packed_arrays_read_like_lists():
     assert [1] + ids == [1, 5, 6, 7] and type([1] + ids) is list
     assert ids * 2 == [5, 6, 7, 5, 6, 7] and list(ids) == [5, 6, 7] and sorted(ids, reverse=True) == [7, 6, 5]
     assert ids.index(6) == 1 and 7 in ids and sum(ids) == 18 and ids.tolist() == [5, 6, 7]
-    for clone in (copy.copy(ids), copy.deepcopy(ids), pickle.loads(pickle.dumps(ids)),
-                  pickle.loads(pickle.dumps(ids, protocol=2))):
+    for clone in (
+        copy.copy(ids),
+        copy.deepcopy(ids),
+        pickle.loads(pickle.dumps(ids)),
+        pickle.loads(pickle.dumps(ids, protocol=2)),
+    ):
         assert type(clone) is Int32Array and clone == ids and clone is not ids
     assert repr(ids) == "Int32Array([5, 6, 7])"
     with pytest.raises(TypeError):
@@ -123,13 +170,23 @@ def test_packed_arrays_read_like_lists():
 
 
 def test_constructor_packs_lists_and_names_a_bad_field():
-    r = Response(response_ids=[1, 2], response_mask=[True, False], response_logprobs=[-1.0, 0.0],
-                 weight_versions=[3, -1], reward=0.0, prompt_ids=(4, 5))
+    r = Response(
+        response_ids=[1, 2],
+        response_mask=[True, False],
+        response_logprobs=[-1.0, 0.0],
+        weight_versions=[3, -1],
+        reward=0.0,
+        prompt_ids=(4, 5),
+    )
     assert type(r.prompt_ids) is Int32Array and r.response_mask == [1, 0] and r.num_trained == 1
     with pytest.raises(PackedArrayError, match="response_ids: cannot be stored as int32"):
-        Response(response_ids=[2**31], response_mask=[1], response_logprobs=[0.0], weight_versions=[0], reward=0.0)
+        Response(
+            response_ids=[2**31], response_mask=[1], response_logprobs=[0.0], weight_versions=[0], reward=0.0
+        )
     with pytest.raises(PackedArrayError, match="response_mask: cannot be stored as uint8"):
-        Response(response_ids=[1], response_mask=[-1], response_logprobs=[0.0], weight_versions=[0], reward=0.0)
+        Response(
+            response_ids=[1], response_mask=[-1], response_logprobs=[0.0], weight_versions=[0], reward=0.0
+        )
 
 
 def test_a_field_assigned_a_list_still_round_trips(sample):
@@ -145,12 +202,17 @@ def test_a_field_assigned_a_list_still_round_trips(sample):
 def test_encode_refuses_inconsistent_fields_by_name(sample):
     s = sample(1)
     s.responses[0].response_logprobs = s.responses[0].response_logprobs[:-1]
-    with pytest.raises(PackedArrayError, match=r"sample s1: responses\[0\]\.response_logprobs has 3 items, "
-                                               r"response_ids 4"):
+    with pytest.raises(
+        PackedArrayError,
+        match=r"sample s1: responses\[0\]\.response_logprobs has 3 items, "
+        r"response_ids 4",
+    ):
         encode_sample(s)
     s = sample(1)
     s.responses[0].response_mask[0] = 2
-    with pytest.raises(PackedArrayError, match=r"responses\[0\]\.response_mask holds values other than 0 and 1"):
+    with pytest.raises(
+        PackedArrayError, match=r"responses\[0\]\.response_mask holds values other than 0 and 1"
+    ):
         encode_sample(s)
 
 
@@ -159,22 +221,50 @@ def _raw(s: Sample) -> dict:
     return msgspec.msgpack.decode(encode_sample(s))
 
 
-@pytest.mark.parametrize("alter, message", [
-    (lambda raw: raw["responses"][0].__setitem__("response_logprobs", raw["responses"][0]["response_logprobs"][:-2]),
-     r"not a whole number of float32 \(4-byte\) items \(truncated or corrupt\) - at `\$\.responses\[0\]\.response_logprobs`"),
-    (lambda raw: raw.__setitem__("prompt_ids", raw["prompt_ids"][:-1]),
-     r"not a whole number of int32 .* - at `\$\.prompt_ids`"),
-    (lambda raw: raw["responses"][1].__setitem__("weight_versions", raw["responses"][1]["weight_versions"][:-4]),
-     r"responses\[1\]\.weight_versions has \d+ items, response_ids \d+"),
-    (lambda raw: raw["responses"][3]["next_segments"][0].__setitem__(3, b"\x07" * 8),  # array_like: [3] = mask
-     r"responses\[3\]\.next_segments\[0\]\.response_mask holds values other than 0 and 1"),
-    (lambda raw: raw["responses"][3]["next_segments"][1].__setitem__(1, b"\x01\x02\x03"),  # [1] = prompt_tail
-     r"not a whole number of int32 .* - at `\$\.responses\[3\]\.next_segments\[1\]\[1\]`"),
-    (lambda raw: raw["responses"][0]["routed_experts"].__setitem__("data", raw["responses"][0]["routed_experts"]["data"][:-1]),
-     r"responses\[0\]\.routed_experts: \d+ bytes do not fill shape"),
-    (lambda raw: raw["responses"][0].__setitem__("response_ids", "a string"),
-     r"expected int32 bytes, got str - at `\$\.responses\[0\]\.response_ids`"),
-])
+@pytest.mark.parametrize(
+    "alter, message",
+    [
+        (
+            lambda raw: raw["responses"][0].__setitem__(
+                "response_logprobs", raw["responses"][0]["response_logprobs"][:-2]
+            ),
+            r"not a whole number of float32 \(4-byte\) items \(truncated or corrupt\) - "
+            r"at `\$\.responses\[0\]\.response_logprobs`",
+        ),
+        (
+            lambda raw: raw.__setitem__("prompt_ids", raw["prompt_ids"][:-1]),
+            r"not a whole number of int32 .* - at `\$\.prompt_ids`",
+        ),
+        (
+            lambda raw: raw["responses"][1].__setitem__(
+                "weight_versions", raw["responses"][1]["weight_versions"][:-4]
+            ),
+            r"responses\[1\]\.weight_versions has \d+ items, response_ids \d+",
+        ),
+        (
+            lambda raw: raw["responses"][3]["next_segments"][0].__setitem__(
+                3, b"\x07" * 8
+            ),  # array_like: [3] = mask
+            r"responses\[3\]\.next_segments\[0\]\.response_mask holds values other than 0 and 1",
+        ),
+        (
+            lambda raw: raw["responses"][3]["next_segments"][1].__setitem__(
+                1, b"\x01\x02\x03"
+            ),  # [1] = prompt_tail
+            r"not a whole number of int32 .* - at `\$\.responses\[3\]\.next_segments\[1\]\[1\]`",
+        ),
+        (
+            lambda raw: raw["responses"][0]["routed_experts"].__setitem__(
+                "data", raw["responses"][0]["routed_experts"]["data"][:-1]
+            ),
+            r"responses\[0\]\.routed_experts: \d+ bytes do not fill shape",
+        ),
+        (
+            lambda raw: raw["responses"][0].__setitem__("response_ids", "a string"),
+            r"expected int32 bytes, got str - at `\$\.responses\[0\]\.response_ids`",
+        ),
+    ],
+)
 def test_corrupt_packed_arrays_are_refused_naming_the_field(tmp_path, alter, message):
     s = _sample(random.Random(2), routed=True)
     raw = _raw(s)
@@ -185,8 +275,10 @@ def test_corrupt_packed_arrays_are_refused_naming_the_field(tmp_path, alter, mes
     assert "in producer P" in str(info.value) and not isinstance(info.value, SchemaVersionError)
     assert read_header(data) == SCHEMA_VERSION  # the header alone cannot tell: the consumer's decode does
     # In a snapshot (checksum intact: written so) it is refused whole, naming the file and the field.
-    persistence.write_snapshot_bytes(tmp_path, msgspec.msgpack.encode(
-        persistence._Snapshot(created_at=0.0, samples=[encode_sample(s), data])))
+    persistence.write_snapshot_bytes(
+        tmp_path,
+        msgspec.msgpack.encode(persistence._Snapshot(created_at=0.0, samples=[encode_sample(s), data])),
+    )
     for read in (read_snapshot, persistence.read_snapshot_encoded):
         with pytest.raises(CorruptSnapshotError, match=r"sample 1 does not decode: .*" + message):
             read(tmp_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+
 from arl.queue import (
     SCHEMA_VERSION,
     DecodeError,

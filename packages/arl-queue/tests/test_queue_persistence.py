@@ -6,6 +6,7 @@ import hashlib
 
 import msgspec
 import pytest
+
 from arl.queue import (
     SCHEMA_VERSION,
     SNAPSHOT_FILENAME,
@@ -170,8 +171,12 @@ def _v1_sample_bytes(i: int) -> bytes:
 
 
 def test_schema_1_snapshot_still_loads(tmp_path):
-    payload = msgspec.msgpack.encode({"created_at": 0.0, "samples": [_v1_sample_bytes(0), _v1_sample_bytes(1)]})
-    (tmp_path / SNAPSHOT_FILENAME).write_bytes(persistence._MAGIC + hashlib.sha256(payload).digest() + payload)
+    payload = msgspec.msgpack.encode(
+        {"created_at": 0.0, "samples": [_v1_sample_bytes(0), _v1_sample_bytes(1)]}
+    )
+    (tmp_path / SNAPSHOT_FILENAME).write_bytes(
+        persistence._MAGIC + hashlib.sha256(payload).digest() + payload
+    )
     restored = read_snapshot(tmp_path)
     assert [s.uid for s in restored] == ["old0", "old1"]
     for s in restored:

@@ -6,6 +6,7 @@ import asyncio
 import os
 
 import pytest
+
 from arl.queue import (
     SCHEMA_VERSION,
     MessageQueue,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+
 from arl.queue import (
     MessageQueue,
     PackedSegment,
@@ -33,18 +34,30 @@ def rewritten_trajectory(turns: int = 4, base: int = 0) -> list[SegmentRow]:
         sampled = [100 + 10 * k + j for j in range(5)]
         tail = [7]
         resp = sampled + tail
-        segs.append(SegmentRow(prompt_ids=prompt + think, response_ids=resp, response_mask=[1] * 5 + [0],
-                               response_logprobs=[-0.1 * (j + 1) for j in range(5)] + [0.0],
-                               weight_versions=[k] * 5 + [-1]))
+        segs.append(
+            SegmentRow(
+                prompt_ids=prompt + think,
+                response_ids=resp,
+                response_mask=[1] * 5 + [0],
+                response_logprobs=[-0.1 * (j + 1) for j in range(5)] + [0.0],
+                weight_versions=[k] * 5 + [-1],
+            )
+        )
         prompt = prompt + sampled + tail + [50 + k, 51, 52]  # tool result + generation prompt
     return segs
 
 
 def sample_with(trajs: list[list[SegmentRow]], uid: str = "s") -> Sample:
     group = trajs[0][0].prompt_ids
-    return Sample(uid=uid, prompt_ids=group,
-                  responses=[response_from_segments(t, group_prompt=group, reward=float(i)) for i, t in enumerate(trajs)],
-                  start_version=0, end_version=3)
+    return Sample(
+        uid=uid,
+        prompt_ids=group,
+        responses=[
+            response_from_segments(t, group_prompt=group, reward=float(i)) for i, t in enumerate(trajs)
+        ],
+        start_version=0,
+        end_version=3,
+    )
 
 
 def test_pack_round_trip_through_the_codec():
@@ -99,8 +112,9 @@ def test_own_first_prompt():
     traj = rewritten_trajectory(2)
     r = response_from_segments(traj, group_prompt=[1, 2], reward=1.0)
     assert r.prompt_ids == traj[0].prompt_ids
-    s = decode_sample(encode_sample(Sample(uid="x", prompt_ids=[1, 2], responses=[r], start_version=0,
-                                           end_version=0)))
+    s = decode_sample(
+        encode_sample(Sample(uid="x", prompt_ids=[1, 2], responses=[r], start_version=0, end_version=0))
+    )
     assert s.segments_of(s.responses[0]) == traj
     same = response_from_segments(traj, group_prompt=traj[0].prompt_ids, reward=1.0)
     assert same.prompt_ids is None
@@ -117,10 +131,20 @@ def test_training_rows_index_trajectories_and_groups():
     b = sample_with([rewritten_trajectory(2)], uid="b")
     rows = list(iter_segment_rows([a, b]))
     assert [(r.group, r.trajectory, r.segment, r.reward) for r in rows] == [
-        (0, 0, 0, 0.0), (0, 0, 1, 0.0), (0, 0, 2, 0.0), (0, 1, 0, 1.0), (1, 2, 0, 0.0), (1, 2, 1, 0.0)]
+        (0, 0, 0, 0.0),
+        (0, 0, 1, 0.0),
+        (0, 0, 2, 0.0),
+        (0, 1, 0, 1.0),
+        (1, 2, 0, 0.0),
+        (1, 2, 1, 0.0),
+    ]
     # Every sampled token once, with its log prob, over the rows.
-    trained = [(t, lp) for r in rows[:3] for t, m, lp in zip(r.row.response_ids, r.row.response_mask,
-                                                             r.row.response_logprobs) if m]
+    trained = [
+        (t, lp)
+        for r in rows[:3]
+        for t, m, lp in zip(r.row.response_ids, r.row.response_mask, r.row.response_logprobs)
+        if m
+    ]
     assert [t for t, _ in trained] == [100 + 10 * k + j for k in range(3) for j in range(5)]
 
 
@@ -132,8 +156,14 @@ def test_bad_segments_are_named():
     with pytest.raises(SegmentError, match="at least one segment"):
         pack_segments([])
     s = sample_with([traj])
-    s.responses[0].next_segments[0] = PackedSegment(shared_prefix=999, prompt_tail=[], response_ids=[],
-                                                    response_mask=[], response_logprobs=[], weight_versions=[])
+    s.responses[0].next_segments[0] = PackedSegment(
+        shared_prefix=999,
+        prompt_tail=[],
+        response_ids=[],
+        response_mask=[],
+        response_logprobs=[],
+        weight_versions=[],
+    )
     with pytest.raises(SegmentError, match="segment 1 shares 999 tokens"):
         s.segments_of(s.responses[0])
 
@@ -142,9 +172,15 @@ def test_single_segment_response_encodes_as_before(sample):
     """A response without further segments lays out as the one row it always was."""
     s = sample(1)
     assert s.responses[0].next_segments == [] and s.responses[0].num_segments == 1
-    assert s.segments_of(s.responses[0]) == [SegmentRow(prompt_ids=[1, 2, 3], response_ids=[0, 1, 2, 3],
-                                                        response_mask=[1] * 4, response_logprobs=[-0.5] * 4,
-                                                        weight_versions=[1] * 4)]
+    assert s.segments_of(s.responses[0]) == [
+        SegmentRow(
+            prompt_ids=[1, 2, 3],
+            response_ids=[0, 1, 2, 3],
+            response_mask=[1] * 4,
+            response_logprobs=[-0.5] * 4,
+            weight_versions=[1] * 4,
+        )
+    ]
     assert isinstance(s.responses[0], Response)
 
 
@@ -186,11 +222,20 @@ def test_segment_routing_is_packed():
     from arl.queue.routed_experts import unpack_routes
 
     traj = rewritten_trajectory(2)
-    routed = [SegmentRow(**{**msgspec.structs.asdict(seg), "routed_experts": [[[k, k + 1]] if m else []
-                                                                               for k, m in enumerate(seg.response_mask)]})
-              for seg in traj]
+    routed = [
+        SegmentRow(
+            **{
+                **msgspec.structs.asdict(seg),
+                "routed_experts": [[[k, k + 1]] if m else [] for k, m in enumerate(seg.response_mask)],
+            }
+        )
+        for seg in traj
+    ]
     r = response_from_segments(routed, reward=0.0)
-    s = decode_sample(encode_sample(Sample(uid="r", prompt_ids=traj[0].prompt_ids, responses=[r], start_version=0,
-                                           end_version=0)))
+    s = decode_sample(
+        encode_sample(
+            Sample(uid="r", prompt_ids=traj[0].prompt_ids, responses=[r], start_version=0, end_version=0)
+        )
+    )
     rows = s.segments_of(s.responses[0])
     assert unpack_routes(rows[1].routed_experts)[:2] == [[[0, 1]], [[1, 2]]]

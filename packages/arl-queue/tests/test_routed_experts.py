@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+
 from arl.queue import MessageQueue, Response, RoutedExpertsError, decode_sample, encode_sample, packed
 from arl.queue.routed_experts import bytes_per_token, pack_routes, route_ids, unpack_routes
 from arl.queue.types import RoutedExperts
 
 
 def _rows(n: int, layers: int = 3, top_k: int = 2, experts: int = 8) -> list[list[list[int]]]:
-    return [[[(t + l + k) % experts for k in range(top_k)] for l in range(layers)] for t in range(n)]
+    return [[[(t + layer + k) % experts for k in range(top_k)] for layer in range(layers)] for t in range(n)]
 
 
 def test_pack_unpack_round_trip_with_trainer_routed_tokens():
@@ -52,7 +53,9 @@ def test_codec_and_snapshot_keep_routes(tmp_path, sample):
     back = decode_sample(data)
     assert back == s and unpack_routes(back.responses[0].routed_experts) == rows
     # Packed, the routing costs its raw bytes (plus msgpack framing), not a list per id.
-    plain = encode_sample(msgspec.structs.replace(s, responses=[msgspec.structs.replace(s.responses[0], routed_experts=None)]))
+    plain = encode_sample(
+        msgspec.structs.replace(s, responses=[msgspec.structs.replace(s.responses[0], routed_experts=None)])
+    )
     assert len(data) - len(plain) < 6 * 3 * 2 + 40
 
     q = MessageQueue(4, persist_dir=tmp_path)
@@ -63,7 +66,11 @@ def test_codec_and_snapshot_keep_routes(tmp_path, sample):
 
 
 def test_response_without_routes_still_decodes():
-    data = msgspec.msgpack.encode(Response(response_ids=[1], response_mask=[1], response_logprobs=[0.0],
-                                           weight_versions=[0], reward=0.0), enc_hook=packed.enc_hook)
+    data = msgspec.msgpack.encode(
+        Response(
+            response_ids=[1], response_mask=[1], response_logprobs=[0.0], weight_versions=[0], reward=0.0
+        ),
+        enc_hook=packed.enc_hook,
+    )
     r = msgspec.msgpack.decode(data, type=Response, dec_hook=packed.dec_hook)
     assert r.routed_experts is None

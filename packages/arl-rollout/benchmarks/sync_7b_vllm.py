@@ -51,9 +51,16 @@ def qwen25_7b_config(**extra: object):
     from transformers import Qwen2Config
 
     c = QWEN25_7B
-    return Qwen2Config(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["inter"],
-                       num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
-                       num_key_value_heads=c["kv_heads"], tie_word_embeddings=False, **extra)
+    return Qwen2Config(
+        vocab_size=c["vocab"],
+        hidden_size=c["hidden"],
+        intermediate_size=c["inter"],
+        num_hidden_layers=c["layers"],
+        num_attention_heads=c["heads"],
+        num_key_value_heads=c["kv_heads"],
+        tie_word_embeddings=False,
+        **extra,
+    )
 
 
 def write_config(directory: Path) -> None:
@@ -99,8 +106,12 @@ class FSDP2Source:
         from arl.trainer.distributed import DistributedSpec
         from arl.trainer.fsdp import FSDPPolicy
 
-        self.policy = FSDPPolicy(qwen25_7b_config(), TrainerConfig(mixed_precision="bf16"),
-                                 DistributedSpec("127.0.0.1", free_port(), 0, 1), sync_dtype=torch.bfloat16)
+        self.policy = FSDPPolicy(
+            qwen25_7b_config(),
+            TrainerConfig(mixed_precision="bf16"),
+            DistributedSpec("127.0.0.1", free_port(), 0, 1),
+            sync_dtype=torch.bfloat16,
+        )
         self.named = list(self.policy.model.named_parameters())
         self.nbytes = sum(p.numel() for _, p in self.named) * 2  # sent as bf16
 
@@ -116,9 +127,16 @@ async def main(args: argparse.Namespace) -> dict:
 
     source = FSDP2Source() if args.source == "fsdp2" else StateDictSource()
     nbytes = source.nbytes
-    result: dict = {"benchmark": "sync_7b_vllm", "source": args.source, "gpu": torch.cuda.get_device_name(0),
-                    "tensors": len(source.named), "bytes": nbytes, "bucket_mb": args.bucket_mb,
-                    "d2d_gbps": device_copy_gbps(nbytes), "rounds": []}
+    result: dict = {
+        "benchmark": "sync_7b_vllm",
+        "source": args.source,
+        "gpu": torch.cuda.get_device_name(0),
+        "tensors": len(source.named),
+        "bytes": nbytes,
+        "bucket_mb": args.bucket_mb,
+        "d2d_gbps": device_copy_gbps(nbytes),
+        "rounds": [],
+    }
     if args.source == "fsdp2":
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -128,10 +146,16 @@ async def main(args: argparse.Namespace) -> dict:
         result["gather_only_s"] = time.perf_counter() - t
     model_dir = Path(tempfile.mkdtemp(prefix="qwen25-7b-config-"))
     write_config(model_dir)
-    engine = VllmEngine(VllmEngineConfig(
-        model_path=str(model_dir), dtype="bfloat16", max_model_len=1024, enforce_eager=True,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        engine_args={"load_format": "dummy", "skip_tokenizer_init": True}))
+    engine = VllmEngine(
+        VllmEngineConfig(
+            model_path=str(model_dir),
+            dtype="bfloat16",
+            max_model_len=1024,
+            enforce_eager=True,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            engine_args={"load_format": "dummy", "skip_tokenizer_init": True},
+        )
+    )
     t = time.perf_counter()
     await engine.start()
     result["engine_start_s"] = time.perf_counter() - t
@@ -146,24 +170,40 @@ async def main(args: argparse.Namespace) -> dict:
             t = time.perf_counter()
             stats, _ = await asyncio.gather(
                 asyncio.to_thread(sender.send, source.stream(), version),
-                engine.load_weights(sender.address, msgspec.json.encode(cfg), version))
+                engine.load_weights(sender.address, msgspec.json.encode(cfg), version),
+            )
             wall = time.perf_counter() - t
-            row = {"version": version, "wall_s": wall, "wall_gbps": nbytes / wall / 1e9,
-                   "sender_gbps": stats.gbps, "plan_reused": stats.plan_reused,
-                   **{k: getattr(stats, k) for k in ("setup_seconds", "stream_seconds", "land_seconds",
-                                                      "confirm_seconds")},
-                   **engine.last_sync}
+            row = {
+                "version": version,
+                "wall_s": wall,
+                "wall_gbps": nbytes / wall / 1e9,
+                "sender_gbps": stats.gbps,
+                "plan_reused": stats.plan_reused,
+                **{
+                    k: getattr(stats, k)
+                    for k in ("setup_seconds", "stream_seconds", "land_seconds", "confirm_seconds")
+                },
+                **engine.last_sync,
+            }
             result["rounds"].append(row)
             print(json.dumps(row), flush=True)
         timed = result["rounds"][1:] or result["rounds"]  # the first sync sizes and maps the buffers
         result["median_wall_s"] = statistics.median(r["wall_s"] for r in timed)
-        result["median_sender_fraction_of_d2d"] = statistics.median(r["sender_gbps"] for r in timed) / result["d2d_gbps"]
-        result["median_wall_fraction_of_d2d"] = statistics.median(r["wall_gbps"] for r in timed) / result["d2d_gbps"]
+        result["median_sender_fraction_of_d2d"] = (
+            statistics.median(r["sender_gbps"] for r in timed) / result["d2d_gbps"]
+        )
+        result["median_wall_fraction_of_d2d"] = (
+            statistics.median(r["wall_gbps"] for r in timed) / result["d2d_gbps"]
+        )
         t = time.perf_counter()
         if args.check == "tensors":
-            check = compare_weights({n: t.detach().cpu() for n, t in source.stream()}, await engine.worker_weights())
+            check = compare_weights(
+                {n: t.detach().cpu() for n, t in source.stream()}, await engine.worker_weights()
+            )
         else:
-            check = await asyncio.to_thread(compare_digests, source.stream(), await engine.worker_digests_per_rank())
+            check = await asyncio.to_thread(
+                compare_digests, source.stream(), await engine.worker_digests_per_rank()
+            )
         result["check_s"] = time.perf_counter() - t
         result["weights_equal"] = bool(check["equal"])
         result["weights_check"] = {k: v for k, v in check.items() if k != "equal"}

@@ -41,12 +41,15 @@ def vllm_layout(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for name, t in hf.items():
         fused = next((f for f, parts in FUSED.items() if f".{parts[0]}." in name), None)
         if fused is not None:
-            out[name.replace(FUSED[fused][0], fused)] = torch.cat([hf[name.replace(FUSED[fused][0], p)]
-                                                                   for p in FUSED[fused]])
+            out[name.replace(FUSED[fused][0], fused)] = torch.cat(
+                [hf[name.replace(FUSED[fused][0], p)] for p in FUSED[fused]]
+            )
         elif not any(f".{p}." in name for parts in FUSED.values() for p in parts[1:]):
             if "embed_tokens" in name or "lm_head" in name:
                 padded = -(-t.shape[0] // 64) * 64
-                t = torch.cat([t, torch.zeros(padded - t.shape[0], *t.shape[1:], dtype=t.dtype, device=t.device)])
+                t = torch.cat(
+                    [t, torch.zeros(padded - t.shape[0], *t.shape[1:], dtype=t.dtype, device=t.device)]
+                )
             out[name] = t.clone()
     return out
 
@@ -68,7 +71,7 @@ def main(args: argparse.Namespace) -> dict:
     engine = vllm_layout(hf)
     nbytes = total_bytes(hf)
     flat = torch.empty(nbytes, dtype=torch.uint8, device=args.device)
-    _, copy_s = timed(lambda: flat.clone())
+    _, copy_s = timed(flat.clone)
     del flat
 
     # The tensor check: serialise on each side, load at the checker, compare.
@@ -85,15 +88,29 @@ def main(args: argparse.Namespace) -> dict:
     tensors_s = engine_save_s + trainer_save_s + load_s + compare_s
     digests_s = engine_digest_s + trainer_digest_s
     return {
-        "benchmark": "weights_check_cost", "model": args.model, "device": args.device,
-        "trainer_bytes": nbytes, "engine_tensors": len(engine),
+        "benchmark": "weights_check_cost",
+        "model": args.model,
+        "device": args.device,
+        "trainer_bytes": nbytes,
+        "engine_tensors": len(engine),
         "copy_gbps": nbytes / copy_s / 1e9,
-        "tensors": {"equal": tensor_result["equal"], "moved_bytes": len(engine_blob) + len(trainer_blob),
-                    "engine_save_s": engine_save_s, "trainer_save_s": trainer_save_s, "load_s": load_s,
-                    "compare_s": compare_s, "total_s": tensors_s},
-        "digests": {"equal": digest_result["equal"], "moved_bytes": digest_bytes,
-                    "engine_s": engine_digest_s, "trainer_s": trainer_digest_s, "total_s": digests_s,
-                    "engine_gbps": nbytes / engine_digest_s / 1e9},
+        "tensors": {
+            "equal": tensor_result["equal"],
+            "moved_bytes": len(engine_blob) + len(trainer_blob),
+            "engine_save_s": engine_save_s,
+            "trainer_save_s": trainer_save_s,
+            "load_s": load_s,
+            "compare_s": compare_s,
+            "total_s": tensors_s,
+        },
+        "digests": {
+            "equal": digest_result["equal"],
+            "moved_bytes": digest_bytes,
+            "engine_s": engine_digest_s,
+            "trainer_s": trainer_digest_s,
+            "total_s": digests_s,
+            "engine_gbps": nbytes / engine_digest_s / 1e9,
+        },
         "digests_over_tensors_time": digests_s / tensors_s,
     }
 

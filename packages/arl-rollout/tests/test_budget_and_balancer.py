@@ -9,8 +9,12 @@ from arl.rollout import LoadBalancer, compute_budget
 )
 def test_budget_follows_reference_formulas(staleness, trigger, expected_max_required):
     b = compute_budget(
-        require_batches=2, ppo_mini_batch_size=4, staleness_threshold=staleness,
-        trigger_parameter_sync_step=trigger, replicas=2, per_replica=5,
+        require_batches=2,
+        ppo_mini_batch_size=4,
+        staleness_threshold=staleness,
+        trigger_parameter_sync_step=trigger,
+        replicas=2,
+        per_replica=5,
     )
     assert b.required == 8
     assert b.max_required == expected_max_required
@@ -20,11 +24,23 @@ def test_budget_follows_reference_formulas(staleness, trigger, expected_max_requ
 
 def test_budget_rejects_bad_values_by_name():
     with pytest.raises(ValueError, match="actor.ppo_mini_batch_size"):
-        compute_budget(require_batches=1, ppo_mini_batch_size=0, staleness_threshold=0,
-                       trigger_parameter_sync_step=1, replicas=1, per_replica=1)
+        compute_budget(
+            require_batches=1,
+            ppo_mini_batch_size=0,
+            staleness_threshold=0,
+            trigger_parameter_sync_step=1,
+            replicas=1,
+            per_replica=1,
+        )
     with pytest.raises(ValueError, match="staleness_threshold"):
-        compute_budget(require_batches=1, ppo_mini_batch_size=1, staleness_threshold=-1,
-                       trigger_parameter_sync_step=1, replicas=1, per_replica=1)
+        compute_budget(
+            require_batches=1,
+            ppo_mini_batch_size=1,
+            staleness_threshold=-1,
+            trigger_parameter_sync_step=1,
+            replicas=1,
+            per_replica=1,
+        )
 
 
 def test_load_balancer_sticky_then_least_in_flight():

@@ -6,9 +6,16 @@ from arl.rollout.engines.torch_engine import TorchEngineConfig
 from arl.rollout.engines.vllm_engine import VllmEngineConfig
 from arl.rollout.errors import EngineConfigError
 
-VLLM_CASES = [("dtype", "int8"), ("max_model_len", 0), ("gpu_memory_utilization", 0.0),
-              ("gpu_memory_utilization", 1.5), ("tensor_parallel_size", 0), ("max_num_seqs", 0),
-              ("max_num_batched_tokens", 0), ("start_timeout_s", 0.0)]
+VLLM_CASES = [
+    ("dtype", "int8"),
+    ("max_model_len", 0),
+    ("gpu_memory_utilization", 0.0),
+    ("gpu_memory_utilization", 1.5),
+    ("tensor_parallel_size", 0),
+    ("max_num_seqs", 0),
+    ("max_num_batched_tokens", 0),
+    ("start_timeout_s", 0.0),
+]
 
 
 @pytest.mark.parametrize(("field", "value"), VLLM_CASES, ids=[f"{f}={v}" for f, v in VLLM_CASES])

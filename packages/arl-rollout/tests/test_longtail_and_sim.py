@@ -27,7 +27,9 @@ def test_lengths_are_lognormal_with_the_asked_median_and_tail():
 
 def test_longtail_tasks_carry_their_length_and_are_labelled_synthetic():
     tasks = load_tasks("builtin:longtail?median=20&p99_ratio=4&max=64", seed=0, size=30)
-    assert len(tasks) == 30 and all(t.reward_fn == "synthetic_hash" and t.metadata["synthetic"] for t in tasks)
+    assert len(tasks) == 30 and all(
+        t.reward_fn == "synthetic_hash" and t.metadata["synthetic"] for t in tasks
+    )
     for t in tasks:
         assert t.metadata["sampling"] == {"max_tokens": t.metadata["target_tokens"], "ignore_eos": True}
         assert 1 <= t.metadata["target_tokens"] <= 64
@@ -85,11 +87,24 @@ async def test_rollouter_generates_each_task_s_exact_length_and_counts_utilizati
     engine = SimEngine(token_delay_s=0.001)
     manager = ServerManager([engine])
     queue = MessageQueue(max_size=100)
-    budget = compute_budget(require_batches=1, ppo_mini_batch_size=12, staleness_threshold=0.0,
-                            trigger_parameter_sync_step=1, replicas=1, per_replica=16)
-    r = Rollouter(tasks=cycle_tasks(tasks, seed=0, epochs=1), manager=manager, sink=queue,
-                  agent_loops={"tokens": TokenAgentLoop()}, sampling_params=SamplingParams(max_tokens=3),
-                  n=2, budget=budget, partial_rollout=False)
+    budget = compute_budget(
+        require_batches=1,
+        ppo_mini_batch_size=12,
+        staleness_threshold=0.0,
+        trigger_parameter_sync_step=1,
+        replicas=1,
+        per_replica=16,
+    )
+    r = Rollouter(
+        tasks=cycle_tasks(tasks, seed=0, epochs=1),
+        manager=manager,
+        sink=queue,
+        agent_loops={"tokens": TokenAgentLoop()},
+        sampling_params=SamplingParams(max_tokens=3),
+        n=2,
+        budget=budget,
+        partial_rollout=False,
+    )
     await asyncio.wait_for(r.run(), 30)
     samples = await queue.get_batch(12, timeout=1)
     by_id = {t.id: t.metadata["target_tokens"] for t in tasks}
@@ -107,6 +122,7 @@ async def test_rollouter_generates_each_task_s_exact_length_and_counts_utilizati
 def test_virtual_clock_runs_hours_instantly_and_reports_deadlock():
     loop = VirtualClockLoop()
     try:
+
         async def long_sleep():
             await asyncio.sleep(3600)
             return asyncio.get_running_loop().time()

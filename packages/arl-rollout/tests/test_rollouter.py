@@ -14,12 +14,21 @@ from arl.sync import SyncConfig, WeightSender
 
 
 def make_tasks(count: int) -> list[Task]:
-    return [Task(id=f"t{i}", messages=[], agent="tokens", metadata={"prompt_ids": [i, i + 1]}) for i in range(count)]
+    return [
+        Task(id=f"t{i}", messages=[], agent="tokens", metadata={"prompt_ids": [i, i + 1]})
+        for i in range(count)
+    ]
 
 
 def make_rollouter(engines, queue, *, staleness, trigger, partial, max_tokens=8, n=2):
-    budget = compute_budget(require_batches=1, ppo_mini_batch_size=4, staleness_threshold=staleness,
-                            trigger_parameter_sync_step=trigger, replicas=len(engines), per_replica=16)
+    budget = compute_budget(
+        require_batches=1,
+        ppo_mini_batch_size=4,
+        staleness_threshold=staleness,
+        trigger_parameter_sync_step=trigger,
+        replicas=len(engines),
+        per_replica=16,
+    )
     return Rollouter(
         tasks=cycle_tasks(make_tasks(50), seed=0),
         manager=ServerManager(engines),
@@ -130,11 +139,24 @@ async def test_segments_travel_into_the_sample_and_are_counted():
     from arl.rollout.testing import SegmentedAgentLoop
 
     queue = MessageQueue(max_size=100)
-    budget = compute_budget(require_batches=1, ppo_mini_batch_size=2, staleness_threshold=0.0,
-                            trigger_parameter_sync_step=1, replicas=1, per_replica=8)
-    r = Rollouter(tasks=cycle_tasks(make_tasks(4), seed=0), manager=ServerManager([SimEngine()]), sink=queue,
-                  agent_loops={"tokens": SegmentedAgentLoop(turns=3)}, sampling_params=SamplingParams(max_tokens=4),
-                  n=2, budget=budget, partial_rollout=False)
+    budget = compute_budget(
+        require_batches=1,
+        ppo_mini_batch_size=2,
+        staleness_threshold=0.0,
+        trigger_parameter_sync_step=1,
+        replicas=1,
+        per_replica=8,
+    )
+    r = Rollouter(
+        tasks=cycle_tasks(make_tasks(4), seed=0),
+        manager=ServerManager([SimEngine()]),
+        sink=queue,
+        agent_loops={"tokens": SegmentedAgentLoop(turns=3)},
+        sampling_params=SamplingParams(max_tokens=4),
+        n=2,
+        budget=budget,
+        partial_rollout=False,
+    )
     task = asyncio.create_task(r.run())
     samples = await queue.get_batch(2, timeout=10)
     task.cancel()
@@ -155,8 +177,14 @@ async def test_dropped_prompts_give_their_budget_back():
     # and are dropped. The feed must start 4 more and fill the batch, or no sync ever comes.
     engine = SimEngine(stall_first_calls=8)  # n=2: the first 4 prompts' 8 calls
     queue = MessageQueue(max_size=100)
-    budget = compute_budget(require_batches=1, ppo_mini_batch_size=4, staleness_threshold=0.0,
-                            trigger_parameter_sync_step=1, replicas=1, per_replica=16)
+    budget = compute_budget(
+        require_batches=1,
+        ppo_mini_batch_size=4,
+        staleness_threshold=0.0,
+        trigger_parameter_sync_step=1,
+        replicas=1,
+        per_replica=16,
+    )
     r = Rollouter(
         tasks=cycle_tasks(make_tasks(50), seed=0),
         manager=ServerManager([engine], generate_timeout_s=0.2),

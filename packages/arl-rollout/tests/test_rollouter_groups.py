@@ -9,13 +9,28 @@ from arl.rollout.testing import MixedGroupAgentLoop, SimEngine
 
 
 async def test_group_with_failed_and_overflowing_members_trains_on_the_rest():
-    tasks = [Task(id=f"t{i}", messages=[], agent="mixed", metadata={"prompt_ids": [i, i + 1]}) for i in range(3)]
-    budget = compute_budget(require_batches=1, ppo_mini_batch_size=2, staleness_threshold=0.0,
-                            trigger_parameter_sync_step=1, replicas=1, per_replica=8)
+    tasks = [
+        Task(id=f"t{i}", messages=[], agent="mixed", metadata={"prompt_ids": [i, i + 1]}) for i in range(3)
+    ]
+    budget = compute_budget(
+        require_batches=1,
+        ppo_mini_batch_size=2,
+        staleness_threshold=0.0,
+        trigger_parameter_sync_step=1,
+        replicas=1,
+        per_replica=8,
+    )
     queue = MessageQueue(max_size=10)
-    r = Rollouter(tasks=cycle_tasks(tasks, seed=0, epochs=1), manager=ServerManager([SimEngine()]), sink=queue,
-                  agent_loops={"mixed": MixedGroupAgentLoop()}, sampling_params=SamplingParams(max_tokens=4),
-                  n=4, budget=budget, partial_rollout=False)
+    r = Rollouter(
+        tasks=cycle_tasks(tasks, seed=0, epochs=1),
+        manager=ServerManager([SimEngine()]),
+        sink=queue,
+        agent_loops={"mixed": MixedGroupAgentLoop()},
+        sampling_params=SamplingParams(max_tokens=4),
+        n=4,
+        budget=budget,
+        partial_rollout=False,
+    )
     run = asyncio.create_task(r.run())
     samples = await queue.get_batch(2, timeout=10)
     run.cancel()

@@ -19,18 +19,23 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
-    return save_random_qwen3_moe(tmp_path_factory.mktemp("moe"), vocab=128, hidden=32, head_dim=16, router_std=1.0)
+    return save_random_qwen3_moe(
+        tmp_path_factory.mktemp("moe"), vocab=128, hidden=32, head_dim=16, router_std=1.0
+    )
 
 
 def hf_step_routes(model, ids: list[int]) -> list[list[list[int]]]:
     """Per input position, every layer's top-k (as sorted lists), from one plain HF forward."""
     seen = {}
-    hooks = [r.register_forward_hook(lambda m, a, o, i=i: seen.__setitem__(i, o[2])) for i, r in hf_routers(model).items()]
+    hooks = [
+        r.register_forward_hook(lambda m, a, o, i=i: seen.__setitem__(i, o[2]))
+        for i, r in hf_routers(model).items()
+    ]
     with torch.no_grad():
         model(input_ids=torch.tensor([ids]))
     for h in hooks:
         h.remove()
-    return [[sorted(seen[l][p].tolist()) for l in sorted(seen)] for p in range(len(ids))]
+    return [[sorted(seen[layer][p].tolist()) for layer in sorted(seen)] for p in range(len(ids))]
 
 
 async def test_routes_survive_abort_and_resume_in_token_order(moe_dir):
@@ -41,7 +46,9 @@ async def test_routes_survive_abort_and_resume_in_token_order(moe_dir):
     manager = ServerManager([engine], generate_timeout_s=120)
     try:
         prompt = [3, 4, 5]
-        task = asyncio.create_task(manager.generate("r", prompt, SamplingParams(max_tokens=24, temperature=1.0)))
+        task = asyncio.create_task(
+            manager.generate("r", prompt, SamplingParams(max_tokens=24, temperature=1.0))
+        )
         async with asyncio.timeout(60):  # abort mid-generation: once the engine holds a few tokens
             while not any(3 <= len(r.tokens) < 20 for r in engine._requests.values()):
                 await asyncio.sleep(0.005)
@@ -68,7 +75,10 @@ def test_vllm_rows_are_aligned_whatever_prompt_start_vllm_honoured():
     start = vllm_prompt_start(prompt_len)
     assert rows_from_vllm(full[start:], prompt_len=prompt_len, num_tokens=n, prompt_start=start) == rows
     # A row vLLM did not deliver (e.g. cut by an abort) is left to the trainer, never shifted.
-    assert rows_from_vllm(full[start:start + 2], prompt_len=prompt_len, num_tokens=n, prompt_start=start)[2] == []
+    assert (
+        rows_from_vllm(full[start : start + 2], prompt_len=prompt_len, num_tokens=n, prompt_start=start)[2]
+        == []
+    )
     assert rows_from_vllm(None, prompt_len=prompt_len, num_tokens=n, prompt_start=start) is None
 
 
@@ -90,12 +100,28 @@ async def test_rollouter_packs_routes_into_queued_responses(moe_dir):
     engine = TorchEngine(TorchEngineConfig(model_path=str(moe_dir), return_routed_experts=True))
     await engine.start()
     queue = MessageQueue(max_size=8)
-    tasks = [Task(id=f"t{i}", messages=[], agent="tokens", metadata={"prompt_ids": [i + 1, i + 2]}) for i in range(4)]
-    budget = compute_budget(require_batches=1, ppo_mini_batch_size=2, staleness_threshold=0.0,
-                            trigger_parameter_sync_step=1, replicas=1, per_replica=4)
-    rollouter = Rollouter(tasks=cycle_tasks(tasks, seed=0), manager=ServerManager([engine]), sink=queue,
-                          agent_loops={"tokens": TokenAgentLoop()}, sampling_params=SamplingParams(max_tokens=5),
-                          n=2, budget=budget, partial_rollout=False)
+    tasks = [
+        Task(id=f"t{i}", messages=[], agent="tokens", metadata={"prompt_ids": [i + 1, i + 2]})
+        for i in range(4)
+    ]
+    budget = compute_budget(
+        require_batches=1,
+        ppo_mini_batch_size=2,
+        staleness_threshold=0.0,
+        trigger_parameter_sync_step=1,
+        replicas=1,
+        per_replica=4,
+    )
+    rollouter = Rollouter(
+        tasks=cycle_tasks(tasks, seed=0),
+        manager=ServerManager([engine]),
+        sink=queue,
+        agent_loops={"tokens": TokenAgentLoop()},
+        sampling_params=SamplingParams(max_tokens=5),
+        n=2,
+        budget=budget,
+        partial_rollout=False,
+    )
     run = asyncio.create_task(rollouter.run())
     try:
         samples = await queue.get_batch(2, timeout=120)

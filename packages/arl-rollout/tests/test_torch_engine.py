@@ -14,7 +14,9 @@ from arl.sync import SyncConfig, WeightSender
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return save_random_qwen3(tmp_path_factory.mktemp("qwen3"), vocab=128, hidden=32, head_dim=16, max_positions=256)
+    return save_random_qwen3(
+        tmp_path_factory.mktemp("qwen3"), vocab=128, hidden=32, head_dim=16, max_positions=256
+    )
 
 
 def test_sample_respects_top_k_top_p_and_reports_processed_logprobs():
@@ -41,9 +43,12 @@ async def test_engine_generates_with_exact_logprobs_aborts_and_loads_weights(mod
     try:
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
-        outs = await asyncio.gather(*(
-            engine.generate(f"r{i}", p, SamplingParams(max_tokens=6, temperature=0.7)) for i, p in enumerate(prompts)
-        ))
+        outs = await asyncio.gather(
+            *(
+                engine.generate(f"r{i}", p, SamplingParams(max_tokens=6, temperature=0.7))
+                for i, p in enumerate(prompts)
+            )
+        )
         for p, out in zip(prompts, outs, strict=True):  # batched with left padding, still exact
             assert out.stop_reason == "length" and len(out.token_ids) == 6
             ref = hf_logprobs(hf, p, out.token_ids, temperature=0.7)

@@ -21,17 +21,27 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return save_random_qwen3(tmp_path_factory.mktemp("qwen3"), vocab=256, hidden=64, head_dim=32, max_positions=512)
+    return save_random_qwen3(
+        tmp_path_factory.mktemp("qwen3"), vocab=256, hidden=64, head_dim=32, max_positions=512
+    )
 
 
 async def test_vllm_engine_end_to_end(model_dir, tmp_path, monkeypatch):
-    from arl.rollout.engines import vllm_engine
-    from arl.rollout.engines.vllm_engine import VllmEngine, VllmEngineConfig
     from transformers import AutoModelForCausalLM
 
+    from arl.rollout.engines import vllm_engine
+    from arl.rollout.engines.vllm_engine import VllmEngine, VllmEngineConfig
+
     os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
-    engine = VllmEngine(VllmEngineConfig(model_path=str(model_dir), dtype="float32", max_model_len=512,
-                                         enforce_eager=True, engine_args={"skip_tokenizer_init": True}))
+    engine = VllmEngine(
+        VllmEngineConfig(
+            model_path=str(model_dir),
+            dtype="float32",
+            max_model_len=512,
+            enforce_eager=True,
+            engine_args={"skip_tokenizer_init": True},
+        )
+    )
     await engine.start()
     sync_config = SyncConfig(transport="cpu", timeout_s=60)
     sender = WeightSender(sync_config, num_receivers=1)
@@ -88,7 +98,9 @@ async def test_vllm_engine_end_to_end(model_dir, tmp_path, monkeypatch):
         # The scheduler's window (its own stat logger): four requests at once ran together in a cache
         # far larger than they need, so none was preempted; reading starts a new window.
         engine.pop_scheduler_stats()
-        await asyncio.gather(*(engine.generate(f"e{i}", prompt, SamplingParams(max_tokens=20, seed=i)) for i in range(4)))
+        await asyncio.gather(
+            *(engine.generate(f"e{i}", prompt, SamplingParams(max_tokens=20, seed=i)) for i in range(4))
+        )
         window = engine.pop_scheduler_stats()
         assert window["running_max"] >= 2 and window["preempted_total"] == 0
         assert 0 < window["kv_cache_usage_max"] < 0.5, window

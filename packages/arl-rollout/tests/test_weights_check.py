@@ -35,7 +35,9 @@ def heads(t: torch.Tensor, first: int, count: int) -> torch.Tensor:
     return t[first * HEAD_DIM : (first + count) * HEAD_DIM]
 
 
-def vllm_rank(hf: dict[str, torch.Tensor], rank: int, tp: int, dtype=torch.float32) -> dict[str, torch.Tensor]:
+def vllm_rank(
+    hf: dict[str, torch.Tensor], rank: int, tp: int, dtype=torch.float32
+) -> dict[str, torch.Tensor]:
     """Rank `rank`'s parameters as vLLM names and shards them (Qwen3, tied embeddings)."""
     p = "model.layers.0."
     q_per = HEADS // tp
@@ -49,17 +51,23 @@ def vllm_rank(hf: dict[str, torch.Tensor], rank: int, tp: int, dtype=torch.float
     emb[:VOCAB] = hf["model.embed_tokens.weight"]
     out = {
         "model.embed_tokens.weight": emb[rank * vocab_rows : (rank + 1) * vocab_rows],
-        p + "self_attn.qkv_proj.weight": torch.cat([
-            heads(hf[p + "self_attn.q_proj.weight"], rank * q_per, q_per),
-            heads(hf[p + "self_attn.k_proj.weight"], kv_first, kv_per),
-            heads(hf[p + "self_attn.v_proj.weight"], kv_first, kv_per),
-        ]),
-        p + "self_attn.o_proj.weight": hf[p + "self_attn.o_proj.weight"][:, rank * q_per * HEAD_DIM :][:, : q_per * HEAD_DIM],
+        p + "self_attn.qkv_proj.weight": torch.cat(
+            [
+                heads(hf[p + "self_attn.q_proj.weight"], rank * q_per, q_per),
+                heads(hf[p + "self_attn.k_proj.weight"], kv_first, kv_per),
+                heads(hf[p + "self_attn.v_proj.weight"], kv_first, kv_per),
+            ]
+        ),
+        p + "self_attn.o_proj.weight": hf[p + "self_attn.o_proj.weight"][:, rank * q_per * HEAD_DIM :][
+            :, : q_per * HEAD_DIM
+        ],
         p + "self_attn.q_norm.weight": hf[p + "self_attn.q_norm.weight"],
-        p + "mlp.gate_up_proj.weight": torch.cat([
-            hf[p + "mlp.gate_proj.weight"][rank * inter : (rank + 1) * inter],
-            hf[p + "mlp.up_proj.weight"][rank * inter : (rank + 1) * inter],
-        ]),
+        p + "mlp.gate_up_proj.weight": torch.cat(
+            [
+                hf[p + "mlp.gate_proj.weight"][rank * inter : (rank + 1) * inter],
+                hf[p + "mlp.up_proj.weight"][rank * inter : (rank + 1) * inter],
+            ]
+        ),
         p + "mlp.down_proj.weight": hf[p + "mlp.down_proj.weight"][:, rank * inter : (rank + 1) * inter],
         p + "input_layernorm.weight": hf[p + "input_layernorm.weight"],
         "model.norm.weight": hf["model.norm.weight"],
@@ -142,8 +150,10 @@ def test_digest_names_a_changed_element_and_swapped_ranks():
     ranks[0]["model.embed_tokens.weight"][VOCAB // 2 - 1, 3] += 1e-3  # a real vocabulary row
     result = compare_digests(iter(hf.items()), digests(ranks))
     assert not result["equal"]
-    assert sorted(result["mismatched"]) == ["rank0:model.embed_tokens.weight",
-                                            "rank1:model.layers.0.self_attn.qkv_proj.weight"]
+    assert sorted(result["mismatched"]) == [
+        "rank0:model.embed_tokens.weight",
+        "rank1:model.layers.0.self_attn.qkv_proj.weight",
+    ]
     swapped = [vllm_rank(hf, r, 2) for r in (1, 0)]
     assert not compare_digests(iter(hf.items()), digests(swapped))["equal"]
 
@@ -175,7 +185,10 @@ def test_a_digest_sees_every_bit_and_every_move():
     swapped[[0, 63]] = swapped[[63, 0]]  # two rows exchanged
     assert tensor_digest(flipped).digest != base and tensor_digest(swapped).digest != base
     for dtype in (torch.float32, torch.float16, torch.int8, torch.bool):
-        assert tensor_digest(torch.ones(3, 5, dtype=dtype)).digest != tensor_digest(torch.zeros(3, 5, dtype=dtype)).digest
+        assert (
+            tensor_digest(torch.ones(3, 5, dtype=dtype)).digest
+            != tensor_digest(torch.zeros(3, 5, dtype=dtype)).digest
+        )
 
 
 def test_the_trainer_stream_is_read_once_and_released_as_it_goes():

@@ -48,14 +48,31 @@ def ray_local():
 async def test_rollouter_runs_groups_on_worker_processes_and_survives_a_dead_worker(ray_local):
     generator = ray.remote(num_cpus=0)(GeneratorActor).remote()
     # Workers register the loop themselves, from its import path.
-    pool = WorkerPool.create(2, generator, {"tokens": {}}, factories={"tokens": "arl.rollout.testing:TokenAgentLoop"})
-    tasks = [Task(id=f"t{i}", messages=[], agent="tokens", metadata={"prompt_ids": [i, i + 1]}) for i in range(40)]
-    budget = compute_budget(require_batches=1, ppo_mini_batch_size=4, staleness_threshold=1.0,
-                            trigger_parameter_sync_step=1, replicas=1, per_replica=8)
+    pool = WorkerPool.create(
+        2, generator, {"tokens": {}}, factories={"tokens": "arl.rollout.testing:TokenAgentLoop"}
+    )
+    tasks = [
+        Task(id=f"t{i}", messages=[], agent="tokens", metadata={"prompt_ids": [i, i + 1]}) for i in range(40)
+    ]
+    budget = compute_budget(
+        require_batches=1,
+        ppo_mini_batch_size=4,
+        staleness_threshold=1.0,
+        trigger_parameter_sync_step=1,
+        replicas=1,
+        per_replica=8,
+    )
     queue = MessageQueue(max_size=100)
-    r = Rollouter(tasks=cycle_tasks(tasks, seed=0, epochs=1), manager=_LocalVersions(),
-                  sink=queue, agent_loops=pool.agent_loops(["tokens"]), sampling_params=SamplingParams(max_tokens=6),
-                  n=4, budget=budget, partial_rollout=False)
+    r = Rollouter(
+        tasks=cycle_tasks(tasks, seed=0, epochs=1),
+        manager=_LocalVersions(),
+        sink=queue,
+        agent_loops=pool.agent_loops(["tokens"]),
+        sampling_params=SamplingParams(max_tokens=6),
+        n=4,
+        budget=budget,
+        partial_rollout=False,
+    )
     run = asyncio.create_task(r.run())
     try:
         first = await queue.get_batch(4, timeout=90)

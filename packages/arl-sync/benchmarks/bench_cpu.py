@@ -61,8 +61,10 @@ def main() -> None:
     sd = make_state_dict(getattr(torch, args.dtype), scale=args.scale)
     nbytes = total_bytes(sd)
     mc, mc_s = memcpy_gbps(nbytes)
-    print(f"state dict: {len(sd)} tensors, {nbytes / 1e9:.3f} GB ({args.dtype}); cores={os.cpu_count()} "
-          f"torch threads={torch.get_num_threads()}")
+    print(
+        f"state dict: {len(sd)} tensors, {nbytes / 1e9:.3f} GB ({args.dtype}); cores={os.cpu_count()} "
+        f"torch threads={torch.get_num_threads()}"
+    )
     print(f"limit: plain memory copy of the same bytes: {mc:.2f} GB/s ({mc_s * 1e3:.1f} ms)")
     naive_t = time.perf_counter()
     _ = {k: v.clone() for k, v in sd.items()}

@@ -84,15 +84,21 @@ def main() -> None:
     ap.add_argument("--buckets", default="4,16,64,256")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--paths", default="ipc,host_gpu,host_cpu")
-    ap.add_argument("--profile", action="store_true", help="print a cProfile of one more send per bucket size")
-    ap.add_argument("--json", default="", help="write the results here (default: $OUT/bench_gpu_<model>.json)")
+    ap.add_argument(
+        "--profile", action="store_true", help="print a cProfile of one more send per bucket size"
+    )
+    ap.add_argument(
+        "--json", default="", help="write the results here (default: $OUT/bench_gpu_<model>.json)"
+    )
     args = ap.parse_args()
     results: dict = {"model": args.model, "rows": []}
     dev = torch.device("cuda:0")
     torch.cuda.set_device(dev)
     sd = make_state_dict(torch.bfloat16, device="cuda", model=args.model)
     n = total_bytes(sd)
-    print(f"GPU: {torch.cuda.get_device_name(0)}; model {args.model}: {len(sd)} tensors, {n / 1e9:.3f} GB bf16")
+    print(
+        f"GPU: {torch.cuda.get_device_name(0)}; model {args.model}: {len(sd)} tensors, {n / 1e9:.3f} GB bf16"
+    )
     a = torch.empty(n + 256 * len(sd), dtype=torch.uint8, device=dev)  # room for the stream's alignment
     b = torch.empty_like(a)
     h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
@@ -107,6 +113,7 @@ def main() -> None:
     views = placed_views(a, srcs)
     lim["pack_per_tensor"] = per_tensor_copy_rate(a, srcs)
     lim["pack_foreach"] = n / timed(lambda: torch._foreach_copy_(views, srcs, non_blocking=True)) / 1e9
+
     # What the transports run: the stream planned in 1 GiB buckets, each packed by `pack_chunks` (a copy
     # per large chunk, the small ones batched), the planning included.
     def plan_and_pack() -> None:
@@ -127,7 +134,7 @@ def main() -> None:
             torch.cuda.current_stream().wait_stream(st)
 
     lim["pack_per_tensor_two_streams"] = n / timed(two_streams) / 1e9
-    del a, b, h, views
+    a = b = h = views = None  # frees them (a `del` would leave the closures above naming unbound names)
     ctx = mp.get_context("spawn")
     q, answers = ctx.Queue(), ctx.Queue()
     worker = ctx.Process(target=receiver_worker, args=(q, answers), daemon=True)
@@ -139,23 +146,36 @@ def main() -> None:
     mapped = fn(*fargs)
     lim["pack_per_tensor_ipc"] = per_tensor_copy_rate(mapped, srcs)
     del mapped
-    print(f"packing floors: per-tensor copy_ {lim['pack_per_tensor']:.1f} GB/s (into another process's CUDA IPC "
-          f"buffer {lim['pack_per_tensor_ipc']:.1f}), _foreach_copy_ {lim['pack_foreach']:.1f} GB/s, planned and "
-          f"packed as the transports do {lim['pack_chunks']:.1f} GB/s, per-tensor over two streams "
-          f"{lim['pack_per_tensor_two_streams']:.1f} GB/s")
+    print(
+        f"packing floors: per-tensor copy_ {lim['pack_per_tensor']:.1f} GB/s (into another process's CUDA IPC "
+        f"buffer {lim['pack_per_tensor_ipc']:.1f}), _foreach_copy_ {lim['pack_foreach']:.1f} GB/s, planned and "
+        f"packed as the transports do {lim['pack_chunks']:.1f} GB/s, per-tensor over two streams "
+        f"{lim['pack_per_tensor_two_streams']:.1f} GB/s"
+    )
     naive_cpu = n / timed(lambda: [v.cpu() for v in sd.values()], reps=2) / 1e9
     naive_clone = n / timed(lambda: [v.clone() for v in sd.values()]) / 1e9
-    results.update(limits_gbps=lim, bytes=n, naive_cpu_gbps=naive_cpu, naive_clone_gbps=naive_clone,
-                   gpu=torch.cuda.get_device_name(0))
-    print(f"limits (same run): device-to-device copy {lim['d2d']:.1f} GB/s, pinned D2H {lim['d2h']:.1f} GB/s, "
-          f"pinned H2D {lim['h2d']:.1f} GB/s")
-    print(f"baselines: per-tensor .cpu() {naive_cpu:.2f} GB/s; per-tensor .clone() on device {naive_clone:.1f} GB/s")
+    results.update(
+        limits_gbps=lim,
+        bytes=n,
+        naive_cpu_gbps=naive_cpu,
+        naive_clone_gbps=naive_clone,
+        gpu=torch.cuda.get_device_name(0),
+    )
+    print(
+        f"limits (same run): device-to-device copy {lim['d2d']:.1f} GB/s, pinned D2H {lim['d2h']:.1f} GB/s, "
+        f"pinned H2D {lim['h2d']:.1f} GB/s"
+    )
+    print(
+        f"baselines: per-tensor .cpu() {naive_cpu:.2f} GB/s; per-tensor .clone() on device {naive_clone:.1f} GB/s"
+    )
     paths = {
         "ipc": ("cuda_ipc", "cuda:0", lim["d2d"], "D2D"),
         "host_gpu": ("cpu", "cuda:0", min(lim["d2h"], lim["h2d"]), "min(D2H,H2D)"),
         "host_cpu": ("cpu", "cpu", lim["d2h"], "D2H"),
     }
-    print(f"{'path':>9} {'bucket MiB':>10} {'best GB/s':>10} {'median':>8} {'% of limit':>11} {'limit':>13} {'first':>7}")
+    print(
+        f"{'path':>9} {'bucket MiB':>10} {'best GB/s':>10} {'median':>8} {'% of limit':>11} {'limit':>13} {'first':>7}"
+    )
     for name in args.paths.split(","):
         transport, rdev, limit, lname = paths[name]
         for mb in [int(x) for x in args.buckets.split(",")]:
@@ -174,13 +194,30 @@ def main() -> None:
             rates = [st.gbps for st in stats]
             best, med = max(rates), statistics.median(rates)
             top = max(stats, key=lambda st: st.gbps)
-            phases = {k: getattr(top, k) * 1e3 for k in ("setup_seconds", "stream_seconds", "land_seconds", "confirm_seconds")}
-            print(f"{name:>9} {mb:>10} {best:>10.1f} {med:>8.1f} {100 * best / limit:>10.0f}% "
-                  f"{lname:>13} {first.gbps:>7.1f}   best round ms: " + " ".join(
-                      f"{k.split('_')[0]} {v:.2f}" for k, v in phases.items()), flush=True)
-            results["rows"].append(dict(path=name, bucket_mb=mb, best_gbps=best, median_gbps=med,
-                                        fraction_of_limit=best / limit, limit=lname, first_gbps=first.gbps,
-                                        best_round_ms=phases, buckets=top.buckets, tensors=top.tensors))
+            phases = {
+                k: getattr(top, k) * 1e3
+                for k in ("setup_seconds", "stream_seconds", "land_seconds", "confirm_seconds")
+            }
+            print(
+                f"{name:>9} {mb:>10} {best:>10.1f} {med:>8.1f} {100 * best / limit:>10.0f}% "
+                f"{lname:>13} {first.gbps:>7.1f}   best round ms: "
+                + " ".join(f"{k.split('_')[0]} {v:.2f}" for k, v in phases.items()),
+                flush=True,
+            )
+            results["rows"].append(
+                dict(
+                    path=name,
+                    bucket_mb=mb,
+                    best_gbps=best,
+                    median_gbps=med,
+                    fraction_of_limit=best / limit,
+                    limit=lname,
+                    first_gbps=first.gbps,
+                    best_round_ms=phases,
+                    buckets=top.buckets,
+                    tensors=top.tensors,
+                )
+            )
     q.put(None)
     worker.join(60)
     import json
@@ -189,9 +226,13 @@ def main() -> None:
     if ipc:
         top = max(ipc, key=lambda row: row["best_gbps"])
         results["ipc_best_fraction_of_d2d"] = top["fraction_of_limit"]
-        print(f"cuda_ipc best: {top['best_gbps']:.1f} GB/s = {100 * top['fraction_of_limit']:.0f}% of the same-run "
-              f"device-to-device copy ({lim['d2d']:.1f} GB/s), bucket {top['bucket_mb']} MiB")
-    out = args.json or (os.path.join(os.environ["OUT"], f"bench_gpu_{args.model}.json") if os.environ.get("OUT") else "")
+        print(
+            f"cuda_ipc best: {top['best_gbps']:.1f} GB/s = {100 * top['fraction_of_limit']:.0f}% of the same-run "
+            f"device-to-device copy ({lim['d2d']:.1f} GB/s), bucket {top['bucket_mb']} MiB"
+        )
+    out = args.json or (
+        os.path.join(os.environ["OUT"], f"bench_gpu_{args.model}.json") if os.environ.get("OUT") else ""
+    )
     if out:
         with open(out, "w") as f:
             json.dump(results, f, indent=1)

@@ -8,7 +8,8 @@ against the bandwidth of a bare NCCL broadcast of the same bytes measured alone 
 One process per GPU. Every round changes every tensor's bits on the sender, and every receiver compares
 what arrived bit for bit with a reference broadcast through torch.distributed after the (timed) sync.
 One sender per bucket size: its first sync builds the NCCL group, the later ones must reuse it
-(the `groups` column counts the groups built). `--same-gpu` puts every rank on cuda:0 (NCCL normally refuses that; it is a probe).
+(the `groups` column counts the groups built). `--same-gpu` puts every rank on cuda:0 (NCCL normally
+refuses that; it is a probe).
 """
 
 from __future__ import annotations
@@ -69,16 +70,23 @@ def bench_model(rank: int, world: int, dev: torch.device, model: str, args) -> N
     stream = torch.cuda.current_stream(dev)
     t_cupy = bench(lambda: comm.bcast(buf.data_ptr(), n, nccl.NCCL_UINT8, 0, stream.cuda_stream))
     comm.destroy()
-    del buf
+    buf = None  # frees it (a `del` would leave the lambdas above naming an unbound name)
     torch.cuda.empty_cache()
     limit = n / min(t_torch, t_cupy) / 1e9
     if rank == 0:
         ntensors = len(sd)
-        print(f"{world} ranks, model {model}: {ntensors} tensors, {n / 1e9:.3f} GB bf16; NCCL {nccl.get_version()}")
-        print(f"limit (same run): bare broadcast of {n / 1e9:.2f} GB: torch.distributed {n / t_torch / 1e9:.1f} GB/s, "
-              f"cupy {n / t_cupy / 1e9:.1f} GB/s")
-        print(f"{'bucket MiB':>10} {'best GB/s':>10} {'median':>8} {'% of limit':>11} {'first sync s':>13} "
-              f"{'groups':>7} {'bit-exact':>10}", flush=True)
+        print(
+            f"{world} ranks, model {model}: {ntensors} tensors, {n / 1e9:.3f} GB bf16; NCCL {nccl.get_version()}"
+        )
+        print(
+            f"limit (same run): bare broadcast of {n / 1e9:.2f} GB: torch.distributed {n / t_torch / 1e9:.1f} GB/s, "
+            f"cupy {n / t_cupy / 1e9:.1f} GB/s"
+        )
+        print(
+            f"{'bucket MiB':>10} {'best GB/s':>10} {'median':>8} {'% of limit':>11} {'first sync s':>13} "
+            f"{'groups':>7} {'bit-exact':>10}",
+            flush=True,
+        )
     ref: list[torch.Tensor] | None = None
     for mb in [int(x) for x in args.buckets.split(",")]:
         cfg = SyncConfig(transport="nccl", bucket_bytes=mb * MiB, timeout_s=300)
@@ -120,10 +128,13 @@ def bench_model(rank: int, world: int, dev: torch.device, model: str, args) -> N
                     checked += 1
         dist.all_reduce(bad)
         if rank == 0:
-            print(f"{mb:>10} {max(rates):>10.1f} {statistics.median(rates):>8.1f} "
-                  f"{100 * max(rates) / limit:>10.0f}% {first:>13.3f} {groups:>7} "
-                  f"{'yes' if int(bad.item()) == 0 else f'NO ({int(bad.item())} tensors differ)':>10}"
-                  f"  ({checked} syncs checked)", flush=True)
+            print(
+                f"{mb:>10} {max(rates):>10.1f} {statistics.median(rates):>8.1f} "
+                f"{100 * max(rates) / limit:>10.0f}% {first:>13.3f} {groups:>7} "
+                f"{'yes' if int(bad.item()) == 0 else f'NO ({int(bad.item())} tensors differ)':>10}"
+                f"  ({checked} syncs checked)",
+                flush=True,
+            )
         dist.barrier()
     del sd, ref
     torch.cuda.empty_cache()
@@ -132,8 +143,9 @@ def bench_model(rank: int, world: int, dev: torch.device, model: str, args) -> N
 def worker(rank: int, world: int, port: int, args) -> None:
     dev = torch.device("cuda", 0 if args.same_gpu else rank)
     torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            device_id=dev)
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=dev
+    )
     for model in args.model.split(","):
         bench_model(rank, world, dev, model, args)
     dist.destroy_process_group()

@@ -47,7 +47,7 @@ def raw_send(host: str, nbytes: int, piece: int, rounds: int) -> list[float]:
         for _ in range(rounds + 1):
             t = time.perf_counter()
             for lo in range(0, nbytes, piece):
-                s.sendall(buf[lo: lo + piece])
+                s.sendall(buf[lo : lo + piece])
             if s.recv(1) != b"k":
                 raise RuntimeError("the raw receiver did not confirm")
             rates.append(nbytes / (time.perf_counter() - t) / 1e9)
@@ -126,7 +126,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the 24 layers")
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--loopback", action="store_true", help="both sides on 127.0.0.1 (no namespaces, no root)")
+    ap.add_argument(
+        "--loopback", action="store_true", help="both sides on 127.0.0.1 (no namespaces, no root)"
+    )
     ap.add_argument("--role", choices=["send", "recv"], help=argparse.SUPPRESS)
     ap.add_argument("--host", help=argparse.SUPPRESS)
     ap.add_argument("--peer", help=argparse.SUPPRESS)
@@ -136,8 +138,18 @@ def main() -> None:
         return sender(args)
     if args.role == "recv":
         return receiver(args)
-    me = [sys.executable, os.path.abspath(__file__), "--buckets", args.buckets, "--rounds", str(args.rounds),
-          "--scale", str(args.scale), "--dtype", args.dtype]
+    me = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--buckets",
+        args.buckets,
+        "--rounds",
+        str(args.rounds),
+        "--scale",
+        str(args.scale),
+        "--dtype",
+        args.dtype,
+    ]
     names: list[str] = []
     try:
         if args.loopback:
@@ -151,7 +163,20 @@ def main() -> None:
             names = [f"{tag}-a", f"{tag}-b"]
             for n in names:
                 _ns("netns", "add", n)
-            _ns("-n", names[0], "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", names[1])
+            _ns(
+                "-n",
+                names[0],
+                "link",
+                "add",
+                "eth0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                names[1],
+            )
             for n, ip in zip(names, (a, b)):
                 _ns("-n", n, "addr", "add", f"{ip}/24", "dev", "eth0")
                 _ns("-n", n, "link", "set", "eth0", "up")
@@ -160,8 +185,12 @@ def main() -> None:
             wrap_recv = ["ip", "netns", "exec", names[1]]
             link = "veth between two network namespaces"
         recv = subprocess.Popen(wrap_recv + me + ["--role", "recv", "--host", b, "--peer", a])
-        done = subprocess.run(wrap_send + me + ["--role", "send", "--host", a, "--peer", b],
-                              capture_output=True, text=True, timeout=1800)
+        done = subprocess.run(
+            wrap_send + me + ["--role", "send", "--host", a, "--peer", b],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         recv.wait(120)
         line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
@@ -170,14 +199,21 @@ def main() -> None:
     finally:
         for n in names:
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
-    print(f"state dict: {res['tensors']} tensors, {res['bytes'] / 1e9:.3f} GB ({args.dtype}); link: {link}; "
-          f"cores={os.cpu_count()}")
-    print(f"{'bucket MiB':>10} {'bare copy GB/s':>15} {'sync best':>10} {'median':>8} {'best/bare':>10} {'first sync':>10}")
+    print(
+        f"state dict: {res['tensors']} tensors, {res['bytes'] / 1e9:.3f} GB ({args.dtype}); link: {link}; "
+        f"cores={os.cpu_count()}"
+    )
+    print(
+        f"{'bucket MiB':>10} {'bare copy GB/s':>15} {'sync best':>10} {'median':>8} "
+        f"{'best/bare':>10} {'first sync':>10}"
+    )
     for mb in args.bucket_list:
         raw = max(res["raw"][str(mb)])
         rates = res["sync"][str(mb)]["rates"]
-        print(f"{mb:>10} {raw:>15.2f} {max(rates):>10.2f} {statistics.median(rates):>8.2f} "
-              f"{max(rates) / raw:>9.0%} {res['sync'][str(mb)]['first']:>10.2f}")
+        print(
+            f"{mb:>10} {raw:>15.2f} {max(rates):>10.2f} {statistics.median(rates):>8.2f} "
+            f"{max(rates) / raw:>9.0%} {res['sync'][str(mb)]['first']:>10.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -12,27 +12,38 @@ QWEN25_7B = dict(hidden=3584, inter=18944, layers=28, heads=28, kv_heads=4, head
 MODELS = {"0.5b": (QWEN25_05B, True), "7b": (QWEN25_7B, False)}
 
 
-def qwen_shapes(hidden: int, inter: int, layers: int, heads: int, kv_heads: int, head_dim: int, vocab: int
-                ) -> list[tuple[str, tuple[int, ...]]]:
+def qwen_shapes(
+    hidden: int, inter: int, layers: int, heads: int, kv_heads: int, head_dim: int, vocab: int
+) -> list[tuple[str, tuple[int, ...]]]:
     shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (vocab, hidden))]
     q, kv = heads * head_dim, kv_heads * head_dim
     for i in range(layers):
         p = f"model.layers.{i}."
         shapes += [
-            (p + "self_attn.q_proj.weight", (q, hidden)), (p + "self_attn.q_proj.bias", (q,)),
-            (p + "self_attn.k_proj.weight", (kv, hidden)), (p + "self_attn.k_proj.bias", (kv,)),
-            (p + "self_attn.v_proj.weight", (kv, hidden)), (p + "self_attn.v_proj.bias", (kv,)),
+            (p + "self_attn.q_proj.weight", (q, hidden)),
+            (p + "self_attn.q_proj.bias", (q,)),
+            (p + "self_attn.k_proj.weight", (kv, hidden)),
+            (p + "self_attn.k_proj.bias", (kv,)),
+            (p + "self_attn.v_proj.weight", (kv, hidden)),
+            (p + "self_attn.v_proj.bias", (kv,)),
             (p + "self_attn.o_proj.weight", (hidden, q)),
-            (p + "mlp.gate_proj.weight", (inter, hidden)), (p + "mlp.up_proj.weight", (inter, hidden)),
+            (p + "mlp.gate_proj.weight", (inter, hidden)),
+            (p + "mlp.up_proj.weight", (inter, hidden)),
             (p + "mlp.down_proj.weight", (hidden, inter)),
-            (p + "input_layernorm.weight", (hidden,)), (p + "post_attention_layernorm.weight", (hidden,)),
+            (p + "input_layernorm.weight", (hidden,)),
+            (p + "post_attention_layernorm.weight", (hidden,)),
         ]
     shapes.append(("model.norm.weight", (hidden,)))
     return shapes
 
 
-def make_state_dict(dtype: torch.dtype = torch.bfloat16, device: str = "cpu", scale: float = 1.0,
-                    seed: int = 0, model: str = "0.5b") -> dict[str, torch.Tensor]:
+def make_state_dict(
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+    scale: float = 1.0,
+    seed: int = 0,
+    model: str = "0.5b",
+) -> dict[str, torch.Tensor]:
     """A Qwen2.5-shaped state dict (`scale` < 1 shrinks the layer count for quick runs)."""
     base, tied = MODELS[model]
     cfg = dict(base)

@@ -22,7 +22,10 @@ def _receive(receiver: WeightReceiver, rounds: int, stream: bool, got: list) -> 
             got.append({n: t.clone() for n, t in receiver.iter_tensors(timeout_s=30)})
         else:
             staged: dict = {}
-            receiver.receive(apply=lambda named: staged.update({n: t.clone() for n, t in named}), timeout_s=30)
+            receiver.receive(
+                apply=lambda named, staged=staged: staged.update({n: t.clone() for n, t in named}),
+                timeout_s=30,
+            )
             got.append(staged)
 
 
@@ -36,7 +39,9 @@ def test_sender_writes_every_bucket_into_each_receivers_staging(monkeypatch, str
     with WeightSender(cfg, num_receivers=2) as sender:
         receivers = [WeightReceiver(sender.address, cfg) for _ in range(2)]
         got: list[list] = [[], []]
-        threads = [threading.Thread(target=_receive, args=(r, rounds, stream, g)) for r, g in zip(receivers, got)]
+        threads = [
+            threading.Thread(target=_receive, args=(r, rounds, stream, g)) for r, g in zip(receivers, got)
+        ]
         for t in threads:
             t.start()
         for v in range(rounds):
@@ -53,7 +58,10 @@ def test_sender_writes_every_bucket_into_each_receivers_staging(monkeypatch, str
     for g in got:
         assert len(g) == rounds
         for v in range(rounds):
-            want = {k: (t.to(torch.bfloat16) if t.dtype.is_floating_point else t) for k, t in make_tensors(v).items()}
+            want = {
+                k: (t.to(torch.bfloat16) if t.dtype.is_floating_point else t)
+                for k, t in make_tensors(v).items()
+            }
             assert_same(g[v], want)
 
 
@@ -69,9 +77,14 @@ def test_reused_plan_follows_new_tensors_in_place_updates_and_shape_changes(monk
     monkeypatch.setattr(plan, "SMALL_CHUNK_BYTES", 4096)  # so these tensors take both copy paths
     cfg = SyncConfig(transport="cpu", bucket_bytes=BUCKET, timeout_s=30)
     same = list(make_tensors(7, dtype_mix=False).items())
-    rounds = [list(make_tensors(0).items()), list(make_tensors(1).items()),  # new objects, same layout
-              list(make_tensors(2, dtype_mix=False).items()), same, same,  # fewer tensors; then in place
-              list(make_tensors(3).items()) + [("grown", torch.randn(50_000))]]  # a larger stream: new buffer
+    rounds = [
+        list(make_tensors(0).items()),
+        list(make_tensors(1).items()),  # new objects, same layout
+        list(make_tensors(2, dtype_mix=False).items()),
+        same,
+        same,  # fewer tensors; then in place
+        list(make_tensors(3).items()) + [("grown", torch.randn(50_000))],
+    ]  # a larger stream: new buffer
     with WeightSender(cfg, num_receivers=1) as sender:
         receiver = WeightReceiver(sender.address, cfg)
         got: list = []

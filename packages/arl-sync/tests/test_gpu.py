@@ -22,17 +22,35 @@ def on_gpu(d: dict[str, torch.Tensor], device: str = "cuda:0") -> dict[str, torc
 
 def gpu_tensors(round_: int) -> dict[str, torch.Tensor]:
     src = make_tensors(round_)
-    src["large.bf16"] = torch.randn(1536, 1024, generator=torch.Generator().manual_seed(round_)).bfloat16()  # 3 MiB
+    src["large.bf16"] = torch.randn(
+        1536, 1024, generator=torch.Generator().manual_seed(round_)
+    ).bfloat16()  # 3 MiB
     return src
 
 
-def run_rounds(tmp_path, cfg: SyncConfig, n_receivers: int, rounds: int, sender_device: str,
-               receiver_devices: list[str], cast=None, lazy: bool = False, stream: bool = False) -> WeightSender:
-    with WeightSender(cfg, num_receivers=n_receivers, device=sender_device if cfg.transport != "cpu" else None) as s:
-        ps = [CTX.Process(target=receiver_main, args=(s.address, cfg, rounds, str(tmp_path / f"r{i}.pt")),
-                          kwargs={"device": receiver_devices[i], "start_timeout_s": 120, "stream": stream},
-                          daemon=True)
-              for i in range(n_receivers)]
+def run_rounds(
+    tmp_path,
+    cfg: SyncConfig,
+    n_receivers: int,
+    rounds: int,
+    sender_device: str,
+    receiver_devices: list[str],
+    cast=None,
+    lazy: bool = False,
+    stream: bool = False,
+) -> WeightSender:
+    with WeightSender(
+        cfg, num_receivers=n_receivers, device=sender_device if cfg.transport != "cpu" else None
+    ) as s:
+        ps = [
+            CTX.Process(
+                target=receiver_main,
+                args=(s.address, cfg, rounds, str(tmp_path / f"r{i}.pt")),
+                kwargs={"device": receiver_devices[i], "start_timeout_s": 120, "stream": stream},
+                daemon=True,
+            )
+            for i in range(n_receivers)
+        ]
         for p in ps:
             p.start()
         for v in range(rounds):

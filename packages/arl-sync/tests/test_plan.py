@@ -37,8 +37,12 @@ def test_split_and_alignment():
 
 
 def test_exact_bucket_fit_and_empty_tensors():
-    named = [("x", torch.ones(256, dtype=torch.float32)), ("empty", torch.empty(0, 5)),
-             ("s", torch.tensor(3.5)), ("y", torch.zeros(256, dtype=torch.float32))]
+    named = [
+        ("x", torch.ones(256, dtype=torch.float32)),
+        ("empty", torch.empty(0, 5)),
+        ("s", torch.tensor(3.5)),
+        ("y", torch.zeros(256, dtype=torch.float32)),
+    ]
     buckets, totals, out = _roundtrip(named, bucket_bytes=1024)
     assert totals.stream_bytes == 2048 + 64
     for name, t in named:
@@ -56,8 +60,13 @@ def test_cast_only_floats():
 
 def test_non_contiguous_and_odd_dtypes():
     base = torch.randn(13, 7)
-    named = [("t", base.t()), ("b", torch.tensor([True, False, True])), ("i8", torch.tensor([-3, 4], dtype=torch.int8)),
-             ("f64", torch.randn(3, dtype=torch.float64)), ("bf", torch.randn(17).bfloat16())]
+    named = [
+        ("t", base.t()),
+        ("b", torch.tensor([True, False, True])),
+        ("i8", torch.tensor([-3, 4], dtype=torch.int8)),
+        ("f64", torch.randn(3, dtype=torch.float64)),
+        ("bf", torch.randn(17).bfloat16()),
+    ]
     _, _, out = _roundtrip(named, bucket_bytes=128, align=16)
     for name, t in named:
         assert torch.equal(out[name], t), name

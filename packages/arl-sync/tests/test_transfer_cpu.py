@@ -20,7 +20,14 @@ from arl.sync import (
     WeightReceiver,
     WeightSender,
 )
-from arl.sync.testing import assert_same, dying_sender_main, load_result, make_tensors, spawn_receiver, wait_for_file
+from arl.sync.testing import (
+    assert_same,
+    dying_sender_main,
+    load_result,
+    make_tensors,
+    spawn_receiver,
+    wait_for_file,
+)
 
 # forkserver: children fork from one server that imported torch once (a fresh torch import costs
 # ~10 s on the CI machine); the server itself never touches threads or CUDA, so forking is safe.
@@ -47,7 +54,9 @@ def test_three_rounds_bit_exact_many_shapes(tmp_path):
             src = make_tensors(v)
             stats = s.send(src if v < 2 else ((k, t) for k, t in src.items()), version=10 + v)
             assert stats.version == 10 + v and stats.tensors == len(src) and stats.receivers == 1
-            assert stats.buckets >= 6 and stats.bytes == sum(t.numel() * t.element_size() for t in src.values())
+            assert stats.buckets >= 6 and stats.bytes == sum(
+                t.numel() * t.element_size() for t in src.values()
+            )
             # After each round, the receiver's copy is checked at the end (last round), and per round
             # through the version log.
         p.join(30)
@@ -160,8 +169,12 @@ def test_sender_dies_mid_transfer(tmp_path, transport):
     addr_path = str(tmp_path / "addr")
     src = make_tensors(0)
     torch.save(src, str(tmp_path / "src.pt"))
-    p = CTX.Process(target=dying_sender_main, args=(cfg, str(tmp_path / "src.pt"), 100, addr_path),
-                    kwargs={"other_host": transport == "tcp"}, daemon=True)
+    p = CTX.Process(
+        target=dying_sender_main,
+        args=(cfg, str(tmp_path / "src.pt"), 100, addr_path),
+        kwargs={"other_host": transport == "tcp"},
+        daemon=True,
+    )
     p.start()
     address = wait_for_file(addr_path, 60)
     kept: dict[str, torch.Tensor] = {}

@@ -30,7 +30,9 @@ def test_rounds_bit_exact_list_lazy_and_streaming_with_cast(tmp_path):
     cfg = SyncConfig(transport="tcp", bucket_bytes=BUCKET, timeout_s=30)
     with WeightSender(cfg, num_receivers=2) as s:
         plain = start_receiver(s.address, cfg, 3, str(tmp_path / "plain.pt"), other_host=True)
-        streaming = start_receiver(s.address, cfg, 3, str(tmp_path / "stream.pt"), stream=True, other_host=True)
+        streaming = start_receiver(
+            s.address, cfg, 3, str(tmp_path / "stream.pt"), stream=True, other_host=True
+        )
         for v in range(3):
             src = make_tensors(v)
             stats = s.send(src if v < 2 else ((k, t) for k, t in src.items()), version=v)
@@ -61,8 +63,9 @@ def test_a_receiver_lost_mid_sync_then_between_syncs_is_seen_by_its_connection(t
     cfg = SyncConfig(transport="tcp", bucket_bytes=BUCKET, timeout_s=20)
     with WeightSender(cfg, num_receivers=3) as s:
         survivor = start_receiver(s.address, cfg, 4, str(tmp_path / "ok.pt"), other_host=True)
-        dying = start_receiver(s.address, cfg, 3, str(tmp_path / "dead.pt"), die_round=1, die_after=5,
-                               other_host=True)
+        dying = start_receiver(
+            s.address, cfg, 3, str(tmp_path / "dead.pt"), die_round=1, die_after=5, other_host=True
+        )
         idle = start_receiver(s.address, cfg, 3, str(tmp_path / "idle.pt"), other_host=True, vanish=True)
         s.send(make_tensors(0), version=0)
         t = time.monotonic()

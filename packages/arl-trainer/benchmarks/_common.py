@@ -19,25 +19,52 @@ for _src in ("packages/arl-trainer/src", "packages/arl-queue/src", "packages/arl
         sys.path.insert(0, str(_ROOT / _src))
 
 QWEN25 = {
-    "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
-    "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-               num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
+    "0.5b": dict(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "7b": dict(
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+    ),
 }
 
 
 # ARL_BENCH_SMOKE=1: a tiny shape on whatever device there is, to check a script end to end on a CPU.
 SMOKE = os.environ.get("ARL_BENCH_SMOKE") == "1"
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+)
 
 
 def qwen25_config(size: str, max_len: int = 32768):
     from transformers import Qwen2Config
 
     shape = TINY if SMOKE else QWEN25[size]
-    return Qwen2Config(**shape, max_position_embeddings=max_len, rope_theta=1e6, rms_norm_eps=1e-6,
-                       use_sliding_window=False, attention_dropout=0.0)
+    return Qwen2Config(
+        **shape,
+        max_position_embeddings=max_len,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        use_sliding_window=False,
+        attention_dropout=0.0,
+    )
 
 
 def bench_device() -> torch.device:
@@ -67,7 +94,9 @@ def empty_cache(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def long_tail_lengths(n: int, *, median: int, sigma: float, cap: int, seed: int = 0, floor: int = 64) -> list[int]:
+def long_tail_lengths(
+    n: int, *, median: int, sigma: float, cap: int, seed: int = 0, floor: int = 64
+) -> list[int]:
     rng = random.Random(seed)
     return [min(cap, max(floor, int(rng.lognormvariate(0.0, sigma) * median))) for _ in range(n)]
 
@@ -116,9 +145,23 @@ def fixed_length_batch(rows: int, length: int, prompt: int, vocab: int):
     n = length - prompt
     samples = []
     for i in range(0, rows, 8):
-        responses = [Response(response_ids=torch.randint(0, vocab, (n,), generator=g).tolist(), response_mask=[1] * n,
-                              response_logprobs=[-1.0] * n, weight_versions=[0] * n, reward=float(j % 2))
-                     for j in range(min(8, rows - i))]
-        samples.append(Sample(uid=str(i), prompt_ids=torch.randint(0, vocab, (prompt,), generator=g).tolist(),
-                              responses=responses, start_version=0, end_version=0))
+        responses = [
+            Response(
+                response_ids=torch.randint(0, vocab, (n,), generator=g).tolist(),
+                response_mask=[1] * n,
+                response_logprobs=[-1.0] * n,
+                weight_versions=[0] * n,
+                reward=float(j % 2),
+            )
+            for j in range(min(8, rows - i))
+        ]
+        samples.append(
+            Sample(
+                uid=str(i),
+                prompt_ids=torch.randint(0, vocab, (prompt,), generator=g).tolist(),
+                responses=responses,
+                start_version=0,
+                end_version=0,
+            )
+        )
     return assemble_batch(samples, pad_token_id=0)

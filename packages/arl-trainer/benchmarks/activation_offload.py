@@ -35,9 +35,14 @@ def bench(cfg, batch, device, checkpointing: str, offload: bool) -> dict:
     from arl.trainer.config import OptimConfig
 
     torch.manual_seed(0)
-    tcfg = TrainerConfig(optim=OptimConfig(lr=1e-6), max_tokens_per_microbatch=BUDGET, mixed_precision="bf16",
-                         algorithm=AlgorithmConfig(proximal_mode="bypass"), activation_checkpointing=checkpointing,
-                         activation_offload=offload)
+    tcfg = TrainerConfig(
+        optim=OptimConfig(lr=1e-6),
+        max_tokens_per_microbatch=BUDGET,
+        mixed_precision="bf16",
+        algorithm=AlgorithmConfig(proximal_mode="bypass"),
+        activation_checkpointing=checkpointing,
+        activation_offload=offload,
+    )
     policy = HFPolicy(Qwen2ForCausalLM(cfg), tcfg, device=str(device))
     try:
         policy.train_step(batch, mini_batch_rows=ROWS)  # warm-up: allocator, kernels, pinned host blocks
@@ -49,8 +54,13 @@ def bench(cfg, batch, device, checkpointing: str, offload: bool) -> dict:
             peaks.append(last.get("peak_mem_update_gib", 0.0))
         sync(device)
         step_s = (time.perf_counter() - t) / STEPS
-        return {"step_s": step_s, "tokens_per_s": last["train_tokens"] / step_s, "peak_mem_update_gib": max(peaks),
-                "offloaded_gib_per_step": last.get("offloaded_gib", 0.0), "microbatches": last.get("microbatches")}
+        return {
+            "step_s": step_s,
+            "tokens_per_s": last["train_tokens"] / step_s,
+            "peak_mem_update_gib": max(peaks),
+            "offloaded_gib_per_step": last.get("offloaded_gib", 0.0),
+            "microbatches": last.get("microbatches"),
+        }
     finally:
         del policy
         gc.collect()
@@ -61,9 +71,16 @@ def main() -> None:
     device = bench_device()
     cfg = qwen25_config("0.5b", max_len=LENGTH)
     batch = fixed_length_batch(ROWS, LENGTH, 64, cfg.vocab_size)
-    result = {"benchmark": "activation_offload", "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "rows": ROWS, "row_tokens": LENGTH, "max_tokens_per_microbatch": BUDGET,
-              "runs": {}, "ratios_on_over_off": {}}
+    result = {
+        "benchmark": "activation_offload",
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "rows": ROWS,
+        "row_tokens": LENGTH,
+        "max_tokens_per_microbatch": BUDGET,
+        "runs": {},
+        "ratios_on_over_off": {},
+    }
     for ckpt in ("none", "selective", "full"):
         for offload in (False, True):
             name = f"{ckpt}_offload_{'on' if offload else 'off'}"
@@ -76,12 +93,16 @@ def main() -> None:
                     traceback.print_exc()
                 gc.collect()
                 empty_cache(device)
-                result["runs"][name] = {"error": ("OOM: " if is_oom(exc) else "") + f"{type(exc).__name__}: {str(exc)[:300]}"}
+                result["runs"][name] = {
+                    "error": ("OOM: " if is_oom(exc) else "") + f"{type(exc).__name__}: {str(exc)[:300]}"
+                }
             print(name, result["runs"][name], flush=True)
         off, on = result["runs"][f"{ckpt}_offload_off"], result["runs"][f"{ckpt}_offload_on"]
         if "error" not in off and "error" not in on:
             result["ratios_on_over_off"][ckpt] = {
-                "peak_mem": on["peak_mem_update_gib"] / off["peak_mem_update_gib"] if off["peak_mem_update_gib"] else None,
+                "peak_mem": on["peak_mem_update_gib"] / off["peak_mem_update_gib"]
+                if off["peak_mem_update_gib"]
+                else None,
                 "step_time": on["step_s"] / off["step_s"],
             }
     emit("activation_offload", result)

@@ -27,8 +27,9 @@ for _src in ("packages/arl-trainer/src", "packages/arl-queue/src"):
     if str(_ROOT / _src) not in sys.path:
         sys.path.insert(0, str(_ROOT / _src))
 
-from arl.queue import Response, Sample, decode_sample, encode_sample, iter_segment_rows
-from arl.trainer.batch import TrainBatch, assemble_batch
+# After the sys.path set-up above, which lets the script run without the workspace installed.
+from arl.queue import Response, Sample, decode_sample, encode_sample, iter_segment_rows  # noqa: E402
+from arl.trainer.batch import TrainBatch, assemble_batch  # noqa: E402
 
 
 def per_token_loop(samples: list[Sample], pad_token_id: int) -> TrainBatch:
@@ -51,21 +52,38 @@ def per_token_loop(samples: list[Sample], pad_token_id: int) -> TrainBatch:
     def pad(column: int, value: float, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor([r[column] + [value] * (width - len(r[column])) for r in rows], dtype=dtype)
 
-    return TrainBatch(input_ids=pad(0, pad_token_id, torch.long), attention_mask=pad(1, 0, torch.long),
-                      loss_mask=pad(2, 0.0, torch.float32), behaviour_logp=pad(3, 0.0, torch.float32),
-                      token_versions=pad(4, -1, torch.long), rewards=torch.tensor(rewards),
-                      group_index=torch.tensor(groups), response_lengths=torch.tensor(lens),
-                      trajectory_index=torch.tensor(trajs))
+    return TrainBatch(
+        input_ids=pad(0, pad_token_id, torch.long),
+        attention_mask=pad(1, 0, torch.long),
+        loss_mask=pad(2, 0.0, torch.float32),
+        behaviour_logp=pad(3, 0.0, torch.float32),
+        token_versions=pad(4, -1, torch.long),
+        rewards=torch.tensor(rewards),
+        group_index=torch.tensor(groups),
+        response_lengths=torch.tensor(lens),
+        trajectory_index=torch.tensor(trajs),
+    )
 
 
 def make_sample(tokens: int, n: int, rng: random.Random, index: int) -> Sample:
     per = max(1, tokens // n)
-    responses = [Response(response_ids=[rng.randrange(150_000) for _ in range(per)],
-                          response_mask=[rng.random() < 0.9 for _ in range(per)],
-                          response_logprobs=[-rng.random() * 5 for _ in range(per)],
-                          weight_versions=[7] * per, reward=float(i % 2)) for i in range(n)]
-    return Sample(uid=f"s{index}", prompt_ids=[rng.randrange(150_000) for _ in range(256)], responses=responses,
-                  start_version=7, end_version=7)
+    responses = [
+        Response(
+            response_ids=[rng.randrange(150_000) for _ in range(per)],
+            response_mask=[rng.random() < 0.9 for _ in range(per)],
+            response_logprobs=[-rng.random() * 5 for _ in range(per)],
+            weight_versions=[7] * per,
+            reward=float(i % 2),
+        )
+        for i in range(n)
+    ]
+    return Sample(
+        uid=f"s{index}",
+        prompt_ids=[rng.randrange(150_000) for _ in range(256)],
+        responses=responses,
+        start_version=7,
+        end_version=7,
+    )
 
 
 def _ms(fn, repeats: int) -> float:
@@ -78,7 +96,9 @@ def _ms(fn, repeats: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[4096, 32768], help="response tokens per sample")
+    parser.add_argument(
+        "--tokens", type=int, nargs="+", default=[4096, 32768], help="response tokens per sample"
+    )
     parser.add_argument("--n", type=int, default=8, help="responses per sample")
     parser.add_argument("--samples", type=int, default=4, help="samples per batch")
     parser.add_argument("--repeats", type=int, default=3)
@@ -87,14 +107,24 @@ def main() -> None:
     rng = random.Random(0)
     rows = []
     for tokens in args.tokens:
-        samples = [decode_sample(encode_sample(make_sample(tokens, args.n, rng, i))) for i in range(args.samples)]
+        samples = [
+            decode_sample(encode_sample(make_sample(tokens, args.n, rng, i))) for i in range(args.samples)
+        ]
         fast, slow = assemble_batch(samples, 0), per_token_loop(samples, 0)
-        same = all(torch.equal(getattr(fast, f), getattr(slow, f).to(getattr(fast, f).dtype))
-                   for f in TrainBatch.__dataclass_fields__)
+        same = all(
+            torch.equal(getattr(fast, f), getattr(slow, f).to(getattr(fast, f).dtype))
+            for f in TrainBatch.__dataclass_fields__
+        )
         t_fast = _ms(lambda batch=samples: assemble_batch(batch, 0), args.repeats)
         t_slow = _ms(lambda batch=samples: per_token_loop(batch, 0), args.repeats)
-        row = {"tokens_per_sample": tokens, "samples": args.samples, "frombuffer_ms": t_fast,
-               "per_token_loop_ms": t_slow, "speedup": round(t_slow / t_fast, 1), "identical": same}
+        row = {
+            "tokens_per_sample": tokens,
+            "samples": args.samples,
+            "frombuffer_ms": t_fast,
+            "per_token_loop_ms": t_slow,
+            "speedup": round(t_slow / t_fast, 1),
+            "identical": same,
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
     result = {"bench": "arl-trainer assemble_batch", "n": args.n, "rows": rows}

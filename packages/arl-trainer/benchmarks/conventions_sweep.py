@@ -38,7 +38,8 @@ from pathlib import Path
 # Stale tokens on the CPU too: mode d, staleness_threshold 1, partial rollouts (aborted generations
 # resume under the next weights, so a response mixes versions).
 BASE = [
-    "--mode", "d",
+    "--mode",
+    "d",
     "async_training.staleness_threshold=1",
     "async_training.partial_rollout=true",
     "trainer.save_final=false",
@@ -46,8 +47,11 @@ BASE = [
 KL = ["actor.algorithm.kl_coef=0.1"]
 # Sequence-IS bounds from the workload (`Workload.seq_is_band`), chosen so that masking happens often
 # enough to matter.
-SEQ_IS = ['actor.algorithm.seq_is="mask"', "actor.algorithm.seq_is_low={seq_is_low}",
-          "actor.algorithm.seq_is_high={seq_is_high}"]
+SEQ_IS = [
+    'actor.algorithm.seq_is="mask"',
+    "actor.algorithm.seq_is_low={seq_is_low}",
+    "actor.algorithm.seq_is_high={seq_is_high}",
+]
 SUM_NORM = ['actor.loss_agg_mode="seq-mean-token-sum-norm"']
 ARMS: dict[str, list[str]] = {
     "kl_k3": [*KL, 'actor.algorithm.kl_estimator="k3"'],
@@ -56,12 +60,23 @@ ARMS: dict[str, list[str]] = {
     "seqis_remove": [*SEQ_IS, 'actor.algorithm.seq_is_mask_denominator="remove"'],
     # The geometric mean stays near 1 on digits (no sequence masked at [0.9, 1.1]); the product (the
     # exact sequence ratio over ~12 tokens) leaves the band often enough to compare the denominators.
-    "seqis_prod_keep": [*SEQ_IS, 'actor.algorithm.seq_is_agg="product"', 'actor.algorithm.seq_is_mask_denominator="keep"'],
-    "seqis_prod_remove": [*SEQ_IS, 'actor.algorithm.seq_is_agg="product"',
-                          'actor.algorithm.seq_is_mask_denominator="remove"'],
+    "seqis_prod_keep": [
+        *SEQ_IS,
+        'actor.algorithm.seq_is_agg="product"',
+        'actor.algorithm.seq_is_mask_denominator="keep"',
+    ],
+    "seqis_prod_remove": [
+        *SEQ_IS,
+        'actor.algorithm.seq_is_agg="product"',
+        'actor.algorithm.seq_is_mask_denominator="remove"',
+    ],
     "norm_batch_max": [*SUM_NORM, 'actor.algorithm.norm_len_mode="batch_max"'],
     # The constant is the workload's generation budget (rollout.max_tokens).
-    "norm_constant": [*SUM_NORM, 'actor.algorithm.norm_len_mode="constant"', "actor.algorithm.norm_len={budget}"],
+    "norm_constant": [
+        *SUM_NORM,
+        'actor.algorithm.norm_len_mode="constant"',
+        "actor.algorithm.norm_len={budget}",
+    ],
 }
 
 
@@ -92,12 +107,20 @@ class Workload:
 # the reward in 13 steps on the CPU (arl-trainer BENCHMARKS.md), so 1.5e-5 spreads it over ~30.
 WORKLOADS: dict[str, Workload] = {
     "digits": Workload(None, (), 12),
-    "longtail": Workload(None, ('data.source="builtin:longtail?median=8&p99_ratio=4&max=48&reward=digits"',
-                                "rollout.max_tokens=48"), 48),
+    "longtail": Workload(
+        None,
+        ('data.source="builtin:longtail?median=8&p99_ratio=4&max=48&reward=digits"', "rollout.max_tokens=48"),
+        48,
+    ),
     "h200_longtail": Workload(
         "apps/bench/configs/h200x2.toml",
-        ('data.source="builtin:longtail?median=256&p99_ratio=6.27&max=2048&reward=digits"', "rollout.max_tokens=2048",
-         "rollout.max_model_len=2304", "resources.shared_gpu=time_sliced", "actor.optim.lr=1.5e-5"),
+        (
+            'data.source="builtin:longtail?median=256&p99_ratio=6.27&max=2048&reward=digits"',
+            "rollout.max_tokens=2048",
+            "rollout.max_model_len=2304",
+            "resources.shared_gpu=time_sliced",
+            "actor.optim.lr=1.5e-5",
+        ),
         2048,
         prompts_per_step=16,
         updates=2,
@@ -165,27 +188,46 @@ def summarize_run(folder: Path) -> dict[str, float] | None:
         "staleness_mean": mean("staleness_mean"),
         "mixed_version_samples": mean("mixed_version_samples"),
         # The reward curve in ten points: the mean of each tenth of the run.
-        "reward_by_tenth": [statistics.fmean(reward[i * len(reward) // 10:(i + 1) * len(reward) // 10] or reward)
-                            for i in range(10)],
+        "reward_by_tenth": [
+            statistics.fmean(reward[i * len(reward) // 10 : (i + 1) * len(reward) // 10] or reward)
+            for i in range(10)
+        ],
     }
 
 
-def app_args(arm: str, seed: int, steps: int, folder: Path, workload: str, updates: int | None = None) -> list[str]:
+def app_args(
+    arm: str, seed: int, steps: int, folder: Path, workload: str, updates: int | None = None
+) -> list[str]:
     """apps/train's command line for one run of `arm` on `workload`, making `updates` optimizer updates
     per step (None: the workload's) of the same prompts."""
     spec = WORKLOADS[workload]
     updates = updates or spec.updates
     if spec.prompts_per_step % updates:
-        raise SystemExit(f"--updates {updates} does not divide {workload}'s {spec.prompts_per_step} prompts per step")
+        raise SystemExit(
+            f"--updates {updates} does not divide {workload}'s {spec.prompts_per_step} prompts per step"
+        )
     config = ["--config", spec.config] if spec.config else []
-    batches = [f"actor.ppo_mini_batch_size={spec.prompts_per_step // updates}", f"async_training.require_batches={updates}"]
+    batches = [
+        f"actor.ppo_mini_batch_size={spec.prompts_per_step // updates}",
+        f"async_training.require_batches={updates}",
+    ]
     low, high = spec.seq_is_band
     arm_keys = [key.format(budget=spec.budget, seq_is_low=low, seq_is_high=high) for key in ARMS[arm]]
-    return [*config, *BASE, *spec.overrides, *batches, *arm_keys, f"seed={seed}", f"trainer.total_steps={steps}",
-            f"output.dir={folder}"]
+    return [
+        *config,
+        *BASE,
+        *spec.overrides,
+        *batches,
+        *arm_keys,
+        f"seed={seed}",
+        f"trainer.total_steps={steps}",
+        f"output.dir={folder}",
+    ]
 
 
-def run_one(arm: str, seed: int, steps: int, out: Path, workload: str = "digits", updates: int | None = None) -> None:
+def run_one(
+    arm: str, seed: int, steps: int, out: Path, workload: str = "digits", updates: int | None = None
+) -> None:
     folder = out / f"{arm}_s{seed}"
     if (folder / "summary.json").exists():
         print(f"[sweep] {folder.name}: done already", file=sys.stderr)
@@ -199,19 +241,39 @@ def run_one(arm: str, seed: int, steps: int, out: Path, workload: str = "digits"
         with open(out / f"{folder.name}.log", "w") as log:
             # Bounded: a stuck run must not hold the sweep forever.
             rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=3600).returncode
-        print(f"[sweep] {folder.name}: rc={rc} in {time.monotonic() - t0:.0f}s (attempt {attempt})",
-              file=sys.stderr, flush=True)
+        print(
+            f"[sweep] {folder.name}: rc={rc} in {time.monotonic() - t0:.0f}s (attempt {attempt})",
+            file=sys.stderr,
+            flush=True,
+        )
         if rc == 0:
             return
 
 
 def table(out: Path) -> dict[str, dict[str, float]]:
     per_arm: dict[str, dict[str, float]] = {}
-    keys = ("reward_first_tenth", "reward_last_tenth", "steps_to_0.9", "grad_norm_max", "grad_norm_median",
-            "grad_spike", "grad_cv", "grad_jitter", "ppo_kl_abs_mean", "clip_frac", "clip_band_frac", "seq_masked_frac", "kl", "tis_clip_frac",
-            "behaviour_proximal_abs_diff")
-    print("| arm | seeds | steps | reward first 10% | reward last 10% | steps to 0.9 | grad max | grad median | "
-          "max/median | grad CV | grad jitter | abs ppo_kl | clip_frac | clip_band_frac | tis_clip_frac | mean abs(behav − prox) | seqs masked | kl |")
+    keys = (
+        "reward_first_tenth",
+        "reward_last_tenth",
+        "steps_to_0.9",
+        "grad_norm_max",
+        "grad_norm_median",
+        "grad_spike",
+        "grad_cv",
+        "grad_jitter",
+        "ppo_kl_abs_mean",
+        "clip_frac",
+        "clip_band_frac",
+        "seq_masked_frac",
+        "kl",
+        "tis_clip_frac",
+        "behaviour_proximal_abs_diff",
+    )
+    print(
+        "| arm | seeds | steps | reward first 10% | reward last 10% | steps to 0.9 | grad max | grad median | "
+        "max/median | grad CV | grad jitter | abs ppo_kl | clip_frac | clip_band_frac | tis_clip_frac | "
+        "mean abs(behav − prox) | seqs masked | kl |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for arm in ARMS:
         runs = sorted(r for r in out.glob(f"{arm}_s*") if r.is_dir())  # not the runs' logs beside them
@@ -221,18 +283,23 @@ def table(out: Path) -> dict[str, dict[str, float]]:
         agg = {k: statistics.fmean([s[k] for s in summaries]) for k in keys}
         reached = [s["steps_to_0.9"] for s in summaries if s["steps_to_0.9"] == s["steps_to_0.9"]]
         agg["steps_to_0.9"] = statistics.fmean(reached) if reached else float("nan")
-        agg["reward_by_tenth"] = [statistics.fmean(s["reward_by_tenth"][i] for s in summaries) for i in range(10)]
+        agg["reward_by_tenth"] = [
+            statistics.fmean(s["reward_by_tenth"][i] for s in summaries) for i in range(10)
+        ]
         agg["reached_0.9"] = len(reached)
         agg["seeds"] = len(summaries)
         agg["steps"] = min(s["steps"] for s in summaries)
         per_arm[arm] = {**agg, "runs": {r.name: summarize_run(r) for r in runs}}
-        print(f"| {arm} | {len(summaries)} | {agg['steps']} | {agg['reward_first_tenth']:.3f} | "
-              f"{agg['reward_last_tenth']:.3f} | {agg['steps_to_0.9']:.1f} ({len(reached)}/{len(summaries)}) | "
-              f"{agg['grad_norm_max']:.3g} | {agg['grad_norm_median']:.3g} | {agg['grad_spike']:.2f} | {agg['grad_cv']:.2f} | "
-              f"{agg['grad_jitter']:.3f} | "
-              f"{agg['ppo_kl_abs_mean']:.2e} | {agg['clip_frac']:.4f} | {agg['clip_band_frac']:.4f} | "
-              f"{agg['tis_clip_frac']:.4f} | {agg['behaviour_proximal_abs_diff']:.3g} | "
-              f"{agg['seq_masked_frac']:.3f} | {agg['kl']:.3g} |")
+        print(
+            f"| {arm} | {len(summaries)} | {agg['steps']} | {agg['reward_first_tenth']:.3f} | "
+            f"{agg['reward_last_tenth']:.3f} | {agg['steps_to_0.9']:.1f} ({len(reached)}/{len(summaries)}) | "
+            f"{agg['grad_norm_max']:.3g} | {agg['grad_norm_median']:.3g} | {agg['grad_spike']:.2f} | "
+            f"{agg['grad_cv']:.2f} | "
+            f"{agg['grad_jitter']:.3f} | "
+            f"{agg['ppo_kl_abs_mean']:.2e} | {agg['clip_frac']:.4f} | {agg['clip_band_frac']:.4f} | "
+            f"{agg['tis_clip_frac']:.4f} | {agg['behaviour_proximal_abs_diff']:.3g} | "
+            f"{agg['seq_masked_frac']:.3f} | {agg['kl']:.3g} |"
+        )
     return per_arm
 
 
@@ -252,9 +319,14 @@ def plot_curves(out: Path) -> Path | None:
     for arm, runs in per_arm.items():
         steps = min(len(rows) for rows in runs)  # the steps every seed has
         x = [runs[0][i]["step"] for i in range(steps)]
-        reward_ax.plot(x, [statistics.fmean(rows[i]["reward_mean"] for rows in runs) for i in range(steps)], label=arm)
-        grad_ax.plot(x, [statistics.fmean(rows[i].get("grad_norm", float("nan")) for rows in runs) for i in range(steps)],
-                     label=arm)
+        reward_ax.plot(
+            x, [statistics.fmean(rows[i]["reward_mean"] for rows in runs) for i in range(steps)], label=arm
+        )
+        grad_ax.plot(
+            x,
+            [statistics.fmean(rows[i].get("grad_norm", float("nan")) for rows in runs) for i in range(steps)],
+            label=arm,
+        )
     seeds = max(len(runs) for runs in per_arm.values())
     reward_ax.set_ylabel(f"reward (mean of {seeds} seeds)")
     grad_ax.set_ylabel("grad_norm")
@@ -270,16 +342,22 @@ def plot_curves(out: Path) -> Path | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {list(ARMS)}")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--out", default="runs/conventions")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     parser.add_argument("--workload", choices=list(WORKLOADS), default="digits", help="the task (WORKLOADS)")
-    parser.add_argument("--updates", type=int, default=None,
-                        help="optimizer updates per step, of the same prompts (default: the workload's; > 1 makes "
-                             "ppo_kl and clip_frac measure something)")
+    parser.add_argument(
+        "--updates",
+        type=int,
+        default=None,
+        help="optimizer updates per step, of the same prompts (default: the workload's; > 1 makes "
+        "ppo_kl and clip_frac measure something)",
+    )
     parser.add_argument("--summarize", action="store_true", help="only summarise the runs already in --out")
     args = parser.parse_args()
     out = Path(args.out)

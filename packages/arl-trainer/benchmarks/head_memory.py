@@ -41,8 +41,14 @@ def gemms_only(hidden, weight, targets):
 
 def measure(fn, n, hidden_size, vocab, device, reps=3):
     g = torch.Generator(device=device).manual_seed(0)
-    hidden = (torch.randn(n, hidden_size, device=device, generator=g) * 0.5).to(torch.bfloat16).requires_grad_()
-    weight = (torch.randn(vocab, hidden_size, device=device, generator=g) * 0.02).to(torch.bfloat16).requires_grad_()
+    hidden = (
+        (torch.randn(n, hidden_size, device=device, generator=g) * 0.5).to(torch.bfloat16).requires_grad_()
+    )
+    weight = (
+        (torch.randn(vocab, hidden_size, device=device, generator=g) * 0.02)
+        .to(torch.bfloat16)
+        .requires_grad_()
+    )
     targets = torch.randint(0, vocab, (n,), device=device, generator=g)
     hidden.grad = torch.zeros_like(hidden)
     weight.grad = torch.zeros_like(weight)
@@ -56,7 +62,11 @@ def measure(fn, n, hidden_size, vocab, device, reps=3):
         logp.sum().backward()
         sync(device)
         best = min(best, time.perf_counter() - t)
-    out = {"peak_above_inputs_gib": peak_gib(device) - base / 2**30, "fwd_bwd_s": best, "logp_sum": float(logp.sum())}
+    out = {
+        "peak_above_inputs_gib": peak_gib(device) - base / 2**30,
+        "fwd_bwd_s": best,
+        "logp_sum": float(logp.sum()),
+    }
     del hidden, weight, targets, logp
     return out
 
@@ -91,7 +101,10 @@ def chunk_passes(vocab: int, device: torch.device) -> dict:
         "copy": (2 * nbytes, best_time(lambda: out.copy_(z), device)),
         "stats_triton": (nbytes, best_time(lambda: logit_stats(z, 1.0, torch.float32), device)),
         "stats_inductor": (nbytes, best_time(lambda: inductor_stats(z, 1.0, torch.float32), device)),
-        "grads_inductor": (2 * nbytes, best_time(lambda: compiled_grads(z, lse, a, b, 1.0, torch.float32), device)),
+        "grads_inductor": (
+            2 * nbytes,
+            best_time(lambda: compiled_grads(z, lse, a, b, 1.0, torch.float32), device),
+        ),
         # the Triton pass also adds c at the target (what Inductor's pass left to a gather + scatter)
         "grads_triton": (2 * nbytes, best_time(lambda: logit_grads(z, lse, a, b, c, targets, 1.0), device)),
     }
@@ -128,9 +141,17 @@ def main() -> None:
                 print(key, result["runs"][key], flush=True)
             runs = result["runs"]
             c, v, m = (runs.get(f"{shape}_{name}_{n}", {}) for name in ("chunked", "naive", "gemms_only"))
-            if "peak_above_inputs_gib" in c and "peak_above_inputs_gib" in v and c["peak_above_inputs_gib"] > 0:
-                result[f"{shape}_memory_ratio_naive_over_chunked_{n}"] = v["peak_above_inputs_gib"] / c["peak_above_inputs_gib"]
-                result[f"{shape}_logp_sum_rel_diff_{n}"] = abs(c["logp_sum"] - v["logp_sum"]) / abs(v["logp_sum"])
+            if (
+                "peak_above_inputs_gib" in c
+                and "peak_above_inputs_gib" in v
+                and c["peak_above_inputs_gib"] > 0
+            ):
+                result[f"{shape}_memory_ratio_naive_over_chunked_{n}"] = (
+                    v["peak_above_inputs_gib"] / c["peak_above_inputs_gib"]
+                )
+                result[f"{shape}_logp_sum_rel_diff_{n}"] = abs(c["logp_sum"] - v["logp_sum"]) / abs(
+                    v["logp_sum"]
+                )
                 result[f"{shape}_time_ratio_chunked_over_naive_{n}"] = c["fwd_bwd_s"] / v["fwd_bwd_s"]
             if "fwd_bwd_s" in c and "fwd_bwd_s" in m:
                 result[f"{shape}_time_ratio_chunked_over_gemms_{n}"] = c["fwd_bwd_s"] / m["fwd_bwd_s"]

@@ -28,8 +28,25 @@ from arl.trainer.host_arena import HostArena
 
 def state_specs(layers: int, embeddings: bool) -> list[tuple[tuple[int, ...], torch.dtype]]:
     c = QWEN25["7b"]
-    h, inter, kv = c["hidden_size"], c["intermediate_size"], c["num_key_value_heads"] * (c["hidden_size"] // c["num_attention_heads"])
-    per_layer = [(h, h), (h,), (kv, h), (kv,), (kv, h), (kv,), (h, h), (inter, h), (inter, h), (h, inter), (h,), (h,)]
+    h, inter, kv = (
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["num_key_value_heads"] * (c["hidden_size"] // c["num_attention_heads"]),
+    )
+    per_layer = [
+        (h, h),
+        (h,),
+        (kv, h),
+        (kv,),
+        (kv, h),
+        (kv,),
+        (h, h),
+        (inter, h),
+        (inter, h),
+        (h, inter),
+        (h,),
+        (h,),
+    ]
     shapes = [s for _ in range(layers) for s in per_layer]
     if embeddings:
         shapes += [(c["vocab_size"], h), (c["vocab_size"], h)]
@@ -74,8 +91,12 @@ def main() -> None:
     alloc_s, hosts = timed(lambda: [torch.empty(s, dtype=d, pin_memory=True) for s, d in specs])
     locked = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) - before
     d2h_s, h2d_s = copies(device_tensors, hosts)
-    result["pinned_per_tensor"] = {"alloc_s": alloc_s, "locked_gib": locked / 2**30, "d2h_gbps": nbytes / d2h_s / 1e9,
-                                   "h2d_gbps": nbytes / h2d_s / 1e9}
+    result["pinned_per_tensor"] = {
+        "alloc_s": alloc_s,
+        "locked_gib": locked / 2**30,
+        "d2h_gbps": nbytes / d2h_s / 1e9,
+        "h2d_gbps": nbytes / h2d_s / 1e9,
+    }
     del hosts
     torch._C._host_emptyCache()  # return the cached pinned blocks before the arena takes its own
 
@@ -90,15 +111,23 @@ def main() -> None:
         t.copy_(view, non_blocking=True)
     torch.cuda.synchronize()
     round_trip = all(torch.equal(t, ref) for t, ref in zip(device_tensors, reference, strict=False))
-    result["arena"] = {"alloc_s": alloc_s, "alloc_untouched_s": untouched_s, "locked_gib": arena.nbytes / 2**30,
-                       "d2h_gbps": nbytes / d2h_s / 1e9, "h2d_gbps": nbytes / h2d_s / 1e9, "views_pinned": all(v.is_pinned() for v in arena.views[:8]),
-                       "round_trip_equal": round_trip}
+    result["arena"] = {
+        "alloc_s": alloc_s,
+        "alloc_untouched_s": untouched_s,
+        "locked_gib": arena.nbytes / 2**30,
+        "d2h_gbps": nbytes / d2h_s / 1e9,
+        "h2d_gbps": nbytes / h2d_s / 1e9,
+        "views_pinned": all(v.is_pinned() for v in arena.views[:8]),
+        "round_trip_equal": round_trip,
+    }
     a, b = result["pinned_per_tensor"], result["arena"]
-    result["ratios"] = {"locked_per_tensor_over_arena": a["locked_gib"] / b["locked_gib"],
-                        "alloc_per_tensor_over_arena": a["alloc_s"] / b["alloc_s"],
-                        "alloc_untouched_over_touched": b["alloc_untouched_s"] / b["alloc_s"],
-                        "d2h_arena_over_per_tensor": b["d2h_gbps"] / a["d2h_gbps"],
-                        "h2d_arena_over_per_tensor": b["h2d_gbps"] / a["h2d_gbps"]}
+    result["ratios"] = {
+        "locked_per_tensor_over_arena": a["locked_gib"] / b["locked_gib"],
+        "alloc_per_tensor_over_arena": a["alloc_s"] / b["alloc_s"],
+        "alloc_untouched_over_touched": b["alloc_untouched_s"] / b["alloc_s"],
+        "d2h_arena_over_per_tensor": b["d2h_gbps"] / a["d2h_gbps"],
+        "h2d_arena_over_per_tensor": b["h2d_gbps"] / a["h2d_gbps"],
+    }
     emit("host_state_memory", result)
 
 

@@ -30,6 +30,7 @@ import _common  # noqa: F401  (sys.path for arl.*)
 import torch
 from _common import SMOKE, bench_device, emit, fixed_length_batch, sync
 
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--row-tokens", default="200,185,207,193", help="tokens per row, one entry per step")
@@ -45,18 +46,41 @@ def main() -> None:
 
     device = bench_device()
     layers, hidden, inter = (2, 256, 512) if SMOKE else (36, 4096, 12288)
-    config = Qwen3Config(vocab_size=1024, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=16384)
+    config = Qwen3Config(
+        vocab_size=1024,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=16384,
+    )
     torch.manual_seed(0)
     with device:
         model = Qwen3ForCausalLM(config)
-    policy = HFPolicy(model, TrainerConfig(
-        optim=OptimConfig(lr=1e-6, fused=device.type == "cuda"), max_tokens_per_microbatch=16384,
-        mixed_precision="bf16" if device.type == "cuda" else "none", activation_checkpointing="full",
-        optimizer_offload=True, optimizer_prefetch_inflight_mb=args.inflight_mb,
-        algorithm=AlgorithmConfig(proximal_mode="recompute")), device=device.type)
+    policy = HFPolicy(
+        model,
+        TrainerConfig(
+            optim=OptimConfig(lr=1e-6, fused=device.type == "cuda"),
+            max_tokens_per_microbatch=16384,
+            mixed_precision="bf16" if device.type == "cuda" else "none",
+            activation_checkpointing="full",
+            optimizer_offload=True,
+            optimizer_prefetch_inflight_mb=args.inflight_mb,
+            algorithm=AlgorithmConfig(proximal_mode="recompute"),
+        ),
+        device=device.type,
+    )
     out = Path(os.environ.get("OUT", "."))
-    keys = ["update_s", "proximal_s", "optimizer_load_s", "optimizer_load_wait_s", "optimizer_offload_s", "train_tokens"]
+    keys = [
+        "update_s",
+        "proximal_s",
+        "optimizer_load_s",
+        "optimizer_load_wait_s",
+        "optimizer_offload_s",
+        "train_tokens",
+    ]
     steps = []
     for step, length in enumerate(lengths, start=1):
         batch = fixed_length_batch(32, length, 40, config.vocab_size)
@@ -70,12 +94,24 @@ def main() -> None:
         sync(device)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        steps.append({"step": step, "row_tokens": length, "wall_s": time.perf_counter() - t,
-                      **{k: metrics.get(k, 0.0) for k in keys}})
+        steps.append(
+            {
+                "step": step,
+                "row_tokens": length,
+                "wall_s": time.perf_counter() - t,
+                **{k: metrics.get(k, 0.0) for k in keys},
+            }
+        )
         print(json.dumps(steps[-1]), flush=True)
-    emit("offload_app_update", {"parameters_b": sum(p.numel() for p in model.parameters()) / 1e9,
-                                "inflight_mb": args.inflight_mb,
-                                "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", ""), "steps": steps})
+    emit(
+        "offload_app_update",
+        {
+            "parameters_b": sum(p.numel() for p in model.parameters()) / 1e9,
+            "inflight_mb": args.inflight_mb,
+            "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", ""),
+            "steps": steps,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,11 @@ import _common  # noqa: F401,E402  (sys.path for arl.*)
 import torch  # noqa: E402
 from _common import SMOKE, bench_device, emit, fixed_length_batch, qwen25_config, sync  # noqa: E402
 
-RUNS = {"resident": dict(optimizer_offload=False), "offload": dict(optimizer_offload=True, optimizer_prefetch=False),
-        "offload_prefetch": dict(optimizer_offload=True, optimizer_prefetch=True)}
+RUNS = {
+    "resident": dict(optimizer_offload=False),
+    "offload": dict(optimizer_offload=True, optimizer_prefetch=False),
+    "offload_prefetch": dict(optimizer_offload=True, optimizer_prefetch=True),
+}
 
 
 def run(name: str, args: argparse.Namespace, device: torch.device) -> dict:
@@ -50,10 +53,18 @@ def run(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     with device:
         model = Qwen2ForCausalLM(config)
     tokens = args.rows * args.row_tokens
-    policy = HFPolicy(model, TrainerConfig(
-        optim=OptimConfig(lr=1e-6, fused=True), max_tokens_per_microbatch=tokens,
-        mixed_precision="bf16" if device.type == "cuda" else "none", activation_checkpointing="full",
-        algorithm=AlgorithmConfig(proximal_mode="bypass"), **RUNS[name]), device=device.type)
+    policy = HFPolicy(
+        model,
+        TrainerConfig(
+            optim=OptimConfig(lr=1e-6, fused=True),
+            max_tokens_per_microbatch=tokens,
+            mixed_precision="bf16" if device.type == "cuda" else "none",
+            activation_checkpointing="full",
+            algorithm=AlgorithmConfig(proximal_mode="bypass"),
+            **RUNS[name],
+        ),
+        device=device.type,
+    )
     batch = fixed_length_batch(args.rows, args.row_tokens, 128, config.vocab_size)
     rows = batch.input_ids.shape[0]
     out: dict = {"parameters_b": sum(p.numel() for p in policy.model.parameters()) / 1e9}
@@ -68,13 +79,21 @@ def run(name: str, args: argparse.Namespace, device: torch.device) -> dict:
         if i:
             seconds.append(time.perf_counter() - t)
             steps.append(metrics)
-    held_gib = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0  # after the last step
+    # after the last step
+    held_gib = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
     mean = lambda key: sum(s.get(key, 0.0) for s in steps) / len(steps)  # noqa: E731
-    out.update(step_s=sum(seconds) / len(seconds), step_s_each=seconds, update_s=mean("update_s"),
-               optimizer_load_s=mean("optimizer_load_s"), optimizer_load_wait_s=mean("optimizer_load_wait_s"),
-               optimizer_offload_s=mean("optimizer_offload_s"), optimizer_state_gib=mean("optimizer_state_gib"),
-               peak_mem_update_gib=mean("peak_mem_update_gib"), held_between_steps_gib=held_gib,
-               losses=[s["loss"] for s in steps])
+    out.update(
+        step_s=sum(seconds) / len(seconds),
+        step_s_each=seconds,
+        update_s=mean("update_s"),
+        optimizer_load_s=mean("optimizer_load_s"),
+        optimizer_load_wait_s=mean("optimizer_load_wait_s"),
+        optimizer_offload_s=mean("optimizer_offload_s"),
+        optimizer_state_gib=mean("optimizer_state_gib"),
+        peak_mem_update_gib=mean("peak_mem_update_gib"),
+        held_between_steps_gib=held_gib,
+        losses=[s["loss"] for s in steps],
+    )
     del policy, model
     gc.collect()
     if device.type == "cuda":
@@ -89,10 +108,16 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--row-tokens", type=int, default=4096)
     p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--empty-cache-between-steps", action="store_true",
-                   help="hand the cached blocks back to the driver after each step, as the colocated app does")
-    p.add_argument("--runs", default=",".join(RUNS),
-                   help="which runs, in order; a name may repeat (resident,resident: how far two identical runs differ)")
+    p.add_argument(
+        "--empty-cache-between-steps",
+        action="store_true",
+        help="hand the cached blocks back to the driver after each step, as the colocated app does",
+    )
+    p.add_argument(
+        "--runs",
+        default=",".join(RUNS),
+        help="which runs, in order; a name may repeat (resident,resident: how far two identical runs differ)",
+    )
     args = p.parse_args()
     runs = args.runs.split(",")
     if unknown := sorted(set(runs) - set(RUNS)):
@@ -100,7 +125,11 @@ def main() -> None:
     if SMOKE:
         args.rows, args.row_tokens, args.steps = 2, 256, 1
     device = bench_device()
-    result: dict = {"shape": args.shape, "layers": args.layers, "tokens_per_step": args.rows * args.row_tokens}
+    result: dict = {
+        "shape": args.shape,
+        "layers": args.layers,
+        "tokens_per_step": args.rows * args.row_tokens,
+    }
     keys = []
     for name in runs:
         key = name if name not in keys else f"{name}#{keys.count(name) + 1}"
@@ -116,8 +145,9 @@ def main() -> None:
     # Each run's losses against the first run's (bf16 backward kernels need not be deterministic, so
     # repeating a run says how large a difference means nothing).
     first = result[keys[0]]["losses"]
-    result["max_loss_diff_to_first_run"] = {k: max(abs(a - b) for a, b in zip(result[k]["losses"], first, strict=True))
-                                            for k in keys[1:]}
+    result["max_loss_diff_to_first_run"] = {
+        k: max(abs(a - b) for a, b in zip(result[k]["losses"], first, strict=True)) for k in keys[1:]
+    }
     emit("optimizer_offload", result)
 
 

@@ -34,8 +34,12 @@ def run(cfg, batch, device, kl_coef: float) -> dict:
     from arl.trainer.config import OptimConfig
 
     torch.manual_seed(0)
-    tcfg = TrainerConfig(optim=OptimConfig(lr=1e-5), max_tokens_per_microbatch=16384, mixed_precision="bf16",
-                         algorithm=AlgorithmConfig(proximal_mode="bypass", kl_coef=kl_coef))
+    tcfg = TrainerConfig(
+        optim=OptimConfig(lr=1e-5),
+        max_tokens_per_microbatch=16384,
+        mixed_precision="bf16",
+        algorithm=AlgorithmConfig(proximal_mode="bypass", kl_coef=kl_coef),
+    )
     policy = HFPolicy(Qwen2ForCausalLM(cfg), tcfg, device=str(device))
     nbytes = lambda m: sum(p.numel() * p.element_size() for p in m.parameters()) / 2**30  # noqa: E731
     try:
@@ -45,13 +49,19 @@ def run(cfg, batch, device, kl_coef: float) -> dict:
         t = time.perf_counter()
         metrics = [policy.train_step(batch, mini_batch_rows=rows) for _ in range(STEPS)]
         sync(device)
-        out = {"step_s": (time.perf_counter() - t) / STEPS, "policy_weights_gib": nbytes(policy.model),
-               "peak_mem_update_gib": max(m.get("peak_mem_update_gib", 0.0) for m in metrics)}
+        out = {
+            "step_s": (time.perf_counter() - t) / STEPS,
+            "policy_weights_gib": nbytes(policy.model),
+            "peak_mem_update_gib": max(m.get("peak_mem_update_gib", 0.0) for m in metrics),
+        }
         if kl_coef > 0:
-            out.update(reference_weights_gib=nbytes(policy.ref_packed), kl_ref_mean_step1=first["kl_ref_mean"],
-                       kl_ref_mean_last=metrics[-1]["kl_ref_mean"],
-                       ref_s=sum(m["ref_s"] for m in metrics) / STEPS,
-                       peak_mem_ref_gib=max(m.get("peak_mem_ref_gib", 0.0) for m in metrics))
+            out.update(
+                reference_weights_gib=nbytes(policy.ref_packed),
+                kl_ref_mean_step1=first["kl_ref_mean"],
+                kl_ref_mean_last=metrics[-1]["kl_ref_mean"],
+                ref_s=sum(m["ref_s"] for m in metrics) / STEPS,
+                peak_mem_ref_gib=max(m.get("peak_mem_ref_gib", 0.0) for m in metrics),
+            )
         return out
     finally:
         del policy
@@ -64,10 +74,17 @@ def main() -> None:
 
     device = bench_device()
     cfg = qwen25_config("0.5b")
-    lengths = long_tail_lengths(ROWS, median=128 if SMOKE else 1024, sigma=1.0, cap=512 if SMOKE else 8192, floor=140)
+    lengths = long_tail_lengths(
+        ROWS, median=128 if SMOKE else 1024, sigma=1.0, cap=512 if SMOKE else 8192, floor=140
+    )
     batch = make_batch(lengths, cfg.vocab_size)
-    result = {"benchmark": "reference_policy", "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "rows": ROWS, "tokens": int(batch.attention_mask.sum())}
+    result = {
+        "benchmark": "reference_policy",
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "rows": ROWS,
+        "tokens": int(batch.attention_mask.sum()),
+    }
     result["no_kl"] = run(cfg, batch, device, 0.0)
     print("no_kl", result["no_kl"], flush=True)
     result["kl_in_loss"] = run(cfg, batch, device, 1e-3)

@@ -27,11 +27,17 @@ async def rollout(model_dir: Path, dtype: str, prompts: list[list[int]], tokens:
     from arl.proxy.types import SamplingParams
     from arl.rollout.engines.torch_engine import TorchEngine, TorchEngineConfig
 
-    engine = TorchEngine(TorchEngineConfig(model_path=str(model_dir), dtype=dtype, return_routed_experts=routes, seed=1))
+    engine = TorchEngine(
+        TorchEngineConfig(model_path=str(model_dir), dtype=dtype, return_routed_experts=routes, seed=1)
+    )
     await engine.start()
     try:
-        return await asyncio.gather(*(engine.generate(f"r{i}", p, SamplingParams(max_tokens=tokens, temperature=1.0))
-                                      for i, p in enumerate(prompts)))
+        return await asyncio.gather(
+            *(
+                engine.generate(f"r{i}", p, SamplingParams(max_tokens=tokens, temperature=1.0))
+                for i, p in enumerate(prompts)
+            )
+        )
     finally:
         await engine.stop()
 
@@ -42,11 +48,20 @@ def to_samples(prompts, outs):
 
     samples = []
     for i, (p, o) in enumerate(zip(prompts, outs, strict=True)):
-        r = Response(response_ids=o.token_ids, response_mask=[1] * len(o.token_ids), response_logprobs=o.log_probs,
-                     weight_versions=o.weight_versions, reward=0.0,
-                     routed_experts=pack_routes(o.routed_experts) if o.routed_experts else None)
+        r = Response(
+            response_ids=o.token_ids,
+            response_mask=[1] * len(o.token_ids),
+            response_logprobs=o.log_probs,
+            weight_versions=o.weight_versions,
+            reward=0.0,
+            routed_experts=pack_routes(o.routed_experts) if o.routed_experts else None,
+        )
         # Through the queue's codec, as the trainer would receive them.
-        samples.append(decode_sample(encode_sample(Sample(uid=str(i), prompt_ids=p, responses=[r], start_version=0, end_version=0))))
+        samples.append(
+            decode_sample(
+                encode_sample(Sample(uid=str(i), prompt_ids=p, responses=[r], start_version=0, end_version=0))
+            )
+        )
     return samples
 
 
@@ -74,27 +89,47 @@ def main() -> None:
 
     started = time.perf_counter()
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(1, 256, (int(n),), generator=gen).tolist() for n in torch.randint(4, 12, (args.prompts,), generator=gen)]
-    result: dict[str, object] = {"engine": f"arl TorchEngine ({args.engine_dtype})", "trainer": "HF float32",
-                                 "prompts": args.prompts, "tokens_per_prompt": args.tokens}
+    prompts = [
+        torch.randint(1, 256, (int(n),), generator=gen).tolist()
+        for n in torch.randint(4, 12, (args.prompts,), generator=gen)
+    ]
+    result: dict[str, object] = {
+        "engine": f"arl TorchEngine ({args.engine_dtype})",
+        "trainer": "HF float32",
+        "prompts": args.prompts,
+        "tokens_per_prompt": args.tokens,
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        moe = save_random_qwen3_moe(Path(tmp) / "moe", vocab=256, hidden=64, head_dim=32, layers=2, experts=8, top_k=2,
-                                    router_std=args.router_std)
+        moe = save_random_qwen3_moe(
+            Path(tmp) / "moe",
+            vocab=256,
+            hidden=64,
+            head_dim=32,
+            layers=2,
+            experts=8,
+            top_k=2,
+            router_std=args.router_std,
+        )
         dense = save_random_qwen3(Path(tmp) / "dense", vocab=256, hidden=64, head_dim=32, max_positions=512)
         outs = asyncio.run(rollout(moe, args.engine_dtype, prompts, args.tokens, routes=True))
         m = measure(moe, to_samples(prompts, outs))
         d_outs = asyncio.run(rollout(dense, args.engine_dtype, prompts, args.tokens, routes=False))
         d = measure(dense, to_samples(prompts, d_outs))
-    result.update({
-        "moe": "2 layers, 8 experts, top-2, hidden 64",
-        "route_diff_frac": m["router_replay/route_diff_frac"],
-        "route_diff_frac_per_layer": m["router_replay/route_diff_frac_per_layer"],
-        "gap_replay_off_mean": m["router_replay/logp_gap_off_mean"], "gap_replay_off_max": m["router_replay/logp_gap_off_max"],
-        "gap_replay_on_mean": m["router_replay/logp_gap_on_mean"], "gap_replay_on_max": m["router_replay/logp_gap_on_max"],
-        "gap_dense_mean": d["router_replay/logp_gap_off_mean"], "gap_dense_max": d["router_replay/logp_gap_off_max"],
-        "queue_bytes_per_token": bytes_per_token(2, 2, 8),
-        "seconds": round(time.perf_counter() - started, 1),
-    })
+    result.update(
+        {
+            "moe": "2 layers, 8 experts, top-2, hidden 64",
+            "route_diff_frac": m["router_replay/route_diff_frac"],
+            "route_diff_frac_per_layer": m["router_replay/route_diff_frac_per_layer"],
+            "gap_replay_off_mean": m["router_replay/logp_gap_off_mean"],
+            "gap_replay_off_max": m["router_replay/logp_gap_off_max"],
+            "gap_replay_on_mean": m["router_replay/logp_gap_on_mean"],
+            "gap_replay_on_max": m["router_replay/logp_gap_on_max"],
+            "gap_dense_mean": d["router_replay/logp_gap_off_mean"],
+            "gap_dense_max": d["router_replay/logp_gap_off_max"],
+            "queue_bytes_per_token": bytes_per_token(2, 2, 8),
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+    )
     text = json.dumps(result, indent=1)
     print(text)
     if os.environ.get("OUT"):

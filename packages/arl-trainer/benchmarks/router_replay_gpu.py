@@ -33,10 +33,23 @@ from pathlib import Path
 import torch
 
 # Qwen3-30B-A3B's shape (config.json of the released model), minus most of its 48 layers.
-QWEN3_30B_A3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-                     num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
-                     num_experts_per_tok=8, norm_topk_prob=True, rms_norm_eps=1e-6, max_position_embeddings=40960,
-                     tie_word_embeddings=False, decoder_sparse_step=1, mlp_only_layers=[])
+QWEN3_30B_A3B = dict(
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=40960,
+    tie_word_embeddings=False,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+)
 DEVICE = "cuda"  # a CPU dry run of build/measure sets "cpu"
 
 
@@ -49,8 +62,19 @@ def build(path: Path, layers: int, moe: bool) -> Path:
         cfg = Qwen3MoeConfig(num_hidden_layers=layers, **QWEN3_30B_A3B)
         cls = Qwen3MoeForCausalLM
     else:
-        dense = {k: v for k, v in QWEN3_30B_A3B.items() if k not in (
-            "moe_intermediate_size", "num_experts", "num_experts_per_tok", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")}
+        dense = {
+            k: v
+            for k, v in QWEN3_30B_A3B.items()
+            if k
+            not in (
+                "moe_intermediate_size",
+                "num_experts",
+                "num_experts_per_tok",
+                "norm_topk_prob",
+                "decoder_sparse_step",
+                "mlp_only_layers",
+            )
+        }
         cfg = Qwen3Config(num_hidden_layers=layers, **dense)
         cls = Qwen3ForCausalLM
     with torch.device(DEVICE):
@@ -67,9 +91,17 @@ async def rollout(model_dir: Path, prompts: list[list[int]], tokens: int, routes
     from arl.rollout.engines.vllm_engine import VllmEngine, VllmEngineConfig
     from arl.rollout.server_manager import ServerManager
 
-    engine = VllmEngine(VllmEngineConfig(model_path=str(model_dir), dtype="bfloat16", max_model_len=1024,
-                                         enforce_eager=True, gpu_memory_utilization=0.35, return_routed_experts=routes,
-                                         engine_args={"skip_tokenizer_init": True}))
+    engine = VllmEngine(
+        VllmEngineConfig(
+            model_path=str(model_dir),
+            dtype="bfloat16",
+            max_model_len=1024,
+            enforce_eager=True,
+            gpu_memory_utilization=0.35,
+            return_routed_experts=routes,
+            engine_args={"skip_tokenizer_init": True},
+        )
+    )
     t0 = time.perf_counter()
     await engine.start()
     info: dict[str, object] = {"vllm_start_s": round(time.perf_counter() - t0, 1)}
@@ -81,14 +113,19 @@ async def rollout(model_dir: Path, prompts: list[list[int]], tokens: int, routes
         info["generate_s"] = round(time.perf_counter() - t0, 2)
         if resume_check:  # partial rollout: abort mid-generation, resume, expect one route row per token
             long = SamplingParams(max_tokens=768, temperature=1.0)
-            tasks = [asyncio.create_task(manager.generate(f"p{i}", p, long)) for i, p in enumerate(prompts[:8])]
+            tasks = [
+                asyncio.create_task(manager.generate(f"p{i}", p, long)) for i, p in enumerate(prompts[:8])
+            ]
             await asyncio.sleep(1.0)
             await manager.pause("abort")
             await manager.resume()
             partial = await asyncio.wait_for(asyncio.gather(*tasks), 300)
             info["resume"] = {
                 "resumed_requests": manager.resumed_requests,
-                "rows_match_tokens": all(o.routed_experts is not None and len(o.routed_experts) == len(o.token_ids) for o in partial),
+                "rows_match_tokens": all(
+                    o.routed_experts is not None and len(o.routed_experts) == len(o.token_ids)
+                    for o in partial
+                ),
                 "rows_missing": sum(1 for o in partial for r in (o.routed_experts or []) if not r),
                 "tokens": sum(len(o.token_ids) for o in partial),
             }
@@ -110,10 +147,19 @@ def measure(model_dir: Path, prompts, outs) -> dict[str, float]:
 
     samples = []
     for i, (p, o) in enumerate(zip(prompts, outs, strict=True)):
-        r = Response(response_ids=o.token_ids, response_mask=[1] * len(o.token_ids), response_logprobs=o.log_probs,
-                     weight_versions=o.weight_versions, reward=0.0,
-                     routed_experts=pack_routes(o.routed_experts) if o.routed_experts else None)
-        samples.append(decode_sample(encode_sample(Sample(uid=str(i), prompt_ids=p, responses=[r], start_version=0, end_version=0))))
+        r = Response(
+            response_ids=o.token_ids,
+            response_mask=[1] * len(o.token_ids),
+            response_logprobs=o.log_probs,
+            weight_versions=o.weight_versions,
+            reward=0.0,
+            routed_experts=pack_routes(o.routed_experts) if o.routed_experts else None,
+        )
+        samples.append(
+            decode_sample(
+                encode_sample(Sample(uid=str(i), prompt_ids=p, responses=[r], start_version=0, end_version=0))
+            )
+        )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(DEVICE).eval()
     batch = assemble_batch(samples, pad_token_id=0)
     routes = routes_for_batch(samples, batch.input_ids.shape[1])
@@ -138,23 +184,43 @@ def measure_packed(model_dir: Path, prompts, outs) -> dict[str, float]:
     from arl.trainer.router_replay import routes_for_batch
 
     # Groups of two (each response with its own prompt, rewards 0 and 1) so the update is not a no-op.
-    responses = [Response(response_ids=o.token_ids, response_mask=[1] * len(o.token_ids), response_logprobs=o.log_probs,
-                          weight_versions=o.weight_versions, reward=float(i % 2), prompt_ids=p,
-                          routed_experts=pack_routes(o.routed_experts))
-                 for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
-    samples = [Sample(uid=str(i), prompt_ids=prompts[i], start_version=0, end_version=0, responses=responses[i : i + 2])
-               for i in range(0, len(responses), 2)]
+    responses = [
+        Response(
+            response_ids=o.token_ids,
+            response_mask=[1] * len(o.token_ids),
+            response_logprobs=o.log_probs,
+            weight_versions=o.weight_versions,
+            reward=float(i % 2),
+            prompt_ids=p,
+            routed_experts=pack_routes(o.routed_experts),
+        )
+        for i, (p, o) in enumerate(zip(prompts, outs, strict=True))
+    ]
+    samples = [
+        Sample(
+            uid=str(i), prompt_ids=prompts[i], start_version=0, end_version=0, responses=responses[i : i + 2]
+        )
+        for i in range(0, len(responses), 2)
+    ]
     batch = assemble_batch(samples, pad_token_id=0)
     routes = routes_for_batch(samples, batch.input_ids.shape[1])
-    policy = HFPolicy(model_dir, TrainerConfig(router_replay="rollout", mixed_precision="bf16"), device=DEVICE)
+    policy = HFPolicy(
+        model_dir, TrainerConfig(router_replay="rollout", mixed_precision="bf16"), device=DEVICE
+    )
     out = {k.removeprefix("router_replay/"): v for k, v in policy.replay_gap(batch, routes).items()}
     if DEVICE == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
     m = policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0], routes=routes)
     out["train_step_s"] = round(time.perf_counter() - t0, 2)
-    out.update({k.removeprefix("router_replay/"): v for k, v in m.items()
-                if k.startswith("router_replay/route_diff") or k in ("behaviour_proximal_abs_diff", "grad_norm", "microbatches")})
+    out.update(
+        {
+            k.removeprefix("router_replay/"): v
+            for k, v in m.items()
+            if k.startswith("router_replay/route_diff")
+            or k in ("behaviour_proximal_abs_diff", "grad_norm", "microbatches")
+        }
+    )
     del policy
     gc.collect()
     if DEVICE == "cuda":
@@ -174,13 +240,20 @@ def main() -> None:
     import vllm
 
     started = time.perf_counter()
-    result: dict[str, object] = {"gpu": torch.cuda.get_device_name(0), "vllm": vllm.__version__,
-                                 "transformers": transformers.__version__, "torch": torch.__version__,
-                                 "model": f"Qwen3-30B-A3B shape, {args.layers} layers, random init, bf16",
-                                 "prompts": args.prompts, "max_tokens": args.tokens}
+    result: dict[str, object] = {
+        "gpu": torch.cuda.get_device_name(0),
+        "vllm": vllm.__version__,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "model": f"Qwen3-30B-A3B shape, {args.layers} layers, random init, bf16",
+        "prompts": args.prompts,
+        "max_tokens": args.tokens,
+    }
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(100, 150000, (int(n),), generator=gen).tolist()
-               for n in torch.randint(32, 256, (args.prompts,), generator=gen)]
+    prompts = [
+        torch.randint(100, 150000, (int(n),), generator=gen).tolist()
+        for n in torch.randint(32, 256, (args.prompts,), generator=gen)
+    ]
     try:
         with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as tmp:
             t0 = time.perf_counter()
@@ -194,14 +267,21 @@ def main() -> None:
                 result["moe_packed_trainer"] = measure_packed(moe, prompts, outs)
             if not args.no_dense:
                 dense = build(Path(tmp) / "dense", args.layers, moe=False)
-                d_outs, d_info = asyncio.run(rollout(dense, prompts, args.tokens, routes=False, resume_check=False))
+                d_outs, d_info = asyncio.run(
+                    rollout(dense, prompts, args.tokens, routes=False, resume_check=False)
+                )
                 d = measure(dense, prompts, d_outs)
-                result["dense"] = {"gap_mean": d["router_replay/logp_gap_off_mean"], "gap_max": d["router_replay/logp_gap_off_max"],
-                                   **d_info}
+                result["dense"] = {
+                    "gap_mean": d["router_replay/logp_gap_off_mean"],
+                    "gap_max": d["router_replay/logp_gap_off_max"],
+                    **d_info,
+                }
         mo = result["moe"]
         result["summary"] = {
-            "route_diff_frac": mo["route_diff_frac"], "gap_replay_off_mean": mo["logp_gap_off_mean"],
-            "gap_replay_on_mean": mo["logp_gap_on_mean"], "gap_dense_mean": result.get("dense", {}).get("gap_mean"),
+            "route_diff_frac": mo["route_diff_frac"],
+            "gap_replay_off_mean": mo["logp_gap_off_mean"],
+            "gap_replay_on_mean": mo["logp_gap_on_mean"],
+            "gap_dense_mean": result.get("dense", {}).get("gap_mean"),
             "queue_bytes_per_token": mo.get("queue_bytes_per_token"),
         }
     except Exception as exc:  # report what failed in the JSON, not only in a traceback

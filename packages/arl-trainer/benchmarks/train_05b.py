@@ -26,8 +26,20 @@ import time
 
 import _common  # noqa: F401  (sys.path for arl.*)
 import torch
-from _common import (SMOKE, bench_device, emit, empty_cache, is_oom, long_tail_lengths, matmul_tflops, peak_gib,
-                     percentile, qwen25_config, reset_peak, sync)
+from _common import (
+    SMOKE,
+    bench_device,
+    emit,
+    empty_cache,
+    is_oom,
+    long_tail_lengths,
+    matmul_tflops,
+    peak_gib,
+    percentile,
+    qwen25_config,
+    reset_peak,
+    sync,
+)
 
 ROWS = 16 if SMOKE else 128
 STEPS = 1 if SMOKE else 3
@@ -45,12 +57,24 @@ def make_batch(lengths: list[int], vocab: int):
         responses = []
         for s in lengths[i : i + 8]:
             n = max(1, s - prompt_len)
-            responses.append(Response(
-                response_ids=torch.randint(0, vocab, (n,), generator=g).tolist(), response_mask=[1] * n,
-                response_logprobs=[-1.0] * n, weight_versions=[0] * n, reward=float(torch.rand(1, generator=g)),
-            ))
-        samples.append(Sample(uid=str(i), prompt_ids=torch.randint(0, vocab, (prompt_len,), generator=g).tolist(),
-                              responses=responses, start_version=0, end_version=0))
+            responses.append(
+                Response(
+                    response_ids=torch.randint(0, vocab, (n,), generator=g).tolist(),
+                    response_mask=[1] * n,
+                    response_logprobs=[-1.0] * n,
+                    weight_versions=[0] * n,
+                    reward=float(torch.rand(1, generator=g)),
+                )
+            )
+        samples.append(
+            Sample(
+                uid=str(i),
+                prompt_ids=torch.randint(0, vocab, (prompt_len,), generator=g).tolist(),
+                responses=responses,
+                start_version=0,
+                end_version=0,
+            )
+        )
     return assemble_batch(samples, pad_token_id=0)
 
 
@@ -94,7 +118,7 @@ def bench_plain(cfg, batch, device, rows_per_mb):
     try:
         return run_steps(step, device, model)
     finally:
-        del model, opt
+        model = opt = None  # frees them (a `del` would leave step() naming unbound names)
         gc.collect()
         empty_cache(device)
 
@@ -108,8 +132,14 @@ def bench_arl(cfg, batch, device, max_tokens, checkpointing, profile=False, comp
 
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg)
-    tcfg = TrainerConfig(optim=OptimConfig(lr=1e-6), max_tokens_per_microbatch=max_tokens, algorithm=AlgorithmConfig(proximal_mode="bypass"),
-                         mixed_precision="bf16", activation_checkpointing=checkpointing, compile_layers=compile_layers)
+    tcfg = TrainerConfig(
+        optim=OptimConfig(lr=1e-6),
+        max_tokens_per_microbatch=max_tokens,
+        algorithm=AlgorithmConfig(proximal_mode="bypass"),
+        mixed_precision="bf16",
+        activation_checkpointing=checkpointing,
+        compile_layers=compile_layers,
+    )
     policy = HFPolicy(model, tcfg, device=str(device))
     last = {}
 
@@ -123,7 +153,7 @@ def bench_arl(cfg, batch, device, max_tokens, checkpointing, profile=False, comp
             out["gpu_busy_fraction"] = profile_step(step, device)
         return out
     finally:
-        del policy, model
+        policy = model = None  # frees them (a `del` would leave step() naming unbound names)
         gc.collect()
         empty_cache(device)
 
@@ -140,8 +170,12 @@ def profile_step(step, device) -> float:
         wall = time.perf_counter() - t
     events = prof.key_averages()
     busy_us = sum(e.self_device_time_total for e in events if e.device_type.name in ("CUDA", "PrivateUse1"))
-    table = events.table(sort_by="self_device_time_total" if device.type == "cuda" else "self_cpu_time_total", row_limit=40)
-    text = f"step wall {wall:.3f} s, GPU busy {busy_us / 1e6:.3f} s ({100 * busy_us / 1e6 / wall:.0f}%)\n{table}"
+    table = events.table(
+        sort_by="self_device_time_total" if device.type == "cuda" else "self_cpu_time_total", row_limit=40
+    )
+    text = (
+        f"step wall {wall:.3f} s, GPU busy {busy_us / 1e6:.3f} s ({100 * busy_us / 1e6 / wall:.0f}%)\n{table}"
+    )
     print(text, flush=True)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "train_05b_profile.txt"), "w") as f:
@@ -166,7 +200,9 @@ def main() -> None:
     device = bench_device()
     peak = matmul_tflops(device)
     cfg = qwen25_config("0.5b")
-    lengths = long_tail_lengths(ROWS, median=128 if SMOKE else 1024, sigma=1.0, cap=512 if SMOKE else 8192, floor=140)
+    lengths = long_tail_lengths(
+        ROWS, median=128 if SMOKE else 1024, sigma=1.0, cap=512 if SMOKE else 8192, floor=140
+    )
     batch = make_batch(lengths, cfg.vocab_size)
     real = batch.attention_mask.sum(-1).tolist()
     tokens = sum(real)
@@ -175,11 +211,18 @@ def main() -> None:
     with torch.device("meta"):
         flops = flops_of(Qwen2ForCausalLM(cfg), real)
     result = {
-        "benchmark": "train_05b", "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__,
+        "benchmark": "train_05b",
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
         "fused_varlen_attention": fused_available(device, torch.bfloat16),
-        "bf16_matmul_tflops": peak, "rows": ROWS, "tokens": tokens,
-        "length_median": percentile(real, 0.5), "length_p99": percentile(real, 0.99), "length_max": max(real),
-        "flops_per_step_tflop": flops / 1e12, "runs": {},
+        "bf16_matmul_tflops": peak,
+        "rows": ROWS,
+        "tokens": tokens,
+        "length_median": percentile(real, 0.5),
+        "length_p99": percentile(real, 0.99),
+        "length_max": max(real),
+        "flops_per_step_tflop": flops / 1e12,
+        "runs": {},
     }
 
     def record(name, fn, runs=result["runs"], tokens=tokens, flops=flops):
@@ -192,7 +235,9 @@ def main() -> None:
                 traceback.print_exc()
             gc.collect()
             empty_cache(device)
-            runs[name] = {"error": ("OOM: " if is_oom(exc) else "") + f"{type(exc).__name__}: {str(exc)[:300]}"}
+            runs[name] = {
+                "error": ("OOM: " if is_oom(exc) else "") + f"{type(exc).__name__}: {str(exc)[:300]}"
+            }
             return None
         r["tokens_per_s"] = tokens / r["step_s"]
         r["mfu"] = flops / r["step_s"] / 1e12 / peak
@@ -202,21 +247,31 @@ def main() -> None:
 
     plain = None
     for rows in PLAIN_ROWS:
-        plain = record(f"plain_hf_padded_{rows}rows", lambda: bench_plain(cfg, batch, device, rows))
+        plain = record(f"plain_hf_padded_{rows}rows", lambda rows=rows: bench_plain(cfg, batch, device, rows))
         if plain is not None:
             break
     best = None
     profile = os.environ.get("ARL_PROFILE") == "1"
-    budgets = ((1024, "none"), (2048, "selective")) if SMOKE else ((16384, "none"), (32768, "none"), (65536, "selective"))
+    budgets = (
+        ((1024, "none"), (2048, "selective"))
+        if SMOKE
+        else ((16384, "none"), (32768, "none"), (65536, "selective"))
+    )
     for max_tokens, ckpt in budgets:
-        r = record(f"arl_packed_{max_tokens}_{ckpt}",
-                   lambda: bench_arl(cfg, batch, device, max_tokens, ckpt, profile=profile and max_tokens == budgets[1][0]))
+        r = record(
+            f"arl_packed_{max_tokens}_{ckpt}",
+            lambda max_tokens=max_tokens, ckpt=ckpt: bench_arl(
+                cfg, batch, device, max_tokens, ckpt, profile=profile and max_tokens == budgets[1][0]
+            ),
+        )
         if r is not None and (best is None or r["tokens_per_s"] > best["tokens_per_s"]):
             best = r
     # The same 32k-token packing with every decoder layer compiled (its warm-up step pays the compile).
     if torch.cuda.is_available():
-        r = record("arl_packed_32768_none_compiled",
-                   lambda: bench_arl(cfg, batch, device, budgets[1][0], "none", compile_layers=True))
+        r = record(
+            "arl_packed_32768_none_compiled",
+            lambda: bench_arl(cfg, batch, device, budgets[1][0], "none", compile_layers=True),
+        )
         if r is not None and (best is None or r["tokens_per_s"] > best["tokens_per_s"]):
             best = r
     if plain and best:
@@ -231,10 +286,20 @@ def main() -> None:
     with torch.device("meta"):
         u_flops = flops_of(Qwen2ForCausalLM(cfg), [width] * uniform.input_ids.shape[0])
     uniform_runs: dict = {}
-    record(f"plain_hf_uniform_{width}_4rows", lambda: bench_plain(cfg, uniform, device, 4),
-           runs=uniform_runs, tokens=u_tokens, flops=u_flops)
-    record(f"arl_packed_uniform_{width}_32768", lambda: bench_arl(cfg, uniform, device, 8 * width, "none"),
-           runs=uniform_runs, tokens=u_tokens, flops=u_flops)
+    record(
+        f"plain_hf_uniform_{width}_4rows",
+        lambda: bench_plain(cfg, uniform, device, 4),
+        runs=uniform_runs,
+        tokens=u_tokens,
+        flops=u_flops,
+    )
+    record(
+        f"arl_packed_uniform_{width}_32768",
+        lambda: bench_arl(cfg, uniform, device, 8 * width, "none"),
+        runs=uniform_runs,
+        tokens=u_tokens,
+        flops=u_flops,
+    )
     result["uniform"] = {"rows": uniform.input_ids.shape[0], "tokens": u_tokens, "runs": uniform_runs}
     emit("train_05b", result)
 

@@ -39,8 +39,9 @@ STEPS = 1 if SMOKE else 2
 DEFAULT_CONFIGS = "1024:full" if SMOKE else "16384:full,8192:selective,8192:none"
 
 
-def rank_main(spec, shape: str, max_tokens: int, checkpointing: str, compiled: bool, out_dir: str,
-              fused: bool = False) -> None:
+def rank_main(
+    spec, shape: str, max_tokens: int, checkpointing: str, compiled: bool, out_dir: str, fused: bool = False
+) -> None:
     from arl.trainer import TrainerConfig
     from arl.trainer.algorithm_config import AlgorithmConfig
     from arl.trainer.config import OptimConfig
@@ -51,10 +52,16 @@ def rank_main(spec, shape: str, max_tokens: int, checkpointing: str, compiled: b
     try:
         policy = FSDPPolicy(
             qwen25_config(shape),
-            TrainerConfig(optim=OptimConfig(lr=1e-6, fused=fused), max_tokens_per_microbatch=max_tokens, algorithm=AlgorithmConfig(proximal_mode="bypass"),
-                          mixed_precision="bf16" if policy_device_is_cuda() else "none",
-                          activation_checkpointing=checkpointing, compile_layers=compiled),
-            spec, sync_dtype=torch.bfloat16,
+            TrainerConfig(
+                optim=OptimConfig(lr=1e-6, fused=fused),
+                max_tokens_per_microbatch=max_tokens,
+                algorithm=AlgorithmConfig(proximal_mode="bypass"),
+                mixed_precision="bf16" if policy_device_is_cuda() else "none",
+                activation_checkpointing=checkpointing,
+                compile_layers=compiled,
+            ),
+            spec,
+            sync_dtype=torch.bfloat16,
         )
         device = policy.device
         result["bf16_matmul_tflops"] = matmul_tflops(device)
@@ -113,15 +120,31 @@ def main() -> None:
     if world < 1:
         raise SystemExit("no CUDA device (set ARL_BENCH_SMOKE=1 for a tiny CPU run)")
     world = min(world, 2)
-    result = {"benchmark": "train_7b_fsdp", "shape": args.shape, "world_size": world, "rows": ROWS,
-              "fused_optimizer": args.fused_optimizer,
-              "row_tokens": ROW_TOKENS, "torch": torch.__version__, "runs": {}}
+    result = {
+        "benchmark": "train_7b_fsdp",
+        "shape": args.shape,
+        "world_size": world,
+        "rows": ROWS,
+        "fused_optimizer": args.fused_optimizer,
+        "row_tokens": ROW_TOKENS,
+        "torch": torch.__version__,
+        "runs": {},
+    }
     for max_tokens, ckpt, compiled in parse_configs(args.configs):
         name = f"fsdp2_{max_tokens}_{ckpt}" + ("_compiled" if compiled else "")
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                spawn_local(rank_main, world, args.shape, max_tokens, ckpt, compiled, tmp, args.fused_optimizer,
-                            timeout_s=300)
+                spawn_local(
+                    rank_main,
+                    world,
+                    args.shape,
+                    max_tokens,
+                    ckpt,
+                    compiled,
+                    tmp,
+                    args.fused_optimizer,
+                    timeout_s=300,
+                )
             except Exception as exc:  # a rank failed (OOM or other): its own report says which
                 print(f"{name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             ranks = [torch.load(p, weights_only=False) for p in sorted(Path(tmp).glob("rank*.pt"))]

@@ -27,21 +27,37 @@ def routed_samples(seed=0, prompts=3, n=3):
             mask = [1] * length
             if length > 3:
                 mask[1] = 0
-            routes = [[torch.randperm(EXPERTS, generator=g)[:TOP_K].tolist() for _ in range(LAYERS)]
-                      for _ in range(length)]
-            responses.append(Response(
-                response_ids=torch.randint(1, VOCAB, (length,), generator=g).tolist(), response_mask=mask,
-                response_logprobs=(-torch.rand(length, generator=g) * 4).tolist(), weight_versions=[0] * length,
-                reward=float(torch.rand(1, generator=g)),
-                routed_experts=None if (p, j) == (1, 2) else pack_routes(routes)))
-        samples.append(Sample(uid=f"s{p}", prompt_ids=prompt, responses=responses, start_version=0, end_version=0))
+            routes = [
+                [torch.randperm(EXPERTS, generator=g)[:TOP_K].tolist() for _ in range(LAYERS)]
+                for _ in range(length)
+            ]
+            responses.append(
+                Response(
+                    response_ids=torch.randint(1, VOCAB, (length,), generator=g).tolist(),
+                    response_mask=mask,
+                    response_logprobs=(-torch.rand(length, generator=g) * 4).tolist(),
+                    weight_versions=[0] * length,
+                    reward=float(torch.rand(1, generator=g)),
+                    routed_experts=None if (p, j) == (1, 2) else pack_routes(routes),
+                )
+            )
+        samples.append(
+            Sample(uid=f"s{p}", prompt_ids=prompt, responses=responses, start_version=0, end_version=0)
+        )
     batch = assemble_batch(samples, pad_token_id=0)
     return batch, routes_for_batch(samples, width=batch.input_ids.shape[1])
 
 
 def replay_config(**extra):
-    return TrainerConfig(mixed_precision="none", optim=OptimConfig(lr=1e-2, grad_clip=1e9), max_tokens_per_microbatch=40,
-                         router_replay="rollout", router_replay_gap_every=1, router_aux_loss_coef=0.1, **extra)
+    return TrainerConfig(
+        mixed_precision="none",
+        optim=OptimConfig(lr=1e-2, grad_clip=1e9),
+        max_tokens_per_microbatch=40,
+        router_replay="rollout",
+        router_replay_gap_every=1,
+        router_aux_loss_coef=0.1,
+        **extra,
+    )
 
 
 def two_rank_replay(spec, model_dir, out_dir):
@@ -58,8 +74,15 @@ def two_rank_replay(spec, model_dir, out_dir):
     policy = FSDPPolicy(AutoConfig.from_pretrained(model_dir), replay_config(), spec)
     full = {}
     if spec.rank == 0:
-        full = {f"hf.{k}": v for k, v in AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict().items()}
-    set_model_state_dict(policy.packed, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        full = {
+            f"hf.{k}": v
+            for k, v in AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            .state_dict()
+            .items()
+        }
+    set_model_state_dict(
+        policy.packed, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )
     m = policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0], routes=routes)
     params = {n: p.detach().full_tensor() for n, p in policy.model.named_parameters()}
     if spec.rank == 0:

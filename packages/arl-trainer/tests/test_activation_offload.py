@@ -9,14 +9,13 @@ import copy
 
 import pytest
 import torch
+from trainer_helpers import random_batch
 
 from arl.trainer import HFPolicy, TrainerConfig
 from arl.trainer.config import OptimConfig
 from arl.trainer.model import PackedCausalLM, apply_activation_checkpointing
 from arl.trainer.offload import HostActivationOffload, _is_weight
 from arl.trainer.packed import pack_rows
-
-from trainer_helpers import random_batch
 
 torch.set_num_threads(1)
 
@@ -25,8 +24,12 @@ def test_activation_offload_flag_is_a_noop_on_cpu(tiny_model_dir):
     batch = random_batch(seed=5)
     out = []
     for offload in (False, True):
-        cfg = TrainerConfig(optim=OptimConfig(lr=1e-2, grad_clip=1e9), mixed_precision="none",
-                            max_tokens_per_microbatch=40, activation_offload=offload)
+        cfg = TrainerConfig(
+            optim=OptimConfig(lr=1e-2, grad_clip=1e9),
+            mixed_precision="none",
+            max_tokens_per_microbatch=40,
+            activation_offload=offload,
+        )
         policy = HFPolicy(tiny_model_dir, cfg)
         metrics = policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0])
         assert metrics.get("offloaded_gib", 0.0) == 0.0  # nothing leaves the CPU
@@ -88,13 +91,16 @@ def test_weights_and_their_casts_are_kept_and_a_tensor_saved_twice_crosses_once(
     hooks = HostActivationOffload(pin_memory=False)
     with hooks:
         a = torch.sin(x)  # saves x
-        b = a * a.sum()   # saves a (twice, as both operands' partner) and a.sum()
-        c = a @ w         # saves a again, and w (kept)
+        b = a * a.sum()  # saves a (twice, as both operands' partner) and a.sum()
+        c = a @ w  # saves a again, and w (kept)
     (b.sum() + c.sum()).backward()
     assert hooks.kept == 1
     assert hooks.offloaded == 3  # x, a (once), a.sum()
-    want = torch.cos(x.detach()) * (torch.ones(3, 4) * torch.sin(x.detach()).sum() + torch.sin(x.detach()).sum()
-                                    + w.detach().sum(1)[None, :])
+    want = torch.cos(x.detach()) * (
+        torch.ones(3, 4) * torch.sin(x.detach()).sum()
+        + torch.sin(x.detach()).sum()
+        + w.detach().sum(1)[None, :]
+    )
     assert torch.allclose(x0.grad, want, atol=1e-5)
 
 
@@ -103,8 +109,12 @@ def test_offload_preserves_the_update_with_checkpointing_inside_the_backend(tiny
     batch = random_batch(seed=7)
     results = []
     for offload in (False, True):
-        cfg = TrainerConfig(optim=OptimConfig(lr=1e-2, grad_clip=1e9), mixed_precision="none",
-                            max_tokens_per_microbatch=40, activation_checkpointing="selective")
+        cfg = TrainerConfig(
+            optim=OptimConfig(lr=1e-2, grad_clip=1e9),
+            mixed_precision="none",
+            max_tokens_per_microbatch=40,
+            activation_checkpointing="selective",
+        )
         policy = HFPolicy(tiny_model_dir, cfg)
         if offload:
             made = []

@@ -52,11 +52,22 @@ def test_policy_loss_on_policy_is_minus_advantage_and_clips():
 
 
 def make_sample(uid, prompt, responses):
-    return Sample(uid=uid, prompt_ids=prompt, start_version=0, end_version=0, responses=[
-        Response(response_ids=ids, response_mask=mask, response_logprobs=[-0.5 * m for m in mask],
-                 weight_versions=[0 if m else -1 for m in mask], reward=r)
-        for ids, mask, r in responses
-    ])
+    return Sample(
+        uid=uid,
+        prompt_ids=prompt,
+        start_version=0,
+        end_version=0,
+        responses=[
+            Response(
+                response_ids=ids,
+                response_mask=mask,
+                response_logprobs=[-0.5 * m for m in mask],
+                weight_versions=[0 if m else -1 for m in mask],
+                reward=r,
+            )
+            for ids, mask, r in responses
+        ],
+    )
 
 
 def test_assemble_batch_masks_only_sampled_tokens():

@@ -14,11 +14,21 @@ from arl.trainer.testing import LocalSource
 
 def sample(uid, good, bad, behaviour_logp=-3.0, version=0):
     def resp(ids, reward):
-        return Response(response_ids=ids, response_mask=[1] * len(ids), response_logprobs=[behaviour_logp] * len(ids),
-                        weight_versions=[version] * len(ids), reward=reward)
+        return Response(
+            response_ids=ids,
+            response_mask=[1] * len(ids),
+            response_logprobs=[behaviour_logp] * len(ids),
+            weight_versions=[version] * len(ids),
+            reward=reward,
+        )
 
-    return Sample(uid=uid, prompt_ids=[1, 2, 3], responses=[resp(good, 1.0), resp(bad, 0.0)],
-                  start_version=version, end_version=version)
+    return Sample(
+        uid=uid,
+        prompt_ids=[1, 2, 3],
+        responses=[resp(good, 1.0), resp(bad, 0.0)],
+        start_version=version,
+        end_version=version,
+    )
 
 
 def test_train_step_raises_logprob_of_rewarded_response(tiny_model_dir):
@@ -61,7 +71,9 @@ class ReceivingRollout:
 
 
 async def test_trainer_loop_consumes_drops_stale_and_syncs(tiny_model_dir):
-    cfg = TrainerConfig(ppo_mini_batch_size=2, trigger_parameter_sync_step=2, max_version_lag=0, batch_timeout_s=10)
+    cfg = TrainerConfig(
+        ppo_mini_batch_size=2, trigger_parameter_sync_step=2, max_version_lag=0, batch_timeout_s=10
+    )
     policy = HFPolicy(tiny_model_dir, cfg)
     queue = MessageQueue(max_size=20)
     for i in range(4):

@@ -8,14 +8,13 @@ import json
 
 import pytest
 import torch
+from trainer_helpers import config, fsdp_save_without_room_on_one_rank, random_batch
 
 import arl.trainer.backend as backend
 import arl.trainer.checkpoint_space as space
 from arl.trainer import HFPolicy
 from arl.trainer.distributed import spawn_local
 from arl.trainer.errors import CheckpointError
-
-from trainer_helpers import config, fsdp_save_without_room_on_one_rank, random_batch
 
 torch.set_num_threads(1)
 
@@ -53,7 +52,9 @@ def test_the_estimate_before_the_first_step_bounds_the_checkpoints_after_it(tiny
     assert policy.checkpoint_nbytes() == pytest.approx(before, rel=1e-3)  # + AdamW's scalar step counts
 
 
-def test_a_save_that_cannot_fit_raises_before_writing_and_keeps_the_previous(tiny_model_dir, tmp_path, monkeypatch):
+def test_a_save_that_cannot_fit_raises_before_writing_and_keeps_the_previous(
+    tiny_model_dir, tmp_path, monkeypatch
+):
     policy = _trained(tiny_model_dir)
     previous = policy.save(tmp_path / "ckpt", {"step": 1})
     before = _snapshot(previous)
@@ -84,9 +85,12 @@ def test_a_write_that_fails_part_way_leaves_no_partial_folder(tiny_model_dir, tm
 
 
 def test_fsdp2_every_rank_raises_when_one_rank_has_no_room(tiny_model_dir, tmp_path):
-    spawn_local(fsdp_save_without_room_on_one_rank, 2, tiny_model_dir, tmp_path, backend="gloo", timeout_s=120)
+    spawn_local(
+        fsdp_save_without_room_on_one_rank, 2, tiny_model_dir, tmp_path, backend="gloo", timeout_s=120
+    )
     estimate, written = map(int, (tmp_path / "sizes.txt").read_text().split())
-    assert estimate - space.OVERHEAD_BYTES <= written <= estimate  # the shards and the HF export, global sizes
+    # the shards and the HF export, global sizes
+    assert estimate - space.OVERHEAD_BYTES <= written <= estimate
     raised = [(tmp_path / f"raised_rank{rank}.txt").read_text() for rank in (0, 1)]
     assert raised[0].startswith("CheckpointError: checkpoint ") and "GiB short" in raised[0], raised
     assert raised[1] == raised[0]  # the same sizes on both ranks: the shortfall was agreed on

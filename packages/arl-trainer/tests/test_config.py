@@ -7,10 +7,19 @@ from arl.trainer.config import OptimConfig, TrainerConfig
 from arl.trainer.errors import TrainerConfigError
 
 TRAINER_CASES = [
-    ("ppo_mini_batch_size", 0), ("require_batches", 0), ("trigger_parameter_sync_step", 0), ("temperature", 0.0),
-    ("max_version_lag", -1), ("batch_timeout_s", 0.0), ("max_tokens_per_microbatch", 0), ("loss_agg_norm_len", 0),
-    ("logprob_chunk_elements", 0), ("optimizer_prefetch_inflight_mb", -1), ("router_aux_loss_coef", -0.1),
-    ("router_replay_gap_every", -1), ("peak_tflops", -1.0),
+    ("ppo_mini_batch_size", 0),
+    ("require_batches", 0),
+    ("trigger_parameter_sync_step", 0),
+    ("temperature", 0.0),
+    ("max_version_lag", -1),
+    ("batch_timeout_s", 0.0),
+    ("max_tokens_per_microbatch", 0),
+    ("loss_agg_norm_len", 0),
+    ("logprob_chunk_elements", 0),
+    ("optimizer_prefetch_inflight_mb", -1),
+    ("router_aux_loss_coef", -0.1),
+    ("router_replay_gap_every", -1),
+    ("peak_tflops", -1.0),
 ]
 
 
@@ -20,8 +29,9 @@ def test_trainer_config_refuses_a_bad_field_by_name(field, value):
         TrainerConfig(**{field: value})
 
 
-@pytest.mark.parametrize(("field", "value"), [("lr", 0.0), ("grad_clip", 0.0), ("weight_decay", -0.1),
-                                              ("betas", (0.9, 1.0))])
+@pytest.mark.parametrize(
+    ("field", "value"), [("lr", 0.0), ("grad_clip", 0.0), ("weight_decay", -0.1), ("betas", (0.9, 1.0))]
+)
 def test_optim_config_refuses_a_bad_field_by_name(field, value):
     with pytest.raises(TrainerConfigError, match=rf"^{field} must"):
         OptimConfig(**{field: value})

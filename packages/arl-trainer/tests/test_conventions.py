@@ -57,8 +57,11 @@ def test_k3_raw_and_clamped_by_hand():
 
 def test_kl_clamps_are_config_fields_and_reach_the_loss():
     # The measured default (docs/design/loss-conventions.md) is the clamped k3, with clamps ±20 / ±10.
-    assert (AlgorithmConfig().kl_estimator, AlgorithmConfig().kl_log_ratio_clamp, AlgorithmConfig().kl_value_clamp) == (
-        "low_var_kl", 20.0, 10.0)
+    assert (
+        AlgorithmConfig().kl_estimator,
+        AlgorithmConfig().kl_log_ratio_clamp,
+        AlgorithmConfig().kl_value_clamp,
+    ) == ("low_var_kl", 20.0, 10.0)
     cfg = AlgorithmConfig(kl_coef=0.1, kl_estimator="low_var_kl")
     logp = torch.zeros(3, dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([0.5, 3.0, -3.0], dtype=torch.float64)
@@ -70,12 +73,19 @@ def test_kl_clamps_are_config_fields_and_reach_the_loss():
     loss, m = compute_token_loss(cfg, logp, zeros, zeros, zeros, seq, ref_logp=ref)
     assert m["kl"] == pytest.approx(4.0661695, abs=1e-6)
     assert loss.tolist() == pytest.approx([0.01487213, 1.0, 0.20497871], abs=1e-7)
-    _, m20 = compute_token_loss(AlgorithmConfig(kl_coef=0.1, kl_estimator="low_var_kl", kl_value_clamp=20.0), logp,
-                                zeros, zeros, zeros, seq,
-                                ref_logp=ref)
+    _, m20 = compute_token_loss(
+        AlgorithmConfig(kl_coef=0.1, kl_estimator="low_var_kl", kl_value_clamp=20.0),
+        logp,
+        zeros,
+        zeros,
+        zeros,
+        seq,
+        ref_logp=ref,
+    )
     assert m20["kl"] == pytest.approx(6.0946818, abs=1e-6)
-    _, m_raw = compute_token_loss(AlgorithmConfig(kl_coef=0.1, kl_estimator="k3"), logp, zeros, zeros, zeros, seq,
-                                  ref_logp=ref)
+    _, m_raw = compute_token_loss(
+        AlgorithmConfig(kl_coef=0.1, kl_estimator="k3"), logp, zeros, zeros, zeros, seq, ref_logp=ref
+    )
     assert m_raw["kl"] == pytest.approx(6.0946818, abs=1e-6)
     with pytest.raises(AlgorithmError, match="kl_log_ratio_clamp"):
         AlgorithmConfig(kl_log_ratio_clamp=0.0)
@@ -140,16 +150,28 @@ def test_sequence_keep_rows_and_the_denominators_by_hand():
 
 def one_group(rewards, lengths):
     # One prompt, responses of the given lengths; behaviour log probs filled in by the test.
-    responses = [Response(response_ids=[10 + i] * n, response_mask=[1] * n, response_logprobs=[0.0] * n,
-                          weight_versions=[0] * n, reward=r) for i, (r, n) in enumerate(zip(rewards, lengths, strict=True))]
+    responses = [
+        Response(
+            response_ids=[10 + i] * n,
+            response_mask=[1] * n,
+            response_logprobs=[0.0] * n,
+            weight_versions=[0] * n,
+            reward=r,
+        )
+        for i, (r, n) in enumerate(zip(rewards, lengths, strict=True))
+    ]
     return Sample(uid="g", prompt_ids=[1, 2, 3], responses=responses, start_version=0, end_version=0)
 
 
 def policy_for(model_dir, **kw):
     alg = {k: v for k, v in kw.items() if k not in ("loss_agg_mode", "loss_agg_norm_len")}
-    cfg = TrainerConfig(optim=OptimConfig(lr=1e-3, grad_clip=1e9), mixed_precision="none",
-                        algorithm=AlgorithmConfig(**alg), loss_agg_mode=kw.get("loss_agg_mode", "token-mean"),
-                        loss_agg_norm_len=kw.get("loss_agg_norm_len"))
+    cfg = TrainerConfig(
+        optim=OptimConfig(lr=1e-3, grad_clip=1e9),
+        mixed_precision="none",
+        algorithm=AlgorithmConfig(**alg),
+        loss_agg_mode=kw.get("loss_agg_mode", "token-mean"),
+        loss_agg_norm_len=kw.get("loss_agg_norm_len"),
+    )
     return HFPolicy(model_dir, cfg)
 
 
@@ -171,8 +193,12 @@ def test_engine_removes_or_keeps_masked_sequences_in_the_denominator(tiny_model_
     # token-mean: remove −3·1.1547/3 = −1.1547; keep −3·1.1547/6 = −0.57735 (half the step).
     batch = batch_with_behaviour(tiny_model_dir, [0.0, 0.0, 0.0, 1.0, 1.0, -1.0])
     common = dict(seq_is="mask", seq_is_low=0.5, seq_is_high=2.0, tis_cap=None)
-    removed = policy_for(tiny_model_dir, seq_is_mask_denominator="remove", **common).train_step(batch, mini_batch_rows=3)
-    kept = policy_for(tiny_model_dir, seq_is_mask_denominator="keep", **common).train_step(batch, mini_batch_rows=3)
+    removed = policy_for(tiny_model_dir, seq_is_mask_denominator="remove", **common).train_step(
+        batch, mini_batch_rows=3
+    )
+    kept = policy_for(tiny_model_dir, seq_is_mask_denominator="keep", **common).train_step(
+        batch, mini_batch_rows=3
+    )
     assert removed["seq_is_masked_count"] == 2 and kept["seq_is_masked_count"] == 2
     assert removed["loss"] == pytest.approx(-2 / math.sqrt(3), rel=1e-4)
     assert kept["loss"] == pytest.approx(-1 / math.sqrt(3), rel=1e-4)
@@ -233,7 +259,11 @@ def test_a_group_of_one_gets_advantage_zero(estimator):
 
 
 def test_groups_of_one_are_counted_by_cause():
-    full, lone, empty_reward = one_group([1.0, 0.0, 0.0, 1.0], [1] * 4), one_group([1.0], [1]), one_group([0.5] * 4, [1] * 4)
+    full, lone, empty_reward = (
+        one_group([1.0, 0.0, 0.0, 1.0], [1] * 4),
+        one_group([1.0], [1]),
+        one_group([0.5] * 4, [1] * 4),
+    )
     # Two groups of one among groups of four: they lost members (failed trajectories).
     assert groups_of_one([full, lone, full, lone]) == {"groups_of_one": 2, "groups_of_one_failed": 2}
     # rollout.n = 1: every group is a group of one by configuration, none "failed".

@@ -9,15 +9,29 @@ from arl.trainer.errors import AlgorithmError
 
 
 def group(uid, rewards):
-    return Sample(uid=uid, prompt_ids=[1], start_version=0, end_version=0, responses=[
-        Response(response_ids=[2], response_mask=[1], response_logprobs=[-0.1], weight_versions=[0], reward=r)
-        for r in rewards
-    ])
+    return Sample(
+        uid=uid,
+        prompt_ids=[1],
+        start_version=0,
+        end_version=0,
+        responses=[
+            Response(
+                response_ids=[2], response_mask=[1], response_logprobs=[-0.1], weight_versions=[0], reward=r
+            )
+            for r in rewards
+        ],
+    )
 
 
 def test_drops_uniform_and_single_response_groups_counting_each():
-    samples = [group("a", [1, 1, 1]), group("b", [0, 1, 0]), group("c", [0.5]), group("d", [0, 0]),
-               group("e", [0.2, 0.7]), group("f", [])]
+    samples = [
+        group("a", [1, 1, 1]),
+        group("b", [0, 1, 0]),
+        group("c", [0.5]),
+        group("d", [0, 0]),
+        group("e", [0.2, 0.7]),
+        group("f", []),
+    ]
     result = filter_zero_variance_groups(samples)
     assert [s.uid for s in result.kept] == ["b", "e"]
     assert result.counts == {"kept": 2, "dropped_uniform_reward": 2, "dropped_single_response": 2}

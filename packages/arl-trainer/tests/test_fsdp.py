@@ -5,12 +5,11 @@ import json
 
 import pytest
 import torch
+from trainer_helpers import config, one_rank_resume, random_batch, two_rank_run
 
 from arl.sync.net import free_port
 from arl.trainer import HFPolicy
 from arl.trainer.distributed import DistributedSpec, spawn_local
-
-from trainer_helpers import config, one_rank_resume, random_batch, two_rank_run
 
 
 def rel(a, b):
@@ -48,7 +47,9 @@ def test_fsdp2_two_ranks_match_one_device_and_resume_on_one_rank(tiny_model_dir,
     import torch.distributed as dist
 
     try:
-        one_rank_resume(DistributedSpec("127.0.0.1", free_port(), 0, 1, backend="gloo"), tiny_model_dir, tmp_path)
+        one_rank_resume(
+            DistributedSpec("127.0.0.1", free_port(), 0, 1, backend="gloo"), tiny_model_dir, tmp_path
+        )
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

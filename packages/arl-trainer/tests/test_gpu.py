@@ -61,7 +61,9 @@ def test_triton_reduction_matches_fp64_on_gpu():
         z = torch.randn(rows, 151936, device="cuda").mul(3).to(torch.bfloat16)
         lse, ent = logit_stats(z, 1 / 0.8, torch.float32)
         ref = torch.log_softmax(z.double() / 0.8, -1)
-        assert ((lse.double() - torch.logsumexp(z.double() / 0.8, -1)).abs() / lse.double().abs()).max() < 1e-5
+        assert (
+            (lse.double() - torch.logsumexp(z.double() / 0.8, -1)).abs() / lse.double().abs()
+        ).max() < 1e-5
         assert ((ent.double() + (ref.exp() * ref).sum(-1)).abs() / ent.double().abs()).max() < 1e-5
 
 
@@ -88,9 +90,9 @@ def test_triton_gradient_kernel_matches_fp32_formula_on_gpu():
 
 
 def test_bf16_packed_train_step_on_gpu(tiny_model_dir):
-    from arl.trainer import HFPolicy, TrainerConfig
-
     from trainer_helpers import random_batch
+
+    from arl.trainer import HFPolicy, TrainerConfig
 
     policy = HFPolicy(tiny_model_dir, TrainerConfig(max_tokens_per_microbatch=40), device="cuda")
     assert policy.compute_dtype == torch.bfloat16  # auto → bf16 on CUDA
@@ -101,15 +103,21 @@ def test_bf16_packed_train_step_on_gpu(tiny_model_dir):
 
 
 def test_compiled_layers_train_step_matches_eager_on_gpu(tiny_model_dir):
-    from arl.trainer import HFPolicy, TrainerConfig
-
     from trainer_helpers import random_batch
+
+    from arl.trainer import HFPolicy, TrainerConfig
 
     batch = random_batch(seed=7)
     metrics = {}
     for compiled in (False, True):
-        policy = HFPolicy(tiny_model_dir, TrainerConfig(max_tokens_per_microbatch=40, compile_layers=compiled), device="cuda")
-        metrics[compiled] = [policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0]) for _ in range(2)]
+        policy = HFPolicy(
+            tiny_model_dir,
+            TrainerConfig(max_tokens_per_microbatch=40, compile_layers=compiled),
+            device="cuda",
+        )
+        metrics[compiled] = [
+            policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0]) for _ in range(2)
+        ]
     for eager, fused in zip(metrics[False], metrics[True]):  # bf16: fused kernels round differently
         assert fused["loss"] == pytest.approx(eager["loss"], rel=2e-2, abs=1e-3)
         assert fused["grad_norm"] == pytest.approx(eager["grad_norm"], rel=2e-2)
@@ -118,16 +126,20 @@ def test_compiled_layers_train_step_matches_eager_on_gpu(tiny_model_dir):
 def test_compiled_layers_under_fsdp2_match_eager_on_gpu(tiny_model_dir, tmp_path):
     """FSDP2 (NCCL, every visible GPU) with compiled layers and full checkpointing: the gather/reshard
     hooks stay outside the graphs, so the steps match the eager ones and the names stay the checkpoint's."""
-    from arl.trainer.distributed import spawn_local
-
     from trainer_helpers import fsdp_compiled_vs_eager
 
-    spawn_local(fsdp_compiled_vs_eager, min(torch.cuda.device_count(), 2), tiny_model_dir, tmp_path, timeout_s=300)
+    from arl.trainer.distributed import spawn_local
+
+    spawn_local(
+        fsdp_compiled_vs_eager, min(torch.cuda.device_count(), 2), tiny_model_dir, tmp_path, timeout_s=300
+    )
     result = torch.load(tmp_path / "fsdp_compile.pt", weights_only=False)
     for eager, fused in zip(result[False], result[True]):  # bf16: fused kernels round differently
         assert fused["loss"] == pytest.approx(eager["loss"], rel=2e-2, abs=1e-3)
         assert fused["grad_norm"] == pytest.approx(eager["grad_norm"], rel=2e-2)
-    assert result["names_True"] == result["names_False"] and not any("_orig_mod" in n for n in result["names_True"])
+    assert result["names_True"] == result["names_False"] and not any(
+        "_orig_mod" in n for n in result["names_True"]
+    )
 
 
 def _mid_model(path):
@@ -135,24 +147,36 @@ def _mid_model(path):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
-                      tie_word_embeddings=True)
+    cfg = Qwen3Config(
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
     Qwen3ForCausalLM(cfg).save_pretrained(path)
     return path
 
 
-@pytest.mark.parametrize(("fused", "prefetch", "inflight_mb"),
-                         [(False, True, 256), (True, True, 1), (True, True, 0), (True, False, 256)])
-def test_optimizer_offload_is_bit_identical_and_frees_the_state_on_gpu(tmp_path, fused, prefetch, inflight_mb):
+@pytest.mark.parametrize(
+    ("fused", "prefetch", "inflight_mb"),
+    [(False, True, 256), (True, True, 1), (True, True, 0), (True, False, 256)],
+)
+def test_optimizer_offload_is_bit_identical_and_frees_the_state_on_gpu(
+    tmp_path, fused, prefetch, inflight_mb
+):
     """Between steps the offloading policy holds only its parameters; its updates equal the resident
     ones bit for bit, with the state's copies back on their own stream beside the forward and backward
     (prefetch: paced by a thread, 1 MiB in flight making many groups, or all queued at once) or right
     before the update; the update waits at most as long as those copies took."""
+    from trainer_helpers import random_batch
+
     from arl.trainer import HFPolicy, TrainerConfig
     from arl.trainer.config import OptimConfig
-
-    from trainer_helpers import random_batch
 
     model = _mid_model(tmp_path / "model")
     batch = random_batch(seed=3, vocab=4096)
@@ -160,17 +184,28 @@ def test_optimizer_offload_is_bit_identical_and_frees_the_state_on_gpu(tmp_path,
     growth, policies = {}, {}
     for offload in (False, True):
         torch.cuda.synchronize()
-        policy = HFPolicy(model, TrainerConfig(max_tokens_per_microbatch=64, optimizer_offload=offload,
-                                               optimizer_prefetch=prefetch, optimizer_prefetch_inflight_mb=inflight_mb,
-                                               optim=OptimConfig(lr=1e-2, fused=fused)),
-                          device="cuda")
+        policy = HFPolicy(
+            model,
+            TrainerConfig(
+                max_tokens_per_microbatch=64,
+                optimizer_offload=offload,
+                optimizer_prefetch=prefetch,
+                optimizer_prefetch_inflight_mb=inflight_mb,
+                optim=OptimConfig(lr=1e-2, fused=fused),
+            ),
+            device="cuda",
+        )
         before = torch.cuda.memory_allocated()
-        metrics = [policy.train_step(batch, mini_batch_rows=rows // 2) for _ in range(3)]  # 2 updates per step
+        metrics = [
+            policy.train_step(batch, mini_batch_rows=rows // 2) for _ in range(3)
+        ]  # 2 updates per step
         torch.cuda.synchronize()
         growth[offload] = torch.cuda.memory_allocated() - before
         policies[offload] = (policy, metrics)
     resident, offloaded = policies[False][0], policies[True][0]
-    for (name, a), (_, b) in zip(resident.model.named_parameters(), offloaded.model.named_parameters(), strict=True):
+    for (name, a), (_, b) in zip(
+        resident.model.named_parameters(), offloaded.model.named_parameters(), strict=True
+    ):
         assert torch.equal(a, b), name
     param_bytes = sum(p.numel() * p.element_size() for p in resident.model.parameters())
     state = offloaded.optimizer_state
@@ -184,24 +219,30 @@ def test_optimizer_offload_is_bit_identical_and_frees_the_state_on_gpu(tmp_path,
 
 
 @pytest.mark.parametrize("inflight_mb", [256, 0])
-def test_overlapped_optimizer_offload_holds_the_state_until_settled_and_is_bit_identical_on_gpu(tmp_path, inflight_mb):
+def test_overlapped_optimizer_offload_holds_the_state_until_settled_and_is_bit_identical_on_gpu(
+    tmp_path, inflight_mb
+):
     """`optimizer_offload_overlap`: a step returns with the state's copies to the host queued (paced, or
     all at once) and its GPU storage still held; `settle_optimizer_offload()` waits for them and frees
     at least the state's bytes. The updates equal the resident ones bit for bit, whether a step is
     settled (the colocated app) or the next step settles it itself, and a checkpoint saved while the
     copies are under way resumes to the same next update."""
+    from trainer_helpers import random_batch
+
     from arl.trainer import HFPolicy, TrainerConfig
     from arl.trainer.config import OptimConfig
-
-    from trainer_helpers import random_batch
 
     model = _mid_model(tmp_path / "model")
     batch = random_batch(seed=4, vocab=4096)
     rows = batch.input_ids.shape[0]
     base = dict(max_tokens_per_microbatch=64, optim=OptimConfig(lr=1e-2, fused=True))
     resident = HFPolicy(model, TrainerConfig(**base), device="cuda")
-    cfg = TrainerConfig(**base, optimizer_offload=True, optimizer_offload_overlap=True,
-                        optimizer_prefetch_inflight_mb=inflight_mb)
+    cfg = TrainerConfig(
+        **base,
+        optimizer_offload=True,
+        optimizer_offload_overlap=True,
+        optimizer_prefetch_inflight_mb=inflight_mb,
+    )
     overlapped = HFPolicy(model, cfg, device="cuda")
     state = overlapped.optimizer_state
     for step in range(3):
@@ -219,7 +260,9 @@ def test_overlapped_optimizer_offload_holds_the_state_until_settled_and_is_bit_i
         copy_s, settle_s = state.offload_times()
         assert copy_s > 0 and settle_s == waited >= 0
         assert overlapped.settle_optimizer_offload() == 0.0  # nothing left under way
-    for (name, a), (_, b) in zip(resident.model.named_parameters(), overlapped.model.named_parameters(), strict=True):
+    for (name, a), (_, b) in zip(
+        resident.model.named_parameters(), overlapped.model.named_parameters(), strict=True
+    ):
         assert torch.equal(a, b), name
 
     overlapped.train_step(batch, mini_batch_rows=rows // 2)
@@ -231,16 +274,18 @@ def test_overlapped_optimizer_offload_holds_the_state_until_settled_and_is_bit_i
     resumed.load_optimizer(checkpoint)
     for policy in (resident, resumed):
         policy.train_step(batch, mini_batch_rows=rows // 2)
-    for (name, a), (_, b) in zip(resident.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+    for (name, a), (_, b) in zip(
+        resident.model.named_parameters(), resumed.model.named_parameters(), strict=True
+    ):
         assert torch.equal(a, b), name
 
 
 def test_optimizer_offload_checkpoint_resumes_on_gpu(tmp_path):
     """A checkpoint saved while the state waits on the host resumes into the same next update."""
+    from trainer_helpers import random_batch
+
     from arl.trainer import HFPolicy, TrainerConfig
     from arl.trainer.config import OptimConfig
-
-    from trainer_helpers import random_batch
 
     model = _mid_model(tmp_path / "model")
     batch = random_batch(seed=4, vocab=4096)
@@ -254,16 +299,18 @@ def test_optimizer_offload_checkpoint_resumes_on_gpu(tmp_path):
     resumed.load_optimizer(checkpoint)
     for policy in (first, resumed):
         policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0])
-    for (name, a), (_, b) in zip(first.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+    for (name, a), (_, b) in zip(
+        first.model.named_parameters(), resumed.model.named_parameters(), strict=True
+    ):
         assert torch.equal(a, b), name
 
 
 def test_optimizer_offload_under_fsdp2_is_bit_identical_on_gpu(tmp_path):
     """FSDP2 (NCCL, every visible GPU up to 2), fused AdamW over DTensors: offloaded == resident, the
     way out inside the step or beside the weight gathers that follow it (`optimizer_offload_overlap`)."""
-    from arl.trainer.distributed import spawn_local
-
     from trainer_helpers import fsdp_offload_vs_resident
+
+    from arl.trainer.distributed import spawn_local
 
     model = _mid_model(tmp_path / "model")
     spawn_local(fsdp_offload_vs_resident, min(torch.cuda.device_count(), 2), model, tmp_path, timeout_s=300)
@@ -279,12 +326,14 @@ def test_optimizer_offload_under_fsdp2_is_bit_identical_on_gpu(tmp_path):
 def test_optimizer_offload_under_fsdp2_checkpoint_resumes_on_gpu(tmp_path):
     """FSDP2 (every visible GPU up to 2): a sharded checkpoint saved while AdamW's state is on the host
     resumes into the same next update, and saving leaves the state where it was."""
-    from arl.trainer.distributed import spawn_local
-
     from trainer_helpers import fsdp_offload_checkpoint_resume
 
+    from arl.trainer.distributed import spawn_local
+
     model = _mid_model(tmp_path / "model")
-    spawn_local(fsdp_offload_checkpoint_resume, min(torch.cuda.device_count(), 2), model, tmp_path, timeout_s=300)
+    spawn_local(
+        fsdp_offload_checkpoint_resume, min(torch.cuda.device_count(), 2), model, tmp_path, timeout_s=300
+    )
     result = torch.load(tmp_path / "fsdp_offload_ckpt.pt", weights_only=False)
     assert result["on_host_before_save"] and result["on_host_after_save"]
     assert result["trainer_state"]["step"] == 1 and result["trainer_state"]["version"] == 1

@@ -104,12 +104,14 @@ from arl.trainer.head_triton import logit_stats
 torch.manual_seed(0)
 worst = 0.0
 # one segment per row (many rows), several segments (few rows), a ragged last block, bf16 and fp32
-for n, vocab, dtype, t in [(300, 5000, torch.float32, 1.0), (2, 20000, torch.bfloat16, 0.7), (7, 12345, torch.float32, 1.3)]:
+for n, vocab, dtype, t in [(300, 5000, torch.float32, 1.0), (2, 20000, torch.bfloat16, 0.7),
+                           (7, 12345, torch.float32, 1.3)]:
     z = (torch.randn(n, vocab) * 6).to(dtype)
     lse, ent = logit_stats(z, 1.0 / t, torch.float32)
     ref = torch.log_softmax(z.double() / t, -1)
-    worst = max(worst, ((lse.double() - torch.logsumexp(z.double() / t, -1)).abs() / lse.double().abs().clamp(min=1)).max().item(),
-                ((ent.double() + (ref.exp() * ref).sum(-1)).abs() / ent.double().abs().clamp(min=1)).max().item())
+    lse_err = (lse.double() - torch.logsumexp(z.double() / t, -1)).abs() / lse.double().abs().clamp(min=1)
+    ent_err = (ent.double() + (ref.exp() * ref).sum(-1)).abs() / ent.double().abs().clamp(min=1)
+    worst = max(worst, lse_err.max().item(), ent_err.max().item())
 print(worst)
 """
 
@@ -118,8 +120,13 @@ def test_triton_reduction_equals_logsumexp_and_entropy():
     """The CUDA head's Triton reduction, run by Triton's CPU interpreter: fp32-exact to 1e-5 relative."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")  # chosen when the kernel is defined, hence a fresh process
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", _TRITON_CHECK], env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _TRITON_CHECK],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
 
@@ -131,8 +138,9 @@ from arl.trainer.head_triton import _BLOCK, logit_grads
 torch.manual_seed(0)
 worst_fp32, worst_bf16 = 0.0, 0.0
 # vocab below, at and not a multiple of the block (ragged last block), one row, several rows; bf16 too
-for n, vocab, dtype, t in [(3, 5000, torch.float32, 1.0), (1, 12345, torch.float32, 0.7), (5, _BLOCK, torch.float32, 1.3),
-                           (17, 300, torch.float32, 1.0), (4, 9000, torch.bfloat16, 0.8), (1, 4097, torch.bfloat16, 1.0)]:
+for n, vocab, dtype, t in [(3, 5000, torch.float32, 1.0), (1, 12345, torch.float32, 0.7),
+                           (5, _BLOCK, torch.float32, 1.3), (17, 300, torch.float32, 1.0),
+                           (4, 9000, torch.bfloat16, 0.8), (1, 4097, torch.bfloat16, 1.0)]:
     z = (torch.randn(n, vocab) * 4).to(dtype)
     inv_t = 1.0 / t
     lse = torch.logsumexp(z.float() * inv_t, -1)
@@ -145,7 +153,8 @@ for n, vocab, dtype, t in [(3, 5000, torch.float32, 1.0), (1, 12345, torch.float
     if dtype == torch.float32:
         worst_fp32 = max(worst_fp32, err)
     else:  # both round the same fp32 values to bf16: at most one bf16 step apart per entry
-        worst_bf16 = max(worst_bf16, float(((got.float() - want.float()).abs() / want.float().abs().clamp(min=1e-30)).max()))
+        rel = (got.float() - want.float()).abs() / want.float().abs().clamp(min=1e-30)
+        worst_bf16 = max(worst_bf16, float(rel.max()))
 # a confident target (1 − p_t ≈ 2e-3): its entry p_t·(a + b·log p_t) + c is a small difference of large terms
 z = torch.full((1, 6000), -5.0)
 z[0, 123] = 10.0
@@ -166,8 +175,13 @@ def test_triton_gradient_kernel_equals_eager_formula():
     target's entry keeps its small value when p_t ≈ 1."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", _TRITON_GRADS_CHECK], env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _TRITON_GRADS_CHECK],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     worst_fp32, worst_bf16 = map(float, out.stdout.strip().splitlines()[-1].split())
     assert worst_fp32 < 1e-5 and worst_bf16 <= 2**-7

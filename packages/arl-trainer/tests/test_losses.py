@@ -9,7 +9,6 @@ import torch
 from arl.trainer.algorithm_config import AlgorithmConfig, compute_token_loss, merge_loss_metrics
 from arl.trainer.algorithms import policy_loss
 from arl.trainer.errors import AlgorithmError
-from arl.trainer.segments import flatten_masked
 from arl.trainer.losses import (
     clip_active,
     clipped_surrogate,
@@ -20,6 +19,7 @@ from arl.trainer.losses import (
     sequence_truncated_weight,
     token_is_weight,
 )
+from arl.trainer.segments import flatten_masked
 
 torch.set_num_threads(1)
 
@@ -207,7 +207,9 @@ def test_policy_loss_is_unchanged_by_its_reimplementation():
     expected = (pg * w * mask).sum() / mask.sum()
     loss, info = policy_loss(logp, prox, behav, adv, mask)
     assert torch.equal(loss, expected)
-    assert info["tis_clip_frac"] == pytest.approx(((torch.exp(prox - behav) > 2.0).float() * mask).sum().item() / mask.sum().item())
+    assert info["tis_clip_frac"] == pytest.approx(
+        ((torch.exp(prox - behav) > 2.0).float() * mask).sum().item() / mask.sum().item()
+    )
 
 
 def test_seq_is_truncate_replaces_token_weights_and_counts_truncated_sequences():
@@ -231,7 +233,9 @@ def test_seq_is_mask_drops_whole_sequences_from_every_term_and_counts_them():
     entropy = torch.rand(seq_index.numel())
     ref = logp.detach() - 0.1
     cfg = AlgorithmConfig(seq_is="mask", seq_is_low=0.5, seq_is_high=2.0, entropy_coef=0.01, kl_coef=0.1)
-    per_token, metrics = compute_token_loss(cfg, logp, prox, behav, adv, seq_index, entropy=entropy, ref_logp=ref)
+    per_token, metrics = compute_token_loss(
+        cfg, logp, prox, behav, adv, seq_index, entropy=entropy, ref_logp=ref
+    )
     dropped = (seq_index == 0) | (seq_index == 2)
     assert per_token[dropped].abs().max() == 0
     assert per_token[~dropped].abs().min() > 0
@@ -244,7 +248,9 @@ def test_entropy_bonus_and_metric():
     logp, prox, behav, adv, seq_index = flat_case(seed=5)
     entropy = torch.rand(seq_index.numel()) * 3
     base, m0 = compute_token_loss(AlgorithmConfig(), logp, prox, behav, adv, seq_index, entropy=entropy)
-    bonus, m1 = compute_token_loss(AlgorithmConfig(entropy_coef=0.05), logp, prox, behav, adv, seq_index, entropy=entropy)
+    bonus, m1 = compute_token_loss(
+        AlgorithmConfig(entropy_coef=0.05), logp, prox, behav, adv, seq_index, entropy=entropy
+    )
     assert torch.allclose(bonus - base, -0.05 * entropy)
     assert m0["entropy"] == pytest.approx(entropy.mean().item(), rel=1e-6) == m1["entropy"]
     with pytest.raises(AlgorithmError, match="entropy"):
@@ -255,7 +261,9 @@ def test_kl_as_loss_term_adds_coef_times_k3_with_its_gradient():
     logp, prox, behav, adv, seq_index = flat_case(seed=6)
     ref = logp.detach() + torch.randn(seq_index.numel()) * 0.2
     base, _ = compute_token_loss(AlgorithmConfig(), logp, prox, behav, adv, seq_index)
-    with_kl, metrics = compute_token_loss(AlgorithmConfig(kl_coef=0.1), logp, prox, behav, adv, seq_index, ref_logp=ref)
+    with_kl, metrics = compute_token_loss(
+        AlgorithmConfig(kl_coef=0.1), logp, prox, behav, adv, seq_index, ref_logp=ref
+    )
     k3 = torch.exp(ref - logp) - (ref - logp) - 1
     assert torch.allclose(with_kl - base, 0.1 * k3, atol=1e-7)
     assert metrics["kl"] == pytest.approx(k3.mean().item(), rel=1e-5)
@@ -264,7 +272,9 @@ def test_kl_as_loss_term_adds_coef_times_k3_with_its_gradient():
     # d k3 / d logp = 1 − exp(ref − logp)
     assert torch.allclose(g_kl - g_base, 0.1 * (1 - torch.exp(ref - logp.detach())), atol=1e-6)
     # In-reward KL leaves the loss alone but still reports the KL.
-    in_reward, m2 = compute_token_loss(AlgorithmConfig(kl_coef=0.1, kl_in="reward"), logp, prox, behav, adv, seq_index, ref_logp=ref)
+    in_reward, m2 = compute_token_loss(
+        AlgorithmConfig(kl_coef=0.1, kl_in="reward"), logp, prox, behav, adv, seq_index, ref_logp=ref
+    )
     assert torch.equal(in_reward, base) and m2["kl"] == pytest.approx(metrics["kl"])
     with pytest.raises(AlgorithmError, match="ref_logp"):
         compute_token_loss(AlgorithmConfig(kl_coef=0.1), logp, prox, behav, adv, seq_index)
@@ -304,14 +314,21 @@ def test_bad_inputs_and_config_raise_clear_errors():
         msgspec.convert({"dual_clip_c": 0.9}, AlgorithmConfig)
     with pytest.raises(msgspec.ValidationError, match="unknown"):
         msgspec.convert({"polcy_loss": "gspo"}, AlgorithmConfig)
-    cfg = msgspec.toml.decode(b'policy_loss = "gspo"\nseq_is = "mask"\nkl_coef = 0.01\n', type=AlgorithmConfig)
+    cfg = msgspec.toml.decode(
+        b'policy_loss = "gspo"\nseq_is = "mask"\nkl_coef = 0.01\n', type=AlgorithmConfig
+    )
     assert cfg.policy_loss == "gspo" and cfg.seq_is == "mask" and cfg.needs_ref_logp
 
 
 def test_empty_micro_batch_gives_finite_metrics():
     empty = torch.zeros(0)
     loss, metrics = compute_token_loss(
-        AlgorithmConfig(seq_is="mask"), empty.requires_grad_(), empty, empty, empty, torch.zeros(0, dtype=torch.long)
+        AlgorithmConfig(seq_is="mask"),
+        empty.requires_grad_(),
+        empty,
+        empty,
+        empty,
+        torch.zeros(0, dtype=torch.long),
     )
     assert loss.shape == (0,) and all(math.isfinite(v) for v in metrics.values())
     assert metrics["num_tokens"] == 0 and metrics["num_seqs"] == 0
@@ -349,10 +366,24 @@ def naive_token_loss(cfg, logp, prox, behav, adv, seq_index, entropy, ref):
 @pytest.mark.parametrize(
     "cfg",
     [
-        AlgorithmConfig(dual_clip_c=1.5, tis_cap=1.5, seq_is="mask", seq_is_low=0.6, seq_is_high=1.8,
-                        entropy_coef=0.01, kl_coef=0.05),
-        AlgorithmConfig(policy_loss="gspo", clip_ratio_low=0.05, clip_ratio_high=0.05, seq_is="truncate",
-                        seq_is_agg="product", seq_is_high=1.5, kl_coef=0.02),
+        AlgorithmConfig(
+            dual_clip_c=1.5,
+            tis_cap=1.5,
+            seq_is="mask",
+            seq_is_low=0.6,
+            seq_is_high=1.8,
+            entropy_coef=0.01,
+            kl_coef=0.05,
+        ),
+        AlgorithmConfig(
+            policy_loss="gspo",
+            clip_ratio_low=0.05,
+            clip_ratio_high=0.05,
+            seq_is="truncate",
+            seq_is_agg="product",
+            seq_is_high=1.5,
+            kl_coef=0.02,
+        ),
         AlgorithmConfig(clip_ratio_high=0.1, tis_cap=None, entropy_coef=0.1),
     ],
     ids=["ppo-dualclip-mask-entropy-kl", "gspo-truncate-product-kl", "ppo-untruncated-entropy"],
@@ -371,9 +402,19 @@ def test_compute_token_loss_equals_a_token_by_token_reference(cfg):
     entropy = torch.rand(n, generator=g, dtype=torch.float64) * 2
     ref = prox + torch.randn(n, generator=g, dtype=torch.float64) * 0.2
 
-    per_token, metrics = compute_token_loss(cfg, logp, prox, behav, adv, seq_index, entropy=entropy, ref_logp=ref)
-    expected = naive_token_loss(cfg, logp.tolist(), prox.tolist(), behav.tolist(), adv.tolist(), seq_index.tolist(),
-                                entropy.tolist(), ref.tolist())
+    per_token, metrics = compute_token_loss(
+        cfg, logp, prox, behav, adv, seq_index, entropy=entropy, ref_logp=ref
+    )
+    expected = naive_token_loss(
+        cfg,
+        logp.tolist(),
+        prox.tolist(),
+        behav.tolist(),
+        adv.tolist(),
+        seq_index.tolist(),
+        entropy.tolist(),
+        ref.tolist(),
+    )
     assert per_token.tolist() == pytest.approx(expected, rel=1e-9, abs=1e-12)
     # Gradient against central finite differences of the same reference (per token: the loss of a
     # token depends on other tokens' logp only through GSPO's sequence mean).
@@ -384,7 +425,14 @@ def test_compute_token_loss_equals_a_token_by_token_reference(cfg):
         hi, lo = list(base), list(base)
         hi[t] += eps
         lo[t] -= eps
-        args = (prox.tolist(), behav.tolist(), adv.tolist(), seq_index.tolist(), entropy.tolist(), ref.tolist())
+        args = (
+            prox.tolist(),
+            behav.tolist(),
+            adv.tolist(),
+            seq_index.tolist(),
+            entropy.tolist(),
+            ref.tolist(),
+        )
         fd = (sum(naive_token_loss(cfg, hi, *args)) - sum(naive_token_loss(cfg, lo, *args))) / (2 * eps)
         assert grad[t].item() == pytest.approx(fd, rel=1e-4, abs=1e-7), f"token {t}"
     assert metrics["num_seqs"] == len(lengths) and metrics["num_tokens"] == n
@@ -403,11 +451,17 @@ def test_bf16_inputs_are_computed_in_fp32():
     logp, prox, behav, adv, seq_index = flat_case(seed=8)
     ref, _ = compute_token_loss(AlgorithmConfig(), logp, prox, behav, adv, seq_index)
     lp16 = logp.detach().bfloat16().requires_grad_()
-    out, _ = compute_token_loss(AlgorithmConfig(), lp16, prox.bfloat16(), behav.bfloat16(), adv.bfloat16(), seq_index)
+    out, _ = compute_token_loss(
+        AlgorithmConfig(), lp16, prox.bfloat16(), behav.bfloat16(), adv.bfloat16(), seq_index
+    )
     assert out.dtype == torch.float32
     exact, _ = compute_token_loss(
-        AlgorithmConfig(), lp16.detach().float(), prox.bfloat16().float(), behav.bfloat16().float(),
-        adv.bfloat16().float(), seq_index,
+        AlgorithmConfig(),
+        lp16.detach().float(),
+        prox.bfloat16().float(),
+        behav.bfloat16().float(),
+        adv.bfloat16().float(),
+        seq_index,
     )
     assert torch.equal(out.detach(), exact)  # rounding only at the inputs
     out.sum().backward()
@@ -424,7 +478,11 @@ def test_merged_metrics_of_micro_batches_equal_the_metrics_of_the_whole_batch():
     for group in ([0, 1], [2, 3, 4]):  # whole sequences per micro-batch, re-indexed locally
         sel = torch.isin(seq_index, torch.tensor(group))
         local = torch.searchsorted(torch.tensor(group), seq_index[sel])
-        parts.append(compute_token_loss(cfg, logp[sel], prox[sel], behav[sel], adv[sel], local, entropy=entropy[sel])[1])
+        parts.append(
+            compute_token_loss(cfg, logp[sel], prox[sel], behav[sel], adv[sel], local, entropy=entropy[sel])[
+                1
+            ]
+        )
     merged = merge_loss_metrics(parts)
     assert merged.keys() == whole.keys()
     for key in whole:

@@ -7,12 +7,11 @@ asserted on a GPU in test_gpu.py.
 
 import pytest
 import torch
+from trainer_helpers import random_batch
 
 from arl.trainer import HFPolicy, TrainerConfig
 from arl.trainer.config import OptimConfig
 from arl.trainer.optimizer import HostOptimizerState, copy_groups
-
-from trainer_helpers import random_batch
 
 torch.set_num_threads(1)
 
@@ -21,8 +20,12 @@ def test_optimizer_offload_and_fused_are_noops_on_cpu(tiny_model_dir):
     batch = random_batch(seed=6)
     weights = []
     for on in (False, True):
-        cfg = TrainerConfig(optim=OptimConfig(lr=1e-2, fused=on), mixed_precision="none",
-                            max_tokens_per_microbatch=40, optimizer_offload=on)
+        cfg = TrainerConfig(
+            optim=OptimConfig(lr=1e-2, fused=on),
+            mixed_precision="none",
+            max_tokens_per_microbatch=40,
+            optimizer_offload=on,
+        )
         policy = HFPolicy(tiny_model_dir, cfg)
         assert policy.optimizer_state is None
         assert not policy.optimizer.defaults.get("fused")  # the fused step is CUDA's
@@ -34,7 +37,9 @@ def test_optimizer_offload_and_fused_are_noops_on_cpu(tiny_model_dir):
 
 
 def _state_tensors(policy):
-    return [v for state in policy.optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    return [
+        v for state in policy.optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
+    ]
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
@@ -44,8 +49,12 @@ def test_host_optimizer_state_frees_and_restores_the_state_bit_for_bit(tiny_mode
     from a checkpoint saved while the state is out, equal the resident run's bit for bit, whether the
     state comes back as the step's first forward begins (prefetch) or right before the update."""
     batch = random_batch(seed=8)
-    cfg = TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none", max_tokens_per_microbatch=40,
-                        optimizer_prefetch=prefetch)
+    cfg = TrainerConfig(
+        optim=OptimConfig(lr=1e-2),
+        mixed_precision="none",
+        max_tokens_per_microbatch=40,
+        optimizer_prefetch=prefetch,
+    )
     resident, moved = HFPolicy(tiny_model_dir, cfg), HFPolicy(tiny_model_dir, cfg)
     moved.optimizer_state = HostOptimizerState(moved.optimizer, device_type="cpu")
     for _ in range(3):
@@ -55,7 +64,9 @@ def test_host_optimizer_state_frees_and_restores_the_state_bit_for_bit(tiny_mode
         assert metrics["optimizer_load_wait_s"] == 0.0  # CPU copies are synchronous: nothing to wait for
         assert all(t.untyped_storage().nbytes() == 0 for t in _state_tensors(moved))
         assert all(p.grad is None for p in moved.model.parameters())
-    for (name, a), (_, b) in zip(resident.model.named_parameters(), moved.model.named_parameters(), strict=True):
+    for (name, a), (_, b) in zip(
+        resident.model.named_parameters(), moved.model.named_parameters(), strict=True
+    ):
         assert torch.equal(a, b), name
 
     checkpoint = moved.save(tmp_path / "ckpt", {"step": 3})
@@ -64,7 +75,9 @@ def test_host_optimizer_state_frees_and_restores_the_state_bit_for_bit(tiny_mode
     resumed.load_optimizer(checkpoint)
     for policy in (resident, resumed):
         policy.train_step(batch, mini_batch_rows=6)
-    for (name, a), (_, b) in zip(resident.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+    for (name, a), (_, b) in zip(
+        resident.model.named_parameters(), resumed.model.named_parameters(), strict=True
+    ):
         assert torch.equal(a, b), name
 
 
@@ -76,7 +89,8 @@ def test_host_optimizer_state_refuses_state_that_shares_its_storage(tiny_model_d
     state = HostOptimizerState(policy.optimizer, device_type="cpu")
     with pytest.raises(ValueError, match=r"exp_avg.*does not own its storage alone"):
         state.offload()
-    assert not state.on_host and all(t.untyped_storage().nbytes() > 0 for t in _state_tensors(policy))  # nothing freed
+    # nothing freed
+    assert not state.on_host and all(t.untyped_storage().nbytes() > 0 for t in _state_tensors(policy))
 
 
 def test_host_arena_lays_tensors_out_exactly_and_is_reused_while_the_state_keeps_its_shapes(tiny_model_dir):
@@ -90,11 +104,15 @@ def test_host_arena_lays_tensors_out_exactly_and_is_reused_while_the_state_keeps
     starts = [v.data_ptr() - arena.buffer.data_ptr() for v in arena.views]
     assert all(s % ALIGN_BYTES == 0 for s in starts)
     assert all(a + n <= b for a, n, b in zip(starts, sizes, starts[1:], strict=False))  # no overlap
-    assert arena.nbytes == starts[-1] + sizes[-1] and [tuple(v.shape) for v in arena.views] == [s for s, _ in specs]
+    assert arena.nbytes == starts[-1] + sizes[-1] and [tuple(v.shape) for v in arena.views] == [
+        s for s, _ in specs
+    ]
     assert arena.holds(specs) and not arena.holds(specs[:-1])
 
-    policy = HFPolicy(tiny_model_dir, TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none",
-                                                    max_tokens_per_microbatch=40))
+    policy = HFPolicy(
+        tiny_model_dir,
+        TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none", max_tokens_per_microbatch=40),
+    )
     policy.optimizer_state = HostOptimizerState(policy.optimizer, device_type="cpu")
     batch = random_batch(seed=10)
     policy.train_step(batch, mini_batch_rows=12)
@@ -106,8 +124,10 @@ def test_host_arena_lays_tensors_out_exactly_and_is_reused_while_the_state_keeps
 
 def _trained_policy_and_its_state(tiny_model_dir, seed):
     """A policy after one step, a copy of its optimizer state, and a `HostOptimizerState` over it (CPU)."""
-    policy = HFPolicy(tiny_model_dir, TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none",
-                                                    max_tokens_per_microbatch=40))
+    policy = HFPolicy(
+        tiny_model_dir,
+        TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none", max_tokens_per_microbatch=40),
+    )
     policy.train_step(random_batch(seed=seed), mini_batch_rows=12)
     expected = [t.clone() for t in _state_tensors(policy)]
     return policy, expected, HostOptimizerState(policy.optimizer, device_type="cpu")
@@ -148,8 +168,12 @@ def test_a_negative_prefetch_pace_is_refused_by_name():
 def test_an_overlapped_offload_off_cuda_is_synchronous_and_has_nothing_to_settle(tiny_model_dir):
     """`optimizer_offload_overlap` queues CUDA copies; CPU state's copies are synchronous, so the step
     returns with the storage already freed and `settle_optimizer_offload` waits for nothing."""
-    cfg = TrainerConfig(optim=OptimConfig(lr=1e-2), mixed_precision="none", max_tokens_per_microbatch=40,
-                        optimizer_offload_overlap=True)
+    cfg = TrainerConfig(
+        optim=OptimConfig(lr=1e-2),
+        mixed_precision="none",
+        max_tokens_per_microbatch=40,
+        optimizer_offload_overlap=True,
+    )
     policy = HFPolicy(tiny_model_dir, cfg)
     assert policy.settle_optimizer_offload() == 0.0  # no offload at all (CPU: optimizer_state is None)
     policy.optimizer_state = HostOptimizerState(policy.optimizer, device_type="cpu")

@@ -4,27 +4,30 @@ import copy
 
 import pytest
 import torch
+from trainer_helpers import random_batch
 
 from arl.trainer import HFPolicy, TrainerConfig, assemble_batch
-from arl.trainer.algorithms import token_log_probs
 from arl.trainer.algorithm_config import AlgorithmConfig
+from arl.trainer.algorithms import token_log_probs
 from arl.trainer.config import OptimConfig
 from arl.trainer.loss_agg import Denominators, aggregate
 from arl.trainer.model import PackedCausalLM
 from arl.trainer.packed import pack_rows
-
-from trainer_helpers import random_batch
 
 
 def test_packed_log_probs_and_gradients_equal_padded(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    padded_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    padded_model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa"
+    )
     packed = PackedCausalLM(copy.deepcopy(padded_model))
     batch = random_batch()
     weights = torch.randn(batch.loss_mask.shape)
-    ref = token_log_probs(padded_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids)
+    ref = token_log_probs(
+        padded_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids
+    )
     (ref * batch.loss_mask * weights).sum().backward()
     rows = list(range(batch.input_ids.shape[0]))
     total = 0.0
@@ -43,11 +46,19 @@ def test_packed_log_probs_and_gradients_equal_padded(tiny_model_dir):
 
 
 def step_grads(model_dir, batch, version=0, proximal_mode="recompute", **cfg):
-    config = TrainerConfig(optim=OptimConfig(lr=1e-2, grad_clip=1e9), algorithm=AlgorithmConfig(proximal_mode=proximal_mode), **cfg)
+    config = TrainerConfig(
+        optim=OptimConfig(lr=1e-2, grad_clip=1e9),
+        algorithm=AlgorithmConfig(proximal_mode=proximal_mode),
+        **cfg,
+    )
     policy = HFPolicy(model_dir, config)
     policy.version = version
     metrics = policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0])
-    return {n: p.grad.clone() for n, p in policy.model.named_parameters()}, dict(policy.model.named_parameters()), metrics
+    return (
+        {n: p.grad.clone() for n, p in policy.model.named_parameters()},
+        dict(policy.model.named_parameters()),
+        metrics,
+    )
 
 
 def rel(a, b):
@@ -89,16 +100,24 @@ def test_per_token_loss_matches_token_mean_policy_loss():
     ref, _ = policy_loss(logp, prox, behav, adv, torch.ones(1, 6))
     seq = torch.zeros(6, dtype=torch.long)
     tok, _ = compute_token_loss(AlgorithmConfig(), logp[0], prox[0], behav[0], adv[0], seq)
-    assert aggregate(tok, seq, "token-mean", Denominators(6, 1, 6)).item() == pytest.approx(ref.item(), rel=1e-6)
+    assert aggregate(tok, seq, "token-mean", Denominators(6, 1, 6)).item() == pytest.approx(
+        ref.item(), rel=1e-6
+    )
 
 
 def test_reuse_equals_recompute_and_bypass_uses_rollout_logprobs(tiny_model_dir):
     batch = random_batch(seed=2)
-    _, p_rec, m_rec = step_grads(tiny_model_dir, batch, proximal_mode="recompute", max_tokens_per_microbatch=40)
-    _, p_reuse, m_reuse = step_grads(tiny_model_dir, batch, proximal_mode="reuse", max_tokens_per_microbatch=40)
+    _, p_rec, m_rec = step_grads(
+        tiny_model_dir, batch, proximal_mode="recompute", max_tokens_per_microbatch=40
+    )
+    _, p_reuse, m_reuse = step_grads(
+        tiny_model_dir, batch, proximal_mode="reuse", max_tokens_per_microbatch=40
+    )
     for name in p_rec:
         assert rel(p_reuse[name].detach(), p_rec[name].detach()) <= 1e-6, name
-    assert m_reuse["behaviour_proximal_abs_diff"] == pytest.approx(m_rec["behaviour_proximal_abs_diff"], rel=1e-6)
+    assert m_reuse["behaviour_proximal_abs_diff"] == pytest.approx(
+        m_rec["behaviour_proximal_abs_diff"], rel=1e-6
+    )
     _, p_bypass, m_bypass = step_grads(tiny_model_dir, batch, proximal_mode="bypass")
     assert m_bypass["behaviour_proximal_abs_diff"] == 0.0
     # loglinear (AReaL): tokens sampled at the current version or the one before keep their behaviour
@@ -109,7 +128,9 @@ def test_reuse_equals_recompute_and_bypass_uses_rollout_logprobs(tiny_model_dir)
         for name in p_bypass:
             assert torch.equal(p_ll[name], p_bypass[name]), name
     _, _, m_half = step_grads(tiny_model_dir, batch, version=2, proximal_mode="loglinear")
-    assert m_half["behaviour_proximal_abs_diff"] == pytest.approx(0.5 * m_rec["behaviour_proximal_abs_diff"], rel=1e-5)
+    assert m_half["behaviour_proximal_abs_diff"] == pytest.approx(
+        0.5 * m_rec["behaviour_proximal_abs_diff"], rel=1e-5
+    )
 
 
 @pytest.mark.parametrize("mode", ["selective", "full"])
@@ -138,9 +159,19 @@ def test_a_response_with_its_own_prompt_is_assembled_on_that_prompt():
     """A trajectory that rendered its own prompt carries it (Response.prompt_ids, queue schema 3)."""
     from arl.queue.types import Response, Sample
 
-    own = Response(response_ids=[7, 8], response_mask=[1, 1], response_logprobs=[-1.0, -1.0],
-                             weight_versions=[0, 0], reward=1.0, prompt_ids=[4, 5, 6])
-    plain = Response(response_ids=[9], response_mask=[1], response_logprobs=[-1.0], weight_versions=[0], reward=0.0)
-    batch = assemble_batch([Sample(uid="u", prompt_ids=[1, 2], responses=[own, plain], start_version=0, end_version=0)], 0)
+    own = Response(
+        response_ids=[7, 8],
+        response_mask=[1, 1],
+        response_logprobs=[-1.0, -1.0],
+        weight_versions=[0, 0],
+        reward=1.0,
+        prompt_ids=[4, 5, 6],
+    )
+    plain = Response(
+        response_ids=[9], response_mask=[1], response_logprobs=[-1.0], weight_versions=[0], reward=0.0
+    )
+    batch = assemble_batch(
+        [Sample(uid="u", prompt_ids=[1, 2], responses=[own, plain], start_version=0, end_version=0)], 0
+    )
     assert batch.input_ids.tolist() == [[4, 5, 6, 7, 8], [1, 2, 9, 0, 0]]
     assert batch.loss_mask.tolist() == [[0, 0, 0, 1, 1], [0, 0, 1, 0, 0]]

@@ -40,7 +40,11 @@ def test_karmarkar_karp_beats_round_robin_and_handles_few_items():
     parts = partition_balanced(lengths, 2)
     sums = sorted(sum(lengths[i] for i in p) for p in parts)
     assert sums[1] - sums[0] <= 150
-    assert partition_balanced([5], 3) == [[0], [], []] or sorted(map(len, partition_balanced([5], 3))) == [0, 0, 1]
+    assert partition_balanced([5], 3) == [[0], [], []] or sorted(map(len, partition_balanced([5], 3))) == [
+        0,
+        0,
+        1,
+    ]
 
 
 def test_equal_microbatch_count_on_every_rank_even_with_few_sequences():

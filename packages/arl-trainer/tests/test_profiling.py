@@ -31,6 +31,11 @@ def test_a_profiled_train_step_shows_its_phases(tiny_model_dir, tmp_path):
     assert ranges.count("arl.optimizer_step") == 2
     assert ranges.count("arl.proximal") == 1 and ranges.count("arl.reference") == 1
     forward = [e for e in trace["traceEvents"] if e.get("name") == "arl.forward"][0]
-    inside = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op" and e.get("tid") == forward["tid"]
-              and forward["ts"] <= e["ts"] <= forward["ts"] + forward["dur"]]
+    inside = [
+        e
+        for e in trace["traceEvents"]
+        if e.get("cat") == "cpu_op"
+        and e.get("tid") == forward["tid"]
+        and forward["ts"] <= e["ts"] <= forward["ts"] + forward["dur"]
+    ]
     assert any(e["name"] in ("aten::mm", "aten::addmm", "aten::linear") for e in inside)  # the model's ops

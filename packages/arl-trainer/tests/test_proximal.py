@@ -41,11 +41,21 @@ def test_proximal_is_detached_and_modes_dispatch():
     assert not out.requires_grad
     assert torch.equal(bypass_proximal(behav), behav)
     assert torch.equal(proximal_logp_for("bypass", behaviour_logp=behav), behav)
-    assert torch.equal(proximal_logp_for("recompute", behaviour_logp=behav, computed_logp=current), current.detach())
-    assert torch.equal(proximal_logp_for("reuse", behaviour_logp=behav, computed_logp=current), current.detach())
     assert torch.equal(
-        proximal_logp_for("loglinear", behaviour_logp=behav, computed_logp=current, token_versions=versions,
-                          proximal_version=1, current_version=2),
+        proximal_logp_for("recompute", behaviour_logp=behav, computed_logp=current), current.detach()
+    )
+    assert torch.equal(
+        proximal_logp_for("reuse", behaviour_logp=behav, computed_logp=current), current.detach()
+    )
+    assert torch.equal(
+        proximal_logp_for(
+            "loglinear",
+            behaviour_logp=behav,
+            computed_logp=current,
+            token_versions=versions,
+            proximal_version=1,
+            current_version=2,
+        ),
         out,
     )
     with pytest.raises(AlgorithmError, match="needs computed_logp"):

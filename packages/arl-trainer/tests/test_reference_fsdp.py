@@ -3,11 +3,10 @@ and gradient as one device, for a reference copied from the initial shards and o
 
 import pytest
 import torch
+from trainer_helpers import kl_config, random_batch, two_rank_reference
 
 from arl.trainer import HFPolicy
 from arl.trainer.distributed import spawn_local
-
-from trainer_helpers import kl_config, random_batch, two_rank_reference
 
 torch.set_num_threads(1)
 
@@ -42,7 +41,9 @@ def test_two_ranks_give_the_reference_of_one_device(tiny_model_dir, other_model_
     for name, p in own.model.named_parameters():  # the reference's shards are the initial weights
         assert torch.equal(two["own_ref_params"][name], p.detach()), name
 
-    other = HFPolicy(tiny_model_dir, kl_config(kl_coef=0.5, kl_estimator="k1"), reference_path=other_model_dir)
+    other = HFPolicy(
+        tiny_model_dir, kl_config(kl_coef=0.5, kl_estimator="k1"), reference_path=other_model_dir
+    )
     assert torch.allclose(two["other_ref"], other.reference_log_probs(batch), atol=1e-6)
     m = other.train_step(batch, mini_batch_rows=rows)
     assert two["other_metrics"]["kl_ref_mean"] == pytest.approx(m["kl_ref_mean"], rel=1e-5)

@@ -4,25 +4,32 @@ import gc
 
 import pytest
 import torch
+from trainer_helpers import random_batch
 
 from arl.trainer import HFPolicy, TrainerConfig
 from arl.trainer.algorithm_config import AlgorithmConfig
 from arl.trainer.config import OptimConfig
 
-from trainer_helpers import random_batch
-
 pytestmark = pytest.mark.gpu
 
 
 def test_bf16_reference_is_the_autocast_policy_at_step_one_and_stays_frozen(tiny_model_dir):
-    cfg = TrainerConfig(optim=OptimConfig(lr=1e-2, grad_clip=1e9), max_tokens_per_microbatch=40,
-                        algorithm=AlgorithmConfig(kl_coef=0.1))
+    cfg = TrainerConfig(
+        optim=OptimConfig(lr=1e-2, grad_clip=1e9),
+        max_tokens_per_microbatch=40,
+        algorithm=AlgorithmConfig(kl_coef=0.1),
+    )
     policy = HFPolicy(tiny_model_dir, cfg, device="cuda")
     assert policy.compute_dtype == torch.bfloat16
     ref = policy.ref_packed.hf
-    linear = [m.weight for m in ref.modules() if isinstance(m, torch.nn.Linear) and m.weight is not ref.get_input_embeddings().weight]
+    linear = [
+        m.weight
+        for m in ref.modules()
+        if isinstance(m, torch.nn.Linear) and m.weight is not ref.get_input_embeddings().weight
+    ]
     assert linear and all(w.dtype == torch.bfloat16 for w in linear)
-    assert ref.get_input_embeddings().weight.dtype == torch.float32  # the residual stream stays fp32, as under autocast
+    # the residual stream stays fp32, as under autocast
+    assert ref.get_input_embeddings().weight.dtype == torch.float32
     ref_bytes = sum(p.numel() * p.element_size() for p in ref.parameters())
     policy_bytes = sum(p.numel() * p.element_size() for p in policy.model.parameters())
     assert ref_bytes < 0.8 * policy_bytes
@@ -39,9 +46,9 @@ def test_bf16_reference_is_the_autocast_policy_at_step_one_and_stays_frozen(tiny
 
 
 def test_fsdp_bf16_reference_on_cuda(tiny_model_dir, tmp_path):
-    from arl.trainer.distributed import spawn_local
-
     from trainer_helpers import fsdp_reference_gpu
+
+    from arl.trainer.distributed import spawn_local
 
     world = min(2, torch.cuda.device_count())
     spawn_local(fsdp_reference_gpu, world, tiny_model_dir, tmp_path, backend="nccl")
@@ -56,8 +63,16 @@ def _mid_model():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=2048, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192, tie_word_embeddings=True)
+    cfg = Qwen2Config(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    )
     return Qwen2ForCausalLM(cfg)
 
 
@@ -66,11 +81,20 @@ def _batch(rows=4, length=1024, vocab=2048):
     from arl.trainer import assemble_batch
 
     g = torch.Generator().manual_seed(0)
-    responses = [Response(response_ids=torch.randint(1, vocab, (length - 16,), generator=g).tolist(),
-                          response_mask=[1] * (length - 16), response_logprobs=[-1.0] * (length - 16),
-                          weight_versions=[0] * (length - 16), reward=float(i % 2)) for i in range(rows)]
-    return assemble_batch([Sample(uid="s", prompt_ids=list(range(1, 17)), responses=responses, start_version=0,
-                                  end_version=0)], pad_token_id=0)
+    responses = [
+        Response(
+            response_ids=torch.randint(1, vocab, (length - 16,), generator=g).tolist(),
+            response_mask=[1] * (length - 16),
+            response_logprobs=[-1.0] * (length - 16),
+            weight_versions=[0] * (length - 16),
+            reward=float(i % 2),
+        )
+        for i in range(rows)
+    ]
+    return assemble_batch(
+        [Sample(uid="s", prompt_ids=list(range(1, 17)), responses=responses, start_version=0, end_version=0)],
+        pad_token_id=0,
+    )
 
 
 @pytest.mark.parametrize("checkpointing", ["none", "full"])
@@ -87,8 +111,12 @@ def test_activation_offload_on_cuda_same_update_less_memory(checkpointing):
     for run, offload in (("off", False), ("off_again", False), ("on", True)):
         gc.collect()  # the previous run's policy must not be freed inside this run's measured forward
         torch.cuda.empty_cache()
-        cfg = TrainerConfig(optim=OptimConfig(lr=1e-4), max_tokens_per_microbatch=8192,
-                            activation_checkpointing=checkpointing, activation_offload=offload)
+        cfg = TrainerConfig(
+            optim=OptimConfig(lr=1e-4),
+            max_tokens_per_microbatch=8192,
+            activation_checkpointing=checkpointing,
+            activation_offload=offload,
+        )
         policy = HFPolicy(copy.deepcopy(base), cfg, device="cuda")
         mb = pack_rows(batch, [0, 1, 2, 3]).to(policy.device)
         with torch.no_grad(), policy._autocast():
@@ -96,7 +124,7 @@ def test_activation_offload_on_cuda_same_update_less_memory(checkpointing):
         # Memory held between forward and backward of one micro-batch: the saved activations.
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
-        with policy._autocast(), (HostActivationOffload() if offload else contextlib.nullcontext()):
+        with policy._autocast(), HostActivationOffload() if offload else contextlib.nullcontext():
             logp, _ = policy.packed(mb)
         torch.cuda.synchronize()
         held = torch.cuda.memory_allocated() - before
@@ -106,7 +134,11 @@ def test_activation_offload_on_cuda_same_update_less_memory(checkpointing):
         metrics = policy.train_step(batch, mini_batch_rows=4)
         results[run] = (metrics, grads, held)
         del policy, mb, logp
-    (m_off, g_off, held_off), (_, g_again, _), (m_on, g_on, held_on) = results["off"], results["off_again"], results["on"]
+    (m_off, g_off, held_off), (_, g_again, _), (m_on, g_on, held_on) = (
+        results["off"],
+        results["off_again"],
+        results["on"],
+    )
     assert m_on["loss"] == pytest.approx(m_off["loss"], rel=1e-6, abs=1e-7)
     assert g_on.keys() == g_off.keys() and g_off
     for n, g in g_off.items():

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from trainer_helpers import random_batch
 
 from arl.trainer import HFPolicy, TrainerConfig
 from arl.trainer.advantages import grpo_advantages
@@ -17,8 +18,6 @@ from arl.trainer.algorithms import token_log_probs
 from arl.trainer.batch import TrainBatch, trajectory_advantages
 from arl.trainer.config import OptimConfig
 from arl.trainer.errors import ReferencePolicyError
-
-from trainer_helpers import random_batch
 
 torch.set_num_threads(1)
 
@@ -38,12 +37,18 @@ def other_model_dir(tmp_path_factory, tiny_model_dir):
 
 
 def kl_config(**algorithm):
-    return TrainerConfig(optim=OptimConfig(lr=1e-2, grad_clip=1e9), mixed_precision="none", max_tokens_per_microbatch=40,
-                         algorithm=AlgorithmConfig(**algorithm))
+    return TrainerConfig(
+        optim=OptimConfig(lr=1e-2, grad_clip=1e9),
+        mixed_precision="none",
+        max_tokens_per_microbatch=40,
+        algorithm=AlgorithmConfig(**algorithm),
+    )
 
 
 def padded_log_probs(model, batch):
-    return token_log_probs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids)
+    return token_log_probs(
+        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids
+    )
 
 
 def load(path):
@@ -107,18 +112,26 @@ def hand_step_gradient(policy_dir, ref_dir, batch, *, kl_coef, kl_in, estimator)
         per_token = per_token + kl_coef * kl
     loss = (per_token * mask).sum() / mask.sum()
     loss.backward()
-    return loss.item(), {n: p.grad for n, p in model.named_parameters()}, ((kl.detach() * mask).sum() / mask.sum()).item()
+    return (
+        loss.item(),
+        {n: p.grad for n, p in model.named_parameters()},
+        ((kl.detach() * mask).sum() / mask.sum()).item(),
+    )
 
 
 @pytest.mark.parametrize(("kl_in", "estimator"), [("loss", "k3"), ("reward", "k1")])
 def test_kl_loss_and_gradient_equal_the_hand_computation(tiny_model_dir, other_model_dir, kl_in, estimator):
     """Against a reference different from the policy, so the KL and its gradient are not zero."""
     batch = random_batch(seed=4)
-    policy = HFPolicy(tiny_model_dir, kl_config(kl_coef=0.5, kl_in=kl_in, kl_estimator=estimator),
-                      reference_path=other_model_dir)
+    policy = HFPolicy(
+        tiny_model_dir,
+        kl_config(kl_coef=0.5, kl_in=kl_in, kl_estimator=estimator),
+        reference_path=other_model_dir,
+    )
     metrics = policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0])
-    loss, grads, kl_mean = hand_step_gradient(tiny_model_dir, other_model_dir, batch, kl_coef=0.5, kl_in=kl_in,
-                                              estimator=estimator)
+    loss, grads, kl_mean = hand_step_gradient(
+        tiny_model_dir, other_model_dir, batch, kl_coef=0.5, kl_in=kl_in, estimator=estimator
+    )
     assert kl_mean > 0.01  # the two random models disagree: a real KL term
     assert metrics["kl_ref_mean"] == pytest.approx(kl_mean, rel=1e-4)
     assert metrics["loss"] == pytest.approx(loss, rel=1e-4, abs=1e-6)
@@ -134,10 +147,15 @@ def test_kl_in_reward_sums_every_segment_of_a_trajectory():
     """Trajectory 0 has two rows (segments); its penalty is the sum over both rows' trained tokens."""
     loss_mask = torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1], [0, 1, 1, 1], [0, 1, 0, 0]], dtype=torch.float32)
     batch = TrainBatch(
-        input_ids=torch.ones(4, 4, dtype=torch.long), attention_mask=torch.ones(4, 4, dtype=torch.long),
-        loss_mask=loss_mask, behaviour_logp=torch.zeros(4, 4), token_versions=torch.zeros(4, 4, dtype=torch.long),
-        rewards=torch.tensor([1.0, 1.0, 0.0, 0.5]), group_index=torch.zeros(4, dtype=torch.long),
-        response_lengths=torch.full((4,), 3), trajectory_index=torch.tensor([0, 0, 1, 2]),
+        input_ids=torch.ones(4, 4, dtype=torch.long),
+        attention_mask=torch.ones(4, 4, dtype=torch.long),
+        loss_mask=loss_mask,
+        behaviour_logp=torch.zeros(4, 4),
+        token_versions=torch.zeros(4, 4, dtype=torch.long),
+        rewards=torch.tensor([1.0, 1.0, 0.0, 0.5]),
+        group_index=torch.zeros(4, dtype=torch.long),
+        response_lengths=torch.full((4,), 3),
+        trajectory_index=torch.tensor([0, 0, 1, 2]),
     )
     token_kl = torch.arange(16, dtype=torch.float32).reshape(4, 4) / 10 * loss_mask
     coef = 0.2

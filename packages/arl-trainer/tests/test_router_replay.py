@@ -20,10 +20,21 @@ def moe():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                         num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                         num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=True,
-                         max_position_embeddings=128, tie_word_embeddings=True)
+    cfg = Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_experts=EXPERTS,
+        num_experts_per_tok=TOP_K,
+        norm_topk_prob=True,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
     model = Qwen3MoeForCausalLM(cfg).eval()
     with torch.no_grad():  # a livelier router than the 0.02-std init, so choices are clear-cut
         for router in find_routers(model).values():
@@ -34,7 +45,10 @@ def moe():
 def own_routes(model, ids):
     """The model's own top-k per (batch, token, layer), recorded through a measuring replay pass."""
     seen = {}
-    hooks = [r.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(i, out[2])) for i, r in find_routers(model).items()]
+    hooks = [
+        r.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(i, out[2]))
+        for i, r in find_routers(model).items()
+    ]
     with torch.no_grad():
         model(input_ids=ids)
     for h in hooks:
@@ -88,7 +102,9 @@ def test_router_still_gets_gradients_and_stats_count_flips(moe):
     for router in find_routers(moe).values():
         assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
     s = stats.summary()
-    assert s["router_replay/routed_tokens"] == 5 and s["router_replay/route_diff_frac"] == pytest.approx(1 / 5)
+    assert s["router_replay/routed_tokens"] == 5 and s["router_replay/route_diff_frac"] == pytest.approx(
+        1 / 5
+    )
     assert s["router_replay/route_diff_frac_per_layer"] == pytest.approx(1 / 10)
 
 
@@ -115,15 +131,31 @@ def test_measure_only_mode_leaves_the_forward_alone(moe):
 def test_routes_for_batch_places_each_route_at_the_step_that_sampled_it():
     rows = [[[t, t + 1], [t + 2, t + 3]] for t in range(4)]
     rows[2] = []  # a tool-output token
-    resp = Response(response_ids=[9, 9, 9, 9], response_mask=[1, 1, 0, 1], response_logprobs=[0.0] * 4,
-                    weight_versions=[0] * 4, reward=0.0, routed_experts=pack_routes(rows))
-    dense = Response(response_ids=[9], response_mask=[1], response_logprobs=[0.0], weight_versions=[0], reward=0.0)
+    resp = Response(
+        response_ids=[9, 9, 9, 9],
+        response_mask=[1, 1, 0, 1],
+        response_logprobs=[0.0] * 4,
+        weight_versions=[0] * 4,
+        reward=0.0,
+        routed_experts=pack_routes(rows),
+    )
+    dense = Response(
+        response_ids=[9], response_mask=[1], response_logprobs=[0.0], weight_versions=[0], reward=0.0
+    )
     s = Sample(uid="u", prompt_ids=[1, 2, 3], responses=[resp, dense], start_version=0, end_version=0)
     out = routes_for_batch([s], width=8)
     assert out.shape == (2, 8, 2, 2)
     assert out[0, 2].tolist() == rows[0] and out[0, 3].tolist() == rows[1] and out[0, 5].tolist() == rows[3]
-    assert (out[0, 4] == -1).all() and (out[0, :2] == -1).all() and (out[0, 6:] == -1).all() and (out[1] == -1).all()
-    assert routes_for_batch([Sample(uid="d", prompt_ids=[1], responses=[dense], start_version=0, end_version=0)]) is None
+    assert (
+        (out[0, 4] == -1).all()
+        and (out[0, :2] == -1).all()
+        and (out[0, 6:] == -1).all()
+        and (out[1] == -1).all()
+    )
+    assert (
+        routes_for_batch([Sample(uid="d", prompt_ids=[1], responses=[dense], start_version=0, end_version=0)])
+        is None
+    )
     with pytest.raises(RouterReplayError, match="width"):
         routes_for_batch([s], width=5)
 

@@ -11,6 +11,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from router_replay_helpers import (
+    EXPERTS,
+    LAYERS,
+    TOP_K,
+    VOCAB,
+    replay_config,
+    routed_samples,
+    two_rank_replay,
+)
 
 from arl.trainer import HFPolicy, TrainerConfig
 from arl.trainer.algorithm_config import AlgorithmConfig
@@ -18,8 +27,6 @@ from arl.trainer.algorithms import token_log_probs
 from arl.trainer.config import OptimConfig
 from arl.trainer.errors import RouterReplayError
 from arl.trainer.router_replay import load_balancing_loss, replay_routes
-
-from router_replay_helpers import EXPERTS, LAYERS, TOP_K, VOCAB, replay_config, routed_samples, two_rank_replay
 
 torch.set_num_threads(1)
 
@@ -29,10 +36,21 @@ def moe_dir(tmp_path_factory):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                         num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                         num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=True,
-                         max_position_embeddings=128, tie_word_embeddings=True)
+    cfg = Qwen3MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_experts=EXPERTS,
+        num_experts_per_tok=TOP_K,
+        norm_topk_prob=True,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
     model = Qwen3MoeForCausalLM(cfg)
     with torch.no_grad():  # clear-cut router choices, so forced routes change the forward visibly
         for layer in model.model.layers:
@@ -111,7 +129,10 @@ def test_off_trains_exactly_as_without_routes_and_still_measures(moe_dir):
 def test_checkpointed_backward_replays_the_same_routes(moe_dir):
     batch, routes = routed_samples(seed=3)
     rows = batch.input_ids.shape[0]
-    plain, ckpt = policy(moe_dir, router_replay="rollout"), policy(moe_dir, router_replay="rollout", activation_checkpointing="full")
+    plain, ckpt = (
+        policy(moe_dir, router_replay="rollout"),
+        policy(moe_dir, router_replay="rollout", activation_checkpointing="full"),
+    )
     m1 = plain.train_step(batch, mini_batch_rows=rows, routes=routes)
     m2 = ckpt.train_step(batch, mini_batch_rows=rows, routes=routes)
     for (name, p1), p2 in zip(plain.model.named_parameters(), ckpt.model.parameters()):
@@ -126,7 +147,9 @@ def test_aux_loss_pools_the_minibatch_tokens_with_replayed_experts(moe_dir):
     batch, routes = routed_samples(seed=4)
     rows = batch.input_ids.shape[0]
     coef = 0.5
-    with_aux = policy(moe_dir, router_replay="rollout", router_aux_loss_coef=coef, max_tokens_per_microbatch=4096)
+    with_aux = policy(
+        moe_dir, router_replay="rollout", router_aux_loss_coef=coef, max_tokens_per_microbatch=4096
+    )
     without = policy(moe_dir, router_replay="rollout", max_tokens_per_microbatch=4096)
     m = with_aux.train_step(batch, mini_batch_rows=rows, routes=routes)
     m0 = without.train_step(batch, mini_batch_rows=rows, routes=routes)
@@ -137,7 +160,9 @@ def test_aux_loss_pools_the_minibatch_tokens_with_replayed_experts(moe_dir):
     assert m["router_replay/aux_loss"] == pytest.approx(expected, rel=1e-4)
     assert m["loss"] == pytest.approx(m0["loss"] + coef * expected, rel=1e-4)
     # Several micro-batches: each adds its own aux loss weighted by its share of the mini-batch's tokens.
-    ms = policy(moe_dir, router_replay="rollout", router_aux_loss_coef=coef).train_step(batch, mini_batch_rows=rows, routes=routes)
+    ms = policy(moe_dir, router_replay="rollout", router_aux_loss_coef=coef).train_step(
+        batch, mini_batch_rows=rows, routes=routes
+    )
     assert ms["microbatches"] > 1 and 0.0 < ms["router_replay/aux_loss"] < 2 * expected
 
 

@@ -15,6 +15,7 @@ import math
 
 import pytest
 import torch
+
 from arl.queue import Sample, SegmentRow, decode_sample, encode_sample, response_from_segments
 from arl.trainer import HFPolicy, TrainerConfig, assemble_batch
 from arl.trainer.algorithm_config import AlgorithmConfig
@@ -54,17 +55,27 @@ def behaviour_logprobs(model, segment) -> list[float]:
     """'Sampled' log probs: the model's own, shifted a little per token so the TIS weight is not 1."""
     prompt, resp, mask = segment
     with torch.no_grad():
-        logp = _logp_of(model, prompt + resp)[len(prompt):]
+        logp = _logp_of(model, prompt + resp)[len(prompt) :]
     return [(lp + 0.05 * (k % 3)) if m else 0.0 for k, (lp, m) in enumerate(zip(logp.tolist(), mask))]
 
 
 def make_sample(model) -> Sample:
     def rows(traj):
-        return [SegmentRow(prompt_ids=p, response_ids=r, response_mask=m, response_logprobs=behaviour_logprobs(model, (p, r, m)),
-                           weight_versions=[0 if x else -1 for x in m]) for p, r, m in traj]
+        return [
+            SegmentRow(
+                prompt_ids=p,
+                response_ids=r,
+                response_mask=m,
+                response_logprobs=behaviour_logprobs(model, (p, r, m)),
+                weight_versions=[0 if x else -1 for x in m],
+            )
+            for p, r, m in traj
+        ]
 
-    responses = [response_from_segments(rows(A), group_prompt=A[0][0], reward=REWARDS["A"]),
-                 response_from_segments(rows(B), group_prompt=A[0][0], reward=REWARDS["B"])]
+    responses = [
+        response_from_segments(rows(A), group_prompt=A[0][0], reward=REWARDS["A"]),
+        response_from_segments(rows(B), group_prompt=A[0][0], reward=REWARDS["B"]),
+    ]
     return Sample(uid="g", prompt_ids=A[0][0], responses=responses, start_version=0, end_version=0)
 
 
@@ -103,7 +114,11 @@ def _grads(model, loss: torch.Tensor) -> torch.Tensor:
 
 
 def test_segmented_loss_equals_hand_layout(model, tiny_model_dir):
-    cfg = TrainerConfig(optim=OptimConfig(lr=1e-3, grad_clip=1e9), mixed_precision="none", algorithm=AlgorithmConfig(proximal_mode="recompute"))
+    cfg = TrainerConfig(
+        optim=OptimConfig(lr=1e-3, grad_clip=1e9),
+        mixed_precision="none",
+        algorithm=AlgorithmConfig(proximal_mode="recompute"),
+    )
     sample = decode_sample(encode_sample(make_sample(model)))  # through the queue's codec
     assert [r.num_segments for r in sample.responses] == [3, 1]
     batch = assemble_batch([sample], pad_token_id=0)

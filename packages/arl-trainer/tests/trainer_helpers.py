@@ -20,18 +20,25 @@ def random_batch(seed=0, prompts=3, n=4, vocab=64):
             mask = [1] * length
             if length > 3:
                 mask[1] = 0  # a backfilled/tool token inside the response: not trained
-            responses.append(Response(
-                response_ids=ids, response_mask=mask,
-                response_logprobs=(-torch.rand(length, generator=g) * 4).tolist(),
-                weight_versions=[0] * length, reward=float(torch.rand(1, generator=g)),
-            ))
-        samples.append(Sample(uid=f"s{p}", prompt_ids=prompt, responses=responses, start_version=0, end_version=0))
+            responses.append(
+                Response(
+                    response_ids=ids,
+                    response_mask=mask,
+                    response_logprobs=(-torch.rand(length, generator=g) * 4).tolist(),
+                    weight_versions=[0] * length,
+                    reward=float(torch.rand(1, generator=g)),
+                )
+            )
+        samples.append(
+            Sample(uid=f"s{p}", prompt_ids=prompt, responses=responses, start_version=0, end_version=0)
+        )
     return assemble_batch(samples, pad_token_id=0)
 
 
 def config():
-    return TrainerConfig(optim=OptimConfig(lr=1e-2, grad_clip=1e9), mixed_precision="none",
-                         max_tokens_per_microbatch=40)
+    return TrainerConfig(
+        optim=OptimConfig(lr=1e-2, grad_clip=1e9), mixed_precision="none", max_tokens_per_microbatch=40
+    )
 
 
 def two_rank_run(spec, model_dir, out_dir):
@@ -50,8 +57,10 @@ def two_rank_run(spec, model_dir, out_dir):
     m2 = policy.train_step(b2, mini_batch_rows=b2.input_ids.shape[0])
     after = {n: p.detach().full_tensor() for n, p in policy.model.named_parameters()}
     if spec.rank == 0:
-        torch.save({"m1": m1, "m2": m2, "grads": grads, "params": params, "synced": synced, "after": after},
-                   out_dir / "two_ranks.pt")
+        torch.save(
+            {"m1": m1, "m2": m2, "grads": grads, "params": params, "synced": synced, "after": after},
+            out_dir / "two_ranks.pt",
+        )
 
 
 def one_rank_resume(spec, model_dir, out_dir):
@@ -87,7 +96,9 @@ def stream_weights(policy):
 
         async def update_weights(self, address, config_json, version):
             self.receiver = WeightReceiver(address, msgspec.json.decode(config_json, type=SyncConfig))
-            return await asyncio.to_thread(self.receiver.receive, apply=lambda named: got.update((n, t.clone()) for n, t in named))
+            return await asyncio.to_thread(
+                self.receiver.receive, apply=lambda named: got.update((n, t.clone()) for n, t in named)
+            )
 
     publisher = WeightPublisher(SyncConfig(transport="cpu", timeout_s=60), num_receivers=1)
     rollout = Receiving()
@@ -103,8 +114,12 @@ def stream_weights(policy):
 def kl_config(**algorithm):
     from arl.trainer.algorithm_config import AlgorithmConfig
 
-    return TrainerConfig(optim=OptimConfig(lr=1e-2, grad_clip=1e9), mixed_precision="none", max_tokens_per_microbatch=40,
-                         algorithm=AlgorithmConfig(**algorithm))
+    return TrainerConfig(
+        optim=OptimConfig(lr=1e-2, grad_clip=1e9),
+        mixed_precision="none",
+        max_tokens_per_microbatch=40,
+        algorithm=AlgorithmConfig(**algorithm),
+    )
 
 
 def two_rank_reference(spec, model_dir, other_dir, out_dir):
@@ -124,10 +139,19 @@ def two_rank_reference(spec, model_dir, other_dir, out_dir):
     other_metrics = other.train_step(batch, mini_batch_rows=rows)
     grads = {n: p.grad.full_tensor() for n, p in other.model.named_parameters()}
     if spec.rank == 0:
-        torch.save({"own_ref": own_ref, "own_metrics": own_metrics, "own_ref_after": own_ref_after,
-                    "own_ref_params": own_ref_params, "other_ref": other_ref, "other_metrics": other_metrics,
-                    "grads": grads, "frozen": not any(p.requires_grad for p in own.ref_packed.parameters())},
-                   out_dir / "reference.pt")
+        torch.save(
+            {
+                "own_ref": own_ref,
+                "own_metrics": own_metrics,
+                "own_ref_after": own_ref_after,
+                "own_ref_params": own_ref_params,
+                "other_ref": other_ref,
+                "other_metrics": other_metrics,
+                "grads": grads,
+                "frozen": not any(p.requires_grad for p in own.ref_packed.parameters()),
+            },
+            out_dir / "reference.pt",
+        )
 
 
 def fsdp_reference_gpu(spec, model_dir, out_dir):
@@ -144,7 +168,10 @@ def fsdp_reference_gpu(spec, model_dir, out_dir):
     kls = [policy.train_step(random_batch(seed=s), mini_batch_rows=12)["kl_ref_mean"] for s in range(1, 4)]
     metrics = policy.train_step(batch, mini_batch_rows=12)
     if spec.rank == 0:
-        torch.save({"ref": ref, "own": own, "dtypes": dtypes, "kls": kls, "metrics": metrics}, out_dir / "fsdp_gpu.pt")
+        torch.save(
+            {"ref": ref, "own": own, "dtypes": dtypes, "kls": kls, "metrics": metrics},
+            out_dir / "fsdp_gpu.pt",
+        )
 
 
 def fsdp_compiled_vs_eager(spec, model_dir, out_dir):
@@ -155,9 +182,16 @@ def fsdp_compiled_vs_eager(spec, model_dir, out_dir):
     batch = random_batch(seed=7)
     result = {}
     for compiled in (False, True):
-        policy = FSDPPolicy(model_dir, TrainerConfig(max_tokens_per_microbatch=40, compile_layers=compiled,
-                                                     activation_checkpointing="full"), spec)
-        result[compiled] = [policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0]) for _ in range(2)]
+        policy = FSDPPolicy(
+            model_dir,
+            TrainerConfig(
+                max_tokens_per_microbatch=40, compile_layers=compiled, activation_checkpointing="full"
+            ),
+            spec,
+        )
+        result[compiled] = [
+            policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0]) for _ in range(2)
+        ]
         result[f"names_{compiled}"] = [name for name, _ in policy.iter_sync_parameters()]
     if spec.rank == 0:
         torch.save(result, out_dir / "fsdp_compile.pt")
@@ -174,9 +208,16 @@ def fsdp_offload_vs_resident(spec, model_dir, out_dir):
     batch = random_batch(seed=11)
     result = {}
     for mode in ("resident", "offload", "overlap"):
-        policy = FSDPPolicy(model_dir, TrainerConfig(
-            max_tokens_per_microbatch=40, optimizer_offload=mode != "resident",
-            optimizer_offload_overlap=mode == "overlap", optim=OptimConfig(lr=1e-2, fused=True)), spec)
+        policy = FSDPPolicy(
+            model_dir,
+            TrainerConfig(
+                max_tokens_per_microbatch=40,
+                optimizer_offload=mode != "resident",
+                optimizer_offload_overlap=mode == "overlap",
+                optim=OptimConfig(lr=1e-2, fused=True),
+            ),
+            spec,
+        )
         metrics, leaving = [], []
         for _ in range(3):
             metrics.append(policy.train_step(batch, mini_batch_rows=4))
@@ -199,7 +240,9 @@ def fsdp_offload_checkpoint_resume(spec, model_dir, out_dir):
     from arl.trainer.fsdp import FSDPPolicy
 
     batch = random_batch(seed=12)
-    cfg = TrainerConfig(max_tokens_per_microbatch=40, optimizer_offload=True, optim=OptimConfig(lr=1e-2, fused=True))
+    cfg = TrainerConfig(
+        max_tokens_per_microbatch=40, optimizer_offload=True, optim=OptimConfig(lr=1e-2, fused=True)
+    )
     first = FSDPPolicy(model_dir, cfg, spec)
     first.train_step(batch, mini_batch_rows=4)
     result = {"on_host_before_save": first.optimizer_state.on_host}

@@ -26,14 +26,18 @@ async def measure_decode_curve(
     """Aggregate decode tokens/s of `engine` with b concurrent requests of exactly `tokens` tokens."""
     rates = []
     warm = SamplingParams(max_tokens=tokens, ignore_eos=True)
-    await asyncio.gather(*(engine.generate(f"cal-warm-{i}", [1] * prompt_len, warm) for i in range(max(batch_sizes))))
+    await asyncio.gather(
+        *(engine.generate(f"cal-warm-{i}", [1] * prompt_len, warm) for i in range(max(batch_sizes)))
+    )
     for b in batch_sizes:
         best = 0.0
         for r in range(repeats):
             params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=1.0)
             prompts = [[(7 * i + j) % 200 + 1 for j in range(prompt_len)] for i in range(b)]
             started = time.perf_counter()
-            outs = await asyncio.gather(*(engine.generate(f"cal-{b}-{r}-{i}", p, params) for i, p in enumerate(prompts)))
+            outs = await asyncio.gather(
+                *(engine.generate(f"cal-{b}-{r}-{i}", p, params) for i, p in enumerate(prompts))
+            )
             elapsed = time.perf_counter() - started
             best = max(best, sum(len(o.token_ids) for o in outs) / elapsed)
         rates.append(best)
@@ -69,7 +73,10 @@ def calibration_from_bench(
         decode=decode,
         train=TrainCost(tokens_per_s_per_gpu=train_rate),
         sync=SyncCost(split_s=r["sync_s_per_step"], colocated_s=r["sync_s_per_step"]),
-        meta={"source": f"measured by the bench run itself (mode {mode})", "bench_model": bench.get("model", "")},
+        meta={
+            "source": f"measured by the bench run itself (mode {mode})",
+            "bench_model": bench.get("model", ""),
+        },
     )
 
 
@@ -86,7 +93,10 @@ def match_engine_speed(
         simulated = r.tokens_per_s / max(1e-9, (1.0 - r.engine_idle_fraction) * r.replicas)
         scale = busy_tokens_per_s / simulated
         calib = msgspec.structs.replace(
-            calib, decode=msgspec.structs.replace(calib.decode, tokens_per_s=[v * scale for v in calib.decode.tokens_per_s])
+            calib,
+            decode=msgspec.structs.replace(
+                calib.decode, tokens_per_s=[v * scale for v in calib.decode.tokens_per_s]
+            ),
         )
         if abs(scale - 1) < 0.02:
             break

@@ -28,13 +28,19 @@ def _compare(args: argparse.Namespace) -> int:
         return 2
     config = args.config or HERE / "configs" / f"{args.preset}.toml"
     out = Path(args.out)
-    result = run_modes(config, args.overrides, modes, out, warmup_steps=args.warmup_steps,
-                       colocated_overrides=args.colocated_overrides.split() if args.colocated_overrides else [],
-                       colocated_scale=args.colocated_scale,
-                       concurrent_overrides=args.concurrent_overrides.split() if args.concurrent_overrides else [],
-                       shared_overrides=args.shared_overrides.split() if args.shared_overrides else [],
-                       rates=_rates_row(args.rates, args.rates_workload) if args.rates else None,
-                       size_concurrent=args.size_concurrent)
+    result = run_modes(
+        config,
+        args.overrides,
+        modes,
+        out,
+        warmup_steps=args.warmup_steps,
+        colocated_overrides=args.colocated_overrides.split() if args.colocated_overrides else [],
+        colocated_scale=args.colocated_scale,
+        concurrent_overrides=args.concurrent_overrides.split() if args.concurrent_overrides else [],
+        shared_overrides=args.shared_overrides.split() if args.shared_overrides else [],
+        rates=_rates_row(args.rates, args.rates_workload) if args.rates else None,
+        size_concurrent=args.size_concurrent,
+    )
     return _write_and_print(result, out)
 
 
@@ -43,11 +49,16 @@ def _report(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     if not out.is_dir():
-        print(f"arl-bench: {out} is not a folder (a compare's --out, one subfolder per mode)", file=sys.stderr)
+        print(
+            f"arl-bench: {out} is not a folder (a compare's --out, one subfolder per mode)", file=sys.stderr
+        )
         return 2
-    result = report_from_runs(out.resolve(), args.warmup_steps,
-                              _rates_row(args.rates, args.rates_workload) if args.rates else None,
-                              colocated_scale=args.colocated_scale)
+    result = report_from_runs(
+        out.resolve(),
+        args.warmup_steps,
+        _rates_row(args.rates, args.rates_workload) if args.rates else None,
+        colocated_scale=args.colocated_scale,
+    )
     if not result["modes"] and not result["failed_modes"]:
         print(f"arl-bench: no mode's run folder (metrics.jsonl) in {out}", file=sys.stderr)
         return 2
@@ -62,22 +73,34 @@ def _write_and_print(result: dict, out: Path) -> int:
     json_path, png = write(result, out)
     print(table(result["modes"]))
     if result.get("turn_taking_bound_tokens_per_s"):
-        print("arl-bench: turn-taking bound from this run's rates alone (trained tokens/s) " + ", ".join(
-            f"{m} {v:,.0f} (measured {result['share_of_turn_taking_bound'][m]:.0%} of it)"
-            for m, v in result["turn_taking_bound_tokens_per_s"].items()))
+        print(
+            "arl-bench: turn-taking bound from this run's rates alone (trained tokens/s) "
+            + ", ".join(
+                f"{m} {v:,.0f} (measured {result['share_of_turn_taking_bound'][m]:.0%} of it)"
+                for m, v in result["turn_taking_bound_tokens_per_s"].items()
+            )
+        )
     if result.get("at_once_bound_tokens_per_s"):
-        print(f"arl-bench: concurrent's bound from the shares it kept at once (trained tokens/s) "
-              f"{result['at_once_bound_tokens_per_s']:,.0f} (measured {result['share_of_at_once_bound']:.0%} of it)")
+        print(
+            f"arl-bench: concurrent's bound from the shares it kept at once (trained tokens/s) "
+            f"{result['at_once_bound_tokens_per_s']:,.0f} (measured {result['share_of_at_once_bound']:.0%} of it)"
+        )
     if result.get("ideal_speedups"):
-        print("arl-bench: ideal over colocated " + ", ".join(
-            f"{m} {v:.2f}× (measured {result['share_of_ideal'].get(m, float('nan')):.0%} of it)"
-            for m, v in result["ideal_speedups"].items()))
+        print(
+            "arl-bench: ideal over colocated "
+            + ", ".join(
+                f"{m} {v:.2f}× (measured {result['share_of_ideal'].get(m, float('nan')):.0%} of it)"
+                for m, v in result["ideal_speedups"].items()
+            )
+        )
     if result.get("headline"):
         print("arl-bench: " + headline_line(result["headline"]))
     for mode, r in result["modes"].items():
         if (extra := drawn_from_stock(r)) > STOCK_WARNING_SHARE:
-            print(f"arl-bench: {mode} trained {extra:.0%} more tokens than it generated in the measured window: "
-                  f"it drew on the warm-up's stock, so its rates overstate a long run's; measure more steps")
+            print(
+                f"arl-bench: {mode} trained {extra:.0%} more tokens than it generated in the measured window: "
+                f"it drew on the warm-up's stock, so its rates overstate a long run's; measure more steps"
+            )
     print(f"arl-bench: {json_path}, {png}")
     for mode, error in result["failed_modes"].items():
         print(f"arl-bench: mode {mode} failed: {error}", file=sys.stderr)
@@ -95,13 +118,19 @@ def headline_line(headline: dict[str, dict]) -> str:
     for mode, h in headline.items():
         window = f"window {h['window_trained_tokens_speedup']:.2f}×"
         if h["source"] == "steady window":
-            parts.append(f"{mode} {h['trained_tokens_speedup']:.2f}× trained tokens/s, {h['samples_speedup']:.2f}× "
-                         f"samples/s (steady window: trained within ±5% of generated)")
+            parts.append(
+                f"{mode} {h['trained_tokens_speedup']:.2f}× trained tokens/s, {h['samples_speedup']:.2f}× "
+                f"samples/s (steady window: trained within ±5% of generated)"
+            )
         elif h["source"] == "bounds":
             imbalance = h["window_imbalance"]
-            why = f"trained {imbalance:.0%} off what it generated" if imbalance is not None else "no generation"
-            parts.append(f"{mode} {h['trained_tokens_speedup']:.2f}× trained tokens/s from the bounds (the window "
-                         f"is not steady: {why}; {window} as a footnote only)")
+            why = (
+                f"trained {imbalance:.0%} off what it generated" if imbalance is not None else "no generation"
+            )
+            parts.append(
+                f"{mode} {h['trained_tokens_speedup']:.2f}× trained tokens/s from the bounds (the window "
+                f"is not steady: {why}; {window} as a footnote only)"
+            )
         else:
             parts.append(f"{mode}: no headline (the window is not steady and it has no bound; {window})")
     return "headline over colocated: " + "; ".join(parts)
@@ -123,14 +152,20 @@ def _simulate(args: argparse.Namespace) -> int:
 
     calib = load_calibration(args.calibration)
     workload = SimWorkload(
-        source=args.source, n=args.n, prompts_per_step_per_gpu=args.prompts_per_gpu, steps=args.steps,
-        warmup_steps=args.warmup_steps, token_unit=args.token_unit,
+        source=args.source,
+        n=args.n,
+        prompts_per_step_per_gpu=args.prompts_per_gpu,
+        steps=args.steps,
+        warmup_steps=args.warmup_steps,
+        token_unit=args.token_unit,
     )
     if args.train_tokens_per_s:
         calib.train.tokens_per_s_per_gpu = args.train_tokens_per_s
     gpus = [int(g) for g in args.gpus.split(",")]
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    rows = project(calib, workload, gpus, modes=modes, rollout_fraction=args.rollout_fraction, staleness=args.staleness)
+    rows = project(
+        calib, workload, gpus, modes=modes, rollout_fraction=args.rollout_fraction, staleness=args.staleness
+    )
     result = {
         "calibration": str(args.calibration),
         "calibration_meta": calib.meta,
@@ -143,11 +178,16 @@ def _simulate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sim.json").write_text(json.dumps(result, indent=2))
-    print(f"{'GPUs':>6} " + " ".join(f"{m + ' samples/s (×)':>28}" for m in modes)
-          + f"   reference d (128 GPUs) {REFERENCE_SPEEDUP_128[0]}–{REFERENCE_SPEEDUP_128[1]}×")
+    print(
+        f"{'GPUs':>6} "
+        + " ".join(f"{m + ' samples/s (×)':>28}" for m in modes)
+        + f"   reference d (128 GPUs) {REFERENCE_SPEEDUP_128[0]}–{REFERENCE_SPEEDUP_128[1]}×"
+    )
     for row in rows:
         res, up = row["results"], row["speedup_over_colocated"]
-        print(f"{row['gpus']:>6} " + " ".join(f"{res[m]['samples_per_s']:>20.2f} ({up[m]:.2f}×)" for m in modes))
+        print(
+            f"{row['gpus']:>6} " + " ".join(f"{res[m]['samples_per_s']:>20.2f} ({up[m]:.2f}×)" for m in modes)
+        )
     print(f"arl-bench: {out / 'sim.json'}")
     return 0
 
@@ -161,21 +201,45 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--modes", default="colocated,a,b,c,d")
     c.add_argument("--warmup-steps", type=int, default=2)
     c.add_argument("--out", default="runs/bench")
-    c.add_argument("--colocated-overrides", default="", help="space-separated overrides for the colocated run only")
-    c.add_argument("--colocated-scale", type=float, default=1.0,
-                   help="multiply colocated throughput (k copies of a 1/k-batch run on 1/k of the GPUs)")
-    c.add_argument("--concurrent-overrides", default="",
-                   help="space-separated overrides for the concurrent run only (its memory split)")
-    c.add_argument("--size-concurrent", action="store_true",
-                   help="concurrent's replica gets what the trainer's peak in the modes before it leaves of the card")
-    c.add_argument("--shared-overrides", default="",
-                   help="space-separated overrides for both shared-GPU runs (e.g. their staleness budget)")
-    c.add_argument("--rates", type=Path, default=None,
-                   help="raw_vllm_rates.py's raw_rates.json: the shared schedules' ideals from its rates")
+    c.add_argument(
+        "--colocated-overrides", default="", help="space-separated overrides for the colocated run only"
+    )
+    c.add_argument(
+        "--colocated-scale",
+        type=float,
+        default=1.0,
+        help="multiply colocated throughput (k copies of a 1/k-batch run on 1/k of the GPUs)",
+    )
+    c.add_argument(
+        "--concurrent-overrides",
+        default="",
+        help="space-separated overrides for the concurrent run only (its memory split)",
+    )
+    c.add_argument(
+        "--size-concurrent",
+        action="store_true",
+        help="concurrent's replica gets what the trainer's peak in the modes before it leaves of the card",
+    )
+    c.add_argument(
+        "--shared-overrides",
+        default="",
+        help="space-separated overrides for both shared-GPU runs (e.g. their staleness budget)",
+    )
+    c.add_argument(
+        "--rates",
+        type=Path,
+        default=None,
+        help="raw_vllm_rates.py's raw_rates.json: the shared schedules' ideals from its rates",
+    )
     c.add_argument("--rates-workload", default="small", help="the workload of --rates to use")
-    c.add_argument("overrides", nargs="*", help="section.key=value for every mode, e.g. trainer.total_steps=8")
-    r = sub.add_parser("report", help="the table and bench.json of a compare that did not write them, "
-                       "from its run folders (stopped, or its machine taken back)")
+    c.add_argument(
+        "overrides", nargs="*", help="section.key=value for every mode, e.g. trainer.total_steps=8"
+    )
+    r = sub.add_parser(
+        "report",
+        help="the table and bench.json of a compare that did not write them, "
+        "from its run folders (stopped, or its machine taken back)",
+    )
     r.add_argument("out", help="the compare's --out folder (one subfolder per mode)")
     r.add_argument("--warmup-steps", type=int, default=2, help="as the compare's")
     r.add_argument("--colocated-scale", type=float, default=1.0, help="as the compare's")
@@ -190,12 +254,23 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--steps", type=int, default=6)
     s.add_argument("--warmup-steps", type=int, default=2)
     s.add_argument("--token-unit", type=int, default=32, help="simulate in units of this many tokens")
-    s.add_argument("--rollout-fraction", type=float, default=0.5, help="split layouts: share of GPUs for rollout")
-    s.add_argument("--modes", default="colocated,d",
-                   help="colocated, a–d (split), time_sliced, concurrent (shared GPUs); colocated is the baseline")
-    s.add_argument("--staleness", type=float, default=None,
-                   help="staleness_threshold of modes c, d and the shared schedules (default 0.5)")
-    s.add_argument("--train-tokens-per-s", type=float, default=0.0, help="override the calibration's train rate")
+    s.add_argument(
+        "--rollout-fraction", type=float, default=0.5, help="split layouts: share of GPUs for rollout"
+    )
+    s.add_argument(
+        "--modes",
+        default="colocated,d",
+        help="colocated, a–d (split), time_sliced, concurrent (shared GPUs); colocated is the baseline",
+    )
+    s.add_argument(
+        "--staleness",
+        type=float,
+        default=None,
+        help="staleness_threshold of modes c, d and the shared schedules (default 0.5)",
+    )
+    s.add_argument(
+        "--train-tokens-per-s", type=float, default=0.0, help="override the calibration's train rate"
+    )
     s.add_argument("--out", default="runs/bench-sim")
     args = parser.parse_args(argv)
     try:

@@ -106,7 +106,14 @@ def mode_settings(mode: str) -> tuple[str, list[str]]:
     return mode, (["resources.colocate=false"] if app_supports_colocate() else [])
 
 
-def summarize(mode: str, app_mode: str, overrides: list[str], rows: list[dict[str, Any]], summary: Any, warmup_steps: int) -> ModeResult:
+def summarize(
+    mode: str,
+    app_mode: str,
+    overrides: list[str],
+    rows: list[dict[str, Any]],
+    summary: Any,
+    warmup_steps: int,
+) -> ModeResult:
     """Figures over rows[warmup_steps:] (each row: one trainer step's metrics + rollout stats)."""
     if len(rows) <= warmup_steps:
         raise ValueError(f"mode {mode}: {len(rows)} steps, need more than warmup_steps={warmup_steps}")
@@ -114,7 +121,11 @@ def summarize(mode: str, app_mode: str, overrides: list[str], rows: list[dict[st
     step_s = sum(r["step_s"] for r in window)
     samples = window[-1]["samples_seen"] - (before["samples_seen"] if before else 0)
     tokens = sum(r["sampled_tokens_per_s"] * r["step_s"] for r in window)
-    r0 = before["rollout"] if before else {"engine_busy_s": 0.0, "manager_elapsed_s": 0.0, "engine_generated_tokens": 0.0}
+    r0 = (
+        before["rollout"]
+        if before
+        else {"engine_busy_s": 0.0, "manager_elapsed_s": 0.0, "engine_generated_tokens": 0.0}
+    )
     r1 = window[-1]["rollout"]
     elapsed = r1["manager_elapsed_s"] - r0["manager_elapsed_s"]
     busy = r1["engine_busy_s"] - r0["engine_busy_s"]
@@ -128,7 +139,8 @@ def summarize(mode: str, app_mode: str, overrides: list[str], rows: list[dict[st
         steps_measured=len(window),
         samples_per_s=samples / step_s,
         tokens_per_s=tokens / step_s,
-        generated_tokens_per_s=(r1["engine_generated_tokens"] - r0["engine_generated_tokens"]) / max(1e-9, elapsed),
+        generated_tokens_per_s=(r1["engine_generated_tokens"] - r0["engine_generated_tokens"])
+        / max(1e-9, elapsed),
         trainer_idle_fraction=sum(r["wait_s"] for r in window) / step_s,
         rollout_idle_fraction=1.0 - busy / max(1e-9, elapsed * replicas),
         sync_s_per_step=sum(r["sync_s"] for r in window) / len(window),
@@ -143,7 +155,9 @@ def summarize(mode: str, app_mode: str, overrides: list[str], rows: list[dict[st
         rollout_work_fraction=busy / max(1e-9, elapsed * replicas),
         trainer_rate=tokens / max(1e-9, train_s),
         rollout_rate=generated / max(1e-9, busy),
-        resumed_requests=int(r1.get("resumed_requests", 0) - (before["rollout"].get("resumed_requests", 0) if before else 0)),
+        resumed_requests=int(
+            r1.get("resumed_requests", 0) - (before["rollout"].get("resumed_requests", 0) if before else 0)
+        ),
         staleness_max=max(int(r.get("staleness_max", 0)) for r in window),
         preempted_requests=int(sum(_scheduler(r, "preempted") for r in window)),
         waiting_max=int(max(_scheduler(r, "waiting_max") for r in window)),
@@ -165,7 +179,11 @@ def alone_rates(results: dict[str, ModeResult], rates: dict[str, float] | None =
     modes, whose batches stay refilled like concurrent's)."""
     out = dict(rates or {})
     trainer = [r.trainer_rate for m, r in results.items() if m != "concurrent" and r.trainer_rate > 0]
-    rollout = [r.rollout_rate for m, r in results.items() if m not in ("concurrent", "colocated") and r.rollout_rate > 0]
+    rollout = [
+        r.rollout_rate
+        for m, r in results.items()
+        if m not in ("concurrent", "colocated") and r.rollout_rate > 0
+    ]
     if "trainer" not in out and trainer:
         out["trainer"] = max(trainer)
     if "rollout" not in out and rollout:
@@ -177,9 +195,13 @@ def add_slowdowns(results: dict[str, ModeResult], alone: dict[str, float]) -> No
     """Per mode and side: working share × (1 − rate / rate alone), at least 0 (NaN without a rate alone)."""
     for r in results.values():
         if alone.get("trainer"):
-            r.trainer_slowed_fraction = r.trainer_work_fraction * max(0.0, 1 - r.trainer_rate / alone["trainer"])
+            r.trainer_slowed_fraction = r.trainer_work_fraction * max(
+                0.0, 1 - r.trainer_rate / alone["trainer"]
+            )
         if alone.get("rollout"):
-            r.rollout_slowed_fraction = r.rollout_work_fraction * max(0.0, 1 - r.rollout_rate / alone["rollout"])
+            r.rollout_slowed_fraction = r.rollout_work_fraction * max(
+                0.0, 1 - r.rollout_rate / alone["rollout"]
+            )
 
 
 def taking_turns(generate: float, train: float) -> float:
@@ -206,9 +228,19 @@ def at_once_bound(results: dict[str, ModeResult], alone: dict[str, float]) -> fl
     alone and the shares each side kept at once in that run. How well the schedule used the sharing it
     got; None without a concurrent run or both rates alone."""
     r = results.get("concurrent")
-    if r is None or not (alone.get("trainer") and alone.get("rollout")) or r.trainer_rate <= 0 or r.rollout_rate <= 0:
+    if (
+        r is None
+        or not (alone.get("trainer") and alone.get("rollout"))
+        or r.trainer_rate <= 0
+        or r.rollout_rate <= 0
+    ):
         return None
-    return best_mix(alone["rollout"], alone["trainer"], r.rollout_rate / alone["rollout"], r.trainer_rate / alone["trainer"])
+    return best_mix(
+        alone["rollout"],
+        alone["trainer"],
+        r.rollout_rate / alone["rollout"],
+        r.trainer_rate / alone["trainer"],
+    )
 
 
 def best_mix(g: float, t: float, g_share: float, t_share: float) -> float:
@@ -232,7 +264,9 @@ def best_mix(g: float, t: float, g_share: float, t_share: float) -> float:
     return max(candidates)
 
 
-def ideal_speedups(g_sync: float, g_cont: float, t: float, g_share: float = 0.0, t_share: float = 0.0) -> dict[str, float]:
+def ideal_speedups(
+    g_sync: float, g_cont: float, t: float, g_share: float = 0.0, t_share: float = 0.0
+) -> dict[str, float]:
     """One GPU's ideal over synchronous colocated (which decodes at `g_sync`, then trains at `t`):
     time_sliced decodes refilled batches (`g_cont`) and trains in turn; concurrent mixes both at once
     (`best_mix`) with the measured shares. Rates in response tokens/s."""
@@ -272,8 +306,9 @@ def is_steady(mode: dict[str, Any]) -> bool:
     return imbalance is not None and imbalance <= STEADY_STATE_SHARE
 
 
-def headline(modes: dict[str, dict[str, Any]], bounds: dict[str, float],
-             at_once: float | None) -> dict[str, dict[str, Any]]:
+def headline(
+    modes: dict[str, dict[str, Any]], bounds: dict[str, float], at_once: float | None
+) -> dict[str, dict[str, Any]]:
     """Each mode's speedup over colocated as a headline may state it, trained tokens/s first.
 
     From the window when both it and colocated trained within ±STEADY_STATE_SHARE of what they generated
@@ -291,14 +326,18 @@ def headline(modes: dict[str, dict[str, Any]], bounds: dict[str, float],
         window_tokens = mode["tokens_per_s"] / base["tokens_per_s"]
         window_samples = mode["samples_per_s"] / base["samples_per_s"]
         steady = is_steady(mode) and is_steady(base)
-        entry: dict[str, Any] = {"source": "steady window" if steady else "bounds",
-                                 "window_trained_tokens_speedup": window_tokens,
-                                 "window_samples_speedup": window_samples,
-                                 "window_imbalance": window_imbalance(mode)}
+        entry: dict[str, Any] = {
+            "source": "steady window" if steady else "bounds",
+            "window_trained_tokens_speedup": window_tokens,
+            "window_samples_speedup": window_samples,
+            "window_imbalance": window_imbalance(mode),
+        }
         if steady:
             entry.update(trained_tokens_speedup=window_tokens, samples_speedup=window_samples)
         elif name in sustained and "colocated" in sustained:
-            entry.update(trained_tokens_speedup=sustained[name] / sustained["colocated"], samples_speedup=None)
+            entry.update(
+                trained_tokens_speedup=sustained[name] / sustained["colocated"], samples_speedup=None
+            )
         else:
             entry.update(source="none", trained_tokens_speedup=None, samples_speedup=None)
         out[name] = entry
@@ -311,14 +350,18 @@ SIZING_MARGIN_GIB = 4.0
 MIN_REPLICA_SHARE = 0.1
 
 
-def replica_share_beside(trainer_peak_gib: float, card_gib: float, margin_gib: float = SIZING_MARGIN_GIB) -> float:
+def replica_share_beside(
+    trainer_peak_gib: float, card_gib: float, margin_gib: float = SIZING_MARGIN_GIB
+) -> float:
     """The replica's `rollout.gpu_memory_utilization` beside a trainer that peaks at `trainer_peak_gib` on a
     card of `card_gib`: what is left after the peak and `margin_gib`, rounded down to 0.05, at most 0.8
     (apps/train's limit). Raises ValueError when less than MIN_REPLICA_SHARE is left."""
     share = min(0.8, int((card_gib - trainer_peak_gib - margin_gib) / card_gib * 20) / 20)
     if share < MIN_REPLICA_SHARE:
-        raise ValueError(f"the trainer peaks at {trainer_peak_gib:.1f} GiB of the card's {card_gib:.1f}: "
-                         f"less than {MIN_REPLICA_SHARE} of it is left for a resident replica")
+        raise ValueError(
+            f"the trainer peaks at {trainer_peak_gib:.1f} GiB of the card's {card_gib:.1f}: "
+            f"less than {MIN_REPLICA_SHARE} of it is left for a resident replica"
+        )
     return share
 
 
@@ -391,7 +434,13 @@ def run_modes(
             if sized_share is not None:  # last, so it wins over concurrent_overrides'
                 extra = [*extra, f"rollout.gpu_memory_utilization={sized_share}"]
         # No final checkpoint unless asked for: it measures nothing and costs minutes at 7B.
-        mode_overrides = ["trainer.save_final=false", *overrides, *extra, f"model.path={model}", f"output.dir={out_dir / mode}"]
+        mode_overrides = [
+            "trainer.save_final=false",
+            *overrides,
+            *extra,
+            f"model.path={model}",
+            f"output.dir={out_dir / mode}",
+        ]
         log(f"bench: mode {mode} (app mode {app_mode} {' '.join(extra)}) …")
         started = time.perf_counter()
         # A mode that is refused or fails (e.g. out of GPU memory) is recorded and the others still run:
@@ -408,17 +457,24 @@ def run_modes(
         if mode == "colocated":
             scale_throughput(results[mode], colocated_scale)
         r = results[mode]
-        log(f"bench: mode {mode}: {r.samples_per_s:.3f} samples/s, trainer idle {r.trainer_idle_fraction:.0%}, "
+        log(
+            f"bench: mode {mode}: {r.samples_per_s:.3f} samples/s, trainer idle {r.trainer_idle_fraction:.0%}, "
             f"rollout idle {r.rollout_idle_fraction:.0%}, sync {r.sync_s_per_step:.3f} s/step "
-            f"[{time.perf_counter() - started:.0f} s]")
-    return report(results, failed, rates, warmup_steps,
-                  config=str(config_path) if config_path else "apps/train default",
-                  overrides=overrides,
-                  colocated_native=app_supports_colocate(),
-                  colocated_overrides=list(colocated_overrides),
-                  colocated_scale=colocated_scale,
-                  concurrent_sized=sized_share,
-                  model=str(model))
+            f"[{time.perf_counter() - started:.0f} s]"
+        )
+    return report(
+        results,
+        failed,
+        rates,
+        warmup_steps,
+        config=str(config_path) if config_path else "apps/train default",
+        overrides=overrides,
+        colocated_native=app_supports_colocate(),
+        colocated_overrides=list(colocated_overrides),
+        colocated_scale=colocated_scale,
+        concurrent_sized=sized_share,
+        model=str(model),
+    )
 
 
 def scale_throughput(result: ModeResult, k: float) -> None:
@@ -428,8 +484,13 @@ def scale_throughput(result: ModeResult, k: float) -> None:
     result.generated_tokens_per_s *= k
 
 
-def report(results: dict[str, ModeResult], failed: dict[str, str], rates: dict[str, Any] | None,
-           warmup_steps: int, **recorded: Any) -> dict[str, Any]:
+def report(
+    results: dict[str, ModeResult],
+    failed: dict[str, str],
+    rates: dict[str, Any] | None,
+    warmup_steps: int,
+    **recorded: Any,
+) -> dict[str, Any]:
     """The compare's result from its modes' figures: each mode's speedup over colocated and slowed
     shares, the turn-taking bounds from this compare's own rates, the ideals from `rates`; `recorded`
     (what was run) goes into it as it is."""
@@ -441,8 +502,13 @@ def report(results: dict[str, ModeResult], failed: dict[str, str], rates: dict[s
     add_slowdowns(results, alone)
     ideals: dict[str, float] = {}
     if rates:
-        ideals = ideal_speedups(rates["g_sync"], rates["g_cont"], rates["t_response"],
-                                rates.get("share_engine", 0.0), rates.get("share_trainer", 0.0))
+        ideals = ideal_speedups(
+            rates["g_sync"],
+            rates["g_cont"],
+            rates["t_response"],
+            rates.get("share_engine", 0.0),
+            rates.get("share_trainer", 0.0),
+        )
     bounds = turn_taking_ideals(results, alone)
     at_once = at_once_bound(results, alone)
     return {
@@ -453,7 +519,9 @@ def report(results: dict[str, ModeResult], failed: dict[str, str], rates: dict[s
         "share_of_at_once_bound": results["concurrent"].tokens_per_s / at_once if at_once else None,
         "headline": headline({m: msgspec.to_builtins(r) for m, r in results.items()}, bounds, at_once),
         "ideal_speedups": ideals,
-        "share_of_ideal": {m: results[m].speedup_over_colocated / v for m, v in ideals.items() if m in results},
+        "share_of_ideal": {
+            m: results[m].speedup_over_colocated / v for m, v in ideals.items() if m in results
+        },
         "warmup_steps": warmup_steps,
         **recorded,
         "modes": {m: msgspec.to_builtins(r) for m, r in results.items()},
@@ -461,8 +529,9 @@ def report(results: dict[str, ModeResult], failed: dict[str, str], rates: dict[s
     }
 
 
-def report_from_runs(out_dir: Path, warmup_steps: int, rates: dict[str, Any] | None = None,
-                     colocated_scale: float = 1.0) -> dict[str, Any]:
+def report_from_runs(
+    out_dir: Path, warmup_steps: int, rates: dict[str, Any] | None = None, colocated_scale: float = 1.0
+) -> dict[str, Any]:
     """The report of a compare from its run folders (`out_dir/<mode>/`, as `run_modes` writes them), for
     a compare that did not get to write its own: stopped, or its machine taken back. A mode's folder
     without summary.json (its run did not finish) is a failed mode."""
@@ -482,13 +551,17 @@ def report_from_runs(out_dir: Path, warmup_steps: int, rates: dict[str, Any] | N
         app_mode, extra = mode_settings(mode)
         summary = SimpleNamespace(**json.loads((folder / "summary.json").read_text()))
         try:
-            results[mode] = summarize(mode, app_mode, extra, read_metrics(folder / "metrics.jsonl"), summary, warmup_steps)
+            results[mode] = summarize(
+                mode, app_mode, extra, read_metrics(folder / "metrics.jsonl"), summary, warmup_steps
+            )
         except ValueError as exc:  # too few steps for the warm-up
             failed[mode] = failure_line(exc)
             continue
         if mode == "colocated":
             scale_throughput(results[mode], colocated_scale)
-    return report(results, failed, rates, warmup_steps, from_runs=str(out_dir), colocated_scale=colocated_scale)
+    return report(
+        results, failed, rates, warmup_steps, from_runs=str(out_dir), colocated_scale=colocated_scale
+    )
 
 
 def failure_line(exc: BaseException) -> str:

@@ -60,13 +60,21 @@ def plot(modes: dict[str, dict[str, Any]], path: Path) -> Path:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     bars = ax1.bar(names, [modes[m]["samples_per_s"] for m in names], color="tab:blue")
     for bar, m in zip(bars, names, strict=True):
-        ax1.annotate(cell(modes[m].get("speedup_over_colocated"), "{:.2f}×"), (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                     ha="center", va="bottom")
+        ax1.annotate(
+            cell(modes[m].get("speedup_over_colocated"), "{:.2f}×"),
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+        )
     ax1.set_ylabel("trainer samples/s")
     ax1.set_title("throughput (speedup over colocated)")
     x = range(len(names))
-    ax2.bar([i - 0.2 for i in x], [modes[m]["trainer_idle_fraction"] for m in names], 0.4, label="trainer idle")
-    ax2.bar([i + 0.2 for i in x], [modes[m]["rollout_idle_fraction"] for m in names], 0.4, label="rollout idle")
+    ax2.bar(
+        [i - 0.2 for i in x], [modes[m]["trainer_idle_fraction"] for m in names], 0.4, label="trainer idle"
+    )
+    ax2.bar(
+        [i + 0.2 for i in x], [modes[m]["rollout_idle_fraction"] for m in names], 0.4, label="rollout idle"
+    )
     ax2.set_xticks(list(x), names)
     ax2.set_ylim(0, 1)
     ax2.set_ylabel("fraction of wall time")

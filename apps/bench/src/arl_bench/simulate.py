@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
 from arl.rollout.testing import DecodeCost
 
 CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
@@ -153,7 +154,12 @@ def _scaled(cost: DecodeCost, unit: int) -> DecodeCost:
 
 
 async def _simulate(
-    mode: str, gpus: int, calib: Calibration, workload: SimWorkload, rollout_fraction: float, staleness: float | None
+    mode: str,
+    gpus: int,
+    calib: Calibration,
+    workload: SimWorkload,
+    rollout_fraction: float,
+    staleness: float | None,
 ) -> SimResult:
     import arl.rollout.rollouter as rollouter_module
     import arl.trainer.trainer as trainer_module
@@ -326,14 +332,21 @@ def simulate(
 
 
 def project(
-    calib: Calibration, workload: SimWorkload, gpu_counts: list[int], *, modes: tuple[str, ...] = ("colocated", "d"),
-    rollout_fraction: float = 0.5, staleness: float | None = None, log: Any = print,
+    calib: Calibration,
+    workload: SimWorkload,
+    gpu_counts: list[int],
+    *,
+    modes: tuple[str, ...] = ("colocated", "d"),
+    rollout_fraction: float = 0.5,
+    staleness: float | None = None,
+    log: Any = print,
 ) -> list[dict[str, Any]]:
     """Per GPU count: every mode's result and its speedup over colocated."""
     table = []
     for gpus in gpu_counts:
         results = {
-            m: simulate(m, gpus, calib, workload, rollout_fraction=rollout_fraction, staleness=staleness) for m in modes
+            m: simulate(m, gpus, calib, workload, rollout_fraction=rollout_fraction, staleness=staleness)
+            for m in modes
         }
         base = results["colocated"].samples_per_s if "colocated" in results else float("nan")
         row = {
@@ -343,7 +356,10 @@ def project(
         }
         log(
             f"sim {gpus:>4} GPUs: "
-            + " | ".join(f"{m} {r.samples_per_s:.2f} samples/s ({r.samples_per_s / base:.2f}×)" for m, r in results.items())
+            + " | ".join(
+                f"{m} {r.samples_per_s:.2f} samples/s ({r.samples_per_s / base:.2f}×)"
+                for m, r in results.items()
+            )
             + f"  [{sum(r.real_s for r in results.values()):.0f} s real]"
         )
         table.append(row)

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
+
 from arl.harbor.types import HarborConfig
 from arl.proxy.types import SamplingParams
 from arl.rollout.budget import Budget
 from arl.sync import SyncConfig
 from arl.trainer.config import TrainerConfig
-
 from arl_train.harbor_section import TaskSource, harbor_config, task_source
 from arl_train.package_configs import run_budget, sync_config, trainer_config
 from arl_train.placement import Layout
@@ -95,9 +95,14 @@ class TrainerSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 def trainer_shape(layout: Layout) -> TrainerShape:
     """The row of the layout table a trainer rank of `layout` is built from."""
-    schedule = layout.shared_gpu if layout.shared_gpu != "off" else ("colocated" if layout.colocate else "split")
-    return TrainerShape(policy="fsdp" if layout.trainer_ranks > 1 else "single",
-                        sender="per_rank" if layout.per_rank_sync else "rank0", schedule=schedule)
+    schedule = (
+        layout.shared_gpu if layout.shared_gpu != "off" else ("colocated" if layout.colocate else "split")
+    )
+    return TrainerShape(
+        policy="fsdp" if layout.trainer_ranks > 1 else "single",
+        sender="per_rank" if layout.per_rank_sync else "rank0",
+        schedule=schedule,
+    )
 
 
 def rollout_spec(config: AppConfig, layout: Layout, timeouts: RunTimeouts, model_path: Path) -> RolloutSpec:
@@ -118,8 +123,9 @@ def rollout_spec(config: AppConfig, layout: Layout, timeouts: RunTimeouts, model
     )
 
 
-def trainer_spec(config: AppConfig, layout: Layout, timeouts: RunTimeouts, model_path: Path,
-                 resume: dict[str, Any]) -> TrainerSpec:
+def trainer_spec(
+    config: AppConfig, layout: Layout, timeouts: RunTimeouts, model_path: Path, resume: dict[str, Any]
+) -> TrainerSpec:
     return TrainerSpec(
         model_path=str(model_path),
         shape=trainer_shape(layout),
@@ -144,8 +150,11 @@ def trainer_spec(config: AppConfig, layout: Layout, timeouts: RunTimeouts, model
 
 def with_transport(spec: TrainerSpec, transport: str) -> TrainerSpec:
     """`spec` with the weights' transport settled once the nodes are known (`placement.transport_between_nodes`)."""
-    return msgspec.structs.replace(spec, sync=msgspec.structs.replace(spec.sync, transport=transport),
-                                   layout=msgspec.structs.replace(spec.layout, transport=transport))
+    return msgspec.structs.replace(
+        spec,
+        sync=msgspec.structs.replace(spec.sync, transport=transport),
+        layout=msgspec.structs.replace(spec.layout, transport=transport),
+    )
 
 
 def reference_path_of(cfg: AppConfig, model_path: str, resume_state: dict[str, Any] | None) -> str | None:

@@ -23,14 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from arl_train import ledger
-from arl_train.actor_specs import RolloutSpec, TrainerSpec, reference_path_of
-from arl_train.colocated import ColocatedControl, ColocatedSource
-from arl_train.engine_actor import RemoteEngine
-from arl_train.harbor_section import load_tasks
-from arl_train.package_configs import engine_config, run_budget
-from arl_train.placement import TrainerRank, node_ip, sender_host
-from arl_train.shared_gpu import TimeSlicedControl, TimeSlicedSource, explain_out_of_memory, limit_trainer_memory
 from arl.rollout.engines.vllm_scheduler_stats import ReplicaWindows
 from arl.trainer.group import (
     GroupPublisher,
@@ -40,9 +32,29 @@ from arl.trainer.group import (
     release_memory_together,
     sender_addresses,
 )
+from arl_train import ledger
+from arl_train.actor_specs import RolloutSpec, TrainerSpec, reference_path_of
+from arl_train.colocated import ColocatedControl, ColocatedSource
+from arl_train.engine_actor import RemoteEngine
+from arl_train.harbor_section import load_tasks
+from arl_train.package_configs import engine_config, run_budget
+from arl_train.placement import TrainerRank, node_ip, sender_host
+from arl_train.shared_gpu import (
+    TimeSlicedControl,
+    TimeSlicedSource,
+    explain_out_of_memory,
+    limit_trainer_memory,
+)
 
-__all__ = ["POLICIES", "SCHEDULES", "RolloutActor", "TrainerActor", "engine_config", "reference_path_of",
-           "run_budget"]
+__all__ = [
+    "POLICIES",
+    "SCHEDULES",
+    "RolloutActor",
+    "TrainerActor",
+    "engine_config",
+    "reference_path_of",
+    "run_budget",
+]
 
 RPC_TIMEOUT_S = 600.0
 SCHEDULER_STATS_TIMEOUT_S = 10.0
@@ -56,8 +68,13 @@ def _limit_threads() -> None:
 
 
 class RolloutActor:
-    def __init__(self, spec: RolloutSpec, queue_handle: Any, engine_handles: list[Any],
-                 worker_options: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        spec: RolloutSpec,
+        queue_handle: Any,
+        engine_handles: list[Any],
+        worker_options: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.spec = spec
         self.queue_handle = queue_handle
         self.engine_handles = engine_handles
@@ -70,7 +87,9 @@ class RolloutActor:
         self._agent_loops: dict[str, Any] = {}
         self._pool: Any = None
 
-    async def start(self, initial_version: int = 0, skip_tasks: int = 0, replay_tasks: list[int] = ()) -> None:
+    async def start(
+        self, initial_version: int = 0, skip_tasks: int = 0, replay_tasks: list[int] = ()
+    ) -> None:
         """Start the engines (holding weights of `initial_version`), then the feed loop in the
         background of this actor; `skip_tasks` resumes the dataset where a checkpoint left it."""
         from transformers import AutoTokenizer
@@ -110,7 +129,9 @@ class RolloutActor:
             )
             self._agent_loops = self._pool.agent_loops(agent_names)
         else:
-            self._agent_loops = {name: make_agent_loop(name, tokenizer=tokenizer, **options[name]) for name in agent_names}
+            self._agent_loops = {
+                name: make_agent_loop(name, tokenizer=tokenizer, **options[name]) for name in agent_names
+            }
         # Dataset positions in flight are checkpointed and replayed first on resume (see ledger.TaskTracker).
         self._tracker = ledger.TaskTracker(tasks, seed=spec.seed, skip=skip_tasks, replay=list(replay_tasks))
         self.rollouter = Rollouter(
@@ -138,10 +159,14 @@ class RolloutActor:
         if not live:  # every replica died (e.g. during this pause): nothing can receive the weights
             from arl.rollout.errors import NoHealthyReplicaError
 
-            raise NoHealthyReplicaError(f"all {len(self._engines)} engine replicas are dead; no weight sync possible")
+            raise NoHealthyReplicaError(
+                f"all {len(self._engines)} engine replicas are dead; no weight sync possible"
+            )
         return self.spec.receivers_per_replica * len(live)
 
-    async def update_weights(self, sync_address: str | list[str], sync_config_json: bytes, version: int) -> None:
+    async def update_weights(
+        self, sync_address: str | list[str], sync_config_json: bytes, version: int
+    ) -> None:
         await self.rollouter.update_weights(sync_address, sync_config_json, version)
 
     async def resume(self, queued_samples: int | None) -> None:
@@ -183,17 +208,21 @@ class RolloutActor:
         for e in self._engines:  # the slowest replica sets each phase ("inplace": the least in place)
             for k, v in e.last_sync.items():
                 phases[k] = (min if k == "inplace" else max)(phases.get(k, v), v)
-        return self.rollouter.stats.as_dict() | {
-            "active": self.rollouter.active,
-            "resumed_requests": self.rollouter.manager.resumed_requests,
-            "failovers": self.rollouter.manager.failovers,
-            "sync_sources": self.rollouter.manager.sync_sources,
-            "replicas_healthy": self.rollouter.manager.healthy_replicas,
-            "engine_versions": self.rollouter.manager.weight_versions,
-            "last_sync": phases,
-            "next_task": self._tracker.next_position,
-            "tasks_in_flight": self._tracker.in_flight(),
-        } | ({"agent_workers": self._pool.stats()} if self._pool is not None else {})
+        return (
+            self.rollouter.stats.as_dict()
+            | {
+                "active": self.rollouter.active,
+                "resumed_requests": self.rollouter.manager.resumed_requests,
+                "failovers": self.rollouter.manager.failovers,
+                "sync_sources": self.rollouter.manager.sync_sources,
+                "replicas_healthy": self.rollouter.manager.healthy_replicas,
+                "engine_versions": self.rollouter.manager.weight_versions,
+                "last_sync": phases,
+                "next_task": self._tracker.next_position,
+                "tasks_in_flight": self._tracker.in_flight(),
+            }
+            | ({"agent_workers": self._pool.stats()} if self._pool is not None else {})
+        )
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: Any) -> Any:
         """The load-balanced engines, for agent-loop workers (`run.agent_workers` > 0)."""
@@ -212,7 +241,9 @@ class RolloutActor:
         from arl.proxy.types import SamplingParams
 
         engine = self._engines[self.rollouter.manager.healthy_replicas[0]]
-        out = await engine.generate("arl-probe", prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=1.0))
+        out = await engine.generate(
+            "arl-probe", prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=1.0)
+        )
         return out.token_ids, out.log_probs, engine.weight_version
 
     async def stop(self) -> None:
@@ -252,8 +283,12 @@ class _RolloutHandle:
         if self.publisher is not None:  # a dead replica's receivers skip this sync
             self.publisher.expect_receivers(live_receivers)
 
-    async def update_weights(self, sync_address: str | list[str], sync_config_json: bytes, version: int) -> None:
-        await asyncio.wait_for(self.handle.update_weights.remote(sync_address, sync_config_json, version), RPC_TIMEOUT_S)
+    async def update_weights(
+        self, sync_address: str | list[str], sync_config_json: bytes, version: int
+    ) -> None:
+        await asyncio.wait_for(
+            self.handle.update_weights.remote(sync_address, sync_config_json, version), RPC_TIMEOUT_S
+        )
 
     async def resume(self, queued_samples: int) -> None:
         await asyncio.wait_for(self.handle.resume.remote(queued_samples), RPC_TIMEOUT_S)
@@ -274,8 +309,14 @@ class _Policy:
 def _single_policy(spec: TrainerSpec, rank: TrainerRank) -> _Policy:
     from arl.trainer import HFPolicy
 
-    policy = HFPolicy(spec.model_path, spec.trainer, device=spec.device, dtype=spec.dtype, seed=spec.seed,
-                      reference_path=spec.reference_path)
+    policy = HFPolicy(
+        spec.model_path,
+        spec.trainer,
+        device=spec.device,
+        dtype=spec.dtype,
+        seed=spec.seed,
+        reference_path=spec.reference_path,
+    )
     return _Policy(policy, lead=lambda own, addresses: (policy, own))
 
 
@@ -288,14 +329,19 @@ def _fsdp_ranks(spec: TrainerSpec, rank: TrainerRank) -> _Policy:
 
     def lead(own: Any, addresses: list[str] | None) -> tuple[Any, Any]:
         per_rank = addresses is not None
-        return (LeaderPolicy(policy, followers_send=per_rank, after_step=after_step),
-                GroupPublisher(own, addresses) if per_rank else own)
+        return (
+            LeaderPolicy(policy, followers_send=per_rank, after_step=after_step),
+            GroupPublisher(own, addresses) if per_rank else own,
+        )
 
     return _Policy(policy, lead, after_step)
 
 
 # How a rank's policy is built, by `TrainerShape.policy`.
-POLICIES: dict[str, Callable[[TrainerSpec, TrainerRank], _Policy]] = {"single": _single_policy, "fsdp": _fsdp_ranks}
+POLICIES: dict[str, Callable[[TrainerSpec, TrainerRank], _Policy]] = {
+    "single": _single_policy,
+    "fsdp": _fsdp_ranks,
+}
 
 
 @dataclass
@@ -316,13 +362,17 @@ def _split(spec: TrainerSpec, source: Any, control: Any, rollout: Any, settle: A
 
 def _colocated(spec: TrainerSpec, source: Any, control: Any, rollout: Any, settle: Any) -> _Wiring:
     """Take turns: the replicas sleep while this trainer runs."""
-    sleeping = ColocatedControl(control, rollout, spec.sleep_level, RPC_TIMEOUT_S, settle_trainer_memory=settle)
+    sleeping = ColocatedControl(
+        control, rollout, spec.sleep_level, RPC_TIMEOUT_S, settle_trainer_memory=settle
+    )
     return _Wiring(ColocatedSource(source, sleeping.sleep, _required(spec)), sleeping, sleeping)
 
 
 def _time_sliced(spec: TrainerSpec, source: Any, control: Any, rollout: Any, settle: Any) -> _Wiring:
     """The replicas generate until the batch is in, then sleep."""
-    sleeping = TimeSlicedControl(control, rollout, spec.sleep_level, RPC_TIMEOUT_S, settle_trainer_memory=settle)
+    sleeping = TimeSlicedControl(
+        control, rollout, spec.sleep_level, RPC_TIMEOUT_S, settle_trainer_memory=settle
+    )
     shared = TimeSlicedSource(source, sleeping, _required(spec))
     return _Wiring(shared, sleeping, sleeping, shared)
 
@@ -334,7 +384,10 @@ def _required(spec: TrainerSpec) -> int:
 # How the trainer shares the GPUs with the replicas, by `TrainerShape.schedule` ("concurrent": both stay
 # resident, the loop's source and control as they are; the rank caps its memory, `TrainerActor`).
 SCHEDULES: dict[str, Callable[..., _Wiring]] = {
-    "split": _split, "colocated": _colocated, "time_sliced": _time_sliced, "concurrent": _split,
+    "split": _split,
+    "colocated": _colocated,
+    "time_sliced": _time_sliced,
+    "concurrent": _split,
 }
 
 
@@ -365,8 +418,11 @@ class TrainerActor:
         # alone sends, to every worker of every replica.
         per_rank = shape.sender == "per_rank"
         receivers = layout.receivers_per_rank if per_rank else layout.receivers
-        self.publisher = (WeightPublisher(spec.sync, num_receivers=receivers, host=host)
-                          if per_rank or not self.follower else None)
+        self.publisher = (
+            WeightPublisher(spec.sync, num_receivers=receivers, host=host)
+            if per_rank or not self.follower
+            else None
+        )
         addresses = sender_addresses(self.publisher) if per_rank else None  # a collective: every rank joins
         if self.follower:
             return
@@ -375,8 +431,12 @@ class TrainerActor:
         # sync, settled before their KV caches wake (FSDP ranks together: arl.trainer.group).
         settle = self.policy.settle_optimizer_offload if spec.trainer.optimizer_offload_overlap else None
         wiring = SCHEDULES[shape.schedule](
-            spec, QueueClient(queue_handle), _RolloutHandle(rollout_handle, spec.pause_rpc_s, publisher),
-            rollout_handle, settle)
+            spec,
+            QueueClient(queue_handle),
+            _RolloutHandle(rollout_handle, spec.pause_rpc_s, publisher),
+            rollout_handle,
+            settle,
+        )
         self.colocated, self.shared_source = wiring.sleeping, wiring.shared_source
         tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
         self.trainer = Trainer(
@@ -401,10 +461,16 @@ class TrainerActor:
         from arl.trainer.profiling import profiled_step
 
         step = self.trainer.step + 1
-        recording = (profiled_step(Path(self.spec.profile_dir), step)
-                     if step == self.spec.profile_step else contextlib.nullcontext())
-        memory = (explain_out_of_memory(self.spec.oom_advice) if self.beside_resident_replica
-                  else contextlib.nullcontext())
+        recording = (
+            profiled_step(Path(self.spec.profile_dir), step)
+            if step == self.spec.profile_step
+            else contextlib.nullcontext()
+        )
+        memory = (
+            explain_out_of_memory(self.spec.oom_advice)
+            if self.beside_resident_replica
+            else contextlib.nullcontext()
+        )
         with recording, memory:
             metrics = await self.trainer.train_step()
         if self.shared_source is not None:  # a step without a sync hands the GPU back now
@@ -426,15 +492,20 @@ class TrainerActor:
         on_cuda = torch.device(device).type == "cuda" if device else False
         return {
             "device": str(device),
-            "gpu_memory_gib": torch.cuda.get_device_properties(device).total_memory / 2**30 if on_cuda else 0.0,
+            "gpu_memory_gib": torch.cuda.get_device_properties(device).total_memory / 2**30
+            if on_cuda
+            else 0.0,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-            "cuda_alloc_conf": os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            "cuda_alloc_conf": os.environ.get("PYTORCH_ALLOC_CONF")
+            or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
             "sync_address": self.publisher.address if self.publisher is not None else "",
             "rank": self.rank.rank,
             "world_size": self.rank.world_size,
             "node": node_ip(),
             # Where the data-parallel ranks met ("" for one rank).
-            "rendezvous": f"{self.rank.master_addr}:{self.rank.master_port}" if self.rank.world_size > 1 else "",
+            "rendezvous": f"{self.rank.master_addr}:{self.rank.master_port}"
+            if self.rank.world_size > 1
+            else "",
         }
 
     async def final_sync(self) -> dict[str, Any]:
@@ -464,11 +535,11 @@ class TrainerActor:
 
         if self.rank.world_size > 1:  # a collective forward through the sharded model (packed path)
             logp = self.policy.log_probs(probe_batch(prompt_ids, token_ids))
-            return logp[0, len(prompt_ids):].tolist()
+            return logp[0, len(prompt_ids) :].tolist()
         ids = torch.tensor([prompt_ids + token_ids], device=self.policy.device)
         with torch.no_grad():
             logits = self.policy.model(input_ids=ids).logits
-        return token_log_probs(logits, ids, self.spec.trainer.temperature)[0, len(prompt_ids):].tolist()
+        return token_log_probs(logits, ids, self.spec.trainer.temperature)[0, len(prompt_ids) :].tolist()
 
     async def version(self) -> int:
         return self.trainer.version
@@ -502,7 +573,10 @@ def _fsdp_policy(spec: TrainerSpec, rank: TrainerRank) -> Any:
     # Ranks meeting at a node's address (not loopback) bind the interface of their own node's address.
     local = "" if rank.master_addr.startswith("127.") else node_ip()
     distributed = DistributedSpec(
-        address=rank.master_addr, port=rank.master_port, rank=rank.rank, world_size=rank.world_size,
+        address=rank.master_addr,
+        port=rank.master_port,
+        rank=rank.rank,
+        world_size=rank.world_size,
         local_address=local,
         local_rank=0 if on_gpu else None,  # Ray shows each rank only its own GPU
         backend=None if on_gpu else "gloo",
@@ -510,5 +584,11 @@ def _fsdp_policy(spec: TrainerSpec, rank: TrainerRank) -> Any:
         timeout_s=max(1800.0, 2 * spec.step_timeout_s),
     )
     sync_dtype = None if spec.rollout_dtype == "float32" else getattr(torch, spec.rollout_dtype, None)
-    return FSDPPolicy(spec.model_path, spec.trainer, distributed, seed=spec.seed, sync_dtype=sync_dtype,
-                      reference_path=spec.reference_path)
+    return FSDPPolicy(
+        spec.model_path,
+        spec.trainer,
+        distributed,
+        seed=spec.seed,
+        sync_dtype=sync_dtype,
+        reference_path=spec.reference_path,
+    )

@@ -24,7 +24,9 @@ from collections.abc import Mapping
 _NAMES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 
 
-def trainer_allocator_env(expandable_segments: bool, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def trainer_allocator_env(
+    expandable_segments: bool, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The environment variables a CUDA trainer rank starts with (before CUDA initialises in it).
 
     {} when `expandable_segments` is off or the allocator configuration in `environ` (the driver's

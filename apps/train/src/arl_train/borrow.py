@@ -44,8 +44,9 @@ def _default(f: msgspec.structs.FieldInfo) -> Any:
     return f.default_factory() if f.default_factory is not msgspec.NODEFAULT else msgspec.NODEFAULT
 
 
-def borrows(source: type, *, defaults: dict[str, str] | None = None,
-            notes: dict[str, str] | None = None) -> Callable[[T], T]:
+def borrows(
+    source: type, *, defaults: dict[str, str] | None = None, notes: dict[str, str] | None = None
+) -> Callable[[T], T]:
     """Class decorator: every field the decorated section declares itself is `source`'s field of that
     name, with its type and default; `defaults` maps a field whose default the app changes to why;
     `notes` adds how the app reads a field. Raises `TypeError` at import on any mismatch."""
@@ -53,8 +54,12 @@ def borrows(source: type, *, defaults: dict[str, str] | None = None,
 
     def record(section: T) -> T:
         theirs = {f.name: f for f in msgspec.structs.fields(source)}
-        inherited = {f.name for base in section.__bases__ if issubclass(base, msgspec.Struct)
-                     for f in msgspec.structs.fields(base)}
+        inherited = {
+            f.name
+            for base in section.__bases__
+            if issubclass(base, msgspec.Struct)
+            for f in msgspec.structs.fields(base)
+        }
         own = [f for f in msgspec.structs.fields(section) if f.name not in inherited]
         problems = []
         for f in own:
@@ -68,16 +73,22 @@ def borrows(source: type, *, defaults: dict[str, str] | None = None,
             if f.name in defaults:
                 if mine == its:
                     problems.append(f"{f.name}: a reason for an app default that is the package's ({its!r})")
-                _ORIGINS[(section, f.name)] = Origin(source, f.name, mine, defaults[f.name], notes.get(f.name, ""))
+                _ORIGINS[(section, f.name)] = Origin(
+                    source, f.name, mine, defaults[f.name], notes.get(f.name, "")
+                )
             else:
                 if mine != its:
-                    problems.append(f"{f.name}: default {mine!r}, the package's is {its!r} (say why in defaults)")
+                    problems.append(
+                        f"{f.name}: default {mine!r}, the package's is {its!r} (say why in defaults)"
+                    )
                 _ORIGINS[(section, f.name)] = Origin(source, f.name, note=notes.get(f.name, ""))
         unknown = (set(defaults) | set(notes)) - {f.name for f in own}
         if unknown:
             problems.append(f"defaults/notes for fields the section does not declare: {sorted(unknown)}")
         if problems:
-            raise TypeError(f"{section.__qualname__} borrows from {source.__qualname__}: " + "; ".join(problems))
+            raise TypeError(
+                f"{section.__qualname__} borrows from {source.__qualname__}: " + "; ".join(problems)
+            )
         return section
 
     return record

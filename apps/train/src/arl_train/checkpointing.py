@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from arl.queue.persistence import SNAPSHOT_FILENAME
-
 from arl_train.sections import AppConfig
 
 RPC_TIMEOUT_S = 60.0
@@ -30,7 +29,9 @@ def resume_state(config: AppConfig, out_dir: Path) -> dict[str, Any]:
     checkpoint = Path(config.trainer.resume_from)
     state_file = checkpoint / "trainer_state.json"
     if not state_file.is_file():
-        raise FileNotFoundError(f"trainer.resume_from {checkpoint} is not an arl checkpoint (no trainer_state.json)")
+        raise FileNotFoundError(
+            f"trainer.resume_from {checkpoint} is not an arl checkpoint (no trainer_state.json)"
+        )
     state = json.loads(state_file.read_text())
     if state["step"] >= config.trainer.total_steps:
         raise ValueError(
@@ -56,9 +57,13 @@ def save_checkpoint(ray: Any, trainer: Any, rollout: Any, queue: Any, directory:
 def latest_checkpoint(out_dir: Path) -> tuple[Path, int] | None:
     """The run's newest complete `checkpoints/step_N` (trainer state and queue snapshot both written),
     with its step; None when there is none."""
-    found = [(int(p.name.split("_")[1]), p) for p in (Path(out_dir) / "checkpoints").glob("step_*")
-             if p.name.split("_")[1].isdigit() and (p / "trainer_state.json").is_file()
-             and (p / SNAPSHOT_FILENAME).is_file()]
+    found = [
+        (int(p.name.split("_")[1]), p)
+        for p in (Path(out_dir) / "checkpoints").glob("step_*")
+        if p.name.split("_")[1].isdigit()
+        and (p / "trainer_state.json").is_file()
+        and (p / SNAPSHOT_FILENAME).is_file()
+    ]
     if not found:
         return None
     step, path = max(found)
@@ -66,6 +71,6 @@ def latest_checkpoint(out_dir: Path) -> tuple[Path, int] | None:
 
 
 def latest_checkpoint_hint(out_dir: Path) -> str:
-    """"; resume from its last checkpoint: trainer.resume_from=<it>" for an error message ("" if none)."""
+    """ "; resume from its last checkpoint: trainer.resume_from=<it>" for an error message ("" if none)."""
     latest = latest_checkpoint(out_dir)
     return f"; resume from its last checkpoint: trainer.resume_from={latest[0]}" if latest else ""

@@ -45,10 +45,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"arl-train: details: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(format_summary(summary))
-    print(f"arl-train: metrics {summary.output_dir}/metrics.jsonl, plot {summary.plot}, "
-          f"checkpoint {summary.checkpoint or 'none (trainer.save_final = false)'}")
+    print(
+        f"arl-train: metrics {summary.output_dir}/metrics.jsonl, plot {summary.plot}, "
+        f"checkpoint {summary.checkpoint or 'none (trainer.save_final = false)'}"
+    )
     if not summary.weights_equal_after_sync:
-        print("arl-train: the engine's weights differ from the trainer's after the last sync", file=sys.stderr)
+        print(
+            "arl-train: the engine's weights differ from the trainer's after the last sync", file=sys.stderr
+        )
         return 1
     return 0
 
@@ -59,12 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
         prog="arl-train",
         description="Fully asynchronous RL: the embedded default trains a tiny model on a built-in task on CPU.",
     )
-    parser.add_argument("--config", type=Path, default=None, help="TOML config (default: apps/train/configs/default.toml)")
-    parser.add_argument("--mode", choices=["a", "b", "c", "d"], default=None, help="preset of the four async modes (README)")
-    parser.add_argument("--preset", choices=["agent", "swe"], default=None,
-                        help="agent: configs/agent.toml + a supervised warm start on shell-agent demonstrations, "
-                             "then RL on Harbor shell tasks (README); swe: configs/swe.toml on this CPU with the "
-                             "tiny model on a few real SWE tasks (docs/guide/swe.md)")
+    parser.add_argument(
+        "--config", type=Path, default=None, help="TOML config (default: apps/train/configs/default.toml)"
+    )
+    parser.add_argument(
+        "--mode", choices=["a", "b", "c", "d"], default=None, help="preset of the four async modes (README)"
+    )
+    parser.add_argument(
+        "--preset",
+        choices=["agent", "swe"],
+        default=None,
+        help="agent: configs/agent.toml + a supervised warm start on shell-agent demonstrations, "
+        "then RL on Harbor shell tasks (README); swe: configs/swe.toml on this CPU with the "
+        "tiny model on a few real SWE tasks (docs/guide/swe.md)",
+    )
     parser.add_argument("overrides", nargs="*", help="section.key=value, e.g. rollout.n=8")
     return parser
 

@@ -65,12 +65,15 @@ class NodePlan(msgspec.Struct, frozen=True, kw_only=True):
         def ips(nodes: list[NodeInfo]) -> str:
             return ", ".join(n.ip for n in nodes) or "-"
 
-        return (f"driver {self.driver.ip} | trainer ranks {ips(self.trainer)} | replicas {ips(self.replicas)} | "
-                f"agent workers {ips(self.workers)}")
+        return (
+            f"driver {self.driver.ip} | trainer ranks {ips(self.trainer)} | replicas {ips(self.replicas)} | "
+            f"agent workers {ips(self.workers)}"
+        )
 
     def weights_path(self) -> str:
         """Where the weights go, for messages: trainer node → replica nodes."""
-        return f"the trainer is on {self.trainer[0].label()} and the replicas on {', '.join(r.label() for r in self.replicas)}"
+        replicas = ", ".join(r.label() for r in self.replicas)
+        return f"the trainer is on {self.trainer[0].label()} and the replicas on {replicas}"
 
 
 def spread(nodes: list[NodeInfo], resource: str, count: int, fallback: NodeInfo) -> list[NodeInfo]:
@@ -111,8 +114,11 @@ def live_nodes() -> list[NodeInfo]:
     placed on it."""
     import ray
 
-    return [NodeInfo(id=n["NodeID"], ip=n["NodeManagerAddress"], resources=dict(n.get("Resources", {})))
-            for n in ray.nodes() if n.get("Alive") and _raylet_answers(n)]
+    return [
+        NodeInfo(id=n["NodeID"], ip=n["NodeManagerAddress"], resources=dict(n.get("Resources", {})))
+        for n in ray.nodes()
+        if n.get("Alive") and _raylet_answers(n)
+    ]
 
 
 def current_node_id() -> str:
@@ -158,8 +164,12 @@ def rendezvous(node: NodeInfo, timeout_s: float = 120.0) -> tuple[str, int]:
     return node.ip, int(ray.get(probe.remote(node.ip), timeout=timeout_s))
 
 
-def lost_actor(exc: BaseException, parts: dict[str, tuple[Any, NodeInfo]], wait_s: float = 0.0,
-               node_alive: Callable[[NodeInfo], bool] | None = None) -> str | None:
+def lost_actor(
+    exc: BaseException,
+    parts: dict[str, tuple[Any, NodeInfo]],
+    wait_s: float = 0.0,
+    node_alive: Callable[[NodeInfo], bool] | None = None,
+) -> str | None:
     """When `exc` (or what it wraps) is Ray's error for a dead or unreachable actor among `parts` (a
     name -> (actor handle, its node)), a sentence naming the part, its node and whether that node is
     gone (asked once, or for up to `wait_s`; `node_alive` answers instead of Ray and the node's raylet);
@@ -178,14 +188,18 @@ def lost_actor(exc: BaseException, parts: dict[str, tuple[Any, NodeInfo]], wait_
         hexid = _actor_hex(handle)
         return bool(hexid) and (hexid == actor_id or (not actor_id and hexid in text))
 
-    name, node = next(((n, where) for n, (handle, where) in parts.items() if named(handle)),
-                      ("an actor of the run", None))
+    name, node = next(
+        ((n, where) for n, (handle, where) in parts.items() if named(handle)), ("an actor of the run", None)
+    )
     if node is None:
         return f"{name} was lost ({type(err).__name__})"
     dead = _wait_node_dead(node, wait_s, node_alive or ray_node_alive)
-    return (f"{name} on node {node.label()} was lost ({type(err).__name__}): "
-            + ("the node is gone (Ray's raylet there is dead or does not answer: the host, or every process on "
-               "it, was lost)" if dead else "its process died or stopped answering (the node is still up)"))
+    return f"{name} on node {node.label()} was lost ({type(err).__name__}): " + (
+        "the node is gone (Ray's raylet there is dead or does not answer: the host, or every process on "
+        "it, was lost)"
+        if dead
+        else "its process died or stopped answering (the node is still up)"
+    )
 
 
 def _actor_hex(handle: Any) -> str:
@@ -209,7 +223,9 @@ def _raylet_answers(record: dict[str, Any]) -> bool:
     import socket
 
     try:
-        with socket.create_connection((record["NodeManagerAddress"], int(record["NodeManagerPort"])), timeout=2.0):
+        with socket.create_connection(
+            (record["NodeManagerAddress"], int(record["NodeManagerPort"])), timeout=2.0
+        ):
             return True
     except (OSError, KeyError, ValueError):
         return False

@@ -29,9 +29,15 @@ class SleepingReplicaControl:
     """What the rollout controls of a shared GPU have in common (colocated's and time_sliced's): the
     plain control they wrap, the rollout actor whose replicas sleep and wake, and the wake-ups timed."""
 
-    def __init__(self, inner: Any, rollout_handle: Any, sleep_level: int, timeout_s: float,
-                 release_trainer_memory: Callable[[], None] | None = None,
-                 settle_trainer_memory: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        rollout_handle: Any,
+        sleep_level: int,
+        timeout_s: float,
+        release_trainer_memory: Callable[[], None] | None = None,
+        settle_trainer_memory: Callable[[], float] | None = None,
+    ) -> None:
         """`inner`: the plain rollout control; `rollout_handle`: the rollout actor (sleep / wake_up /
         resume). `release_trainer_memory`: hands the trainer's cached GPU memory back before a wake-up
         (default `arl.trainer.memory.release_cached_gpu_memory`, imported here so that importing this
@@ -59,7 +65,9 @@ class SleepingReplicaControl:
         await asyncio.wait_for(self.rollout.wake_up.remote(tags), self.timeout_s)
         self._add(key, time.perf_counter() - t0)
 
-    async def update_weights(self, sync_address: str | list[str], sync_config_json: bytes, version: int) -> None:
+    async def update_weights(
+        self, sync_address: str | list[str], sync_config_json: bytes, version: int
+    ) -> None:
         await self.inner.update_weights(sync_address, sync_config_json, version)
 
     def pop_timings(self) -> dict[str, float]:
@@ -94,7 +102,6 @@ class ColocatedControl(SleepingReplicaControl):
             await self._wake(["kv_cache"], "colocated_wake_kv_s")
             self.asleep = False
         await self.inner.resume(queued_samples)
-
 
 
 class ColocatedSource:

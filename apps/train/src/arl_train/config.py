@@ -42,9 +42,26 @@ from arl_train.sections import (
 from arl_train.validation import validate
 
 __all__ = [
-    "DEFAULT_CONFIG", "MODES", "ActorConfig", "AppConfig", "AsyncTrainingConfig", "ClusterSection", "ConfigError",
-    "DataConfig", "HarborSection", "ModelConfig", "OutputConfig", "RayConfig", "ResourcesConfig", "RolloutConfig",
-    "RunSection", "StorageSection", "SwePresetConfig", "SyncSection", "TrainerSection", "WarmStartConfig",
+    "DEFAULT_CONFIG",
+    "MODES",
+    "ActorConfig",
+    "AppConfig",
+    "AsyncTrainingConfig",
+    "ClusterSection",
+    "ConfigError",
+    "DataConfig",
+    "HarborSection",
+    "ModelConfig",
+    "OutputConfig",
+    "RayConfig",
+    "ResourcesConfig",
+    "RolloutConfig",
+    "RunSection",
+    "StorageSection",
+    "SwePresetConfig",
+    "SyncSection",
+    "TrainerSection",
+    "WarmStartConfig",
     "load_config",
 ]
 
@@ -85,8 +102,11 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
         fields = {f.name: f for f in msgspec.structs.fields(struct_type)}
         if part not in fields:
             where = ".".join(parts[:depth]) or "top level"
-            raise ConfigError(f"unknown config key {dotted!r}: {part!r} is not a field of {where} "
-                              f"(fields: {sorted(fields)})", dotted)
+            raise ConfigError(
+                f"unknown config key {dotted!r}: {part!r} is not a field of {where} "
+                f"(fields: {sorted(fields)})",
+                dotted,
+            )
         if depth == len(parts) - 1:
             if isinstance(value, _Null):
                 value = None if _admits_none(fields[part].type) else str(value)
@@ -100,7 +120,9 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
             table[parts[-1]] = str(value) if isinstance(value, _Null) else value
             return
         if not (isinstance(struct_type, type) and issubclass(struct_type, msgspec.Struct)):
-            raise ConfigError(f"unknown config key {dotted!r}: {'.'.join(parts[: depth + 1])} is not a section", dotted)
+            raise ConfigError(
+                f"unknown config key {dotted!r}: {'.'.join(parts[: depth + 1])} is not a section", dotted
+            )
         node = node.setdefault(part, {})
 
 

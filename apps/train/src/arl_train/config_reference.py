@@ -61,8 +61,13 @@ def type_name(t: Any) -> str:
         return "table"
     origin_type, args = typing.get_origin(t), typing.get_args(t)
     if origin_type is typing.Annotated:  # a range msgspec checks at load: `int (>= 1)`
-        bounds = [f"{op} {getattr(meta, name)}" for meta in t.__metadata__ if isinstance(meta, msgspec.Meta)
-                  for name, op in _BOUNDS if getattr(meta, name) is not None]
+        bounds = [
+            f"{op} {getattr(meta, name)}"
+            for meta in t.__metadata__
+            if isinstance(meta, msgspec.Meta)
+            for name, op in _BOUNDS
+            if getattr(meta, name) is not None
+        ]
         return type_name(args[0]) + (f" ({', '.join(bounds)})" if bounds else "")
     if origin_type is typing.Literal:
         return " | ".join(_literal(a) for a in args)

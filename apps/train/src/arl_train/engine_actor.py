@@ -44,7 +44,9 @@ class EngineActor:
         await self.engine.start()
         return {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "pid": os.getpid()}
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams
+    ) -> TokenOutput:
         try:
             return await self.engine.generate(request_id, prompt_ids, sampling_params)
         except Exception as e:
@@ -62,7 +64,9 @@ class EngineActor:
     async def abort_all(self) -> None:
         await self.engine.abort_all()
 
-    async def load_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> dict[str, float]:
+    async def load_weights(
+        self, sync_address: str, sync_config_json: bytes, version: int
+    ) -> dict[str, float]:
         await self.engine.load_weights(sync_address, sync_config_json, version)
         return dict(getattr(self.engine, "last_sync", {}))
 
@@ -122,7 +126,9 @@ def _actor_death_as_engine_death(what: str) -> Iterator[None]:
 class RemoteEngine:
     """The Engine protocol over an `EngineActor` handle (used inside the rollout actor)."""
 
-    def __init__(self, handle: Any, initial_version: int, rpc_timeout_s: float, start_timeout_s: float) -> None:
+    def __init__(
+        self, handle: Any, initial_version: int, rpc_timeout_s: float, start_timeout_s: float
+    ) -> None:
         self.handle = handle
         self._version = initial_version
         self._rpc_timeout_s = rpc_timeout_s
@@ -150,7 +156,9 @@ class RemoteEngine:
     async def stop(self) -> None:
         await self._call(self.handle.stop.remote(), "stop", 60.0)
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams
+    ) -> TokenOutput:
         # No timeout here: the server manager bounds every generate call (rollout.generate_timeout_s).
         ref = self.handle.generate.remote(request_id, prompt_ids, sampling_params)
         try:
@@ -175,7 +183,8 @@ class RemoteEngine:
 
     async def load_weights(self, sync_address: str, sync_config_json: bytes, version: int) -> None:
         self.last_sync = await self._call(
-            self.handle.load_weights.remote(sync_address, sync_config_json, version), "load_weights")
+            self.handle.load_weights.remote(sync_address, sync_config_json, version), "load_weights"
+        )
         self._version = version
 
     async def sleep(self, level: int) -> bool:

@@ -53,8 +53,11 @@ from arl_train.watchdog import MARKER, run_processes
 # The app's command line (what `uv run apps/train` runs), in this interpreter.
 APP = [sys.executable, "-m", "arl_train.cli"]
 COMMON = [
-    "actor.ppo_mini_batch_size=2", "rollout.n=2", "rollout.max_tokens=8",
-    "async_training.staleness_threshold=1.0", "trainer.save_every=1",
+    "actor.ppo_mini_batch_size=2",
+    "rollout.n=2",
+    "rollout.max_tokens=8",
+    "async_training.staleness_threshold=1.0",
+    "trainer.save_every=1",
 ]
 # Steps the final run (D) takes after its resume point before it ends normally.
 FINAL_STEPS = 3
@@ -76,16 +79,27 @@ class AppRun:
     `launch(argv, env=, stdout=, stderr=)` starts it (default: here, `subprocess.Popen`; a multi-host
     test bed passes its `TestBed.popen` bound to the head node)."""
 
-    def __init__(self, name: str, root: Path, overrides: list[str], timeout_s: float,
-                 launch: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen) -> None:
+    def __init__(
+        self,
+        name: str,
+        root: Path,
+        overrides: list[str],
+        timeout_s: float,
+        launch: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
+    ) -> None:
         self.name, self.out, self.timeout_s = name, root / name, timeout_s
         self.run_id = uuid.uuid4().hex[:12]
         self.ray_tmp = tempfile.mkdtemp(prefix="arlf-", dir="/tmp")  # short: Ray's AF_UNIX socket paths
         self.log = root / f"{name}.log"
-        env = {k: v for k, v in os.environ.items() if k != MARKER} | {MARKER: self.run_id, "ARL_RAY_TMP": self.ray_tmp}
+        env = {k: v for k, v in os.environ.items() if k != MARKER} | {
+            MARKER: self.run_id,
+            "ARL_RAY_TMP": self.ray_tmp,
+        }
         self.proc = launch(
             [*APP, *overrides, f"output.dir={self.out}"],
-            env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+            env=env,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
         )
 
     def rows(self) -> list[dict[str, Any]]:
@@ -109,9 +123,13 @@ class AppRun:
         deadline = time.monotonic() + self.timeout_s
         while self.last_step() < step:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"run {self.name} exited ({self.proc.returncode}) before step {step}: {self.tail()}")
+                raise RuntimeError(
+                    f"run {self.name} exited ({self.proc.returncode}) before step {step}: {self.tail()}"
+                )
             if time.monotonic() > deadline:
-                raise TimeoutError(f"run {self.name} did not reach step {step} in {self.timeout_s}s: {self.tail()}")
+                raise TimeoutError(
+                    f"run {self.name} did not reach step {step} in {self.timeout_s}s: {self.tail()}"
+                )
             time.sleep(0.2)
         return time.monotonic()
 
@@ -130,7 +148,9 @@ class AppRun:
 
     def titles(self) -> list[str]:
         """The command lines (first 200 characters) of the run's processes, the driver's own left out."""
-        return [cmdline[:200].replace(b"\0", b" ").decode(errors="replace") for _, cmdline in self._cmdlines()]
+        return [
+            cmdline[:200].replace(b"\0", b" ").decode(errors="replace") for _, cmdline in self._cmdlines()
+        ]
 
     def kill_one(self, title: bytes, sig: signal.Signals = signal.SIGKILL) -> int:
         pids = self.pids(title)
@@ -230,8 +250,14 @@ def check_ledger(segments: list[tuple[AppRun, int | None]], total_steps: int) ->
             rolled_back += 1  # produced after the checkpoint the next run resumed from; its task re-ran
         else:
             lost[i] += 1
-            lost_samples.append({**r, "run": i, "resumed_from_step": segments[i][1],
-                                 "taken_for_step": taken_any.get(r["uid"])})
+            lost_samples.append(
+                {
+                    **r,
+                    "run": i,
+                    "resumed_from_step": segments[i][1],
+                    "taken_for_step": taken_any.get(r["uid"]),
+                }
+            )
     steps = [r["step"] for r in rows]
     versions = [r["version"] for r in rows]
     return {
@@ -262,8 +288,16 @@ def fault_corrupt_snapshot(checkpoint: Path, root: Path, total_steps: int) -> Ou
     snapshot.write_bytes(bytes(data))
     started = time.monotonic()
     proc = subprocess.run(
-        [*APP, *COMMON, f"trainer.resume_from={copy}", f"trainer.total_steps={total_steps}",
-         f"output.dir={root / 'corrupt_out'}"], capture_output=True, text=True, timeout=120,
+        [
+            *APP,
+            *COMMON,
+            f"trainer.resume_from={copy}",
+            f"trainer.total_steps={total_steps}",
+            f"output.dir={root / 'corrupt_out'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     refused_s = time.monotonic() - started
     try:
@@ -273,25 +307,34 @@ def fault_corrupt_snapshot(checkpoint: Path, root: Path, total_steps: int) -> Ou
         direct = str(exc)
     named = str(snapshot) in proc.stderr
     ok = proc.returncode == 2 and named and not (root / "corrupt_out").exists() and str(snapshot) in direct
-    return Outcome("corrupt queue snapshot", f"refused by name before start (exit {proc.returncode})" if ok
-                   else f"NOT refused as expected (exit {proc.returncode})", ok, 0, round(refused_s, 1),
-                   {"stderr": proc.stderr.strip()[-300:], "read_snapshot": direct[-200:]})
+    return Outcome(
+        "corrupt queue snapshot",
+        f"refused by name before start (exit {proc.returncode})"
+        if ok
+        else f"NOT refused as expected (exit {proc.returncode})",
+        ok,
+        0,
+        round(refused_s, 1),
+        {"stderr": proc.stderr.strip()[-300:], "read_snapshot": direct[-200:]},
+    )
 
 
 async def _proxy_fault(model_dir: Path) -> dict[str, Any]:
     import aiohttp
+    from transformers import AutoTokenizer
 
     from arl.proxy import ChatProxy, ProxyConfig
     from arl.rollout import ServerManager
     from arl.rollout.engines.torch_engine import TorchEngine, TorchEngineConfig
-    from transformers import AutoTokenizer
 
     engine = TorchEngine(TorchEngineConfig(model_path=str(model_dir)))
     await engine.start()
     statuses: dict[str, int] = {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        async with ChatProxy(tokenizer, ServerManager([engine], generate_timeout_s=60), ProxyConfig(max_body_bytes=1 << 16)) as proxy:
+        async with ChatProxy(
+            tokenizer, ServerManager([engine], generate_timeout_s=60), ProxyConfig(max_body_bytes=1 << 16)
+        ) as proxy:
             session = proxy.open_session()
             url = f"{session.base_url}/chat/completions"
             good = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -301,18 +344,25 @@ async def _proxy_fault(model_dir: Path) -> dict[str, Any]:
                 "no messages": json.dumps({"model": "m"}).encode(),
                 "messages not a list": json.dumps({"model": "m", "messages": "hi"}).encode(),
                 "message without role": json.dumps({"model": "m", "messages": [{"content": "hi"}]}).encode(),
-                "unknown role": json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}).encode(),
+                "unknown role": json.dumps(
+                    {"model": "m", "messages": [{"role": "wizard", "content": "x"}]}
+                ).encode(),
                 "max_tokens negative": json.dumps(good | {"max_tokens": -5}).encode(),
                 "max_tokens a string": json.dumps(good | {"max_tokens": "many"}).encode(),
                 "temperature negative": json.dumps(good | {"temperature": -1}).encode(),
-                "body too large": json.dumps(good | {"messages": [{"role": "user", "content": "x" * 100_000}]}).encode(),
+                "body too large": json.dumps(
+                    good | {"messages": [{"role": "user", "content": "x" * 100_000}]}
+                ).encode(),
                 "unknown session": None,
             }
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
                 for name, body in bad.items():
                     target = url.replace(session.id, "no-such-session") if body is None else url
-                    async with http.post(target, data=body if body is not None else json.dumps(good).encode(),
-                                         headers={"Content-Type": "application/json"}) as resp:
+                    async with http.post(
+                        target,
+                        data=body if body is not None else json.dumps(good).encode(),
+                        headers={"Content-Type": "application/json"},
+                    ) as resp:
                         statuses[name] = resp.status
                         await resp.read()
                 async with http.post(url, json=good) as resp:
@@ -321,8 +371,11 @@ async def _proxy_fault(model_dir: Path) -> dict[str, Any]:
             trajectory = proxy.pop_session(session.id)
     finally:
         await engine.stop()
-    return {"statuses": statuses, "turns_recorded": trajectory.num_turns,
-            "completion_tokens": reply.get("usage", {}).get("completion_tokens")}
+    return {
+        "statuses": statuses,
+        "turns_recorded": trajectory.num_turns,
+        "completion_tokens": reply.get("usage", {}).get("completion_tokens"),
+    }
 
 
 def fault_proxy(model_dir: Path) -> Outcome:
@@ -330,15 +383,27 @@ def fault_proxy(model_dir: Path) -> Outcome:
     result = asyncio.run(_proxy_fault(model_dir))
     statuses = result["statuses"]
     rejected = {k: v for k, v in statuses.items() if k != "valid request after"}
-    ok = (all(400 <= v < 500 for v in rejected.values()) and statuses["valid request after"] == 200
-          and result["turns_recorded"] == 1)
-    return Outcome("malformed proxy requests",
-                   f"{sum(400 <= v < 500 for v in rejected.values())}/{len(rejected)} answered 4xx, then served"
-                   if ok else f"unexpected answers {statuses}", ok, 0, round(time.monotonic() - started, 1), result)
+    ok = (
+        all(400 <= v < 500 for v in rejected.values())
+        and statuses["valid request after"] == 200
+        and result["turns_recorded"] == 1
+    )
+    return Outcome(
+        "malformed proxy requests",
+        f"{sum(400 <= v < 500 for v in rejected.values())}/{len(rejected)} answered 4xx, then served"
+        if ok
+        else f"unexpected answers {statuses}",
+        ok,
+        0,
+        round(time.monotonic() - started, 1),
+        result,
+    )
 
 
 # ----- the chain -----------------------------------------------------------------------------------
-def run_chain(root: Path, engine: str, total_steps: int, timeout_s: float) -> tuple[list[Outcome], dict[str, Any]]:
+def run_chain(
+    root: Path, engine: str, total_steps: int, timeout_s: float
+) -> tuple[list[Outcome], dict[str, Any]]:
     base = [*COMMON, f"rollout.engine={engine}", f"trainer.total_steps={total_steps}"]
     # Each replica is its own Ray actor (arl_train.engine_actor); vLLM's engine core is a process of it.
     engine_title = b"ray::EngineActor" if engine == "torch" else b"VLLM::EngineCore"
@@ -364,12 +429,31 @@ def run_chain(root: Path, engine: str, total_steps: int, timeout_s: float) -> tu
             next_step_t = a.wait_step(step_at + 1)
             a.wait_step(step_at + 2)
             drops = a.rows()[-1]["rollout"].get("dropped_timeout", 0)
-        outcomes.append(Outcome("generation stalls past its timeout",
-                                f"run continued; {drops} prompt(s) dropped as generate_timeout", drops >= 1 and a.proc.poll() is None,
-                                None, round(next_step_t - resumed_at, 1), {"dropped_timeout": drops, "stalls": attempts}))
-        b = _kill_and_resume(a, b"ray::TrainerActor", "trainer actor killed, resumed", base, root, "B", outcomes, segments, timeout_s)
+        outcomes.append(
+            Outcome(
+                "generation stalls past its timeout",
+                f"run continued; {drops} prompt(s) dropped as generate_timeout",
+                drops >= 1 and a.proc.poll() is None,
+                None,
+                round(next_step_t - resumed_at, 1),
+                {"dropped_timeout": drops, "stalls": attempts},
+            )
+        )
+        b = _kill_and_resume(
+            a,
+            b"ray::TrainerActor",
+            "trainer actor killed, resumed",
+            base,
+            root,
+            "B",
+            outcomes,
+            segments,
+            timeout_s,
+        )
         runs.append(b)
-        c = _kill_and_resume(b, engine_title, "rollout engine killed, resumed", base, root, "C", outcomes, segments, timeout_s)
+        c = _kill_and_resume(
+            b, engine_title, "rollout engine killed, resumed", base, root, "C", outcomes, segments, timeout_s
+        )
         runs.append(c)
         # run C: the driver killed; nothing may outlive it (its own Ray included)
         c.wait_step(c.last_step() + 1)
@@ -382,16 +466,29 @@ def run_chain(root: Path, engine: str, total_steps: int, timeout_s: float) -> tu
         segments.append((c, ck_step))
         # run D ends FINAL_STEPS after its resume point: the chain's subject is the resume, not more steps.
         end_step = min(total_steps, ck_step + FINAL_STEPS)
-        d = AppRun("D", root, [*base, f"trainer.resume_from={checkpoint}", f"trainer.total_steps={end_step}"], timeout_s)
+        d = AppRun(
+            "D",
+            root,
+            [*base, f"trainer.resume_from={checkpoint}", f"trainer.total_steps={end_step}"],
+            timeout_s,
+        )
         runs.append(d)
         first = d.wait_step(ck_step + 1)
-        outcomes.append(Outcome("driver SIGKILLed, resumed",
-                                f"{len(left)} process(es) left {gone_s:.1f}s after; resumed at step {ck_step + 1}",
-                                not left, None, round(first - killed, 1),
-                                {"cleanup_s": round(gone_s, 1), "left": left, "running_before": running}))
+        outcomes.append(
+            Outcome(
+                "driver SIGKILLed, resumed",
+                f"{len(left)} process(es) left {gone_s:.1f}s after; resumed at step {ck_step + 1}",
+                not left,
+                None,
+                round(first - killed, 1),
+                {"cleanup_s": round(gone_s, 1), "left": left, "running_before": running},
+            )
+        )
         rc = d.wait_exit()
         segments.append((d, None))
-        summary = json.loads((d.out / "summary.json").read_text()) if (d.out / "summary.json").is_file() else {}
+        summary = (
+            json.loads((d.out / "summary.json").read_text()) if (d.out / "summary.json").is_file() else {}
+        )
         if rc != 0:
             raise RuntimeError(f"the final run exited {rc}: {d.tail()}")
         outcomes.append(fault_corrupt_snapshot(checkpoint, root, end_step))
@@ -404,21 +501,41 @@ def run_chain(root: Path, engine: str, total_steps: int, timeout_s: float) -> tu
     # A sample lost is charged to the fault that ended the run that produced it (the stall shares run A
     # with the trainer kill); the last run's are charged to its normal end.
     lost = book["lost_per_run"]
-    ended_by = {"generation stalls past its timeout": 0, "trainer actor killed, resumed": 0,
-                "rollout engine killed, resumed": 1, "driver SIGKILLed, resumed": 2}
+    ended_by = {
+        "generation stalls past its timeout": 0,
+        "trainer actor killed, resumed": 0,
+        "rollout engine killed, resumed": 1,
+        "driver SIGKILLed, resumed": 2,
+    }
     for o in outcomes:
         if o.fault in ended_by:
             o.samples_lost = lost[ended_by[o.fault]]
-    outcomes.append(Outcome("none: the resumed run ends normally", f"exit 0, final checkpoint holds {book['queued_at_end']} queued",
-                            True, lost[3], None))
+    outcomes.append(
+        Outcome(
+            "none: the resumed run ends normally",
+            f"exit 0, final checkpoint holds {book['queued_at_end']} queued",
+            True,
+            lost[3],
+            None,
+        )
+    )
     book["final_run"] = {k: summary.get(k) for k in ("steps", "syncs", "weights_equal_after_sync")}
     # The optimizer carried over three resumes: its final checkpoint counts every update of the chain.
     book["final_run"] |= {"end_step": end_step, "adam_steps": sorted(adam_steps(d.out / "checkpoint"))}
     return outcomes, book
 
 
-def _kill_and_resume(run: AppRun, title: bytes, fault: str, base: list[str], root: Path, name: str,
-                     outcomes: list[Outcome], segments: list[tuple[AppRun, int | None]], timeout_s: float) -> AppRun:
+def _kill_and_resume(
+    run: AppRun,
+    title: bytes,
+    fault: str,
+    base: list[str],
+    root: Path,
+    name: str,
+    outcomes: list[Outcome],
+    segments: list[tuple[AppRun, int | None]],
+    timeout_s: float,
+) -> AppRun:
     """SIGKILL one process of `run` after its next step, time how fast the driver fails, resume from
     its latest checkpoint as run `name`, and time until the resumed run's first step."""
     run.wait_step(run.last_step() + 1)
@@ -433,9 +550,16 @@ def _kill_and_resume(run: AppRun, title: bytes, fault: str, base: list[str], roo
     first = nxt.wait_step(ck_step + 1)
     # The whole log: Ray may print more (worker deaths, teardown) after the driver's own error line.
     reason = next((line for line in run.tail(None).splitlines() if "arl-train: the run failed" in line), "")
-    outcomes.append(Outcome(fault, f"driver failed in {detected_s:.1f}s (exit {rc}); resumed at step {ck_step + 1}",
-                            rc not in (0, None) and detected_s < 60 and not left, None, round(first - killed, 1),
-                            {"killed_pid": pid, "detect_s": round(detected_s, 1), "reason": reason[-240:], "left": left}))
+    outcomes.append(
+        Outcome(
+            fault,
+            f"driver failed in {detected_s:.1f}s (exit {rc}); resumed at step {ck_step + 1}",
+            rc not in (0, None) and detected_s < 60 and not left,
+            None,
+            round(first - killed, 1),
+            {"killed_pid": pid, "detect_s": round(detected_s, 1), "reason": reason[-240:], "left": left},
+        )
+    )
     return nxt
 
 
@@ -449,11 +573,15 @@ def format_table(outcomes: list[Outcome]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="inject faults into apps/train runs and check the sample ledger")
+    parser = argparse.ArgumentParser(
+        description="inject faults into apps/train runs and check the sample ledger"
+    )
     parser.add_argument("--engine", choices=["torch", "vllm"], default="torch")
     parser.add_argument("--total-steps", type=int, default=40)
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per wait (start, step, exit)")
-    parser.add_argument("--dir", type=Path, default=None, help="keep the runs here (default: a temp dir, removed)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="keep the runs here (default: a temp dir, removed)"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("ARL_CACHE_DIR", "/tmp/arl-cache")
     root = args.dir or Path(tempfile.mkdtemp(prefix="arl-faults-"))
@@ -461,15 +589,26 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     outcomes, book = run_chain(root, args.engine, args.total_steps, args.timeout_s)
     print(format_table(outcomes))
-    result = {"engine": args.engine, "total_steps": args.total_steps, "wall_s": round(time.monotonic() - started, 1),
-              "ledger": book, "faults": [asdict(o) for o in outcomes]}
+    result = {
+        "engine": args.engine,
+        "total_steps": args.total_steps,
+        "wall_s": round(time.monotonic() - started, 1),
+        "ledger": book,
+        "faults": [asdict(o) for o in outcomes],
+    }
     print(json.dumps(result, indent=1))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "faults.json").write_text(json.dumps(result, indent=1))
     if args.dir is None:
         shutil.rmtree(root, ignore_errors=True)
-    clean = (all(o.ok for o in outcomes) and sum(book["lost_per_run"]) == 0 and not book["consumed_twice"]
-             and not book["phantom"] and book["steps_continuous"] and book["versions_continuous"])
+    clean = (
+        all(o.ok for o in outcomes)
+        and sum(book["lost_per_run"]) == 0
+        and not book["consumed_twice"]
+        and not book["phantom"]
+        and book["steps_continuous"]
+        and book["versions_continuous"]
+    )
     return 0 if clean else 1
 
 

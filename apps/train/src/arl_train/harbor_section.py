@@ -3,7 +3,8 @@ the longest one trial attempt may take.
 
 `[harbor]` (`sections.HarborSection`) is `arl.harbor.HarborConfig` (agent, environment, timeouts,
 retry/keep/zero/drop policy per failure kind, tool parser, proxy host) plus the app's `task_cache_dir`;
-every key is overridable as `harbor.key=value` (e.g. `harbor.agent=oracle harbor.policy.sandbox=drop harbor.tool_parser=hermes`).
+every key is overridable as `harbor.key=value` (e.g. `harbor.agent=oracle harbor.policy.sandbox=drop
+harbor.tool_parser=hermes`).
 `data.source = "harbor:<folder of task dirs | task dir | .jsonl/.json task set>"` (or
 `"swebench:<SWE-bench-format rows | import .toml>"`) makes every task a Harbor trial (see `arl.harbor.tasks`).
 `TaskSource` is where the tasks come from (what the rollout actor is given, `load_tasks` reads it);
@@ -17,16 +18,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
-from arl.harbor.types import HarborConfig
 
+from arl.harbor.types import HarborConfig
 from arl_train.borrow import pick
 from arl_train.sections import AppConfig, HarborSection
 
 if TYPE_CHECKING:
     from arl.rollout.types import Task
 
-__all__ = ["HarborSection", "TaskSource", "check_harbor", "harbor_config", "load_app_tasks", "load_tasks",
-           "task_source", "trial_attempt_s", "uses_harbor"]
+__all__ = [
+    "HarborSection",
+    "TaskSource",
+    "check_harbor",
+    "harbor_config",
+    "load_app_tasks",
+    "load_tasks",
+    "task_source",
+    "trial_attempt_s",
+    "uses_harbor",
+]
 
 # The data.source prefixes whose tasks are Harbor trials (arl.harbor.tasks.SOURCE_PREFIXES).
 HARBOR_SOURCE_PREFIX = ("harbor:", "swebench:")
@@ -58,8 +68,9 @@ class TaskSource(msgspec.Struct, frozen=True, kw_only=True):
 
 def task_source(config: AppConfig) -> TaskSource:
     d, h = config.data, config.harbor
-    return TaskSource(source=d.source, seed=d.seed, size=d.size, cache_dir=h.task_cache_dir,
-                      task_path_key=h.task_path_key)
+    return TaskSource(
+        source=d.source, seed=d.seed, size=d.size, cache_dir=h.task_cache_dir, task_path_key=h.task_path_key
+    )
 
 
 def load_tasks(source: TaskSource) -> list[Task]:
@@ -67,7 +78,9 @@ def load_tasks(source: TaskSource) -> list[Task]:
     if source.source.startswith(HARBOR_SOURCE_PREFIX):
         from arl.harbor.tasks import load_harbor_tasks
 
-        return load_harbor_tasks(source.source, cache_dir=source.cache_dir or None, task_path_key=source.task_path_key)
+        return load_harbor_tasks(
+            source.source, cache_dir=source.cache_dir or None, task_path_key=source.task_path_key
+        )
     from arl.rollout import load_tasks as load_dataset
 
     return load_dataset(source.source, seed=source.seed, size=source.size)

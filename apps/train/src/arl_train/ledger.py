@@ -46,7 +46,10 @@ class RecordingSink:
         if self.tracker is not None:
             self.tracker.queued(sample.task_id)
         if self._file is not None:
-            self._file.write(json.dumps({"uid": sample.uid, "task_id": sample.task_id, "version": sample.end_version}) + "\n")
+            self._file.write(
+                json.dumps({"uid": sample.uid, "task_id": sample.task_id, "version": sample.end_version})
+                + "\n"
+            )
 
 
 class RecordingSource:

@@ -75,8 +75,9 @@ class ScalarSinks:
         except ImportError:
             return
         os.environ.setdefault("WANDB_MODE", "offline")  # never reach the network unless asked to
-        self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "arl"), name=run_name,
-                                dir=str(directory), reinit=True)
+        self.wandb = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "arl"), name=run_name, dir=str(directory), reinit=True
+        )
 
     def write(self, step: int, values: dict[str, float]) -> None:
         for name, value in values.items():
@@ -176,7 +177,9 @@ def phases_line(row: dict[str, Any]) -> str:
     """The step's sync phases in milliseconds, appended to its progress line ("" without a sync)."""
     if not row.get("sync_s"):
         return ""
-    parts = [f"{name} {row[key] * 1e3:.1f}" for name, key in SYNC_PHASES.items() if name != "total" and key in row]
+    parts = [
+        f"{name} {row[key] * 1e3:.1f}" for name, key in SYNC_PHASES.items() if name != "total" and key in row
+    ]
     return " | sync ms: " + ", ".join(parts)
 
 
@@ -208,7 +211,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
     ax1.grid(alpha=0.3)
     ax1.legend()
     ax2.plot(steps, [r["samples_per_s"] for r in rows], label="samples/s (trainer)", color="tab:orange")
-    ax2.plot(steps, [r["sampled_tokens_per_s"] / 100 for r in rows], label="sampled tokens/s ÷ 100", color="tab:green")
+    ax2.plot(
+        steps,
+        [r["sampled_tokens_per_s"] / 100 for r in rows],
+        label="sampled tokens/s ÷ 100",
+        color="tab:green",
+    )
     ax2.set_xlabel("step")
     ax2.set_ylabel("throughput")
     ax2.grid(alpha=0.3)

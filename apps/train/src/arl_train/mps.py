@@ -51,8 +51,15 @@ class MpsDaemon:
         several) must not point its CUDA processes at a daemon that is gone."""
         pids = [int(p.read_text().strip() or 0) for p in self.pipe_dir.glob("*.pid")]  # the daemon's own
         try:
-            subprocess.run([CONTROL], input="quit\n", text=True, env=os.environ | self.env, capture_output=True,
-                           timeout=timeout_s, check=False)
+            subprocess.run(
+                [CONTROL],
+                input="quit\n",
+                text=True,
+                env=os.environ | self.env,
+                capture_output=True,
+                timeout=timeout_s,
+                check=False,
+            )
             deadline = time.monotonic() + timeout_s
             while any(pid and Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -78,14 +85,22 @@ def start(log_dir: Path, timeout_s: float = START_TIMEOUT_S) -> MpsDaemon:
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(log_dir)}
     try:
-        done = subprocess.run([binary, "-d"], env=os.environ | env, capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
+        done = subprocess.run(
+            [binary, "-d"],
+            env=os.environ | env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         shutil.rmtree(pipe_dir, ignore_errors=True)
         raise MpsError(f"{CONTROL} -d did not return within {timeout_s:.0f} s") from None
     if done.returncode != 0:
         shutil.rmtree(pipe_dir, ignore_errors=True)
-        raise MpsError(f"{CONTROL} -d exited {done.returncode}: {(done.stderr or done.stdout).strip()[-500:]}")
+        raise MpsError(
+            f"{CONTROL} -d exited {done.returncode}: {(done.stderr or done.stdout).strip()[-500:]}"
+        )
     return MpsDaemon(pipe_dir, log_dir, env)
 
 

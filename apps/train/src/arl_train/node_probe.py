@@ -30,8 +30,10 @@ def check_paths(needs: list[dict[str, Any]], token_file: str, token: str) -> lis
             except OSError:
                 seen = ""
             if seen != token:
-                problems.append(f"{what} {path} there is another folder than the driver's (it does not hold the "
-                                f"driver's probe file {token_file})")
+                problems.append(
+                    f"{what} {path} there is another folder than the driver's (it does not hold the "
+                    f"driver's probe file {token_file})"
+                )
                 continue
             try:
                 probe = path / f"{token_file}.{os.uname().nodename}.{os.getpid()}"

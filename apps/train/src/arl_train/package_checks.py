@@ -52,9 +52,11 @@ def check_borrowed(config: AppConfig) -> None:
 
 def check_packages(config: AppConfig) -> None:
     """The packages' configs as the run builds them, each error named by the app's key."""
-    for section, build in (("actor", lambda: trainer_config(config)),
-                           ("rollout", lambda: engine_config(config, "", 0, 0)),
-                           ("sync", lambda: sync_config(config))):
+    for section, build in (
+        ("actor", lambda: trainer_config(config)),
+        ("rollout", lambda: engine_config(config, "", 0, 0)),
+        ("sync", lambda: sync_config(config)),
+    ):
         try:
             build()
         except ValueError as exc:
@@ -63,15 +65,21 @@ def check_packages(config: AppConfig) -> None:
 
 
 def _sections() -> list[tuple[str, type]]:
-    return [(f.name, f.type) for f in msgspec.structs.fields(AppConfig)
-            if isinstance(f.type, type) and issubclass(f.type, msgspec.Struct)]
+    return [
+        (f.name, f.type)
+        for f in msgspec.structs.fields(AppConfig)
+        if isinstance(f.type, type) and issubclass(f.type, msgspec.Struct)
+    ]
 
 
 def _changed(section_type: type, values: Any, names: Any) -> set[str]:
     """Of `names`, the fields whose value is not the section's default (the ones the user set)."""
     defaults = {f.name: f.default for f in msgspec.structs.fields(section_type)}
-    return {n for n in names if defaults.get(n, msgspec.NODEFAULT) is not msgspec.NODEFAULT
-            and getattr(values, n) != defaults[n]}
+    return {
+        n
+        for n in names
+        if defaults.get(n, msgspec.NODEFAULT) is not msgspec.NODEFAULT and getattr(values, n) != defaults[n]
+    }
 
 
 def _key_in_message(config: AppConfig, message: str) -> str | None:

@@ -16,7 +16,6 @@ from arl.rollout.engines.torch_engine import TorchEngineConfig
 from arl.rollout.engines.vllm_engine import VllmEngineConfig
 from arl.sync import SyncConfig
 from arl.trainer.config import TrainerConfig
-
 from arl_train.borrow import pick
 from arl_train.placement import layout_of
 from arl_train.sections import AppConfig

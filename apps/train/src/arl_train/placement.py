@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from arl.sync.net import free_port
 
+from arl.sync.net import free_port
 from arl_train.errors import ConfigError, require
 from arl_train.sections import AppConfig
 
@@ -74,7 +74,11 @@ class Layout(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def total_gpus(self) -> int:
-        return self.trainer_gpus if self.colocate and self.rollout_on_gpu else self.trainer_gpus + self.rollout_gpus
+        return (
+            self.trainer_gpus
+            if self.colocate and self.rollout_on_gpu
+            else self.trainer_gpus + self.rollout_gpus
+        )
 
     @property
     def receivers(self) -> int:
@@ -126,65 +130,136 @@ def _auto_transport(trainer_on_gpu: bool, rollout_on_gpu: bool, colocate: bool) 
 def check_layout(config: AppConfig) -> None:
     """Refuse a layout that cannot run, naming the key (called by `validation.validate`)."""
     r, ro = config.resources, config.rollout
-    require(r.trainer_gpus >= 0, "resources.trainer_gpus", r.trainer_gpus, "must be >= 0 (0 = trainer on the CPU)")
+    require(
+        r.trainer_gpus >= 0, "resources.trainer_gpus", r.trainer_gpus, "must be >= 0 (0 = trainer on the CPU)"
+    )
     require(ro.replicas >= 1, "rollout.replicas", ro.replicas, "must be >= 1")
-    require(r.tensor_parallel_size >= 1, "resources.tensor_parallel_size", r.tensor_parallel_size, "must be >= 1")
-    require(r.gpus_per_node >= 0, "resources.gpus_per_node", r.gpus_per_node, "must be >= 0 (0 = check at start only)")
+    require(
+        r.tensor_parallel_size >= 1, "resources.tensor_parallel_size", r.tensor_parallel_size, "must be >= 1"
+    )
+    require(
+        r.gpus_per_node >= 0,
+        "resources.gpus_per_node",
+        r.gpus_per_node,
+        "must be >= 0 (0 = check at start only)",
+    )
     trainer_on_gpu = r.trainer_gpus > 0
     rollout_on_gpu = ro.device == "cuda"
-    require(not config.actor.device.startswith("cuda") or trainer_on_gpu, "actor.device", config.actor.device,
-            "needs resources.trainer_gpus >= 1 (Ray reserves the trainer's GPUs; the trainer's device follows "
-            "resources.trainer_gpus)")
+    require(
+        not config.actor.device.startswith("cuda") or trainer_on_gpu,
+        "actor.device",
+        config.actor.device,
+        "needs resources.trainer_gpus >= 1 (Ray reserves the trainer's GPUs; the trainer's device follows "
+        "resources.trainer_gpus)",
+    )
     require(r.trainer_cpu_ranks >= 1, "resources.trainer_cpu_ranks", r.trainer_cpu_ranks, "must be >= 1")
-    require(r.trainer_cpu_ranks == 1 or not trainer_on_gpu, "resources.trainer_cpu_ranks", r.trainer_cpu_ranks,
-            f"is for a CPU trainer: with resources.trainer_gpus={r.trainer_gpus} the trainer runs one rank per GPU "
-            "(leave it at 1)")
+    require(
+        r.trainer_cpu_ranks == 1 or not trainer_on_gpu,
+        "resources.trainer_cpu_ranks",
+        r.trainer_cpu_ranks,
+        f"is for a CPU trainer: with resources.trainer_gpus={r.trainer_gpus} the trainer runs one rank per GPU "
+        "(leave it at 1)",
+    )
     tp = r.tensor_parallel_size
     if tp > 1:
-        require(rollout_on_gpu, "resources.tensor_parallel_size", tp,
-                "needs rollout.device='cuda' (tensor parallelism splits a replica over GPUs)")
-        require(ro.engine == "vllm", "resources.tensor_parallel_size", tp,
-                f"needs rollout.engine='vllm' (the {ro.engine!r} engine runs on one device)")
+        require(
+            rollout_on_gpu,
+            "resources.tensor_parallel_size",
+            tp,
+            "needs rollout.device='cuda' (tensor parallelism splits a replica over GPUs)",
+        )
+        require(
+            ro.engine == "vllm",
+            "resources.tensor_parallel_size",
+            tp,
+            f"needs rollout.engine='vllm' (the {ro.engine!r} engine runs on one device)",
+        )
     if r.gpus_per_node:
-        require(tp <= r.gpus_per_node, "resources.tensor_parallel_size", tp,
-                f"exceeds resources.gpus_per_node={r.gpus_per_node}: a replica's GPUs are packed on one node")
-        require(r.trainer_gpus <= r.gpus_per_node, "resources.trainer_gpus", r.trainer_gpus,
-                f"exceeds resources.gpus_per_node={r.gpus_per_node}: the trainer's GPUs are packed on one node")
+        require(
+            tp <= r.gpus_per_node,
+            "resources.tensor_parallel_size",
+            tp,
+            f"exceeds resources.gpus_per_node={r.gpus_per_node}: a replica's GPUs are packed on one node",
+        )
+        require(
+            r.trainer_gpus <= r.gpus_per_node,
+            "resources.trainer_gpus",
+            r.trainer_gpus,
+            f"exceeds resources.gpus_per_node={r.gpus_per_node}: the trainer's GPUs are packed on one node",
+        )
     if r.mps != "off":
         _check_mps(config)
-    require(0 <= r.mps_trainer_sm_percent <= 100, "resources.mps_trainer_sm_percent", r.mps_trainer_sm_percent,
-            "must be in [0, 100] (0: no cap)")
-    require(not r.mps_trainer_sm_percent or r.mps == "start", "resources.mps_trainer_sm_percent",
-            r.mps_trainer_sm_percent, "caps the trainer's SMs under the run's MPS daemon: it needs "
-            f"resources.mps='start' (is {r.mps!r}); without MPS the GPU ignores it")
+    require(
+        0 <= r.mps_trainer_sm_percent <= 100,
+        "resources.mps_trainer_sm_percent",
+        r.mps_trainer_sm_percent,
+        "must be in [0, 100] (0: no cap)",
+    )
+    require(
+        not r.mps_trainer_sm_percent or r.mps == "start",
+        "resources.mps_trainer_sm_percent",
+        r.mps_trainer_sm_percent,
+        "caps the trainer's SMs under the run's MPS daemon: it needs "
+        f"resources.mps='start' (is {r.mps!r}); without MPS the GPU ignores it",
+    )
     if r.colocate or r.shared_gpu != "off":
-        key, value = (("resources.colocate", True) if r.shared_gpu == "off" else ("resources.shared_gpu", r.shared_gpu))
-        setting = "resources.colocate=true" if r.shared_gpu == "off" else f"resources.shared_gpu={r.shared_gpu!r}"
-        require(trainer_on_gpu == rollout_on_gpu, key, value,
-                "puts trainer and rollout on the same devices: set both on GPUs (resources.trainer_gpus >= 1 and "
-                f"rollout.device='cuda') or both on the CPU; got resources.trainer_gpus={r.trainer_gpus}, "
-                f"rollout.device={ro.device!r}")
+        key, value = (
+            ("resources.colocate", True) if r.shared_gpu == "off" else ("resources.shared_gpu", r.shared_gpu)
+        )
+        setting = (
+            "resources.colocate=true" if r.shared_gpu == "off" else f"resources.shared_gpu={r.shared_gpu!r}"
+        )
+        require(
+            trainer_on_gpu == rollout_on_gpu,
+            key,
+            value,
+            "puts trainer and rollout on the same devices: set both on GPUs (resources.trainer_gpus >= 1 and "
+            f"rollout.device='cuda') or both on the CPU; got resources.trainer_gpus={r.trainer_gpus}, "
+            f"rollout.device={ro.device!r}",
+        )
         if r.shared_gpu != "off":
             _check_shared_gpu(config)
         if rollout_on_gpu:
-            require(tp == 1, "resources.tensor_parallel_size", tp,
-                    f"with {setting}: colocated replicas use one GPU each in this build")
-            require(r.trainer_gpus == ro.replicas * tp, "resources.trainer_gpus", r.trainer_gpus,
-                    f"with {setting} needs as many trainer GPUs as rollout GPUs: rollout.replicas × "
-                    f"resources.tensor_parallel_size = {ro.replicas * tp}")
+            require(
+                tp == 1,
+                "resources.tensor_parallel_size",
+                tp,
+                f"with {setting}: colocated replicas use one GPU each in this build",
+            )
+            require(
+                r.trainer_gpus == ro.replicas * tp,
+                "resources.trainer_gpus",
+                r.trainer_gpus,
+                f"with {setting} needs as many trainer GPUs as rollout GPUs: rollout.replicas × "
+                f"resources.tensor_parallel_size = {ro.replicas * tp}",
+            )
     colocate = r.colocate or r.shared_gpu != "off"
     transport = config.sync.transport
     if transport in ("nccl", "cuda_ipc"):
-        require(trainer_on_gpu and rollout_on_gpu, "sync.transport", transport,
-                "moves weights GPU to GPU: it needs resources.trainer_gpus >= 1 and rollout.device='cuda' "
-                f"(got {r.trainer_gpus} and {ro.device!r}); use 'cpu' or 'auto'")
-        require(transport != "nccl" or not colocate, "sync.transport", transport,
-                "cannot serve resources.colocate=true: NCCL puts each rank on its own GPU and a colocated replica "
-                "shares the trainer's; use 'cuda_ipc' or 'auto'")
-        require(transport != "cuda_ipc" or colocate, "sync.transport", transport,
-                "needs the replicas on the trainer's GPU (resources.colocate=true): each actor sees only its own "
-                "GPUs; use 'nccl' or 'auto'")
-    require(config.sync.bucket_mb >= 0, "sync.bucket_mb", config.sync.bucket_mb, "must be >= 0 (0 = by transport)")
+        require(
+            trainer_on_gpu and rollout_on_gpu,
+            "sync.transport",
+            transport,
+            "moves weights GPU to GPU: it needs resources.trainer_gpus >= 1 and rollout.device='cuda' "
+            f"(got {r.trainer_gpus} and {ro.device!r}); use 'cpu' or 'auto'",
+        )
+        require(
+            transport != "nccl" or not colocate,
+            "sync.transport",
+            transport,
+            "cannot serve resources.colocate=true: NCCL puts each rank on its own GPU and a colocated replica "
+            "shares the trainer's; use 'cuda_ipc' or 'auto'",
+        )
+        require(
+            transport != "cuda_ipc" or colocate,
+            "sync.transport",
+            transport,
+            "needs the replicas on the trainer's GPU (resources.colocate=true): each actor sees only its own "
+            "GPUs; use 'nccl' or 'auto'",
+        )
+    require(
+        config.sync.bucket_mb >= 0, "sync.bucket_mb", config.sync.bucket_mb, "must be >= 0 (0 = by transport)"
+    )
 
 
 def resolve(config: AppConfig) -> AppConfig:
@@ -198,8 +273,9 @@ def resolve(config: AppConfig) -> AppConfig:
     if r.colocate:
         if r.shared_gpu == "off":
             # Taking turns is synchronous: one step's samples, all from the current weights, then train.
-            at = msgspec.structs.replace(at, trigger_parameter_sync_step=1, staleness_threshold=0.0,
-                                         partial_rollout=False)
+            at = msgspec.structs.replace(
+                at, trigger_parameter_sync_step=1, staleness_threshold=0.0, partial_rollout=False
+            )
         elif r.shared_gpu == "time_sliced":
             # Yielding the GPU aborts the in-flight generations; they resume after it (never drained).
             at = msgspec.structs.replace(at, partial_rollout=True)
@@ -208,7 +284,9 @@ def resolve(config: AppConfig) -> AppConfig:
         transport = _auto_transport(r.trainer_gpus > 0, ro.device == "cuda", r.colocate)
         if transport == "cpu" and config.ray.address is not None:
             transport = "auto"  # "cpu" or "tcp": known at start, once the nodes are (transport_between_nodes)
-    bucket_mb = config.sync.bucket_mb or {"auto": 64, "cpu": 64, "tcp": 64, "nccl": 256, "cuda_ipc": 1024}[transport]
+    bucket_mb = (
+        config.sync.bucket_mb or {"auto": 64, "cpu": 64, "tcp": 64, "nccl": 256, "cuda_ipc": 1024}[transport]
+    )
     sync = msgspec.structs.replace(config.sync, transport=transport, bucket_mb=bucket_mb)
     return msgspec.structs.replace(config, resources=r, async_training=at, sync=sync)
 
@@ -217,14 +295,26 @@ def _check_mps(config: AppConfig) -> None:
     """`resources.mps='start'`: the concurrent schedule, on GPUs, with the run's own Ray (the daemon
     starts on this machine)."""
     r, key = config.resources, "resources.mps"
-    require(r.shared_gpu == "concurrent", key, r.mps,
-            "is for resources.shared_gpu='concurrent', the one schedule where the trainer and the replica run at "
-            f"once (resources.shared_gpu={r.shared_gpu!r})")
-    require(config.rollout.device == "cuda" or r.trainer_gpus > 0, key, r.mps,
-            "needs GPUs: the run has none (rollout.device='cpu', resources.trainer_gpus=0)")
-    require(config.ray.address is None, key, r.mps,
-            f"starts the daemon on this machine, so it needs the run's own Ray (ray.address unset, is "
-            f"{config.ray.address!r}); on a cluster start MPS on each GPU node yourself (docs/guide/gpu-placement.md)")
+    require(
+        r.shared_gpu == "concurrent",
+        key,
+        r.mps,
+        "is for resources.shared_gpu='concurrent', the one schedule where the trainer and the replica run at "
+        f"once (resources.shared_gpu={r.shared_gpu!r})",
+    )
+    require(
+        config.rollout.device == "cuda" or r.trainer_gpus > 0,
+        key,
+        r.mps,
+        "needs GPUs: the run has none (rollout.device='cpu', resources.trainer_gpus=0)",
+    )
+    require(
+        config.ray.address is None,
+        key,
+        r.mps,
+        f"starts the daemon on this machine, so it needs the run's own Ray (ray.address unset, is "
+        f"{config.ray.address!r}); on a cluster start MPS on each GPU node yourself (docs/guide/gpu-placement.md)",
+    )
 
 
 def _check_shared_gpu(config: AppConfig) -> None:
@@ -232,25 +322,48 @@ def _check_shared_gpu(config: AppConfig) -> None:
     on GPUs) a memory split that leaves both sides room."""
     r, ro, at = config.resources, config.rollout, config.async_training
     key, mode = "resources.shared_gpu", r.shared_gpu
-    require(at.trigger_parameter_sync_step > 1 or at.staleness_threshold > 0, key, mode,
-            "needs an asynchronous mode (b, c or d): async_training.staleness_threshold > 0 or "
-            "async_training.trigger_parameter_sync_step > 1; mode a on shared GPUs is resources.colocate=true "
-            "with resources.shared_gpu='off' (synchronous turn-taking)")
-    require(r.tensor_parallel_size == 1, "resources.tensor_parallel_size", r.tensor_parallel_size,
-            f"with {key}={mode!r}: a shared GPU holds one replica of one GPU beside one trainer rank "
-            "(tensor parallel 1 in this build)")
-    require(0 <= r.trainer_memory_fraction < 1, "resources.trainer_memory_fraction", r.trainer_memory_fraction,
-            "must be in [0, 1)")
-    require(not r.trainer_memory_fraction or mode == "concurrent", "resources.trainer_memory_fraction",
-            r.trainer_memory_fraction, f"splits a GPU between a resident replica and the trainer: it is for "
-            f"{key}='concurrent' ({key}={mode!r} sleeps the replica)")
+    require(
+        at.trigger_parameter_sync_step > 1 or at.staleness_threshold > 0,
+        key,
+        mode,
+        "needs an asynchronous mode (b, c or d): async_training.staleness_threshold > 0 or "
+        "async_training.trigger_parameter_sync_step > 1; mode a on shared GPUs is resources.colocate=true "
+        "with resources.shared_gpu='off' (synchronous turn-taking)",
+    )
+    require(
+        r.tensor_parallel_size == 1,
+        "resources.tensor_parallel_size",
+        r.tensor_parallel_size,
+        f"with {key}={mode!r}: a shared GPU holds one replica of one GPU beside one trainer rank "
+        "(tensor parallel 1 in this build)",
+    )
+    require(
+        0 <= r.trainer_memory_fraction < 1,
+        "resources.trainer_memory_fraction",
+        r.trainer_memory_fraction,
+        "must be in [0, 1)",
+    )
+    require(
+        not r.trainer_memory_fraction or mode == "concurrent",
+        "resources.trainer_memory_fraction",
+        r.trainer_memory_fraction,
+        f"splits a GPU between a resident replica and the trainer: it is for "
+        f"{key}='concurrent' ({key}={mode!r} sleeps the replica)",
+    )
     if mode == "concurrent" and ro.device == "cuda":
-        require(not r.trainer_memory_fraction or ro.gpu_memory_utilization + r.trainer_memory_fraction <= 1,
-                "resources.trainer_memory_fraction", r.trainer_memory_fraction,
-                f"+ rollout.gpu_memory_utilization={ro.gpu_memory_utilization} is more than the whole GPU")
-        require(ro.gpu_memory_utilization <= 0.8, "rollout.gpu_memory_utilization", ro.gpu_memory_utilization,
-                f"with {key}='concurrent': the resident replica would leave the trainer less than a fifth of the "
-                "GPU; lower it (e.g. 0.3) so both fit")
+        require(
+            not r.trainer_memory_fraction or ro.gpu_memory_utilization + r.trainer_memory_fraction <= 1,
+            "resources.trainer_memory_fraction",
+            r.trainer_memory_fraction,
+            f"+ rollout.gpu_memory_utilization={ro.gpu_memory_utilization} is more than the whole GPU",
+        )
+        require(
+            ro.gpu_memory_utilization <= 0.8,
+            "rollout.gpu_memory_utilization",
+            ro.gpu_memory_utilization,
+            f"with {key}='concurrent': the resident replica would leave the trainer less than a fifth of the "
+            "GPU; lower it (e.g. 0.3) so both fit",
+        )
 
 
 def check_model(layout: Layout, model_path: Path) -> None:
@@ -261,16 +374,20 @@ def check_model(layout: Layout, model_path: Path) -> None:
     try:
         cfg = json.loads((Path(model_path) / "config.json").read_text())
     except (OSError, ValueError) as exc:
-        raise PlacementError(f"cannot read {model_path}/config.json to check resources.tensor_parallel_size: {exc}")
+        raise PlacementError(
+            f"cannot read {model_path}/config.json to check resources.tensor_parallel_size: {exc}"
+        ) from exc
     cfg = cfg.get("text_config", cfg)
     heads = int(cfg.get("num_attention_heads", 0))
     kv = int(cfg.get("num_key_value_heads", heads))
     if heads % tp:
         raise PlacementError(
-            f"resources.tensor_parallel_size={tp} does not divide the model's {heads} attention heads")
+            f"resources.tensor_parallel_size={tp} does not divide the model's {heads} attention heads"
+        )
     if kv and (kv % tp if kv >= tp else tp % kv):
         raise PlacementError(
-            f"resources.tensor_parallel_size={tp} and the model's {kv} KV heads: one must divide the other")
+            f"resources.tensor_parallel_size={tp} and the model's {kv} KV heads: one must divide the other"
+        )
 
 
 def check_cluster(layout: Layout, cluster_gpus: float, node_gpus: list[float]) -> None:
@@ -279,26 +396,42 @@ def check_cluster(layout: Layout, cluster_gpus: float, node_gpus: list[float]) -
     if need > cluster_gpus:
         raise PlacementError(
             f"the run needs {need} GPUs (resources.trainer_gpus={layout.trainer_gpus}"
-            f"{'' if layout.colocate else f' + rollout.replicas={layout.replicas} × resources.tensor_parallel_size={layout.tensor_parallel_size}'}"
-            f"), the Ray cluster has {cluster_gpus:g}"
-            + (f"; to train and generate on the same {cluster_gpus:g} GPU(s) asynchronously set "
-               "resources.shared_gpu='time_sliced' (apps/train README, 'Shared GPUs')"
-               if not layout.colocate and layout.rollout_on_gpu and 0 < cluster_gpus < need else ""))
+            + (
+                ""
+                if layout.colocate
+                else f" + rollout.replicas={layout.replicas}"
+                f" × resources.tensor_parallel_size={layout.tensor_parallel_size}"
+            )
+            + f"), the Ray cluster has {cluster_gpus:g}"
+            + (
+                f"; to train and generate on the same {cluster_gpus:g} GPU(s) asynchronously set "
+                "resources.shared_gpu='time_sliced' (apps/train README, 'Shared GPUs')"
+                if not layout.colocate and layout.rollout_on_gpu and 0 < cluster_gpus < need
+                else ""
+            )
+        )
     biggest = max(node_gpus, default=0.0)
     if layout.rollout_on_gpu and layout.tensor_parallel_size > biggest:
         raise PlacementError(
             f"resources.tensor_parallel_size={layout.tensor_parallel_size} exceeds the largest node's "
-            f"{biggest:g} GPUs (a replica's GPUs are packed on one node)")
+            f"{biggest:g} GPUs (a replica's GPUs are packed on one node)"
+        )
     if layout.trainer_gpus > biggest:
         raise PlacementError(
-            f"resources.trainer_gpus={layout.trainer_gpus} exceeds the largest node's {biggest:g} GPUs")
+            f"resources.trainer_gpus={layout.trainer_gpus} exceeds the largest node's {biggest:g} GPUs"
+        )
 
 
 class Reservation:
     """The placement groups of a run and the actor options that use them."""
 
-    def __init__(self, layout: Layout, trainer_pg: Any = None, replica_pgs: list[Any] | None = None,
-                 shared_pg: Any = None) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        trainer_pg: Any = None,
+        replica_pgs: list[Any] | None = None,
+        shared_pg: Any = None,
+    ) -> None:
         self.layout = layout
         self.trainer_pg = trainer_pg
         self.replica_pgs = replica_pgs or []
@@ -308,8 +441,13 @@ class Reservation:
     def _in(pg: Any, bundle: int) -> dict[str, Any]:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
-            placement_group=pg, placement_group_bundle_index=bundle, placement_group_capture_child_tasks=False)}
+        return {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=pg,
+                placement_group_bundle_index=bundle,
+                placement_group_capture_child_tasks=False,
+            )
+        }
 
     def trainer_options(self, rank: int = 0) -> dict[str, Any]:
         """Ray actor options of trainer rank `rank` (its GPU, or none on the CPU)."""
@@ -340,7 +478,9 @@ class Reservation:
                     pass
 
 
-def reserve(layout: Layout, timeout_s: float = 300.0, roles: dict[str, dict[str, float]] | None = None) -> Reservation:
+def reserve(
+    layout: Layout, timeout_s: float = 300.0, roles: dict[str, dict[str, float]] | None = None
+) -> Reservation:
     """Create (and wait for) the placement groups of `layout`; nothing to reserve on the CPU. `roles`
     adds resources to the bundles of "trainer" and "rollout" (a node resource naming the nodes each
     belongs on: `arl_train.cluster.role_resource`)."""
@@ -357,19 +497,25 @@ def reserve(layout: Layout, timeout_s: float = 300.0, roles: dict[str, dict[str,
     res = Reservation(layout)
     tag = uuid.uuid4().hex[:8]  # names only for `ray status`; unique so that runs can share a cluster
     if layout.colocate:
-        res.shared_pg = placement_group([{"GPU": 1}] * layout.replicas, strategy="STRICT_PACK",
-                                        name=f"arl-colocated-{tag}")
+        res.shared_pg = placement_group(
+            [{"GPU": 1}] * layout.replicas, strategy="STRICT_PACK", name=f"arl-colocated-{tag}"
+        )
         groups.append(res.shared_pg)
     else:
         if layout.trainer_gpus:
-            res.trainer_pg = placement_group([{"GPU": 1} | roles.get("trainer", {})] * layout.trainer_gpus,
-                                             strategy="STRICT_PACK",
-                                             name=f"arl-trainer-{tag}")
+            res.trainer_pg = placement_group(
+                [{"GPU": 1} | roles.get("trainer", {})] * layout.trainer_gpus,
+                strategy="STRICT_PACK",
+                name=f"arl-trainer-{tag}",
+            )
             groups.append(res.trainer_pg)
         if layout.rollout_on_gpu:
             res.replica_pgs = [
-                placement_group([{"GPU": layout.tensor_parallel_size} | roles.get("rollout", {})], strategy="STRICT_PACK",
-                                name=f"arl-replica-{i}-{tag}")
+                placement_group(
+                    [{"GPU": layout.tensor_parallel_size} | roles.get("rollout", {})],
+                    strategy="STRICT_PACK",
+                    name=f"arl-replica-{i}-{tag}",
+                )
                 for i in range(layout.replicas)
             ]
             groups += res.replica_pgs
@@ -379,7 +525,8 @@ def reserve(layout: Layout, timeout_s: float = 300.0, roles: dict[str, dict[str,
         res.release()
         raise PlacementError(
             f"Ray did not grant the placement groups within resources.placement_timeout_s={timeout_s:g}s "
-            f"({layout.total_gpus} GPUs: {type(exc).__name__})") from None
+            f"({layout.total_gpus} GPUs: {type(exc).__name__})"
+        ) from None
     return res
 
 
@@ -421,7 +568,9 @@ def transport_between_nodes(transport: str, cross_host: bool, where: str) -> str
     if cross_host and transport in ("cpu", "cuda_ipc"):
         raise PlacementError(
             f"invalid config: sync.transport = {transport!r}: needs the trainer and the replicas on one host, "
-            f"but {where}; use 'tcp' (or 'auto'){' or nccl' if transport == 'cuda_ipc' else ''}", "sync.transport")
+            f"but {where}; use 'tcp' (or 'auto'){' or nccl' if transport == 'cuda_ipc' else ''}",
+            "sync.transport",
+        )
     return transport
 
 

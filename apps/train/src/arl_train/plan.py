@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from arl.rollout.budget import Budget
 
+from arl.rollout.budget import Budget
 from arl_train.actor_specs import RolloutSpec, TrainerSpec, rollout_spec, trainer_spec, with_transport
 from arl_train.allocator import trainer_allocator_env
 from arl_train.checkpointing import resume_state
@@ -81,7 +81,9 @@ def run_environment(out_dir: Path) -> dict[str, str]:
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
         "TRANSFORMERS_VERBOSITY": os.environ.get("TRANSFORMERS_VERBOSITY", "error"),
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-        "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::DeprecationWarning,ignore::FutureWarning"),
+        "PYTHONWARNINGS": os.environ.get(
+            "PYTHONWARNINGS", "ignore::DeprecationWarning,ignore::FutureWarning"
+        ),
         "RAY_AUTH_MODE": "disabled",
         "RAY_USAGE_STATS_ENABLED": "0",
         # Under `uv run`, Ray would otherwise zip the working tree and start every worker through uv.
@@ -98,7 +100,9 @@ def prepare_model(config: AppConfig, out_dir: Path) -> Path:
     if config.model.path.startswith("builtin:"):
         from arl_train.tiny_model import build_builtin_model
 
-        return build_builtin_model(config.model.path.removeprefix("builtin:"), out_dir / "model", seed=config.model.seed)
+        return build_builtin_model(
+            config.model.path.removeprefix("builtin:"), out_dir / "model", seed=config.model.seed
+        )
     path = Path(config.model.path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"model.path {path} is not a Hugging Face model folder (no config.json)")
@@ -119,7 +123,9 @@ def plan(config: AppConfig, out_dir: Path, model_path: Path, resume: dict[str, A
     layout = layout_of(config)
     check_model(layout, model_path)
     version = int(resume.get("version", 0))
-    replicas = [ReplicaSpec(i, *engine_config(config, str(model_path), i, version)) for i in range(layout.replicas)]
+    replicas = [
+        ReplicaSpec(i, *engine_config(config, str(model_path), i, version)) for i in range(layout.replicas)
+    ]
     timeouts = run_timeouts(config)  # once: for a Harbor run this reads the task set
     return RunPlan(
         config=config,
@@ -141,9 +147,15 @@ def settle_transport(plan: RunPlan, transport: str) -> RunPlan:
     """`plan` with the weights' transport settled once the nodes are known (`placement.transport_between_nodes`)."""
     if transport == plan.config.sync.transport:
         return plan
-    config = msgspec.structs.replace(plan.config, sync=msgspec.structs.replace(plan.config.sync, transport=transport))
-    return replace(plan, config=config, layout=msgspec.structs.replace(plan.layout, transport=transport),
-                   trainer=with_transport(plan.trainer, transport))
+    config = msgspec.structs.replace(
+        plan.config, sync=msgspec.structs.replace(plan.config.sync, transport=transport)
+    )
+    return replace(
+        plan,
+        config=config,
+        layout=msgspec.structs.replace(plan.layout, transport=transport),
+        trainer=with_transport(plan.trainer, transport),
+    )
 
 
 def prepare(config: AppConfig) -> RunPlan:

@@ -30,7 +30,9 @@ def _draw(flat: torch.Tensor, start: int, stop: int, std: float, seed: int) -> N
     flat[start:stop].normal_(0.0, std, generator=torch.Generator().manual_seed(seed))
 
 
-def random_causal_lm(model_class: Any, config: Any, dtype: torch.dtype, seed: int, threads: int | None = None):
+def random_causal_lm(
+    model_class: Any, config: Any, dtype: torch.dtype, seed: int, threads: int | None = None
+):
     """`model_class(config)` in `dtype` on the CPU with freshly drawn weights (see the module docstring)."""
     with torch.device("meta"):
         model = model_class._from_config(config, dtype=dtype)
@@ -46,8 +48,10 @@ def random_causal_lm(model_class: Any, config: Any, dtype: torch.dtype, seed: in
             data.zero_()
         else:
             flat = data.view(-1)
-            jobs += [(flat, s, min(s + CHUNK, flat.numel()), std, _chunk_seed(seed, index, s // CHUNK))
-                     for s in range(0, flat.numel(), CHUNK)]
+            jobs += [
+                (flat, s, min(s + CHUNK, flat.numel()), std, _chunk_seed(seed, index, s // CHUNK))
+                for s in range(0, flat.numel(), CHUNK)
+            ]
     with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:  # torch releases the GIL while drawing
         for future in [pool.submit(_draw, *job) for job in jobs]:
             future.result()

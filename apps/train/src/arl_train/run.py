@@ -62,7 +62,9 @@ class RunSummary(msgspec.Struct, kw_only=True):
     trainer: dict[str, Any] = {}
 
 
-def _await_step(ray: Any, step_ref: Any, rollout: Any, timeout_s: float, followers: list[Any] = ()) -> dict[str, Any]:
+def _await_step(
+    ray: Any, step_ref: Any, rollout: Any, timeout_s: float, followers: list[Any] = ()
+) -> dict[str, Any]:
     """Wait for a trainer step while checking every few seconds that the rollout side and the
     follower trainer ranks (their `follow` calls) are alive, so a dead engine, feed loop or rank
     fails the run at once instead of starving the trainer."""
@@ -106,11 +108,14 @@ class _Started:
         if self.nodes is None:
             return {}
         ranks = [self.trainer, *self.followers]
-        return {f"trainer rank {i}": (a, self.nodes.trainer[i]) for i, a in enumerate(ranks) if a is not None} | (
-            {"the rollout actor": (self.rollout, self.nodes.driver)} if self.rollout is not None else {})
+        return {
+            f"trainer rank {i}": (a, self.nodes.trainer[i]) for i, a in enumerate(ranks) if a is not None
+        } | ({"the rollout actor": (self.rollout, self.nodes.driver)} if self.rollout is not None else {})
 
 
-def _place(ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Started) -> tuple[RunPlan, NodePlan]:
+def _place(
+    ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Started
+) -> tuple[RunPlan, NodePlan]:
     """Reserve the GPUs and decide the node of every actor (arl_train.cluster); settle the transport
     between those nodes, and check every node sees the files it needs (arl_train.storage). Returns the
     plan with its config's transport settled, and the nodes."""
@@ -133,8 +138,13 @@ def _place(ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Starte
     config = plan.config
     if len(where.nodes) > 1:
         log(f"arl: nodes: {where.describe()}; weights over {transport!r}")
-    storage.probe(where, storage.needs(config, plan.out_dir, plan.model_path, where), plan.out_dir,
-                  config.storage.shared_dir, config.storage.probe_timeout_s)
+    storage.probe(
+        where,
+        storage.needs(config, plan.out_dir, plan.model_path, where),
+        plan.out_dir,
+        config.storage.shared_dir,
+        config.storage.probe_timeout_s,
+    )
     return plan, where
 
 
@@ -142,7 +152,6 @@ def _start(ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Starte
     """Place the run (`_place`), then start the queue, the replicas, the rollout actor and the trainer
     ranks; returns the plan as placed."""
     from arl.queue.ray_actor import create_queue_actor
-
     from arl_train import cluster
     from arl_train.actors import RolloutActor, TrainerActor
     from arl_train.engine_actor import MAX_CONCURRENCY, EngineActor
@@ -153,36 +162,56 @@ def _start(ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Starte
     config, reservation = plan.config, started.reservation
     at_driver = cluster.on_node(where.driver)
     # The queue restores what a resumed checkpoint had queued (copied into its folder by `prepare`).
-    started.queue = create_queue_actor(max_size=plan.budget.max_queue, persist_dir=str(plan.out_dir / "queue"),
-                                       scheduling_strategy=at_driver["scheduling_strategy"])
+    started.queue = create_queue_actor(
+        max_size=plan.budget.max_queue,
+        persist_dir=str(plan.out_dir / "queue"),
+        scheduling_strategy=at_driver["scheduling_strategy"],
+    )
     on_cpu = not plan.layout.rollout_on_gpu
     engines = [
         ray.remote(EngineActor)
-        .options(max_concurrency=MAX_CONCURRENCY, **reservation.replica_options(spec.index),
-                 **(cluster.on_node(where.replicas[spec.index]) if on_cpu else {}))
+        .options(
+            max_concurrency=MAX_CONCURRENCY,
+            **reservation.replica_options(spec.index),
+            **(cluster.on_node(where.replicas[spec.index]) if on_cpu else {}),
+        )
         .remote(spec.kind, spec.config)
         for spec in plan.replicas
     ]
     workers = [cluster.on_node(node) for node in where.workers]
-    started.rollout = ray.remote(num_cpus=0)(RolloutActor).options(**at_driver).remote(
-        plan.rollout, started.queue, engines, workers)
+    started.rollout = (
+        ray.remote(num_cpus=0)(RolloutActor)
+        .options(**at_driver)
+        .remote(plan.rollout, started.queue, engines, workers)
+    )
     log("arl: starting the rollout engine(s)…")
-    ray.get(started.rollout.start.remote(
-        initial_version=plan.initial_version, skip_tasks=plan.resume.get("tasks_started", 0),
-        replay_tasks=plan.resume.get("tasks_in_flight", []),
-    ), timeout=START_TIMEOUT_S)
+    ray.get(
+        started.rollout.start.remote(
+            initial_version=plan.initial_version,
+            skip_tasks=plan.resume.get("tasks_started", 0),
+            replay_tasks=plan.resume.get("tasks_in_flight", []),
+        ),
+        timeout=START_TIMEOUT_S,
+    )
     # All ranks are constructed at once: they meet in one rendezvous. Ray merges `trainer_env` into the
     # run's environment for the trainer ranks alone.
     extra = {"runtime_env": {"env_vars": plan.trainer_env}} if plan.trainer_env else {}
     rank0 = where.trainer[0]
     # Ranks away from the driver meet on rank 0's node: its address, a port free there.
-    meet = cluster.rendezvous(rank0) if plan.layout.trainer_ranks > 1 and (
-        rank0.id != where.driver.id or len({n.id for n in where.trainer}) > 1) else None
+    meet = (
+        cluster.rendezvous(rank0)
+        if plan.layout.trainer_ranks > 1
+        and (rank0.id != where.driver.id or len({n.id for n in where.trainer}) > 1)
+        else None
+    )
     on_cpu_trainer = not plan.layout.trainer_gpus
     actors = [
         ray.remote(TrainerActor)
-        .options(**reservation.trainer_options(r.rank), **extra,
-                 **(cluster.on_node(where.trainer[r.rank]) if on_cpu_trainer else {}))
+        .options(
+            **reservation.trainer_options(r.rank),
+            **extra,
+            **(cluster.on_node(where.trainer[r.rank]) if on_cpu_trainer else {}),
+        )
         .remote(plan.trainer, started.queue, started.rollout, r)
         for r in trainer_ranks(plan.layout, meet)
     ]
@@ -198,30 +227,48 @@ def _start(ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Starte
     return plan
 
 
-def _train(ray: Any, plan: RunPlan, started: _Started, metrics: MetricsLog, log: Callable[[str], None]) -> None:
+def _train(
+    ray: Any, plan: RunPlan, started: _Started, metrics: MetricsLog, log: Callable[[str], None]
+) -> None:
     """The step loop: one trainer step at a time, its metrics row written, a checkpoint every `save_every`."""
     config, total = plan.config, plan.config.trainer.total_steps
     for _ in range(plan.first_step, total):
-        row = _await_step(ray, started.trainer.train_step.remote(), started.rollout, plan.timeouts.step_s,
-                          started.following)
+        row = _await_step(
+            ray, started.trainer.train_step.remote(), started.rollout, plan.timeouts.step_s, started.following
+        )
         row["rollout"] = ray.get(started.rollout.stats.remote(), timeout=60)
         row["rollout"]["scheduler"] = ray.get(started.rollout.pop_scheduler_stats.remote(), timeout=60)
         add_engine_phases(row)
         metrics.write(row)
         log(progress_line(row, total) + phases_line(row))
         if config.trainer.save_every and row["step"] % config.trainer.save_every == 0:
-            save_checkpoint(ray, started.trainer, started.rollout, started.queue,
-                            plan.out_dir / "checkpoints" / f"step_{row['step']}")
+            save_checkpoint(
+                ray,
+                started.trainer,
+                started.rollout,
+                started.queue,
+                plan.out_dir / "checkpoints" / f"step_{row['step']}",
+            )
 
 
-def _finish(ray: Any, plan: RunPlan, started: _Started, rows: list[dict[str, Any]], began: float,
-            log: Callable[[str], None]) -> RunSummary:
+def _finish(
+    ray: Any,
+    plan: RunPlan,
+    started: _Started,
+    rows: list[dict[str, Any]],
+    began: float,
+    log: Callable[[str], None],
+) -> RunSummary:
     """After the last step: the weights check, the final checkpoint, the plot and summary.json."""
-    check = verify_engine_weights(ray, started.trainer, started.rollout, plan.layout.replicas, plan.timeouts.step_s)
+    check = verify_engine_weights(
+        ray, started.trainer, started.rollout, plan.layout.replicas, plan.timeouts.step_s
+    )
     log(weights_check_line(check))  # now, not only in the summary: the final checkpoint can still fail
     checkpoint = ""
     if plan.config.trainer.save_final:
-        checkpoint = save_checkpoint(ray, started.trainer, started.rollout, started.queue, plan.out_dir / "checkpoint")
+        checkpoint = save_checkpoint(
+            ray, started.trainer, started.rollout, started.queue, plan.out_dir / "checkpoint"
+        )
     png = plot(rows, plan.out_dir / "reward.png")
     tenth = max(1, len(rows) // 10)
     summary = RunSummary(

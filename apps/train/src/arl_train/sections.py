@@ -17,12 +17,12 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
+
 from arl.harbor.types import HarborConfig
 from arl.rollout.engines.vllm_engine import VllmEngineConfig
 from arl.sync import SyncConfig
 from arl.trainer.algorithm_config import AlgorithmConfig
 from arl.trainer.config import OptimConfig, TrainerConfig
-
 from arl_train.borrow import borrows
 
 
@@ -173,8 +173,10 @@ class AsyncTrainingConfig(_AsyncTrainerFields):
     partial_rollout: bool = True
 
 
-@borrows(TrainerConfig, notes={"batch_timeout_s": "The app raises it to what the run's prompts can take "
-                                                    "(arl_train.timeouts)."})
+@borrows(
+    TrainerConfig,
+    notes={"batch_timeout_s": "The app raises it to what the run's prompts can take (arl_train.timeouts)."},
+)
 class _TrainerTimeoutFields(_Section):
     batch_timeout_s: float = 600.0
 
@@ -195,7 +197,9 @@ class TrainerSection(_TrainerTimeoutFields):
     resume_from: str = ""
 
 
-@borrows(SyncConfig, defaults={"timeout_s": "a sync of a multi-GB model to several replicas on a busy machine"})
+@borrows(
+    SyncConfig, defaults={"timeout_s": "a sync of a multi-GB model to several replicas on a busy machine"}
+)
 class _SyncFields(_Section):
     timeout_s: float = 120.0
 

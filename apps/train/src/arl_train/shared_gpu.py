@@ -146,14 +146,20 @@ class SharedGpuOutOfMemory(RuntimeError):
 def concurrent_oom_advice(config: Any) -> str:
     """What to change when the trainer runs out of memory beside a resident replica, with this run's values."""
     actor, r = config.actor, config.resources
-    cap = f", resources.trainer_memory_fraction={r.trainer_memory_fraction}" if r.trainer_memory_fraction else ""
-    return (f"the trainer ran out of GPU memory beside the resident replica (resources.shared_gpu='concurrent', "
-            f"rollout.gpu_memory_utilization={config.rollout.gpu_memory_utilization} of the GPU for the replica{cap}). "
-            f"Give the replica less (lower rollout.gpu_memory_utilization), or the trainer's step less: lower "
-            f"actor.max_tokens_per_microbatch (is {actor.max_tokens_per_microbatch}), set "
-            f"actor.activation_checkpointing (is {actor.activation_checkpointing!r}), actor.activation_offload=true "
-            f"or actor.optimizer_offload=true; or use resources.shared_gpu='time_sliced', whose replica frees its "
-            f"memory while the trainer trains.")
+    cap = (
+        f", resources.trainer_memory_fraction={r.trainer_memory_fraction}"
+        if r.trainer_memory_fraction
+        else ""
+    )
+    return (
+        f"the trainer ran out of GPU memory beside the resident replica (resources.shared_gpu='concurrent', "
+        f"rollout.gpu_memory_utilization={config.rollout.gpu_memory_utilization} of the GPU for the replica{cap}). "
+        f"Give the replica less (lower rollout.gpu_memory_utilization), or the trainer's step less: lower "
+        f"actor.max_tokens_per_microbatch (is {actor.max_tokens_per_microbatch}), set "
+        f"actor.activation_checkpointing (is {actor.activation_checkpointing!r}), actor.activation_offload=true "
+        f"or actor.optimizer_offload=true; or use resources.shared_gpu='time_sliced', whose replica frees its "
+        f"memory while the trainer trains."
+    )
 
 
 def concurrent_oom_message(advice: str, cause: BaseException) -> str:

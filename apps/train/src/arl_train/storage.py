@@ -50,11 +50,18 @@ def resolve_output_dir(config: AppConfig) -> AppConfig:
 def needs(config: AppConfig, out_dir: Path, model_path: Path, plan: NodePlan) -> dict[str, list[Need]]:
     """Node id -> the paths that node must see (the driver's node is not listed: the driver made them)."""
     run = Need(path=str(out_dir), what="the run folder (output.dir)", write=True)
-    model = Need(path=str(model_path), what="the model folder" + (
-        " (trainer.resume_from)" if config.trainer.resume_from else ""))
+    model = Need(
+        path=str(model_path),
+        what="the model folder" + (" (trainer.resume_from)" if config.trainer.resume_from else ""),
+    )
     reads = [model]
     if config.actor.reference_path:
-        reads.append(Need(path=str(Path(config.actor.reference_path).resolve()), what="the KL reference (actor.reference_path)"))
+        reads.append(
+            Need(
+                path=str(Path(config.actor.reference_path).resolve()),
+                what="the KL reference (actor.reference_path)",
+            )
+        )
     source = config.data.source
     data = None
     if source.startswith("harbor:"):
@@ -80,7 +87,9 @@ def needs(config: AppConfig, out_dir: Path, model_path: Path, plan: NodePlan) ->
     return out
 
 
-def probe(plan: NodePlan, wanted: dict[str, list[Need]], out_dir: Path, shared_dir: str, timeout_s: float) -> None:
+def probe(
+    plan: NodePlan, wanted: dict[str, list[Need]], out_dir: Path, shared_dir: str, timeout_s: float
+) -> None:
     """Check every node of `plan` sees what `wanted` lists; raise `StorageError` naming each node and
     path it cannot, with what to do."""
     if not wanted:
@@ -94,9 +103,12 @@ def probe(plan: NodePlan, wanted: dict[str, list[Need]], out_dir: Path, shared_d
     by_id = {n.id: n for n in plan.nodes}
     try:
         check = ray.remote(num_cpus=0)(check_paths)
-        refs = {node_id: check.options(**on_node(by_id[node_id])).remote(
-                    [msgspec.to_builtins(n) for n in items], token_file, token)
-                for node_id, items in wanted.items()}
+        refs = {
+            node_id: check.options(**on_node(by_id[node_id])).remote(
+                [msgspec.to_builtins(n) for n in items], token_file, token
+            )
+            for node_id, items in wanted.items()
+        }
         problems: list[str] = []
         for node_id, ref in refs.items():
             node = by_id[node_id]
@@ -104,17 +116,27 @@ def probe(plan: NodePlan, wanted: dict[str, list[Need]], out_dir: Path, shared_d
                 found = ray.get(ref, timeout=timeout_s)
             except Exception as exc:  # the node could not run the probe at all
                 if not ray_node_alive(node):
-                    raise NodeLostError(f"node {node.label()} was lost while the run started (its raylet is "
-                                        "gone): start the run again") from exc
-                found = [f"the probe did not run there within storage.probe_timeout_s={timeout_s:g}s "
-                         f"({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})"]
+                    raise NodeLostError(
+                        f"node {node.label()} was lost while the run started (its raylet is "
+                        "gone): start the run again"
+                    ) from exc
+                found = [
+                    f"the probe did not run there within storage.probe_timeout_s={timeout_s:g}s "
+                    f"({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})"
+                ]
             problems += [f"node {node.label()}: {p}" for p in found]
     finally:
         marker.unlink(missing_ok=True)
     if problems:
-        hint = (f"storage.shared_dir={shared_dir!r} must be the same folder on every node (mounted at that path)"
-                if shared_dir else
-                "put them in a folder every node mounts at the same path and set storage.shared_dir to it "
-                "(a relative output.dir then goes there)")
-        raise StorageError("a node of the cluster cannot see what the run needs:\n  " + "\n  ".join(problems)
-                           + f"\n{hint} (docs/guide/cluster.md, 'Shared storage')", "storage.shared_dir")
+        hint = (
+            f"storage.shared_dir={shared_dir!r} must be the same folder on every node (mounted at that path)"
+            if shared_dir
+            else "put them in a folder every node mounts at the same path and set storage.shared_dir to it "
+            "(a relative output.dir then goes there)"
+        )
+        raise StorageError(
+            "a node of the cluster cannot see what the run needs:\n  "
+            + "\n  ".join(problems)
+            + f"\n{hint} (docs/guide/cluster.md, 'Shared storage')",
+            "storage.shared_dir",
+        )

@@ -17,8 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from arl_train.config import ConfigError, load_config
 from arl_train import tiny_model
+from arl_train.config import ConfigError, load_config
 from arl_train.validation import check_machine
 
 REPO = Path(__file__).resolve().parents[4]
@@ -30,15 +30,30 @@ DEFAULT_DOCKER_HOST = "unix:///run/arl-docker/docker.sock"
 
 # swe.toml on this machine: CPU placement, the tiny model's sizes, a short run.
 CPU_OVERRIDES = [
-    "model.dtype=float32", "rollout.device=cpu", "rollout.dtype=float32", "rollout.replicas=1",
-    "rollout.enable_prefix_caching=false", "rollout.enforce_eager=true",
-    "resources.trainer_gpus=0", "resources.shared_gpu=off",
-    "actor.optimizer_offload=false", "actor.activation_checkpointing=none", "actor.optim.lr=1e-4",
+    "model.dtype=float32",
+    "rollout.device=cpu",
+    "rollout.dtype=float32",
+    "rollout.replicas=1",
+    "rollout.enable_prefix_caching=false",
+    "rollout.enforce_eager=true",
+    "resources.trainer_gpus=0",
+    "resources.shared_gpu=off",
+    "actor.optimizer_offload=false",
+    "actor.activation_checkpointing=none",
+    "actor.optim.lr=1e-4",
     "actor.max_tokens_per_microbatch=16384",
-    "rollout.n=4", "rollout.max_tokens=48", "rollout.max_model_len=4096", "rollout.max_concurrent_per_replica=16",
-    "actor.ppo_mini_batch_size=4", "trainer.total_steps=3", "trainer.save_every=0",
-    "harbor.model_name=builtin-tiny", "harbor.max_input_tokens=4096", "harbor.max_output_tokens=48",
-    "harbor.agent_kwargs={max_turns = 2, command_timeout_sec = 60.0}", "run.agent_workers=2",
+    "rollout.n=4",
+    "rollout.max_tokens=48",
+    "rollout.max_model_len=4096",
+    "rollout.max_concurrent_per_replica=16",
+    "actor.ppo_mini_batch_size=4",
+    "trainer.total_steps=3",
+    "trainer.save_every=0",
+    "harbor.model_name=builtin-tiny",
+    "harbor.max_input_tokens=4096",
+    "harbor.max_output_tokens=48",
+    "harbor.agent_kwargs={max_turns = 2, command_timeout_sec = 60.0}",
+    "run.agent_workers=2",
     "harbor.policy.max_attempts=1",
     # A crowded 2-core machine can take longer than the default 30 s to start or stop a proxy.
     "harbor.proxy_timeout_sec=120",
@@ -59,12 +74,15 @@ def ensure_task_set(task_set: Path, log=print) -> Path:
         if task_set.resolve() != SMOKE_SET.resolve():
             raise ConfigError(
                 f"the SWE task set {task_set} grades in the agent's own environment ({len(stale)} tasks, e.g. "
-                f"{stale[0]}), which a policy can game; rebuild it: python -m arl.harbor.swe build --out {task_set}")
+                f"{stale[0]}), which a policy can game; rebuild it: python -m arl.harbor.swe build --out {task_set}"
+            )
         import shutil
 
         log(f"arl: the smoke set in {task_set} grades the old way; rebuilding it")
         shutil.rmtree(task_set)
-    log(f"arl: building a SWE task set in {task_set} (python -m arl.harbor.swe build {' '.join(SMOKE_BUILD)})")
+    log(
+        f"arl: building a SWE task set in {task_set} (python -m arl.harbor.swe build {' '.join(SMOKE_BUILD)})"
+    )
     cmd = [sys.executable, "-m", "arl.harbor.swe", "build", "--out", str(task_set), *SMOKE_BUILD]
     subprocess.run(cmd, check=True, timeout=1800)
     return task_set
@@ -92,7 +110,9 @@ def write_task_rows(task_set: Path, count: int, out_dir: Path) -> tuple[Path, li
     the set's folder staying as it is (the local sandbox still reads the package venvs from the set)."""
     import shutil
 
-    rows = [json.loads(line) for line in (task_set / "manifest.jsonl").read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line) for line in (task_set / "manifest.jsonl").read_text().splitlines() if line.strip()
+    ]
     by_package: dict[str, list[str]] = {}
     for r in rows:
         by_package.setdefault(r.get("package", ""), []).append(r["id"])
@@ -110,11 +130,15 @@ def write_task_rows(task_set: Path, count: int, out_dir: Path) -> tuple[Path, li
             binds = copies / t / "environment" / "local_binds.json"
             if binds.is_file():
                 table = json.loads(binds.read_text())
-                binds.write_text(json.dumps({k: str((task_set / t / "environment" / v).resolve())
-                                             for k, v in table.items()}))
+                binds.write_text(
+                    json.dumps(
+                        {k: str((task_set / t / "environment" / v).resolve()) for k, v in table.items()}
+                    )
+                )
     out_file = out_dir / "swe_tasks.jsonl"
-    out_file.write_text("".join(json.dumps({"path": str((copies / t).resolve()), "id": t}) + "\n"
-                                for t in chosen))
+    out_file.write_text(
+        "".join(json.dumps({"path": str((copies / t).resolve()), "id": t}) + "\n" for t in chosen)
+    )
     return out_file, chosen
 
 
@@ -136,8 +160,11 @@ def load_swe_config(path: Path | None, overrides: list[str], mode: str | None = 
     smoke-set tasks, the tiny model built with a 4096-token context, then the user's overrides."""
     path = path or SWE_CONFIG
     # The output folder and the [swe] section are known only after the user's overrides.
-    probe = load_config(path, [*CPU_OVERRIDES, "model.path=builtin:tiny", "data.source=harbor:builtin:small",
-                               *overrides], mode)
+    probe = load_config(
+        path,
+        [*CPU_OVERRIDES, "model.path=builtin:tiny", "data.source=harbor:builtin:small", *overrides],
+        mode,
+    )
     cfg, out = probe.swe, Path(probe.output.dir).resolve()
     task_set = ensure_task_set(Path(cfg.task_set) if cfg.task_set else default_task_set(), log)
     out.mkdir(parents=True, exist_ok=True)
@@ -146,14 +173,29 @@ def load_swe_config(path: Path | None, overrides: list[str], mode: str | None = 
     if env == "auto":
         env = "docker" if docker_answers() else "local"
     elif env == "docker" and not docker_answers():
-        raise ConfigError("swe.env=docker: the docker engine does not answer; start it with "
-                          "`eval \"$(scripts/docker/start.sh)\"` (scripts/docker/README) or use swe.env=local")
+        raise ConfigError(
+            "swe.env=docker: the docker engine does not answer; start it with "
+            '`eval "$(scripts/docker/start.sh)"` (scripts/docker/README) or use swe.env=local'
+        )
     model_dir = out / "model_tiny_4k"
     if not (model_dir / "config.json").is_file():
-        tiny_model.build_tiny_model(model_dir, seed=probe.model.seed + probe.seed, max_position_embeddings=4096)
-    log(f"arl: SWE preset: {len(chosen)} tasks of {task_set} ({', '.join(chosen)}), environment {env}, "
-        f"tiny model (untrained: rewards near 0 are expected) in {model_dir}")
-    config = load_config(path, [*CPU_OVERRIDES, f"model.path={model_dir}", f"data.source=harbor:{rows}",
-                                *environment_overrides(env, task_set), *overrides], mode)
+        tiny_model.build_tiny_model(
+            model_dir, seed=probe.model.seed + probe.seed, max_position_embeddings=4096
+        )
+    log(
+        f"arl: SWE preset: {len(chosen)} tasks of {task_set} ({', '.join(chosen)}), environment {env}, "
+        f"tiny model (untrained: rewards near 0 are expected) in {model_dir}"
+    )
+    config = load_config(
+        path,
+        [
+            *CPU_OVERRIDES,
+            f"model.path={model_dir}",
+            f"data.source=harbor:{rows}",
+            *environment_overrides(env, task_set),
+            *overrides,
+        ],
+        mode,
+    )
     check_machine(config)
     return config

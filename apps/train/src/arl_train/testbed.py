@@ -57,8 +57,14 @@ RAY_PORT = 6379
 # Every node's own ports, fixed (each node has a network namespace of its own, so they never clash): the
 # raylet then need not wait for its agents to report theirs, and the ports to open are known
 # (docs/guide/cluster.md). Worker processes take Ray's default range, 10002-19999.
-NODE_PORTS = {"node-manager-port": 6380, "object-manager-port": 6381, "runtime-env-agent-port": 6382,
-              "dashboard-agent-grpc-port": 6383, "dashboard-agent-listen-port": 6384, "metrics-export-port": 6385}
+NODE_PORTS = {
+    "node-manager-port": 6380,
+    "object-manager-port": 6381,
+    "runtime-env-agent-port": 6382,
+    "dashboard-agent-grpc-port": 6383,
+    "dashboard-agent-listen-port": 6384,
+    "metrics-export-port": 6385,
+}
 START_ATTEMPTS = 4
 START_TIMEOUT_S = 240.0
 STOP_GRACE_S = 10.0
@@ -110,12 +116,18 @@ def unavailable() -> str | None:
     if made.returncode != 0:
         return f"cannot create a network namespace: {made.stderr.strip()}"
     try:
-        veth = subprocess.run(["ip", "-n", probe, "link", "add", "name", "arlp0", "type", "veth", "peer", "name", "arlp1"],
-                              capture_output=True, text=True)
+        veth = subprocess.run(
+            ["ip", "-n", probe, "link", "add", "name", "arlp0", "type", "veth", "peer", "name", "arlp1"],
+            capture_output=True,
+            text=True,
+        )
         if veth.returncode != 0:
             return f"cannot create a veth pair: {veth.stderr.strip()}"
-        bridge = subprocess.run(["ip", "-n", probe, "link", "add", "name", "arlbr", "type", "bridge"],
-                                capture_output=True, text=True)
+        bridge = subprocess.run(
+            ["ip", "-n", probe, "link", "add", "name", "arlbr", "type", "bridge"],
+            capture_output=True,
+            text=True,
+        )
         if bridge.returncode != 0:
             return f"cannot create a bridge: {bridge.stderr.strip()}"
     finally:
@@ -135,9 +147,16 @@ class TestBed:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, shared_dir: str | Path, nodes: Sequence[NodeSpec], *, subnet: str = DEFAULT_SUBNET,
-                 python: str = sys.executable, log_dir: str | Path | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        shared_dir: str | Path,
+        nodes: Sequence[NodeSpec],
+        *,
+        subnet: str = DEFAULT_SUBNET,
+        python: str = sys.executable,
+        log_dir: str | Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         heads = [n for n in nodes if n.head]
         if len(heads) != 1:
             raise ValueError(f"a bed needs exactly one head node, got {len(heads)}")
@@ -206,7 +225,21 @@ class TestBed:
             self._hosts_file()
         _ip("netns", "add", netns)
         # One veth pair per node: "eth0" inside the node, its peer (named after the node) on the bridge.
-        _ip("-n", self.switch, "link", "add", "name", spec.name, "type", "veth", "peer", "name", "eth0", "netns", netns)
+        _ip(
+            "-n",
+            self.switch,
+            "link",
+            "add",
+            "name",
+            spec.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            netns,
+        )
         _ip("-n", self.switch, "link", "set", spec.name, "master", "br0", "up")
         _ip("-n", netns, "addr", "add", f"{ip}/24", "dev", "eth0")
         _ip("-n", netns, "link", "set", "eth0", "up")
@@ -221,32 +254,69 @@ class TestBed:
                 if attempt == START_ATTEMPTS or "timed out during startup" not in str(exc):
                     raise
                 self.kill(node.name)
-                print(f"arl testbed: node {node.name} missed Ray's start-up wait (attempt {attempt}); starting it "
-                      "again", file=sys.stderr)
+                print(
+                    f"arl testbed: node {node.name} missed Ray's start-up wait (attempt {attempt}); starting it "
+                    "again",
+                    file=sys.stderr,
+                )
         raise AssertionError("unreachable")
 
     def _launch(self, node: Node) -> None:
         """Start the node's namespaces and its `ray start --block` (module docstring); wait until it runs."""
         spec = node.spec
         ray = str(Path(self.python).with_name("ray"))
-        command = [ray, "start", "--block", f"--node-ip-address={node.ip}", f"--num-cpus={spec.num_cpus}",
-                   f"--resources={json.dumps(spec.resources)}", f"--object-store-memory={OBJECT_STORE_BYTES}",
-                   "--disable-usage-stats", *(f"--{flag}={port}" for flag, port in NODE_PORTS.items())]
+        command = [
+            ray,
+            "start",
+            "--block",
+            f"--node-ip-address={node.ip}",
+            f"--num-cpus={spec.num_cpus}",
+            f"--resources={json.dumps(spec.resources)}",
+            f"--object-store-memory={OBJECT_STORE_BYTES}",
+            "--disable-usage-stats",
+            *(f"--{flag}={port}" for flag, port in NODE_PORTS.items()),
+        ]
         if spec.head:
             command += ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"]
         else:
             command += [f"--address={self.address}"]
-        argv = ["nsenter", f"--net=/run/netns/{node.netns}", "--",
-                "unshare", "--mount", "--uts", "--ipc", "--pid", "--fork", "--kill-child", "--mount-proc",
-                "--propagation", "private", "--",
-                self.python, str(NODE_INIT), "--shared", str(self.shared_dir), "--hostname", spec.name,
-                *[f"--writable={p}" for p in self._software_dirs()], f"--hosts={self.log_dir / 'hosts'}", "--",
-                *command]
+        argv = [
+            "nsenter",
+            f"--net=/run/netns/{node.netns}",
+            "--",
+            "unshare",
+            "--mount",
+            "--uts",
+            "--ipc",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            "--propagation",
+            "private",
+            "--",
+            self.python,
+            str(NODE_INIT),
+            "--shared",
+            str(self.shared_dir),
+            "--hostname",
+            spec.name,
+            *[f"--writable={p}" for p in self._software_dirs()],
+            f"--hosts={self.log_dir / 'hosts'}",
+            "--",
+            *command,
+        ]
         with node.log.open("ab") as log:
             log.write(f"--- arl testbed: starting node {spec.name} ---\n".encode())
             node.log_from = log.tell()
-            node.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            env=self.node_env(spec.name), start_new_session=True)
+            node.process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.node_env(spec.name),
+                start_new_session=True,
+            )
         node.init_pid = self._child_of(node.process.pid)
         self._wait_started(node)
 
@@ -267,18 +337,22 @@ class TestBed:
         """The environment of a node's processes: this one's, with the node's own home and the bed's
         tag (so a sweep finds every process of the bed)."""
         dropped = {"VIRTUAL_ENV", "RAY_ADDRESS", watchdog.MARKER}
-        return {k: v for k, v in os.environ.items() if k not in dropped} | {
-            "HOME": "/tmp/home",
-            "RAY_AUTH_MODE": "disabled",
-            "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
-            # A raylet waits for its agents (Python processes) to report their ports, 15 s by default, and
-            # exits when they are late, as they are on a loaded machine.
-            "RAY_raylet_start_wait_time_s": "120",
-            "RAY_agent_register_timeout_ms": "120000",
-            "ARL_TESTBED_NODE": name,
-            watchdog.MARKER: self.tag,
-        } | self.extra_env
+        return (
+            {k: v for k, v in os.environ.items() if k not in dropped}
+            | {
+                "HOME": "/tmp/home",
+                "RAY_AUTH_MODE": "disabled",
+                "RAY_USAGE_STATS_ENABLED": "0",
+                "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+                # A raylet waits for its agents (Python processes) to report their ports, 15 s by default, and
+                # exits when they are late, as they are on a loaded machine.
+                "RAY_raylet_start_wait_time_s": "120",
+                "RAY_agent_register_timeout_ms": "120000",
+                "ARL_TESTBED_NODE": name,
+                watchdog.MARKER: self.tag,
+            }
+            | self.extra_env
+        )
 
     @property
     def tag(self) -> str:
@@ -295,19 +369,24 @@ class TestBed:
             if children:
                 return int(children[0])
             time.sleep(0.02)
-        raise RuntimeError(f"the node's namespace (unshare pid {pid}) started no PID 1 within {timeout_s:.0f} s")
+        raise RuntimeError(
+            f"the node's namespace (unshare pid {pid}) started no PID 1 within {timeout_s:.0f} s"
+        )
 
     def _wait_started(self, node: Node) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            text = node.log.read_bytes()[node.log_from:].decode(errors="replace") if node.log.exists() else ""
+            text = (
+                node.log.read_bytes()[node.log_from :].decode(errors="replace") if node.log.exists() else ""
+            )
             if "Ray runtime started" in text:
                 return
             if not node.alive:
                 raise RuntimeError(f"node {node.name} exited while starting Ray:\n{text[-3000:]}")
             time.sleep(0.2)
-        raise RuntimeError(f"node {node.name} did not start Ray within {START_TIMEOUT_S:.0f} s "
-                           f"(log {node.log})")
+        raise RuntimeError(
+            f"node {node.name} did not start Ray within {START_TIMEOUT_S:.0f} s (log {node.log})"
+        )
 
     def wait_for_nodes(self, count: int, timeout_s: float = START_TIMEOUT_S) -> list[dict[str, Any]]:
         """Block until Ray counts `count` nodes alive (asked on the head); their records."""
@@ -337,11 +416,32 @@ class TestBed:
             raise RuntimeError(f"node {name} is not running")
         wd = [f"--wd={cwd}"] if cwd else []
         # nsenter forks to enter the PID namespace: its child must not outlive it (a killed launcher).
-        return ["nsenter", f"--target={node.init_pid}", "--net", "--mount", "--uts", "--ipc", "--pid", *wd,
-                "--", "setpriv", "--pdeathsig", "KILL", "--", *argv]
+        return [
+            "nsenter",
+            f"--target={node.init_pid}",
+            "--net",
+            "--mount",
+            "--uts",
+            "--ipc",
+            "--pid",
+            *wd,
+            "--",
+            "setpriv",
+            "--pdeathsig",
+            "KILL",
+            "--",
+            *argv,
+        ]
 
-    def popen(self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None,
-              cwd: str | Path | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
+    def popen(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | Path | None = None,
+        **kwargs: Any,
+    ) -> subprocess.Popen[Any]:
         """Start `argv` on node `name` (in the node's environment, `env` on top but for the node's own
         home)."""
         return subprocess.Popen(self.command(name, argv, cwd), env=self._env(name, env), **kwargs)
@@ -349,14 +449,29 @@ class TestBed:
     def _env(self, name: str, env: dict[str, str] | None) -> dict[str, str]:
         return self.node_env(name) | {k: v for k, v in (env or {}).items() if k != "HOME"}
 
-    def run(self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None,
-            cwd: str | Path | None = None, timeout: float = 600.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | Path | None = None,
+        timeout: float = 600.0,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
         """Run `argv` on node `name` to its end; its output (text). Raises on a non-zero exit if `check`."""
-        done = subprocess.run(self.command(name, argv, cwd), env=self._env(name, env),
-                              capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            self.command(name, argv, cwd),
+            env=self._env(name, env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and done.returncode != 0:
-            raise RuntimeError(f"on node {name}, {list(argv)[:3]}… exited {done.returncode}:\n"
-                               f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+            raise RuntimeError(
+                f"on node {name}, {list(argv)[:3]}… exited {done.returncode}:\n"
+                f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+            )
         return done
 
     def kill(self, name: str) -> None:
@@ -457,16 +572,25 @@ def parse_node(text: str, head: bool = False) -> NodeSpec:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m arl_train.testbed",
-                                     description="a Ray cluster of namespaced nodes on this machine")
+    parser = argparse.ArgumentParser(
+        prog="python -m arl_train.testbed", description="a Ray cluster of namespaced nodes on this machine"
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start a bed, print how to use it, stop it on Ctrl-C")
-    run = sub.add_parser("run", help="start a bed, run the app on its head with the arguments after --, stop it")
+    run = sub.add_parser(
+        "run", help="start a bed, run the app on its head with the arguments after --, stop it"
+    )
     for p in (up, run):
         p.add_argument("--shared", required=True, help="the folder every node sees (created if missing)")
-        p.add_argument("--head", default="head:sandbox", help="the head node: name[:resource,...] (default head:sandbox)")
-        p.add_argument("--node", action="append", default=None,
-                       help="a worker node, name[:resource,...] (repeat; default trainer:trainer rollout:rollout)")
+        p.add_argument(
+            "--head", default="head:sandbox", help="the head node: name[:resource,...] (default head:sandbox)"
+        )
+        p.add_argument(
+            "--node",
+            action="append",
+            default=None,
+            help="a worker node, name[:resource,...] (repeat; default trainer:trainer rollout:rollout)",
+        )
         p.add_argument("--subnet", default=DEFAULT_SUBNET, help="the bridge's /24, as its first three octets")
     run.add_argument("app_args", nargs=argparse.REMAINDER, help="-- then the app's arguments")
     sub.add_parser("down", help="remove what beds killed before their teardown left behind")
@@ -480,19 +604,27 @@ def main(argv: list[str] | None = None) -> int:
         remove_leftovers(names)
         print(f"arl testbed: removed {len(names)} namespace(s) {names}")
         return 0
-    nodes = [parse_node(args.head, head=True)] + [parse_node(n) for n in (args.node or ["trainer:trainer", "rollout:rollout"])]
+    nodes = [parse_node(args.head, head=True)] + [
+        parse_node(n) for n in (args.node or ["trainer:trainer", "rollout:rollout"])
+    ]
     if args.cmd == "run":
         return _run_app(args.shared, nodes, args.subnet, [a for a in args.app_args if a != "--"])
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     with bed(args.shared, nodes, subnet=args.subnet) as b:
-        print(f"arl testbed: {len(b.nodes)} nodes up, Ray at {b.address}; shared folder {b.shared_dir}; "
-              f"logs {b.log_dir}")
+        print(
+            f"arl testbed: {len(b.nodes)} nodes up, Ray at {b.address}; shared folder {b.shared_dir}; "
+            f"logs {b.log_dir}"
+        )
         for node in b.nodes.values():
-            print(f"  {node.name:10s} {node.ip:14s} {node.spec.resources}  enter: "
-                  f"{' '.join(b.command(node.name, ['bash']))}")
-        print(f"run the app on the head: {' '.join(b.command(b.head.name, ['bash']))} then "
-              f"`{sys.executable} -m arl_train.cli ray.address={b.address} storage.shared_dir={b.shared_dir}`")
+            print(
+                f"  {node.name:10s} {node.ip:14s} {node.spec.resources}  enter: "
+                f"{' '.join(b.command(node.name, ['bash']))}"
+            )
+        print(
+            f"run the app on the head: {' '.join(b.command(b.head.name, ['bash']))} then "
+            f"`{sys.executable} -m arl_train.cli ray.address={b.address} storage.shared_dir={b.shared_dir}`"
+        )
         print("Ctrl-C stops the bed and removes its namespaces")
         try:
             while not stop["now"]:
@@ -505,10 +637,19 @@ def main(argv: list[str] | None = None) -> int:
 def _run_app(shared: str, nodes: list[NodeSpec], subnet: str, app_args: list[str]) -> int:
     """The app's command line on the head of a fresh bed, joined to it, its output streamed; its exit code."""
     with bed(shared, nodes, subnet=subnet) as b:
-        print(f"arl testbed: {len(b.nodes)} nodes up ({', '.join(f'{n.name} {n.ip} {n.spec.resources}' for n in b.nodes.values())})",
-              flush=True)
-        argv = [sys.executable, "-m", "arl_train.cli", f"ray.address={b.address}",
-                f"storage.shared_dir={b.shared_dir}", *app_args]
+        print(
+            f"arl testbed: {len(b.nodes)} nodes up "
+            f"({', '.join(f'{n.name} {n.ip} {n.spec.resources}' for n in b.nodes.values())})",
+            flush=True,
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "arl_train.cli",
+            f"ray.address={b.address}",
+            f"storage.shared_dir={b.shared_dir}",
+            *app_args,
+        ]
         return b.popen(b.head.name, argv, cwd=os.getcwd()).wait()
 
 

@@ -37,7 +37,10 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     """mount(2) itself: `/proc/self/cwd` as a source must be followed by the kernel, not resolved to a
     path by mount(8) (the path is hidden by then)."""
-    encode = (lambda s: s.encode() if s is not None else None)
+
+    def encode(s: str | None) -> bytes | None:
+        return s.encode() if s is not None else None
+
     if _libc.mount(encode(source), target.encode(), encode(fstype), flags, encode(data)) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
@@ -97,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if os.getpid() != 1 or not command:
         parser.error("must run as PID 1 of a new PID namespace, with a command after --")
-    make_view(os.path.abspath(args.shared), args.hostname, [os.path.abspath(p) for p in args.writable], args.hosts)
+    make_view(
+        os.path.abspath(args.shared), args.hostname, [os.path.abspath(p) for p in args.writable], args.hosts
+    )
     print(f"arl-testbed-node {args.hostname}: view ready", flush=True)
     return run_as_init(command)
 

@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from arl.sync.net import free_port
-
 from arl_train import watchdog
 
 START_TIMEOUT_S = 300.0
@@ -42,7 +41,9 @@ def ray_head(num_cpus: int | None = None) -> Iterator[str]:
             break
         watchdog.sweep(run_id)
         shutil.rmtree(temp_dir, ignore_errors=True)
-        print(f"arl_train.testing: Ray head start {attempt}/{START_ATTEMPTS} failed: {problem}", file=sys.stderr)
+        print(
+            f"arl_train.testing: Ray head start {attempt}/{START_ATTEMPTS} failed: {problem}", file=sys.stderr
+        )
     else:
         raise RuntimeError(f"a Ray head did not start in {START_ATTEMPTS} attempts: {problem}")
     try:
@@ -63,12 +64,27 @@ def _start(run_id: str, num_cpus: int, temp_dir: str) -> tuple[str | None, str]:
     }
     ray_cli = Path(sys.executable).with_name("ray")
     proc = subprocess.Popen(
-        [str(ray_cli), "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}",
-         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
-         # Fixed agent ports: the raylet then need not wait for its agents to write theirs to files.
-         f"--dashboard-agent-grpc-port={agent_grpc}", f"--dashboard-agent-listen-port={agent_http}",
-         f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [
+            str(ray_cli),
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            f"--num-cpus={num_cpus}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={temp_dir}",
+            # Fixed agent ports: the raylet then need not wait for its agents to write theirs to files.
+            f"--dashboard-agent-grpc-port={agent_grpc}",
+            f"--dashboard-agent-listen-port={agent_http}",
+            f"--metrics-export-port={metrics}",
+            f"--runtime-env-agent-port={runtime_env}",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     deadline = time.monotonic() + START_TIMEOUT_S
     lines: list[str] = []

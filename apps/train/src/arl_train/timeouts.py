@@ -59,5 +59,10 @@ def run_timeouts(config: AppConfig) -> RunTimeouts:
     if step is None:
         step = batch + drain + 2 * config.sync.timeout_s + _MARGIN_S
     return RunTimeouts(
-        attempt_s=attempt, prompt_s=prompt, drain_s=drain, batch_s=batch, step_s=step, pause_rpc_s=drain + _MARGIN_S
+        attempt_s=attempt,
+        prompt_s=prompt,
+        drain_s=drain,
+        batch_s=batch,
+        step_s=step,
+        pause_rpc_s=drain + _MARGIN_S,
     )

@@ -62,7 +62,7 @@ CHAT_TEMPLATE = (
     {%- if messages[0]['role'] == 'system' %}
         {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
     {%- else %}
-        {{- '<|im_start|>system\\n"""
+        {{- '<|im_start|>system\\n"""  # noqa: E501 - the upstream template's own lines
     + DEFAULT_SYSTEM_PROMPT
     + """<|im_end|>\\n' }}
     {%- endif %}
@@ -101,7 +101,7 @@ CHAT_TEMPLATE = (
 {%- if add_generation_prompt %}
     {{- '<|im_start|>assistant\\n' }}
 {%- endif %}
-"""
+"""  # noqa: E501 - the upstream template's own lines
 )
 
 # ----- the training corpus -----
@@ -563,14 +563,46 @@ def build_tiny_model(
 # for throughput measurements only. Large shapes are saved in bfloat16 (the float32 files would be huge).
 MODEL_SHAPES: dict[str, dict[str, object]] = {
     "tiny": {},
-    "qwen3-0.6b-random": dict(hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
-                              num_kv_heads=8, head_dim=128, max_position_embeddings=16384, dtype="bfloat16"),
-    "qwen3-1.7b-random": dict(hidden_size=2048, intermediate_size=6144, num_layers=28, num_heads=16,
-                              num_kv_heads=8, head_dim=128, max_position_embeddings=16384, dtype="bfloat16"),
-    "qwen3-4b-random": dict(hidden_size=2560, intermediate_size=9728, num_layers=36, num_heads=32,
-                            num_kv_heads=8, head_dim=128, max_position_embeddings=16384, dtype="bfloat16"),
-    "qwen3-8b-random": dict(hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32,
-                            num_kv_heads=8, head_dim=128, max_position_embeddings=16384, dtype="bfloat16"),
+    "qwen3-0.6b-random": dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        max_position_embeddings=16384,
+        dtype="bfloat16",
+    ),
+    "qwen3-1.7b-random": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        max_position_embeddings=16384,
+        dtype="bfloat16",
+    ),
+    "qwen3-4b-random": dict(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_layers=36,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        max_position_embeddings=16384,
+        dtype="bfloat16",
+    ),
+    "qwen3-8b-random": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_layers=36,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        max_position_embeddings=16384,
+        dtype="bfloat16",
+    ),
 }
 
 

@@ -55,8 +55,11 @@ def demonstration_messages(task: Any) -> list[dict[str, Any]]:
     """The shell agent's conversation solving `task` (a `BuiltinTask`), as chat messages."""
     from arl.harbor.shell_agent import SYSTEM_PROMPT
 
-    call = {"id": "call_0", "type": "function",
-            "function": {"name": "bash", "arguments": {"command": task.solution}}}
+    call = {
+        "id": "call_0",
+        "type": "function",
+        "function": {"name": "bash", "arguments": {"command": task.solution}},
+    }
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": task.instruction.strip()},
@@ -91,8 +94,9 @@ def encode_demonstration(tokenizer: Any, task: Any) -> tuple[list[int], list[int
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def render(msgs: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
-        text = tokenizer.apply_chat_template(msgs, tools=[BASH_TOOL], tokenize=False,
-                                             add_generation_prompt=generation_prompt)
+        text = tokenizer.apply_chat_template(
+            msgs, tools=[BASH_TOOL], tokenize=False, add_generation_prompt=generation_prompt
+        )
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     ids = render(messages, False)
@@ -104,7 +108,7 @@ def encode_demonstration(tokenizer: Any, task: Any) -> tuple[list[int], list[int
         if ids[:start] != render(messages[:i], True):
             raise ValueError("the chat template does not render a conversation as an extension of its prefix")
         end = ids.index(eos, start)
-        mask[start:end + 1] = [1] * (end + 1 - start)
+        mask[start : end + 1] = [1] * (end + 1 - start)
     return ids, mask
 
 
@@ -122,8 +126,9 @@ def sft_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad_id: int) 
         attn[row, : len(tokens)] = 1
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
     targets, weights = ids[:, 1:], mask[:, 1:]
-    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                            reduction="none").view_as(weights)
+    nll = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
+    ).view_as(weights)
     return (nll * weights).sum() / weights.sum().clamp(min=1.0)
 
 
@@ -132,8 +137,13 @@ def first_turn_prompt(tokenizer: Any, task: Any) -> list[int]:
     and the generation prompt of the assistant's first turn."""
     from arl.harbor.shell_agent import BASH_TOOL, SYSTEM_PROMPT
 
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.instruction.strip()}]
-    text = tokenizer.apply_chat_template(messages, tools=[BASH_TOOL], tokenize=False, add_generation_prompt=True)
+    messages = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": task.instruction.strip()},
+    ]
+    text = tokenizer.apply_chat_template(
+        messages, tools=[BASH_TOOL], tokenize=False, add_generation_prompt=True
+    )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -151,8 +161,9 @@ def runs_the_oracle(task: Any, turn: str) -> bool:
     return isinstance(arguments, dict) and arguments.get("command") == task.solution
 
 
-def first_turn_success(model: Any, tokenizer: Any, tasks: list[Any], *, samples: int, seed: int,
-                       max_tokens: int = 48) -> float:
+def first_turn_success(
+    model: Any, tokenizer: Any, tasks: list[Any], *, samples: int, seed: int, max_tokens: int = 48
+) -> float:
     """Share of `samples` first assistant turns per task, sampled at temperature 1, that run exactly the
     task's oracle command (`runs_the_oracle`): what the policy solves on its first try (the RL reward is at
     least this). Seeded: the same model gives the same share."""
@@ -164,10 +175,18 @@ def first_turn_success(model: Any, tokenizer: Any, tasks: list[Any], *, samples:
     for task in tasks:
         prompt = torch.tensor([first_turn_prompt(tokenizer, task)]).repeat(samples, 1)
         with torch.no_grad():
-            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=1.0,
-                                 top_k=0, top_p=1.0, max_new_tokens=max_tokens, eos_token_id=end_of_turn,
-                                 pad_token_id=tokenizer.pad_token_id)
-        solved += sum(runs_the_oracle(task, tokenizer.decode(row)) for row in out[:, prompt.shape[1]:])
+            out = model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_tokens,
+                eos_token_id=end_of_turn,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        solved += sum(runs_the_oracle(task, tokenizer.decode(row)) for row in out[:, prompt.shape[1] :])
     return solved / (samples * len(tasks))
 
 
@@ -186,11 +205,19 @@ def _deterministic(threads: int) -> Iterator[None]:
         torch.use_deterministic_algorithms(before[1])
 
 
-def supervised_pass(model_dir: Path | str, out_dir: Path | str,
-                    examples: list[tuple[list[int], list[int]]], *,
-                    steps: int, batch_size: int, lr: float, seed: int = 0, threads: int = 2,
-                    stop: Callable[[int, Any], bool] | None = None,
-                    log: Callable[[str], None] = print) -> list[float]:
+def supervised_pass(
+    model_dir: Path | str,
+    out_dir: Path | str,
+    examples: list[tuple[list[int], list[int]]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int = 0,
+    threads: int = 2,
+    stop: Callable[[int, Any], bool] | None = None,
+    log: Callable[[str], None] = print,
+) -> list[float]:
     """Train the model in `model_dir` on `examples` for up to `steps` AdamW steps; save it (with its
     tokenizer) to `out_dir`. After each step, `stop(steps done, model)` may end the pass early (it runs
     under its own RNG state, so it does not change the batches). Returns the loss of every step run.
@@ -223,8 +250,10 @@ def supervised_pass(model_dir: Path | str, out_dir: Path | str,
             optimizer.step()
             losses.append(float(loss.detach()))
             if step % 10 == 0 or step == steps - 1:
-                log(f"arl: warm start step {step + 1}/{steps} loss {losses[-1]:.3f} "
-                    f"({time.monotonic() - started:.0f}s)")
+                log(
+                    f"arl: warm start step {step + 1}/{steps} loss {losses[-1]:.3f} "
+                    f"({time.monotonic() - started:.0f}s)"
+                )
             if stop is not None:
                 model.eval()
                 with torch.random.fork_rng(devices=[]):
@@ -242,8 +271,14 @@ def supervised_pass(model_dir: Path | str, out_dir: Path | str,
     return losses
 
 
-def prepare_agent_run(out_dir: Path | str, cfg: WarmStartConfig, *, model_seed: int = 0, run_seed: int = 0,
-                      log: Callable[[str], None] = print) -> tuple[Path, Path]:
+def prepare_agent_run(
+    out_dir: Path | str,
+    cfg: WarmStartConfig,
+    *,
+    model_seed: int = 0,
+    run_seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> tuple[Path, Path]:
     """Write the RL task set and the warm-started model under `out_dir`; returns (tasks dir, model dir).
     `cfg.seed` (`run_seed` when None) seeds everything; the base model is built from `model_seed + seed`.
 
@@ -255,22 +290,33 @@ def prepare_agent_run(out_dir: Path | str, cfg: WarmStartConfig, *, model_seed: 
     root = Path(out_dir).resolve()
     tasks_dir, model_dir, record = root / "tasks", root / "model_sft", root / "warm_start.json"
     key = {"config": msgspec.to_builtins(cfg), "model_seed": model_seed}
-    if record.is_file() and json.loads(record.read_text()).get("key") == key and (model_dir / "config.json").is_file():
+    if (
+        record.is_file()
+        and json.loads(record.read_text()).get("key") == key
+        and (model_dir / "config.json").is_file()
+    ):
         log(f"arl: warm start reused from {model_dir}")
         return tasks_dir, model_dir
     rl_tasks = random_tasks(cfg.tasks, seed=seed)
     write_builtin_tasks(tasks_dir, tasks=rl_tasks)
-    base = build_tiny_model(root / "model_base", seed=model_seed + seed, hidden_size=cfg.hidden_size,
-                            intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
-                            num_heads=cfg.num_heads)
+    base = build_tiny_model(
+        root / "model_base",
+        seed=model_seed + seed,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+    )
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     # Other draws than the RL tasks (a different seed); with few choices per slot, instructions recur.
     demos = random_tasks(cfg.examples, seed=seed + 1)
     examples = [encode_demonstration(tokenizer, t) for t in demos]
-    log(f"arl: warm start: {len(examples)} demonstrations (~{len(examples[0][0])} tokens each), "
-        f"{cfg.steps} steps, seed {seed}, {len(rl_tasks)} RL tasks in {tasks_dir}")
+    log(
+        f"arl: warm start: {len(examples)} demonstrations (~{len(examples[0][0])} tokens each), "
+        f"{cfg.steps} steps, seed {seed}, {len(rl_tasks)} RL tasks in {tasks_dir}"
+    )
     checks: list[tuple[str, int, float]] = []
 
     def check(phase: str, step: int, model: Any) -> float:
@@ -285,30 +331,54 @@ def prepare_agent_run(out_dir: Path | str, cfg: WarmStartConfig, *, model_seed: 
         return False
 
     weaken = cfg.weaken_to is not None
-    losses = supervised_pass(base, root / "model_demo" if weaken else model_dir, examples, steps=cfg.steps,
-                             batch_size=cfg.batch_size, lr=cfg.lr, seed=seed, threads=cfg.threads,
-                             stop=measure_at_the_end, log=log)
+    losses = supervised_pass(
+        base,
+        root / "model_demo" if weaken else model_dir,
+        examples,
+        steps=cfg.steps,
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        seed=seed,
+        threads=cfg.threads,
+        stop=measure_at_the_end,
+        log=log,
+    )
     weaken_losses: list[float] = []
     if weaken:
         slips = [encode_demonstration(tokenizer, slipped(t)) for t in demos]
         weaken_losses = supervised_pass(
-            root / "model_demo", model_dir, slips, steps=cfg.weaken_max_steps, batch_size=cfg.batch_size,
-            lr=cfg.weaken_lr, seed=seed, threads=cfg.threads,
-            stop=lambda step, model: check("weakening", step, model) <= cfg.weaken_to, log=lambda _: None)
+            root / "model_demo",
+            model_dir,
+            slips,
+            steps=cfg.weaken_max_steps,
+            batch_size=cfg.batch_size,
+            lr=cfg.weaken_lr,
+            seed=seed,
+            threads=cfg.threads,
+            stop=lambda step, model: check("weakening", step, model) <= cfg.weaken_to,
+            log=lambda _: None,
+        )
         if checks[-1][2] > cfg.weaken_to:
-            raise ValueError(f"warm_start: first-turn success still {checks[-1][2]:.3f} after "
-                             f"weaken_max_steps={cfg.weaken_max_steps} slipped steps (weaken_to={cfg.weaken_to}); "
-                             f"raise warm_start.weaken_max_steps or warm_start.weaken_lr")
-    record.write_text(json.dumps({"key": key, "losses": losses, "weaken_losses": weaken_losses,
-                                  "first_turn_success": checks}) + "\n")
+            raise ValueError(
+                f"warm_start: first-turn success still {checks[-1][2]:.3f} after "
+                f"weaken_max_steps={cfg.weaken_max_steps} slipped steps (weaken_to={cfg.weaken_to}); "
+                f"raise warm_start.weaken_max_steps or warm_start.weaken_lr"
+            )
+    record.write_text(
+        json.dumps(
+            {"key": key, "losses": losses, "weaken_losses": weaken_losses, "first_turn_success": checks}
+        )
+        + "\n"
+    )
     return tasks_dir, model_dir
 
 
 AGENT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "agent.toml"
 
 
-def load_agent_config(path: Path | None, overrides: list[str], mode: str | None = None,
-                      log: Callable[[str], None] = print) -> Any:
+def load_agent_config(
+    path: Path | None, overrides: list[str], mode: str | None = None, log: Callable[[str], None] = print
+) -> Any:
     """The agent preset's `AppConfig`: `path` (default configs/agent.toml) and `overrides` (its
     `[warm_start]` section among them), with the warm start run (or reused) and its task set and model
     folder filled in as data.source/model.path."""
@@ -316,7 +386,10 @@ def load_agent_config(path: Path | None, overrides: list[str], mode: str | None 
     config = load_config(path, overrides, mode)
     check_machine(config)
     if not config.model.path.startswith("builtin:tiny"):
-        raise ConfigError(f"--preset agent warm-starts the built-in tiny model; model.path={config.model.path!r}")
-    tasks_dir, model_dir = prepare_agent_run(config.output.dir, config.warm_start, model_seed=config.model.seed,
-                                             run_seed=config.seed, log=log)
+        raise ConfigError(
+            f"--preset agent warm-starts the built-in tiny model; model.path={config.model.path!r}"
+        )
+    tasks_dir, model_dir = prepare_agent_run(
+        config.output.dir, config.warm_start, model_seed=config.model.seed, run_seed=config.seed, log=log
+    )
     return load_config(path, [*overrides, f"model.path={model_dir}", f"data.source=harbor:{tasks_dir}"], mode)

@@ -19,7 +19,9 @@ PROBE_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 PROBE_TOLERANCE = 1e-4
 
 
-def verify_engine_weights(ray: Any, trainer: Any, rollout: Any, replicas: int, step_timeout_s: float) -> dict[str, Any]:
+def verify_engine_weights(
+    ray: Any, trainer: Any, rollout: Any, replicas: int, step_timeout_s: float
+) -> dict[str, Any]:
     """Sync the final weights if the last step did not, then check engine == trainer on every live replica."""
     ray.get(trainer.final_sync.remote(), timeout=step_timeout_s)
     live = ray.get(rollout.stats.remote(), timeout=60)["replicas_healthy"]  # a dead replica is not checked
@@ -28,8 +30,12 @@ def verify_engine_weights(ray: Any, trainer: Any, rollout: Any, replicas: int, s
     results = ray.get(trainer.check_engine_digests.remote(digests), timeout=step_timeout_s)
     tensors_equal = all(r["equal"] for r in results)
     prepacked = sum(len(r["prepacked"]) for r in results)
-    problems = [f"replica{i}:{k}:{n}" for i, r in zip(checked, results, strict=True)
-                for k in ("unmatched", "mismatched") for n in r[k]][:20]
+    problems = [
+        f"replica{i}:{k}:{n}"
+        for i, r in zip(checked, results, strict=True)
+        for k in ("unmatched", "mismatched")
+        for n in r[k]
+    ][:20]
     tokens, engine_logp, engine_version = ray.get(rollout.probe.remote(PROBE_PROMPT, 16), timeout=120)
     trainer_logp = ray.get(trainer.log_probs.remote(PROBE_PROMPT, tokens), timeout=120)
     probe_diff = max(abs(a - b) for a, b in zip(engine_logp, trainer_logp, strict=True))
@@ -51,5 +57,7 @@ def weights_check_line(check: dict[str, Any]) -> str:
     """The check's one-line verdict for the terminal."""
     if check["equal"]:
         return f"arl: engine weights equal to the trainer's at version {check['version']}"
-    return (f"arl: engine weights differ from the trainer's at version {check['version']}: "
-            f"{', '.join(check['problems']) or 'probe log-prob diff %.3g' % check['probe_logprob_max_abs_diff']}")
+    problems = (
+        ", ".join(check["problems"]) or f"probe log-prob diff {check['probe_logprob_max_abs_diff']:.3g}"
+    )
+    return f"arl: engine weights differ from the trainer's at version {check['version']}: {problems}"

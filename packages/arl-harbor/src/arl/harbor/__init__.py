@@ -1,10 +1,10 @@
 """arl-harbor: Harbor trials as arl agent loops.
 
-`HarborAgentLoop` (registered as agent loop "harbor" when `arl.harbor.trial_loop` is imported) runs one task as one Harbor trial whose agent talks
-to the arl proxy, applies the failure policy (`FailurePolicy`, `arl.harbor.policy`) and returns an
-`AgentResult`; `LocalSandboxEnvironment` runs trials without Docker; `arl.harbor.tasks` reads task
-sets. Names are loaded lazily so that the light modules (`types`, `tasks`, `errors`) import without
-Harbor itself (the app's config does).
+`HarborAgentLoop` (registered as agent loop "harbor" when `arl.harbor.trial_loop` is imported) runs one
+task as one Harbor trial whose agent talks to the arl proxy, applies the failure policy
+(`FailurePolicy`, `arl.harbor.policy`) and returns an `AgentResult`; `LocalSandboxEnvironment` runs
+trials without Docker; `arl.harbor.tasks` reads task sets. Names are loaded lazily so that the light
+modules (`types`, `tasks`, `errors`) import without Harbor itself (the app's config does).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
 from arl.harbor.errors import HarborError
 
 # Control requests (inspect, create, list) answer within seconds even on a loaded daemon.
@@ -87,7 +88,12 @@ class DockerEngine:
         headers = {"Content-Type": "application/x-tar"} if data is not None else None
         try:
             async with self._http().request(
-                method, path, params=params, json=body, data=data, headers=headers,
+                method,
+                path,
+                params=params,
+                json=body,
+                data=data,
+                headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout_sec),
             ) as resp:
                 payload = await resp.read()
@@ -137,7 +143,9 @@ class DockerEngine:
         data = await self._json("GET", f"/containers/{container}/top", params={"ps_args": "-o pid,ppid,args"})
         titles = [t.upper() for t in data.get("Titles") or []]
         pid, ppid, command = titles.index("PID"), titles.index("PPID"), len(titles) - 1
-        return [(int(row[pid]), int(row[ppid]), " ".join(row[command:])) for row in data.get("Processes") or []]
+        return [
+            (int(row[pid]), int(row[ppid]), " ".join(row[command:])) for row in data.get("Processes") or []
+        ]
 
     # -- exec ------------------------------------------------------------------------------------
 
@@ -185,7 +193,8 @@ class DockerEngine:
         pending = bytearray()
         try:
             async with self._http().post(
-                f"/exec/{exec_id}/start", json={"Detach": False, "Tty": False},
+                f"/exec/{exec_id}/start",
+                json={"Detach": False, "Tty": False},
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONTROL_TIMEOUT_SEC),
             ) as resp:
                 if resp.status != 200:
@@ -232,7 +241,10 @@ class DockerEngine:
     async def put_archive(self, container: str, directory: str, tar_bytes: bytes) -> None:
         """Extract a tar into an existing `directory` of the container (DockerEngineError 404 if absent)."""
         await self._call(
-            "PUT", f"/containers/{container}/archive", params={"path": directory}, data=tar_bytes,
+            "PUT",
+            f"/containers/{container}/archive",
+            params={"path": directory},
+            data=tar_bytes,
             timeout_sec=ARCHIVE_TIMEOUT_SEC,
         )
 

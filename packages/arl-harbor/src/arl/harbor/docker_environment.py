@@ -55,21 +55,21 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import filelock
-from arl.harbor.agent_end import leftover_commands, write_agent_end
-from arl.harbor.carry import carry_filter
-from arl.harbor.docker_engine import DockerEngine, DockerEngineError, engine_socket_path
-from arl.harbor.errors import HarborError
-
+from harbor.environments.base import ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.definition import environment_content_hash
 from harbor.environments.docker import COMPOSE_NO_NETWORK_PATH
 from harbor.environments.docker.docker import DockerEnvironment as _HarborDockerEnvironment
-from harbor.environments.base import ExecResult
 from harbor.environments.docker.docker import (
     _sanitize_docker_compose_project_name,
     _sanitize_docker_image_name,
 )
 from harbor.models.task.config import NetworkMode, NetworkPolicy
+
+from arl.harbor.agent_end import leftover_commands, write_agent_end
+from arl.harbor.carry import carry_filter
+from arl.harbor.docker_engine import DockerEngine, DockerEngineError, engine_socket_path
+from arl.harbor.errors import HarborError
 
 DOCKER_IMPORT_PATH = "arl.harbor.docker_environment:DockerEnvironment"
 # Cross-process build locks (agent-loop worker processes share one daemon).
@@ -417,7 +417,9 @@ class DockerEnvironment(_HarborDockerEnvironment):
             return await super().download_dir(source_dir, target_dir)
         await self._download_dir(container, source_dir, target_dir, "data")
 
-    async def _download_dir(self, container: str, source_dir: str, target_dir: Path | str, tar_filter: Any) -> None:
+    async def _download_dir(
+        self, container: str, source_dir: str, target_dir: Path | str, tar_filter: Any
+    ) -> None:
         assert self._engine is not None
         # `docker cp main:DIR/. TARGET`: DIR's contents into TARGET (created when missing).
         source = PurePosixPath(source_dir.rstrip("/") or "/")
@@ -426,7 +428,9 @@ class DockerEnvironment(_HarborDockerEnvironment):
         target.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(_extract, tar_bytes, source.name or "/", target, tar_filter)
 
-    async def service_download_dir(self, source_dir: str, target_dir: Path | str, *, service: str | None = None) -> None:
+    async def service_download_dir(
+        self, source_dir: str, target_dir: Path | str, *, service: str | None = None
+    ) -> None:
         container = await self._main_container()
         if container is not None and self.is_main_service(service):
             assert self._engine is not None

@@ -46,14 +46,14 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from harbor.environments.base import BaseEnvironment, ExecResult, transfer_tar_filter
+from harbor.environments.capabilities import EnvironmentCapabilities
+
 from arl.harbor.agent_end import leftover_commands, write_agent_end
 from arl.harbor.carry import carry_filter
 from arl.harbor.errors import SandboxError, SandboxExecTimeoutError, SandboxStartError, SandboxTaskError
 from arl.harbor.sandbox_limits import SandboxLimits
 from arl.harbor.sandbox_net import SandboxNetwork, parse_routes
-
-from harbor.environments.base import BaseEnvironment, ExecResult, transfer_tar_filter
-from harbor.environments.capabilities import EnvironmentCapabilities
 
 _READY = "__ARL_SANDBOX_READY__"
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -258,7 +258,9 @@ def _processes_in(namespaces: tuple[str, ...]) -> list[tuple[int, int, str]]:
         except OSError:
             continue
         try:
-            cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            cmdline = (
+                Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            )
         except OSError:
             cmdline = ""
         command = cmdline or stat[stat.index("(") + 1 : stat.rindex(")")]
@@ -483,7 +485,8 @@ class LocalSandboxEnvironment(BaseEnvironment):
             f"mkdir {r}/dev/pts {r}/dev/shm",
             f"mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts {r}/dev/pts",
             f"ln -s pts/ptmx {r}/dev/ptmx && ln -s /proc/self/fd {r}/dev/fd",
-            f"ln -s /proc/self/fd/0 {r}/dev/stdin && ln -s /proc/self/fd/1 {r}/dev/stdout && ln -s /proc/self/fd/2 {r}/dev/stderr",
+            f"ln -s /proc/self/fd/0 {r}/dev/stdin && ln -s /proc/self/fd/1 {r}/dev/stdout"
+            f" && ln -s /proc/self/fd/2 {r}/dev/stderr",
             f"mount -t tmpfs -o mode=1777,nosuid,nodev,size=64m,uid={base},gid={base} arl-sandbox-shm {r}/dev/shm",
         ]
         if self._network == "none":
@@ -657,7 +660,8 @@ class LocalSandboxEnvironment(BaseEnvironment):
                 left = leftover_commands(_processes_in(namespaces), self._init_pid)
                 await asyncio.to_thread(write_agent_end, self.trial_paths.trial_dir, left)
             with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(self._init_pidfd, signal.SIGKILL)  # the PID namespace dies with its init
+                # the PID namespace dies with its init
+                signal.pidfd_send_signal(self._init_pidfd, signal.SIGKILL)
             os.close(self._init_pidfd)
             self._init_pid = self._init_pidfd = None
             if namespaces:
@@ -827,11 +831,14 @@ class LocalSandboxEnvironment(BaseEnvironment):
             argv = self._exec_argv(f"cat -- {shlex.quote(source_path)}", "/", None, "root")
             await self._checked(argv, f"download of {source_path}", stdout_file=f)
 
-    async def service_download_dir(self, source_dir: str, target_dir: Path | str, *, service: str | None = None) -> None:
+    async def service_download_dir(
+        self, source_dir: str, target_dir: Path | str, *, service: str | None = None
+    ) -> None:
         if self.is_main_service(service):
             path = shlex.quote(source_dir)
-            probe = await self._run(self._exec_argv(f"[ -d {path} ] && [ ! -L {path} ]", "/", None, "root"),
-                                    timeout_sec=60)
+            probe = await self._run(
+                self._exec_argv(f"[ -d {path} ] && [ ! -L {path} ]", "/", None, "root"), timeout_sec=60
+            )
             if probe.return_code != 0:
                 # Removed or replaced by the agent: nothing of it is carried (an empty change), not a failure.
                 Path(target_dir).mkdir(parents=True, exist_ok=True)

@@ -41,10 +41,10 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from arl.harbor.types import Action, FailureKind, FailurePolicy
-
 from harbor.models.trial.error_policy import FailureCause, policy_for
 from harbor.models.trial.result import TrialResult
+
+from arl.harbor.types import Action, FailureKind, FailurePolicy
 
 __all__ = [
     "AGENT_BROKE_VERIFIER",
@@ -231,8 +231,11 @@ def artifact_failures(trial_dir: Path) -> list[str]:
         return []
     if isinstance(entries, dict):
         entries = entries.get("entries") or entries.get("artifacts") or []
-    return [str(e.get("source")) for e in entries
-            if isinstance(e, dict) and e.get("status") == "failed" and e.get("type") == "directory"]
+    return [
+        str(e.get("source"))
+        for e in entries
+        if isinstance(e, dict) and e.get("status") == "failed" and e.get("type") == "directory"
+    ]
 
 
 def tells(result: TrialResult | None, trial_dir: Path) -> dict[str, float]:

@@ -36,7 +36,9 @@ class SandboxLimits(msgspec.Struct, kw_only=True):
     cpu_enforced_by: str = "none"
 
     @classmethod
-    def create(cls, name: str, *, cpus: float | None, memory_mb: int | None, max_processes: int) -> SandboxLimits:
+    def create(
+        cls, name: str, *, cpus: float | None, memory_mb: int | None, max_processes: int
+    ) -> SandboxLimits:
         """Limits for sandbox `name`, in a fresh cgroup when the host lets us make one."""
         limits = cls(cpus=cpus, memory_mb=memory_mb, max_processes=max_processes)
         if os.geteuid() != 0:

@@ -148,7 +148,7 @@ class SandboxNetwork:
 
 
 def parse_routes(routes: list[str] | tuple[str, ...]) -> dict[int, tuple[str, int]]:
-    """"PORT" (sandbox 127.0.0.1:PORT → host 127.0.0.1:PORT) or "PORT=HOST:HOSTPORT" → {port: (host, port)}."""
+    """ "PORT" (sandbox 127.0.0.1:PORT → host 127.0.0.1:PORT) or "PORT=HOST:HOSTPORT" → {port: (host, port)}."""
     out: dict[int, tuple[str, int]] = {}
     for route in routes:
         listen, _, target = str(route).partition("=")

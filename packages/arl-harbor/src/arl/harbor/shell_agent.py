@@ -33,10 +33,13 @@ BASH_TOOL = {
     "function": {
         "name": "bash",
         "description": "Run a bash command in the sandbox; returns its output and exit code.",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
     },
 }
-
 
 
 def write_agent_log(path: Path, text: str) -> None:
@@ -57,6 +60,7 @@ def write_agent_log(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
 
+
 class ShellAgent(BaseAgent):
     """Tool-calling loop over one `bash` tool; see the module docstring."""
 
@@ -64,8 +68,15 @@ class ShellAgent(BaseAgent):
     MODEL_CONNECTION = ModelConnectionSpec()
     capabilities = AgentCapabilities(base_url=True)
 
-    def __init__(self, *args: Any, max_turns: int = 8, command_timeout_sec: float = 30.0,
-                 request_timeout_sec: float = 600.0, max_output_chars: int = 2000, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        max_turns: int = 8,
+        command_timeout_sec: float = 30.0,
+        request_timeout_sec: float = 600.0,
+        max_output_chars: int = 2000,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.max_turns = max_turns
         self.command_timeout_sec = command_timeout_sec
@@ -85,8 +96,10 @@ class ShellAgent(BaseAgent):
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
         if not self._base_url:
             raise ValueError("arl-shell needs base_url (the proxy session's OpenAI endpoint)")
-        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
-                                          {"role": "user", "content": instruction.strip()}]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": instruction.strip()},
+        ]
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_sec)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             for _ in range(self.max_turns):
@@ -102,8 +115,13 @@ class ShellAgent(BaseAgent):
                 if not calls or choice.get("finish_reason") == "length":
                     break
                 for call in calls:
-                    messages.append({"role": "tool", "tool_call_id": call["id"],
-                                     "content": await self._bash(call, environment)})
+                    messages.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": call["id"],
+                            "content": await self._bash(call, environment),
+                        }
+                    )
         write_agent_log(self.logs_dir / "arl_shell_messages.json", json.dumps(messages, indent=1))
 
     async def _bash(self, call: dict[str, Any], environment: BaseEnvironment) -> str:
@@ -119,4 +137,4 @@ class ShellAgent(BaseAgent):
         except Exception as exc:  # a timeout or sandbox error is what the model sees, as from a terminal
             return f"error: {type(exc).__name__}: {exc}"
         out = (result.stdout or "") + (result.stderr or "")
-        return f"{out[-self.max_output_chars:]}\n[exit code {result.return_code}]"
+        return f"{out[-self.max_output_chars :]}\n[exit code {result.return_code}]"

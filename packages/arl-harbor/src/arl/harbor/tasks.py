@@ -1,9 +1,9 @@
 """Harbor task sets as data: `harbor:<folder of task dirs | task dir | dataset file>` → arl `Task` rows;
 `swebench:<SWE-bench-format rows | import .toml>` → the same, through `arl.harbor.swe.import_rows`.
 
-A source names a built-in set (`harbor:builtin:small`: four one-line file tasks), a folder (one task dir holding `task.toml`, or a folder of such dirs, sorted by
-name) or a dataset file (`.jsonl`, one object per line, or `.json`, a list of objects). Each row is a
-task reference in Harbor's own terms:
+A source names a built-in set (`harbor:builtin:small`: four one-line file tasks), a folder (one task dir
+holding `task.toml`, or a folder of such dirs, sorted by name) or a dataset file (`.jsonl`, one
+object per line, or `.json`, a list of objects). Each row is a task reference in Harbor's own terms:
   {"path": "tasks/fix-bug"}                          a local task dir (relative to the file's folder)
   {"name": "org/task", "ref": "sha256:<digest>"}     a registry package, read from Harbor's local cache
   {"git_url": "...", "git_commit_id": "...", "path": "tasks/x"}   a git task, read from the cache
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
 from arl.harbor.errors import HarborConfigError
 from arl.rollout.types import Task
 
@@ -91,9 +92,13 @@ def validate_task(path: Path, task_id: str | None = None) -> TaskInfo:
     env = config.get("environment", {}) or {}
     agent = config.get("agent", {}) or {}
     verifier = config.get("verifier", {}) or {}
-    info.build_timeout_sec = _number(env, "build_timeout_sec", DEFAULT_BUILD_TIMEOUT_SEC, "environment", problems)
+    info.build_timeout_sec = _number(
+        env, "build_timeout_sec", DEFAULT_BUILD_TIMEOUT_SEC, "environment", problems
+    )
     info.agent_timeout_sec = _number(agent, "timeout_sec", DEFAULT_AGENT_TIMEOUT_SEC, "agent", problems)
-    info.verifier_timeout_sec = _number(verifier, "timeout_sec", DEFAULT_VERIFIER_TIMEOUT_SEC, "verifier", problems)
+    info.verifier_timeout_sec = _number(
+        verifier, "timeout_sec", DEFAULT_VERIFIER_TIMEOUT_SEC, "verifier", problems
+    )
     info.cpus = env.get("cpus")
     info.memory_mb = env.get("memory_mb")
     info.network_mode = env.get("network_mode")
@@ -108,7 +113,9 @@ def validate_task(path: Path, task_id: str | None = None) -> TaskInfo:
     return info
 
 
-def task_timeout_sec(info: TaskInfo, *, multiplier: float = 1.0, agent_timeout_sec: float | None = None) -> float:
+def task_timeout_sec(
+    info: TaskInfo, *, multiplier: float = 1.0, agent_timeout_sec: float | None = None
+) -> float:
     """The longest one attempt of this task may take: every phase's timeout, times `multiplier`."""
     agent = agent_timeout_sec if agent_timeout_sec is not None else info.agent_timeout_sec
     phases = info.build_timeout_sec + AGENT_SETUP_ALLOWANCE_SEC + agent + info.verifier_timeout_sec
@@ -166,7 +173,9 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     raise HarborConfigError(f"{path}: a Harbor task set file must be .jsonl or .json, got {path.suffix!r}")
 
 
-def resolve_source(source: str, *, cache_dir: str | Path | None = None) -> list[tuple[str, Path, dict[str, Any]]]:
+def resolve_source(
+    source: str, *, cache_dir: str | Path | None = None
+) -> list[tuple[str, Path, dict[str, Any]]]:
     """(id, task dir, metadata) per task of `harbor:<...>` (the prefix is optional) or `swebench:<...>`."""
     spec = source.removeprefix(SOURCE_PREFIX)
     if source.startswith(SWEBENCH_PREFIX):
@@ -225,7 +234,9 @@ def builtin_task_set(name: str) -> Path:
     from arl.harbor.testing import write_hello_task
 
     if name not in _BUILTIN_SETS:
-        raise HarborConfigError(f"unknown built-in Harbor task set {name!r}; available: {sorted(_BUILTIN_SETS)}")
+        raise HarborConfigError(
+            f"unknown built-in Harbor task set {name!r}; available: {sorted(_BUILTIN_SETS)}"
+        )
     root = Path(tempfile.gettempdir()) / f"arl-harbor-builtin-{name}-v1"
     if not (root / ".complete").is_file():
         for task, line in _BUILTIN_SETS[name]:
@@ -253,7 +264,9 @@ def load_harbor_tasks(
     for task_id, path, metadata in resolve_source(source, cache_dir=cache_dir):
         info = validate_task(path, task_id)
         if not info.ok:
-            raise HarborConfigError(f"{source}: task {task_id} ({path}) is invalid: {'; '.join(info.problems)}")
+            raise HarborConfigError(
+                f"{source}: task {task_id} ({path}) is invalid: {'; '.join(info.problems)}"
+            )
         instruction = (path / "instruction.md").read_text(errors="replace")
         tasks.append(
             Task(
@@ -277,9 +290,14 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m arl.harbor.tasks", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["list", "validate"])
-    parser.add_argument("source", help="harbor:<folder | task dir | .jsonl/.json task set> (prefix optional) "
-                        "or swebench:<rows .jsonl/.json/.parquet | import .toml>")
-    parser.add_argument("--cache-dir", default=None, help="Harbor's task cache (default ~/.cache/harbor/tasks)")
+    parser.add_argument(
+        "source",
+        help="harbor:<folder | task dir | .jsonl/.json task set> (prefix optional) "
+        "or swebench:<rows .jsonl/.json/.parquet | import .toml>",
+    )
+    parser.add_argument(
+        "--cache-dir", default=None, help="Harbor's task cache (default ~/.cache/harbor/tasks)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per task")
     args = parser.parse_args(argv)
     try:

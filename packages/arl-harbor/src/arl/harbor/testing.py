@@ -16,13 +16,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from arl.harbor.agents.scripts import AGENTS as SWE_AGENTS  # noqa: F401 - re-exported test doubles
-from arl.harbor.agents.scripts import SCRIPTS as SWE_SCRIPTS  # noqa: F401
-from arl.harbor.agents.scripts import read_task, script_completions  # noqa: F401
-
 from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
+
+from arl.harbor.agents.scripts import AGENTS as SWE_AGENTS  # noqa: F401 - re-exported test doubles
+from arl.harbor.agents.scripts import SCRIPTS as SWE_SCRIPTS  # noqa: F401
+from arl.harbor.agents.scripts import read_task, script_completions  # noqa: F401
 
 HELLO_INSTRUCTION = "Create a file /app/hello.txt whose only content is the line: Hello, world!\n"
 HELLO_TEST = """#!/bin/bash
@@ -152,5 +152,12 @@ def write_swe_task(
     `test_counter`. See `arl.harbor.swe.testing.write_tinycalc_task` for `venv` and `cache`."""
     from arl.harbor.swe.testing import write_tinycalc_task
 
-    return write_tinycalc_task(root, name=name, base_image=base_image, agent_timeout_sec=agent_timeout_sec,
-                               verifier_timeout_sec=verifier_timeout_sec, venv=venv, cache=cache)
+    return write_tinycalc_task(
+        root,
+        name=name,
+        base_image=base_image,
+        agent_timeout_sec=agent_timeout_sec,
+        verifier_timeout_sec=verifier_timeout_sec,
+        venv=venv,
+        cache=cache,
+    )

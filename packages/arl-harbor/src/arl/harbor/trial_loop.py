@@ -26,6 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+from harbor.models.trial.result import TimingInfo, TrialResult
+from harbor.trial.trial import Trial
+
 from arl.harbor.errors import HarborConfigError, HarborError
 from arl.harbor.policy import (
     AGENT_BROKE_VERIFIER,
@@ -45,10 +49,6 @@ from arl.proxy.generator import Generator
 from arl.proxy.types import SamplingParams, TokenOutput
 from arl.rollout.agent_loop import register_agent_loop
 from arl.rollout.types import AgentResult, Task
-
-from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
-from harbor.models.trial.result import TimingInfo, TrialResult
-from harbor.trial.trial import Trial
 
 logger = logging.getLogger(__name__)
 
@@ -243,8 +243,10 @@ class HarborAgentLoop:
             try:
                 await asyncio.wait_for(proxy.stop(), self.config.proxy_timeout_sec)
             except TimeoutError:  # the trial is over; a slow stop must not fail the run that owns it
-                logger.warning("the arl proxy did not stop within %ss; its server is left to the event loop",
-                               self.config.proxy_timeout_sec)
+                logger.warning(
+                    "the arl proxy did not stop within %ss; its server is left to the event loop",
+                    self.config.proxy_timeout_sec,
+                )
 
     async def _attempt(
         self,
@@ -261,15 +263,32 @@ class HarborAgentLoop:
         trial_timeout = self.trial_timeout_sec(task_path)
         try:
             return await self._attempt_through_proxy(
-                task, task_path, trial_name, trial_dir, started, trial_timeout, generator, sampling_params,
-                request_id)
+                task,
+                task_path,
+                trial_name,
+                trial_dir,
+                started,
+                trial_timeout,
+                generator,
+                sampling_params,
+                request_id,
+            )
         except _ProxyUnavailable as e:
-            return _Attempt(kind="model_provider", error=str(e), trial_dir=trial_dir,
-                            wall=time.monotonic() - started)
+            return _Attempt(
+                kind="model_provider", error=str(e), trial_dir=trial_dir, wall=time.monotonic() - started
+            )
 
     async def _attempt_through_proxy(
-        self, task: Task, task_path: Path, trial_name: str, trial_dir: Path, started: float,
-        trial_timeout: float, generator: Generator, sampling_params: SamplingParams, request_id: str,
+        self,
+        task: Task,
+        task_path: Path,
+        trial_name: str,
+        trial_dir: Path,
+        started: float,
+        trial_timeout: float,
+        generator: Generator,
+        sampling_params: SamplingParams,
+        request_id: str,
     ) -> _Attempt:
         cfg = self.config
         async with self._proxy(generator, sampling_params, request_id) as proxy:

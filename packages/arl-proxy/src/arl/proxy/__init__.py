@@ -1,10 +1,10 @@
 """arl-proxy: a token-exact OpenAI-compatible chat endpoint that records trajectories for RL training.
 
-    proxy = ChatProxy(tokenizer, generator, ProxyConfig(tool_parser="hermes"))
-    await proxy.start()
-    session = proxy.open_session()          # session.base_url -> any OpenAI client
-    traj = proxy.pop_session(session.id)    # traj.segments: token-exact (prompt_ids, response_ids, mask, ...)
-    await proxy.stop()
+proxy = ChatProxy(tokenizer, generator, ProxyConfig(tool_parser="hermes"))
+await proxy.start()
+session = proxy.open_session()          # session.base_url -> any OpenAI client
+traj = proxy.pop_session(session.id)    # traj.segments: token-exact (prompt_ids, response_ids, mask, ...)
+await proxy.stop()
 """
 
 from arl.proxy.chat import ChatCodec

@@ -35,13 +35,20 @@ def _compile(template: str) -> Any:
         def raise_exception(message: str) -> None:
             raise jinja2.exceptions.TemplateError(message)
 
-        def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-                   sort_keys: bool = False) -> str:
-            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                              sort_keys=sort_keys)
+        def tojson(
+            x: Any,
+            ensure_ascii: bool = False,
+            indent: Any = None,
+            separators: Any = None,
+            sort_keys: bool = False,
+        ) -> str:
+            return json.dumps(
+                x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+            )
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[jinja2.ext.loopcontrols])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        )
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -51,8 +58,9 @@ def _compile(template: str) -> Any:
 class ChatCodec:
     """Chat-template rendering and exact tokenization for one tokenizer (generic, not model specific)."""
 
-    def __init__(self, tokenizer: Any, chat_template: str | None = None,
-                 extra_stop_token_ids: list[int] | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, chat_template: str | None = None, extra_stop_token_ids: list[int] | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         template = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
         if isinstance(template, dict):  # some tokenizers keep named templates
@@ -66,8 +74,9 @@ class ChatCodec:
         # HF tokenizers' batch calls run the Rust work with the GIL released (`encode` of one text holds it
         # throughout), and `encode_batch_fast` skips the character offsets `encode` computes and nothing here
         # reads: the same ids for ~30% less work (packages/arl-proxy/BENCHMARKS.md). A batch of one text.
-        self._encode_batch = (getattr(self._backend, "encode_batch_fast", None)
-                              or getattr(self._backend, "encode_batch", None))
+        self._encode_batch = getattr(self._backend, "encode_batch_fast", None) or getattr(
+            self._backend, "encode_batch", None
+        )
         added = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()]
         # Every added token is split out before BPE, so a cut right after one never changes tokenization.
         self.added_tokens: list[str] = sorted(set(added), key=len, reverse=True)
@@ -82,13 +91,23 @@ class ChatCodec:
         self.stop_token_ids: list[int] = stop
 
     # -- rendering ---------------------------------------------------------------------------------
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               add_generation_prompt: bool, template_kwargs: dict[str, Any] | None = None) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         """The text `apply_chat_template(messages, tools, add_generation_prompt, tokenize=False)` gives."""
         kwargs = {**self._special_vars, **(template_kwargs or {})}
         try:
-            return self._template.render(messages=messages, tools=tools, documents=None,
-                                         add_generation_prompt=add_generation_prompt, **kwargs)
+            return self._template.render(
+                messages=messages,
+                tools=tools,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **kwargs,
+            )
         except Exception as exc:  # jinja2 TemplateError, TypeError from the template, ...
             raise TemplateRenderError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
 
@@ -112,8 +131,9 @@ class ChatCodec:
             return ""
         if self._backend is not None:
             return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
-        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
-                                     clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+        )
 
     def token_text(self, token_id: int) -> str:
         """The text of one token (for OpenAI logprobs entries)."""
@@ -142,7 +162,7 @@ class ChatCodec:
             if m is not None:
                 ids = self.encode(m.group(0))
                 if len(ids) == 1:
-                    return m.group(0), ids[0], text[m.end():]
+                    return m.group(0), ids[0], text[m.end() :]
         eos = getattr(self.tokenizer, "eos_token", None)
         eos_id = getattr(self.tokenizer, "eos_token_id", None)
         return (eos if isinstance(eos, str) else None), (eos_id if isinstance(eos_id, int) else None), ""

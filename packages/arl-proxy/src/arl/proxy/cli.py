@@ -47,19 +47,31 @@ async def _serve(args: argparse.Namespace) -> None:
     if args.chat_template:
         with open(args.chat_template, encoding="utf-8") as f:
             template = f.read()
-    config = ProxyConfig(host=args.host, port=args.port, tool_parser=args.tool_parser, api_key=args.api_key,
-                         model_name=args.model_name, max_context_len=args.max_context_len,
-                         max_consecutive_no_tool=args.max_consecutive_no_tool, chat_template=template,
-                         trajectory_root=args.trajectory_root, incremental_check=args.incremental_check,
-                         admin_routes=True)
+    config = ProxyConfig(
+        host=args.host,
+        port=args.port,
+        tool_parser=args.tool_parser,
+        api_key=args.api_key,
+        model_name=args.model_name,
+        max_context_len=args.max_context_len,
+        max_consecutive_no_tool=args.max_consecutive_no_tool,
+        chat_template=template,
+        trajectory_root=args.trajectory_root,
+        incremental_check=args.incremental_check,
+        admin_routes=True,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with UpstreamGenerator(args.upstream, model=args.upstream_model, api_key=args.upstream_api_key) as gen:
+    async with UpstreamGenerator(
+        args.upstream, model=args.upstream_model, api_key=args.upstream_api_key
+    ) as gen:
         async with ChatProxy(tokenizer, gen, config) as proxy:
-            print(f"arl-proxy serving on {proxy.base_url} (upstream {gen.base_url}, model {gen.model})",
-                  flush=True)
+            print(
+                f"arl-proxy serving on {proxy.base_url} (upstream {gen.base_url}, model {gen.model})",
+                flush=True,
+            )
             await stop.wait()
 
 

@@ -47,7 +47,9 @@ class Reply:
                     args: Any = json.loads(c.arguments)
                 except ValueError:
                     args = c.arguments
-                calls.append({"type": "function", "function": {"name": c.name, "arguments": args}, "id": c.id})
+                calls.append(
+                    {"type": "function", "function": {"name": c.name, "arguments": args}, "id": c.id}
+                )
             msg["tool_calls"] = calls
         return msg
 
@@ -60,9 +62,13 @@ def _trim_to_text(codec: ChatCodec, ids: list[int], text: str) -> list[int]:
     return ids[:j]
 
 
-def build_reply(codec: ChatCodec, out: TokenOutput, stop: list[str],
-                parser: Callable[[str, list[dict[str, Any]] | None], ParsedOutput] | None,
-                tools: list[dict[str, Any]] | None) -> Reply:
+def build_reply(
+    codec: ChatCodec,
+    out: TokenOutput,
+    stop: list[str],
+    parser: Callable[[str, list[dict[str, Any]] | None], ParsedOutput] | None,
+    tools: list[dict[str, Any]] | None,
+) -> Reply:
     """Interpret one generation: OpenAI content/tool calls and the tokens that enter the trajectory."""
     ids = list(out.token_ids)
     lps = list(out.log_probs) if out.log_probs is not None else [0.0] * len(ids)

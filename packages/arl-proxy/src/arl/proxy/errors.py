@@ -22,7 +22,12 @@ class ProxyError(Exception):
     def to_openai(self) -> dict[str, object]:
         """The OpenAI-style error body: {"error": {"message", "type", "param", "code"}}."""
         return {
-            "error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
         }
 
 

@@ -123,6 +123,7 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise BadRequestError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
-                                  param=f"tools[{i}]")
+            raise BadRequestError(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", param=f"tools[{i}]"
+            )
     return tools or None

@@ -72,8 +72,9 @@ def decode_chat_request(body: bytes) -> ChatRequest:
     if not isinstance(req.messages, list) or not req.messages:
         raise InvalidMessagesError("'messages' must be a non-empty list of message objects", param="messages")
     if req.n is not None and req.n != 1:
-        raise BadRequestError(f"n={req.n} is not supported: one trajectory takes one completion per turn (n=1)",
-                              param="n")
+        raise BadRequestError(
+            f"n={req.n} is not supported: one trajectory takes one completion per turn (n=1)", param="n"
+        )
     mt = req.requested_max_tokens
     if mt is not None and mt < 1:
         raise BadRequestError("max_tokens must be at least 1", param="max_tokens")
@@ -84,10 +85,13 @@ def decode_chat_request(body: bytes) -> ChatRequest:
     if req.top_p is not None and not 0 < req.top_p <= 1:
         raise BadRequestError("top_p must be in (0, 1]", param="top_p")
     tc = req.tool_choice
-    if tc is not None and tc not in ("none", "auto", "required") and not (
-        isinstance(tc, dict) and isinstance(tc.get("function"), dict)
+    if (
+        tc is not None
+        and tc not in ("none", "auto", "required")
+        and not (isinstance(tc, dict) and isinstance(tc.get("function"), dict))
     ):
-        raise BadRequestError("tool_choice must be 'none', 'auto', 'required' or a named function",
-                              param="tool_choice")
+        raise BadRequestError(
+            "tool_choice must be 'none', 'auto', 'required' or a named function", param="tool_choice"
+        )
     req.tools = normalize_tools(req.tools)
     return req

@@ -102,8 +102,11 @@ class ChatProxy:
             raise ValueError(f"tokenize_inline_chars must be >= 0, got {self.config.tokenize_inline_chars}")
         # Long texts are tokenized here, off the event loop (see `_encode`). Only a tokenizer that releases the
         # GIL gains from it: a slow one would hold the loop off as long as it ran inline, and add the hand-off.
-        self._tokenize_pool = (ThreadPoolExecutor(self.config.tokenize_threads, thread_name_prefix="arl-proxy-tok")
-                               if self.config.tokenize_threads and self.codec.encode_releases_gil else None)
+        self._tokenize_pool = (
+            ThreadPoolExecutor(self.config.tokenize_threads, thread_name_prefix="arl-proxy-tok")
+            if self.config.tokenize_threads and self.codec.encode_releases_gil
+            else None
+        )
         self._sessions: dict[str, Session] = {}
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
@@ -138,8 +141,13 @@ class ChatProxy:
             await runner.cleanup()
         await self._watcher.stop()
 
-    async def _plan(self, builder: TrajectoryBuilder, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any]) -> PromptPlan:
+    async def _plan(
+        self,
+        builder: TrajectoryBuilder,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any],
+    ) -> PromptPlan:
         """`builder.plan`, rendering on the event loop and tokenizing each text where `_encode` puts it."""
         steps = builder.plan_steps(messages, tools, template_kwargs)
         try:
@@ -195,10 +203,13 @@ class ChatProxy:
     def open_session(self, trajectory_dir: str | None = None) -> SessionInfo:
         """Open a session; its `base_url` is the OpenAI base URL the agent uses."""
         sid = new_session_id()
-        builder = TrajectoryBuilder(self.codec, check=self.config.incremental_check,
-                                    segmented=self.config.segments)
+        builder = TrajectoryBuilder(
+            self.codec, check=self.config.incremental_check, segmented=self.config.segments
+        )
         self._sessions[sid] = Session(sid, builder, trajectory_dir)
-        return SessionInfo(id=sid, base_url=f"{self.base_url}/sessions/{sid}/v1", trajectory_dir=trajectory_dir)
+        return SessionInfo(
+            id=sid, base_url=f"{self.base_url}/sessions/{sid}/v1", trajectory_dir=trajectory_dir
+        )
 
     def get_trajectory(self, session_id: str) -> Trajectory:
         """The trajectory of an open session so far (the session stays open)."""
@@ -212,7 +223,9 @@ class ChatProxy:
         session.closed = True
         traj = session.builder.trajectory(session_id)
         if session.trajectory_dir:
-            _write_json(os.path.join(session.trajectory_dir, "proxy_trajectory.json"), msgspec.to_builtins(traj))
+            _write_json(
+                os.path.join(session.trajectory_dir, "proxy_trajectory.json"), msgspec.to_builtins(traj)
+            )
         return traj
 
     @property
@@ -248,7 +261,9 @@ class ChatProxy:
         except ProxyError as exc:
             return _json(exc.to_openai(), exc.status)
         except web.HTTPRequestEntityTooLarge:
-            err = RequestTooLargeError(f"request body is over the limit of {self.config.max_body_bytes} bytes")
+            err = RequestTooLargeError(
+                f"request body is over the limit of {self.config.max_body_bytes} bytes"
+            )
             return _json(err.to_openai(), err.status)
         except web.HTTPException as exc:
             if exc.status >= 400:
@@ -273,8 +288,9 @@ class ChatProxy:
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.config.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
-            raise RequestTooLargeError(f"request body of {request.content_length} bytes is over the limit of "
-                                       f"{limit} bytes")
+            raise RequestTooLargeError(
+                f"request body of {request.content_length} bytes is over the limit of {limit} bytes"
+            )
         async with asyncio.timeout(_IO_TIMEOUT_S):
             return await request.read()
 
@@ -324,14 +340,17 @@ class ChatProxy:
             async with asyncio.timeout(self.config.generate_timeout_s):
                 out = await self.generator.generate(session_id, prompt_ids, sp)
         except TimeoutError:
-            raise GeneratorTimeoutError(f"generator gave no answer within {self.config.generate_timeout_s} s") \
-                from None
+            raise GeneratorTimeoutError(
+                f"generator gave no answer within {self.config.generate_timeout_s} s"
+            ) from None
         except ProxyError:
             raise
         except Exception as exc:
             raise GeneratorError(f"generator failed: {type(exc).__name__}: {exc}") from exc
         if len(out.log_probs) != len(out.token_ids):
-            raise GeneratorError(f"generator returned {len(out.token_ids)} tokens but {len(out.log_probs)} log probs")
+            raise GeneratorError(
+                f"generator returned {len(out.token_ids)} tokens but {len(out.log_probs)} log probs"
+            )
         return out
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -340,8 +359,10 @@ class ChatProxy:
         req = decode_chat_request(await self._read_body(request))
         messages = normalize_messages(req.messages)
         if messages[-1]["role"] == "assistant":
-            raise InvalidMessagesError("the last message is an assistant message; continuing a reply is not "
-                                       "supported", param=f"messages[{len(messages) - 1}]")
+            raise InvalidMessagesError(
+                "the last message is an assistant message; continuing a reply is not supported",
+                param=f"messages[{len(messages) - 1}]",
+            )
         template_kwargs = {**self.config.chat_template_kwargs, **(req.chat_template_kwargs or {})}
         model = req.model or self.config.model_name
         completion_id = "chatcmpl-" + secrets.token_hex(12)
@@ -354,8 +375,11 @@ class ChatProxy:
             turn_index = session.builder.num_turns + 1
             prompt_len = len(plan.prompt_ids)
             if self.max_context_len is not None and prompt_len >= self.max_context_len:
-                raise ContextLengthError(f"the prompt is {prompt_len} tokens, over the context limit of "
-                                         f"{self.max_context_len} tokens", param="messages")
+                raise ContextLengthError(
+                    f"the prompt is {prompt_len} tokens, over the context limit of "
+                    f"{self.max_context_len} tokens",
+                    param="messages",
+                )
             sp = self._sampling_params(req, prompt_len)
             stream: web.StreamResponse | None = None
             # The turn is recorded only once its whole reply is written; a client gone before that leaves the
@@ -376,39 +400,59 @@ class ChatProxy:
                     return stream
                 t_gen = time.perf_counter() - t_gen0
                 # On the loop: decoding a reply holds the GIL wherever it runs (16k tokens: ~1 ms).
-                reply = build_reply(self.codec, out, sp.stop, self._parser if req.tools_enabled else None,
-                                    req.tools)
+                reply = build_reply(
+                    self.codec, out, sp.stop, self._parser if req.tools_enabled else None, req.tools
+                )
                 logprobs = logprobs_block(self.codec, reply, sp.top_logprobs) if req.logprobs else None
                 if stream is None:
-                    body = completion_body(completion_id=completion_id, model=model, reply=reply,
-                                           prompt_ids=plan.prompt_ids, logprobs=logprobs,
-                                           return_token_ids=bool(req.return_token_ids))
+                    body = completion_body(
+                        completion_id=completion_id,
+                        model=model,
+                        reply=reply,
+                        prompt_ids=plan.prompt_ids,
+                        logprobs=logprobs,
+                        return_token_ids=bool(req.return_token_ids),
+                    )
                     response: web.StreamResponse = _json(body)
                     await self._send(request, response)
                     self._record(session, plan, reply, turn_index)
                 else:
                     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-                    chunks = stream_chunks(completion_id=completion_id, model=model, reply=reply,
-                                           prompt_ids=plan.prompt_ids, logprobs=logprobs,
-                                           return_token_ids=bool(req.return_token_ids),
-                                           include_usage=include_usage)
+                    chunks = stream_chunks(
+                        completion_id=completion_id,
+                        model=model,
+                        reply=reply,
+                        prompt_ids=plan.prompt_ids,
+                        logprobs=logprobs,
+                        return_token_ids=bool(req.return_token_ids),
+                        include_usage=include_usage,
+                    )
                     payload = b"".join(_sse(c) for c in chunks) + b"data: [DONE]\n\n"
                     await self._stream_write(stream, payload)
                     self._record(session, plan, reply, turn_index)
                     response = stream
             except _ClientGone as gone:
                 self._drop_turn(request, session, turn_index, str(gone))
-                return stream if stream is not None else web.Response(status=499, reason="Client Closed Request")
-            except asyncio.CancelledError:  # a server with handler_cancellation cancels a lost client's handler
-                self._drop_turn(request, session, turn_index, "the request handler was cancelled before the "
-                                "reply was delivered")
+                return (
+                    stream if stream is not None else web.Response(status=499, reason="Client Closed Request")
+                )
+            except (
+                asyncio.CancelledError
+            ):  # a server with handler_cancellation cancels a lost client's handler
+                self._drop_turn(
+                    request,
+                    session,
+                    turn_index,
+                    "the request handler was cancelled before the reply was delivered",
+                )
                 raise
         total = time.perf_counter() - t_start
         self.timings.append(TurnTiming(turn_index, total - t_gen, t_tok, t_gen, prompt_len, plan.rebuilt))
         return response
 
-    async def _generate_while_connected(self, request: web.Request, session_id: str, prompt_ids: list[int],
-                                        sp: SamplingParams) -> TokenOutput:
+    async def _generate_while_connected(
+        self, request: web.Request, session_id: str, prompt_ids: list[int], sp: SamplingParams
+    ) -> TokenOutput:
         """`_generate`, aborted as soon as the client is gone: cancelling `Generator.generate` is the seam's
         abort (the engine stops decoding the request), awaited so no engine request outlives its turn."""
         if client_gone(request):
@@ -432,12 +476,14 @@ class ChatProxy:
     def _record(self, session: Session, plan: PromptPlan, reply: Reply, turn_index: int) -> None:
         """Commit a delivered turn to the session, on the event loop and at once (see `_chat`)."""
         try:
-            session.builder.commit(plan, reply.turn, reply.canonical_message(), reply.finish_reason,
-                                   session.trajectory_dir)
+            session.builder.commit(
+                plan, reply.turn, reply.canonical_message(), reply.finish_reason, session.trajectory_dir
+            )
         except Exception:
             # The agent got a reply the trajectory cannot hold: end the session rather than record a wrong one.
-            log.exception("session %s…: recording delivered turn %d failed; session closed", session.id[:8],
-                          turn_index)
+            log.exception(
+                "session %s…: recording delivered turn %d failed; session closed", session.id[:8], turn_index
+            )
             session.closed = True
             session.closed_reason = f"internal error recording turn {turn_index}"
         else:
@@ -451,8 +497,14 @@ class ChatProxy:
         transport = request.transport
         if transport is not None and not transport.is_closing():
             transport.abort()  # the rest of this reply must not arrive: the agent may not see an unrecorded turn
-        log.warning("session %s…: turn %d not recorded: %s (dropped turns: %d in this session, %d in all)",
-                    session.id[:8], turn_index, why, session.builder.dropped_turns, self.dropped_turns)
+        log.warning(
+            "session %s…: turn %d not recorded: %s (dropped turns: %d in this session, %d in all)",
+            session.id[:8],
+            turn_index,
+            why,
+            session.builder.dropped_turns,
+            self.dropped_turns,
+        )
 
     def _after_turn(self, session: Session, reply: Reply) -> None:
         if reply.tool_calls:
@@ -468,9 +520,20 @@ class ChatProxy:
     async def _open_stream(self, request: web.Request, completion_id: str, model: str) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await self._send(request, resp, eof=False)
-        first = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                 "model": model, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                              "logprobs": None, "finish_reason": None}]}
+        first = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        }
         await self._stream_write(resp, _sse(first))
         return resp
 

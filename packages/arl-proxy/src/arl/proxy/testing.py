@@ -77,7 +77,9 @@ class ScriptedGenerator:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams
+    ) -> TokenOutput:
         call = GenerateCall(request_id, list(prompt_ids), sampling_params)
         self.calls.append(call)
         if self._next >= len(self.completions):
@@ -121,12 +123,22 @@ class ScriptedGenerator:
         lps = [scripted_logprob(t, i) for i, t in enumerate(ids)]
         tops = None
         if sp.top_logprobs:
-            tops = [[(t, lp)] + [((t + k) % 1000, lp - k) for k in range(1, sp.top_logprobs)]
-                    for t, lp in zip(ids, lps)]
+            tops = [
+                [(t, lp)] + [((t + k) % 1000, lp - k) for k in range(1, sp.top_logprobs)]
+                for t, lp in zip(ids, lps)
+            ]
         versions = [spec.weight_version] * len(ids) if spec.weight_version is not None else None
-        experts = [[[t % 8, (t + 1) % 8], [(t + 2) % 8, (t + 3) % 8]] for t in ids] if spec.routed_experts else None
-        return TokenOutput(token_ids=ids, log_probs=lps, stop_reason=reason, weight_versions=versions,
-                           routed_experts=experts, top_logprobs=tops)
+        experts = (
+            [[[t % 8, (t + 1) % 8], [(t + 2) % 8, (t + 3) % 8]] for t in ids] if spec.routed_experts else None
+        )
+        return TokenOutput(
+            token_ids=ids,
+            log_probs=lps,
+            stop_reason=reason,
+            weight_versions=versions,
+            routed_experts=experts,
+            top_logprobs=tops,
+        )
 
     def _stop_string_cut(self, ids: list[int], stop: list[str]) -> int | None:
         if not stop or not any(s in self._decode(ids) for s in stop):

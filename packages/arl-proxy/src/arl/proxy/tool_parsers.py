@@ -33,7 +33,11 @@ class ToolCall:
     id: str = field(default_factory=lambda: "call_" + secrets.token_hex(12))
 
     def to_openai(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
 
 @dataclass(slots=True)
@@ -176,7 +180,7 @@ def parse_llama3_json(text: str, tools: list[dict[str, Any]] | None) -> ParsedOu
     start, _open = _split_reasoning(text)
     body = text[start:].strip()
     if body.startswith("<|python_tag|>"):
-        body = body[len("<|python_tag|>"):].lstrip()
+        body = body[len("<|python_tag|>") :].lstrip()
     if not body.startswith("{"):
         return ParsedOutput(text or None, [])
     decoder = json.JSONDecoder()

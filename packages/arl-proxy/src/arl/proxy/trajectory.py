@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
+
 from arl.proxy.chat import ChatCodec
 from arl.proxy.types import Segment, Trajectory
 
@@ -127,8 +128,12 @@ class TrajectoryBuilder:
     seg_start: int = 0  # where the current segment's response starts in `ids` (= its prompt length)
 
     # -- planning ----------------------------------------------------------------------------------
-    def plan(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-             template_kwargs: dict[str, Any]) -> PromptPlan:
+    def plan(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any],
+    ) -> PromptPlan:
         """Work out the prompt for `messages` without changing the builder (tokenizing on this thread)."""
         steps = self.plan_steps(messages, tools, template_kwargs)
         try:
@@ -138,8 +143,12 @@ class TrajectoryBuilder:
         except StopIteration as done:
             return done.value
 
-    def plan_steps(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                   template_kwargs: dict[str, Any]) -> PlanSteps:
+    def plan_steps(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any],
+    ) -> PlanSteps:
         """`plan`, yielding every text to tokenize instead of tokenizing it (rendering happens here)."""
         if not self.pieces:
             return (yield from self._first(messages, tools, template_kwargs))
@@ -156,8 +165,12 @@ class TrajectoryBuilder:
                 return plan
         return (yield from self._rebuild(messages, tools, template_kwargs, appended))
 
-    def _first(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               template_kwargs: dict[str, Any]) -> PlanSteps:
+    def _first(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any],
+    ) -> PlanSteps:
         """The first prompt, tokenized whole. A resumed history (assistant turns already in it) is recorded as
         two pieces, its prompt (the messages before the first assistant turn) and the rest, when the prompt's
         tokens begin the whole's: then later turns check a window of prompt + last turn + new messages instead
@@ -165,8 +178,16 @@ class TrajectoryBuilder:
         prompt of their one sequence."""
         text = self.codec.render(messages, tools, True, template_kwargs)
         ids = yield text
-        whole = PromptPlan(0, [Piece.template(text, ids)], list(ids), messages, tools, template_kwargs, False,
-                           head=(messages, True))
+        whole = PromptPlan(
+            0,
+            [Piece.template(text, ids)],
+            list(ids),
+            messages,
+            tools,
+            template_kwargs,
+            False,
+            head=(messages, True),
+        )
         first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), 0)
         if not first or not self.segmented:
             return whole
@@ -177,22 +198,29 @@ class TrajectoryBuilder:
         head_ids = yield head_text
         if ids[: len(head_ids)] != head_ids:
             return whole
-        pieces = [Piece.template(head_text, head_ids), Piece.template(text[len(head_text):], ids[len(head_ids):])]
+        pieces = [
+            Piece.template(head_text, head_ids),
+            Piece.template(text[len(head_text) :], ids[len(head_ids) :]),
+        ]
         return PromptPlan(0, pieces, list(ids), messages, tools, template_kwargs, False, head=(head, True))
 
-    def _extend(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                template_kwargs: dict[str, Any]) -> Generator[str, list[int], PromptPlan | None]:
-        delta = messages[len(self.snapshot):]
+    def _extend(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any],
+    ) -> Generator[str, list[int], PromptPlan | None]:
+        delta = messages[len(self.snapshot) :]
         if self.check == "window" and self.window_ok and self.last_sampled > 0:
             window = [*self.head, self.snapshot[-1], *delta]
             rendered = self.codec.render(window, tools, True, template_kwargs)
-            recorded = self.pieces[0].text + "".join(s.text for s in self.pieces[self.last_sampled:])
+            recorded = self.pieces[0].text + "".join(s.text for s in self.pieces[self.last_sampled :])
         else:
             rendered = self.codec.render(messages, tools, True, template_kwargs)
             recorded = "".join(s.text for s in self.pieces)
         if not rendered.startswith(recorded):
             return None
-        new_text = rendered[len(recorded):]
+        new_text = rendered[len(recorded) :]
         keep = len(self.pieces)
         if not self.pieces[-1].sampled:  # a backfilled tail: tokenize it together with what follows
             keep -= 1
@@ -202,8 +230,13 @@ class TrajectoryBuilder:
         prompt_ids = self.ids[: len(self.ids) - dropped] + seg.ids
         return PromptPlan(keep, [seg], prompt_ids, messages, tools, template_kwargs, False)
 
-    def _rebuild(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 template_kwargs: dict[str, Any], appended: bool) -> PlanSteps:
+    def _rebuild(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any],
+        appended: bool,
+    ) -> PlanSteps:
         codec = self.codec
         text = codec.render(messages, tools, True, template_kwargs)
         # 1. Old pieces whose text is still there, in order; a template piece is kept only as the
@@ -249,14 +282,16 @@ class TrajectoryBuilder:
         shared = self._shared_sampled_prefix(rest, rest_ids, kept, offset) if kept else None
         if shared is not None:
             new.append(shared)
-            rest = rest[len(shared.text):]
-            rest_ids = rest_ids[len(shared.ids):]
+            rest = rest[len(shared.text) :]
+            rest_ids = rest_ids[len(shared.ids) :]
         if rest or not new:
             new.append(Piece.template(rest, rest_ids))
         kept_ids = self.ids[:offset]
         prompt_ids = kept_ids + [t for s in new for t in s.ids]
         debug = self._debug(messages, tools, template_kwargs, text, appended, kept)
-        return PromptPlan(kept, new, prompt_ids, messages, tools, template_kwargs, True, head=head, debug=debug)
+        return PromptPlan(
+            kept, new, prompt_ids, messages, tools, template_kwargs, True, head=head, debug=debug
+        )
 
     def _shared_sampled_prefix(self, rest: str, rest_ids: list[int], kept: int, offset: int) -> Piece | None:
         """Tokens at the divergence point that equal the old ones (same ids, same context) and were sampled."""
@@ -277,8 +312,14 @@ class TrajectoryBuilder:
             c -= 1
         if c == 0 or not any(mask[:c]):
             return None
-        return Piece(piece, rest_ids[:c], mask[:c], lps[:c], vers[:c] if vers is not None else None,
-                       exps[:c] if exps is not None else None)
+        return Piece(
+            piece,
+            rest_ids[:c],
+            mask[:c],
+            lps[:c],
+            vers[:c] if vers is not None else None,
+            exps[:c] if exps is not None else None,
+        )
 
     def _flat_from(self, first: int, count: int) -> tuple[list[int], list[float], list[int] | None, Any]:
         mask: list[int] = []
@@ -292,15 +333,28 @@ class TrajectoryBuilder:
             lps += seg.logprobs
             vers += seg.versions if seg.versions is not None else [-1] * len(seg.ids)
             exps += seg.experts if seg.experts is not None else [[] for _ in seg.ids]
-        return (mask[:count], lps[:count], vers[:count] if self.saw_versions else None,
-                exps[:count] if self.saw_experts else None)
+        return (
+            mask[:count],
+            lps[:count],
+            vers[:count] if self.saw_versions else None,
+            exps[:count] if self.saw_experts else None,
+        )
 
-    def _debug(self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], text: str,
-               appended: bool, kept: int) -> dict[str, Any]:
+    def _debug(
+        self,
+        messages: list[dict[str, Any]],
+        tools: Any,
+        kwargs: dict[str, Any],
+        text: str,
+        appended: bool,
+        kept: int,
+    ) -> dict[str, Any]:
         old_text = "".join(s.text for s in self.pieces)
         at = _common_prefix_len(old_text, text)
-        first_diff = next((i for i, (a, b) in enumerate(zip(self.snapshot, messages)) if a != b),
-                          min(len(self.snapshot), len(messages)))
+        first_diff = next(
+            (i for i, (a, b) in enumerate(zip(self.snapshot, messages)) if a != b),
+            min(len(self.snapshot), len(messages)),
+        )
         return {
             "time": time.time(),
             "reason": "template rewrote earlier turns" if appended else "messages or tools changed",
@@ -310,15 +364,21 @@ class TrajectoryBuilder:
             "old_messages": self.snapshot,
             "new_messages": messages,
             "text_diverges_at": at,
-            "old_text_from_divergence": old_text[at: at + 2000],
-            "new_text_from_divergence": text[at: at + 2000],
+            "old_text_from_divergence": old_text[at : at + 2000],
+            "new_text_from_divergence": text[at : at + 2000],
             "segments_kept": kept,
             "old_num_tokens": len(self.ids),
         }
 
     # -- committing --------------------------------------------------------------------------------
-    def commit(self, plan: PromptPlan, turn: SampledTurn, assistant: dict[str, Any], finish_reason: str,
-               trajectory_dir: str | None = None) -> None:
+    def commit(
+        self,
+        plan: PromptPlan,
+        turn: SampledTurn,
+        assistant: dict[str, Any],
+        finish_reason: str,
+        trajectory_dir: str | None = None,
+    ) -> None:
         """Apply `plan` and append the sampled tokens (and the backfilled tail) of one generation."""
         if plan.rebuilt:
             self.rebuilds += 1
@@ -329,7 +389,7 @@ class TrajectoryBuilder:
         new_segment = self.segmented and plan.rebuilt and self._breaks_segment(plan)
         if new_segment:
             self.closed.append(self._segment())
-        del self.pieces[plan.keep:]
+        del self.pieces[plan.keep :]
         self.pieces.extend(plan.new)
         self.ids = plan.prompt_ids
         if new_segment or not self.num_turns:
@@ -339,9 +399,14 @@ class TrajectoryBuilder:
             self.saw_versions = True
         if turn.experts is not None:
             self.saw_experts = True
-        sampled = Piece(self.codec.decode(turn.ids), list(turn.ids), [1] * n, list(turn.logprobs),
-                          list(turn.versions) if turn.versions is not None else None,
-                          list(turn.experts) if turn.experts is not None else None)
+        sampled = Piece(
+            self.codec.decode(turn.ids),
+            list(turn.ids),
+            [1] * n,
+            list(turn.logprobs),
+            list(turn.versions) if turn.versions is not None else None,
+            list(turn.experts) if turn.experts is not None else None,
+        )
         self.pieces.append(sampled)
         self.last_sampled = len(self.pieces) - 1
         self.ids = self.ids + sampled.ids
@@ -363,8 +428,8 @@ class TrajectoryBuilder:
         if plan.prompt_ids[:n] != self.ids:
             return True
         old_mask = self._flat(self.pieces)[1]
-        new_mask = self._flat([*self.pieces[:plan.keep], *plan.new])[1]
-        return any(o and not m for o, m in zip(old_mask[self.seg_start:], new_mask[self.seg_start:n]))
+        new_mask = self._flat([*self.pieces[: plan.keep], *plan.new])[1]
+        return any(o and not m for o, m in zip(old_mask[self.seg_start :], new_mask[self.seg_start : n]))
 
     def _flat(self, pieces: list[Piece]) -> tuple[list[int], list[int], list[float], list[int] | None, Any]:
         """ids, mask, log probs (0.0 where mask 0), versions and experts of `pieces`, token by token."""
@@ -373,11 +438,15 @@ class TrajectoryBuilder:
         lps = [lp if m else 0.0 for p in pieces for lp, m in zip(p.logprobs, p.mask)]
         versions = None
         if self.saw_versions:
-            versions = [v for p in pieces for v in (p.versions if p.versions is not None else [-1] * len(p.ids))]
+            versions = [
+                v for p in pieces for v in (p.versions if p.versions is not None else [-1] * len(p.ids))
+            ]
             versions = [v if m else -1 for v, m in zip(versions, mask)]
         experts = None
         if self.saw_experts:
-            experts = [e for p in pieces for e in (p.experts if p.experts is not None else [[] for _ in p.ids])]
+            experts = [
+                e for p in pieces for e in (p.experts if p.experts is not None else [[] for _ in p.ids])
+            ]
             experts = [e if m else [] for e, m in zip(experts, mask)]
         return ids, mask, lps, versions, experts
 
@@ -386,16 +455,24 @@ class TrajectoryBuilder:
         ids, mask, lps, versions, experts = self._flat(self.pieces)
         # One sequence (segments off): the prompt is the first piece, as rebuilt when the prompt changed.
         k = self.seg_start if self.segmented else len(self.pieces[0].ids)
-        return Segment(prompt_ids=ids[:k], response_ids=ids[k:], response_mask=mask[k:], response_logprobs=lps[k:],
-                       weight_versions=versions[k:] if versions is not None else None,
-                       routed_experts=experts[k:] if experts is not None else None)
+        return Segment(
+            prompt_ids=ids[:k],
+            response_ids=ids[k:],
+            response_mask=mask[k:],
+            response_logprobs=lps[k:],
+            weight_versions=versions[k:] if versions is not None else None,
+            routed_experts=experts[k:] if experts is not None else None,
+        )
 
     # -- output ------------------------------------------------------------------------------------
     def trajectory(self, session_id: str) -> Trajectory:
         """The trajectory so far: its finished segments and the current one (whose fields are also flat)."""
         segments = [*self.closed, self._segment()] if self.pieces else []
-        last = segments[-1] if segments else Segment(prompt_ids=[], response_ids=[], response_mask=[],
-                                                      response_logprobs=[])
+        last = (
+            segments[-1]
+            if segments
+            else Segment(prompt_ids=[], response_ids=[], response_mask=[], response_logprobs=[])
+        )
         # Versions/experts appear on every segment once any turn reported them (a segment closed before the
         # first report has none: fill in copies, the builder's own segments stay as they are).
         for i, seg in enumerate(segments):
@@ -404,15 +481,23 @@ class TrajectoryBuilder:
                 segments[i] = seg = msgspec.structs.replace(seg, weight_versions=[-1] * n)
             if self.saw_experts and seg.routed_experts is None:
                 segments[i] = msgspec.structs.replace(seg, routed_experts=[[] for _ in range(n)])
-        return Trajectory(session_id=session_id, prompt_ids=list(last.prompt_ids),
-                          response_ids=list(last.response_ids), response_mask=list(last.response_mask),
-                          response_logprobs=list(last.response_logprobs), num_turns=self.num_turns,
-                          messages=list(self.snapshot), finish_reason=self.finish_reason,
-                          rebuilds=self.rebuilds, tools=self.tools,
-                          weight_versions=list(last.weight_versions) if last.weight_versions is not None else None,
-                          routed_experts=list(last.routed_experts) if last.routed_experts is not None else None,
-                          segments=segments, generated_tokens=self.generated_tokens,
-                          dropped_turns=self.dropped_turns)
+        return Trajectory(
+            session_id=session_id,
+            prompt_ids=list(last.prompt_ids),
+            response_ids=list(last.response_ids),
+            response_mask=list(last.response_mask),
+            response_logprobs=list(last.response_logprobs),
+            num_turns=self.num_turns,
+            messages=list(self.snapshot),
+            finish_reason=self.finish_reason,
+            rebuilds=self.rebuilds,
+            tools=self.tools,
+            weight_versions=list(last.weight_versions) if last.weight_versions is not None else None,
+            routed_experts=list(last.routed_experts) if last.routed_experts is not None else None,
+            segments=segments,
+            generated_tokens=self.generated_tokens,
+            dropped_turns=self.dropped_turns,
+        )
 
 
 def _write_json(path: str, payload: Any) -> None:

@@ -22,8 +22,14 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 class UpstreamGenerator:
     """Forwards generation to an OpenAI-compatible completions server that accepts token-id prompts."""
 
-    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None,
-                 timeout_s: float = 1800.0, connect_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 1800.0,
+        connect_timeout_s: float = 30.0,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
@@ -87,22 +93,27 @@ class UpstreamGenerator:
             lp_block = choice.get("logprobs") or {}
             lps = [float(x) if x is not None else 0.0 for x in (lp_block.get("token_logprobs") or [])]
         except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise GeneratorError(f"upstream response lacks token ids/log probs ({exc!r}); does the server "
-                                 "support return_token_ids?") from None
+            raise GeneratorError(
+                f"upstream response lacks token ids/log probs ({exc!r}); does the server "
+                "support return_token_ids?"
+            ) from None
         if len(lps) != len(ids):
             lps = (lps + [0.0] * len(ids))[: len(ids)]
         reason = _FINISH.get(choice.get("finish_reason") or "stop", "stop")
         return TokenOutput(token_ids=ids, log_probs=lps, stop_reason=reason)  # type: ignore[arg-type]
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams
+    ) -> TokenOutput:
         if self._session is None:
             await self.start()
         assert self._session is not None
         body = self.payload(prompt_ids, sampling_params)
         body["user"] = request_id
         async with asyncio.timeout(self._timeout.total):
-            async with self._session.post(f"{self.base_url}/completions", json=body,
-                                          headers={"X-Request-Id": request_id}) as resp:
+            async with self._session.post(
+                f"{self.base_url}/completions", json=body, headers={"X-Request-Id": request_id}
+            ) as resp:
                 if resp.status != 200:
                     raise GeneratorError(f"upstream answered {resp.status}: {(await resp.text())[:500]}")
                 data = await resp.json()

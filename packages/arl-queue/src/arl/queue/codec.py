@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+
 from arl.queue.errors import DecodeError, PackedArrayError, SchemaVersionError
 from arl.queue.packed import UInt8Array, builtins_hook, dec_hook, enc_hook
 from arl.queue.types import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, RoutedExperts, Sample
@@ -95,8 +96,10 @@ def check_sample(sample: Sample) -> None:
         _check_tokens(r, f"sample {sample.uid}: responses[{i}]")
         for k, seg in enumerate(r.next_segments):
             if seg.shared_prefix < 0:
-                raise PackedArrayError(f"sample {sample.uid}: responses[{i}].next_segments[{k}].shared_prefix "
-                                       f"is {seg.shared_prefix}")
+                raise PackedArrayError(
+                    f"sample {sample.uid}: responses[{i}].next_segments[{k}].shared_prefix "
+                    f"is {seg.shared_prefix}"
+                )
             _check_tokens(seg, f"sample {sample.uid}: responses[{i}].next_segments[{k}]")
 
 
@@ -104,8 +107,7 @@ def _check_tokens(fields: Any, where: str) -> None:
     n = len(fields.response_ids)
     for name in ("response_mask", "response_logprobs", "weight_versions"):
         if len(getattr(fields, name)) != n:
-            raise PackedArrayError(f"{where}.{name} has {len(getattr(fields, name))} items, "
-                                   f"response_ids {n}")
+            raise PackedArrayError(f"{where}.{name} has {len(getattr(fields, name))} items, response_ids {n}")
     mask = fields.response_mask
     if isinstance(mask, UInt8Array) and not mask.only_zero_one():
         raise PackedArrayError(f"{where}.response_mask holds values other than 0 and 1")
@@ -120,8 +122,10 @@ def _check_routes(routes: RoutedExperts, where: str) -> None:
         raise PackedArrayError(f"{where}: unknown dtype {routes.dtype!r}")
     tokens, layers, top_k = routes.shape
     if min(routes.shape) < 0 or len(routes.data) != tokens * layers * top_k * itemsize:
-        raise PackedArrayError(f"{where}: {len(routes.data)} bytes do not fill shape {tuple(routes.shape)} "
-                               f"of {routes.dtype} (truncated or corrupt)")
+        raise PackedArrayError(
+            f"{where}: {len(routes.data)} bytes do not fill shape {tuple(routes.shape)} "
+            f"of {routes.dtype} (truncated or corrupt)"
+        )
 
 
 def _checked(sample: Sample, suffix: str) -> Sample:

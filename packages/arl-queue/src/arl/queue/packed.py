@@ -47,8 +47,10 @@ class _Packed(array):
         given) when `data` is not a whole number of items."""
         if len(data) % cls.ITEMSIZE:
             prefix = f"{field}: " if field else ""
-            raise PackedArrayError(f"{prefix}{len(data)} bytes are not a whole number of {cls.DTYPE} "
-                                   f"({cls.ITEMSIZE}-byte) items (truncated or corrupt)")
+            raise PackedArrayError(
+                f"{prefix}{len(data)} bytes are not a whole number of {cls.DTYPE} "
+                f"({cls.ITEMSIZE}-byte) items (truncated or corrupt)"
+            )
         out = cls()
         out.frombytes(data)
         if not _LITTLE:
@@ -87,7 +89,9 @@ class _Packed(array):
 
     def __add__(self, other: Any) -> Self:
         out = type(self)(self)
-        out.extend(other if isinstance(other, array) and other.typecode == self.typecode else type(self)(other))
+        out.extend(
+            other if isinstance(other, array) and other.typecode == self.typecode else type(self)(other)
+        )
         return out
 
     def __radd__(self, other: Any) -> Any:

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
+
 from arl.queue.codec import decode_sample, encode_sample, read_header
 from arl.queue.errors import CorruptSnapshotError, DecodeError, SchemaVersionError
 from arl.queue.types import SCHEMA_VERSION, Sample
@@ -71,7 +72,9 @@ def write_snapshot_bytes(directory: str | os.PathLike[str], payload: bytes) -> P
 def encode_snapshot(samples: Iterable[Sample | bytes]) -> bytes:
     """Encode `samples` (decoded, or already encoded bytes) as a snapshot payload (cheap; do it where the
     samples are consistent)."""
-    encoded = [bytes(s) if isinstance(s, (bytes, bytearray, memoryview)) else encode_sample(s) for s in samples]
+    encoded = [
+        bytes(s) if isinstance(s, (bytes, bytearray, memoryview)) else encode_sample(s) for s in samples
+    ]
     return msgspec.msgpack.encode(_Snapshot(created_at=time.time(), samples=encoded))
 
 

@@ -107,7 +107,9 @@ class MessageQueue[ItemT: (Sample, bytes)]:
         self._peak = 0
         self._restored = 0
         if self._persist_dir is not None and restore:
-            restored = read_snapshot_encoded(self._persist_dir) if encoded else read_snapshot(self._persist_dir)
+            restored = (
+                read_snapshot_encoded(self._persist_dir) if encoded else read_snapshot(self._persist_dir)
+            )
             self._items.extend(restored)  # type: ignore[arg-type]
             self._restored = len(restored)
             self._total_put = len(restored)

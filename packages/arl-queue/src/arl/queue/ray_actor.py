@@ -25,6 +25,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import msgspec
+
 from arl.queue.codec import decode_sample, encode_sample, read_header
 from arl.queue.errors import QueueActorError, QueueError
 from arl.queue.queue import MessageQueue

@@ -45,7 +45,7 @@ def pack_routes(rows: Sequence[Any], *, num_experts: int | None = None) -> Route
     dtype is uint8 unless `num_experts` (or the largest id seen) needs uint16.
     """
     shape: tuple[int, int] | None = None
-    for i, row in enumerate(rows):
+    for row in rows:
         if row is not None and len(row):
             shape = (len(row), len(row[0]))
             break
@@ -90,7 +90,9 @@ def route_ids(routes: RoutedExperts) -> array:
         ids.byteswap()
     tokens, layers, top_k = routes.shape
     if min(routes.shape) < 0 or len(ids) != tokens * layers * top_k:
-        raise RoutedExpertsError(f"routed experts hold {len(ids)} ids, shape {routes.shape} needs {tokens * layers * top_k}")
+        raise RoutedExpertsError(
+            f"routed experts hold {len(ids)} ids, shape {routes.shape} needs {tokens * layers * top_k}"
+        )
     return ids
 
 
@@ -106,5 +108,5 @@ def unpack_routes(routes: RoutedExperts) -> list[list[list[int]]]:
         if all(e == sentinel for e in chunk):
             out.append([])
         else:
-            out.append([list(chunk[l * top_k : (l + 1) * top_k]) for l in range(layers)])
+            out.append([list(chunk[layer * top_k : (layer + 1) * top_k]) for layer in range(layers)])
     return out

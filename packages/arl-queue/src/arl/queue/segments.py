@@ -15,6 +15,7 @@ from itertools import pairwise
 from typing import Any, Protocol
 
 import msgspec
+
 from arl.queue.errors import SegmentError
 from arl.queue.routed_experts import pack_routes
 from arl.queue.types import PackedSegment, Response, RoutedExperts, Sample, SegmentRow
@@ -58,11 +59,16 @@ def _versions(seg: SegmentLike) -> list[int]:
 
 def _check(seg: SegmentLike, k: int) -> None:
     n = len(seg.response_ids)
-    lens = (len(seg.response_mask), len(seg.response_logprobs),
-            n if seg.weight_versions is None else len(seg.weight_versions))
+    lens = (
+        len(seg.response_mask),
+        len(seg.response_logprobs),
+        n if seg.weight_versions is None else len(seg.weight_versions),
+    )
     if any(x != n for x in lens):
-        raise SegmentError(f"segment {k}: response fields differ in length (ids {n}, mask {lens[0]}, "
-                           f"logprobs {lens[1]}, versions {lens[2]})")
+        raise SegmentError(
+            f"segment {k}: response fields differ in length (ids {n}, mask {lens[0]}, "
+            f"logprobs {lens[1]}, versions {lens[2]})"
+        )
 
 
 def pack_segments(segments: Sequence[SegmentLike]) -> tuple[SegmentRow, list[PackedSegment]]:
@@ -73,9 +79,14 @@ def pack_segments(segments: Sequence[SegmentLike]) -> tuple[SegmentRow, list[Pac
     for k, seg in enumerate(segments):
         _check(seg, k)
     first = segments[0]
-    head = SegmentRow(prompt_ids=list(first.prompt_ids), response_ids=list(first.response_ids),
-                      response_mask=list(first.response_mask), response_logprobs=list(first.response_logprobs),
-                      weight_versions=_versions(first), routed_experts=_routes(first))
+    head = SegmentRow(
+        prompt_ids=list(first.prompt_ids),
+        response_ids=list(first.response_ids),
+        response_mask=list(first.response_mask),
+        response_logprobs=list(first.response_logprobs),
+        weight_versions=_versions(first),
+        routed_experts=_routes(first),
+    )
     packed = []
     for prev, seg in pairwise(segments):
         full = [*prev.prompt_ids, *prev.response_ids]
@@ -83,15 +94,23 @@ def pack_segments(segments: Sequence[SegmentLike]) -> tuple[SegmentRow, list[Pac
         shared = 0
         while shared < limit and full[shared] == seg.prompt_ids[shared]:
             shared += 1
-        packed.append(PackedSegment(shared_prefix=shared, prompt_tail=list(seg.prompt_ids[shared:]),
-                                    response_ids=list(seg.response_ids), response_mask=list(seg.response_mask),
-                                    response_logprobs=list(seg.response_logprobs), weight_versions=_versions(seg),
-                                    routed_experts=_routes(seg)))
+        packed.append(
+            PackedSegment(
+                shared_prefix=shared,
+                prompt_tail=list(seg.prompt_ids[shared:]),
+                response_ids=list(seg.response_ids),
+                response_mask=list(seg.response_mask),
+                response_logprobs=list(seg.response_logprobs),
+                weight_versions=_versions(seg),
+                routed_experts=_routes(seg),
+            )
+        )
     return head, packed
 
 
-def response_from_segments(segments: Sequence[SegmentLike], *, group_prompt: list[int] | None = None,
-                           **fields: Any) -> Response:
+def response_from_segments(
+    segments: Sequence[SegmentLike], *, group_prompt: list[int] | None = None, **fields: Any
+) -> Response:
     """A `Response` carrying `segments`; `fields` are its other fields (reward, finish_reason, ...).
 
     `group_prompt` is the sample's prompt: where the first segment's prompt differs from it, the response
@@ -99,9 +118,15 @@ def response_from_segments(segments: Sequence[SegmentLike], *, group_prompt: lis
     head, packed = pack_segments(segments)
     if group_prompt is not None and head.prompt_ids != group_prompt:
         fields["prompt_ids"] = head.prompt_ids
-    return Response(response_ids=head.response_ids, response_mask=head.response_mask,
-                    response_logprobs=head.response_logprobs, weight_versions=head.weight_versions,
-                    routed_experts=head.routed_experts, next_segments=packed, **fields)
+    return Response(
+        response_ids=head.response_ids,
+        response_mask=head.response_mask,
+        response_logprobs=head.response_logprobs,
+        weight_versions=head.weight_versions,
+        routed_experts=head.routed_experts,
+        next_segments=packed,
+        **fields,
+    )
 
 
 def iter_segment_rows(samples: Sequence[Sample]) -> Iterator[TrainingRow]:

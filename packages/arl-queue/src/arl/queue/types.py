@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
+
 from arl.queue.errors import SegmentError
 from arl.queue.packed import Float32Array, Int32Array, UInt8Array, coerce
 
@@ -36,7 +37,9 @@ _TOKEN_FIELDS: tuple[tuple[str, type[Int32Array | Float32Array | UInt8Array]], .
 )
 
 
-def _pack_fields(obj: Any, fields: tuple[tuple[str, type[Int32Array | Float32Array | UInt8Array]], ...]) -> None:
+def _pack_fields(
+    obj: Any, fields: tuple[tuple[str, type[Int32Array | Float32Array | UInt8Array]], ...]
+) -> None:
     """Replace list-valued fields of `obj` by their packed arrays (no-op for arrays and None)."""
     for name, cls in fields:
         value = getattr(obj, name)
@@ -162,23 +165,38 @@ class Sample(msgspec.Struct, kw_only=True):
 
     def segments_of(self, response: Response) -> list[SegmentRow]:
         """Every segment of `response`, each laid out whole (prompt tokens expanded), in order."""
-        first = SegmentRow(prompt_ids=Int32Array(self.prompt_of(response)),
-                           response_ids=response.response_ids, response_mask=response.response_mask,
-                           response_logprobs=response.response_logprobs, weight_versions=response.weight_versions,
-                           routed_experts=response.routed_experts)
+        first = SegmentRow(
+            prompt_ids=Int32Array(self.prompt_of(response)),
+            response_ids=response.response_ids,
+            response_mask=response.response_mask,
+            response_logprobs=response.response_logprobs,
+            weight_versions=response.weight_versions,
+            routed_experts=response.routed_experts,
+        )
         rows = [first]
         for k, seg in enumerate(response.next_segments, start=1):
             prev = rows[-1]
             p = len(prev.prompt_ids)
             full = p + len(prev.response_ids)
             if not 0 <= seg.shared_prefix <= full:
-                raise SegmentError(f"sample {self.uid}: segment {k} shares {seg.shared_prefix} tokens with a "
-                                 f"previous segment of {full}")
+                raise SegmentError(
+                    f"sample {self.uid}: segment {k} shares {seg.shared_prefix} tokens with a "
+                    f"previous segment of {full}"
+                )
             shared = seg.shared_prefix
-            head = prev.prompt_ids[:shared] if shared <= p else prev.prompt_ids + prev.response_ids[: shared - p]
-            rows.append(SegmentRow(prompt_ids=head + seg.prompt_tail, response_ids=seg.response_ids,
-                                   response_mask=seg.response_mask, response_logprobs=seg.response_logprobs,
-                                   weight_versions=seg.weight_versions, routed_experts=seg.routed_experts))
+            head = (
+                prev.prompt_ids[:shared] if shared <= p else prev.prompt_ids + prev.response_ids[: shared - p]
+            )
+            rows.append(
+                SegmentRow(
+                    prompt_ids=head + seg.prompt_tail,
+                    response_ids=seg.response_ids,
+                    response_mask=seg.response_mask,
+                    response_logprobs=seg.response_logprobs,
+                    weight_versions=seg.weight_versions,
+                    routed_experts=seg.routed_experts,
+                )
+            )
         return rows
 
     def prompt_of(self, response: Response) -> Int32Array:

@@ -60,7 +60,9 @@ class LongTailSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.median < 1 or self.min < 1 or self.max < self.min:
             raise DatasetError(f"builtin:longtail needs 1 <= min <= max and median >= 1, got {self}")
         if self.sigma <= 0 and self.p99_ratio <= 1:
-            raise DatasetError(f"builtin:longtail p99_ratio must be > 1 (or give sigma), got {self.p99_ratio}")
+            raise DatasetError(
+                f"builtin:longtail p99_ratio must be > 1 (or give sigma), got {self.p99_ratio}"
+            )
         if self.prompt_words < 1:
             raise DatasetError("builtin:longtail prompt_words must be >= 1")
         return self
@@ -80,7 +82,9 @@ def parse_spec(query: str) -> LongTailSpec:
     try:
         return msgspec.convert(raw, LongTailSpec, strict=False).validate()
     except msgspec.ValidationError as exc:
-        raise DatasetError(f"builtin:longtail: {exc} (parameters: {[f.name for f in msgspec.structs.fields(LongTailSpec)]})") from None
+        raise DatasetError(
+            f"builtin:longtail: {exc} (parameters: {[f.name for f in msgspec.structs.fields(LongTailSpec)]})"
+        ) from None
 
 
 def sample_lengths(spec: LongTailSpec, count: int, *, seed: int) -> list[int]:

@@ -24,7 +24,9 @@ def get_reward(name: str) -> RewardFn:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise UnknownRewardError(f"unknown reward function {name!r}; registered: {sorted(_REGISTRY)}") from None
+        raise UnknownRewardError(
+            f"unknown reward function {name!r}; registered: {sorted(_REGISTRY)}"
+        ) from None
 
 
 def exact_match(response: str, ground_truth: Any) -> float:

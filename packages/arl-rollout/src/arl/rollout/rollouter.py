@@ -103,18 +103,32 @@ class RolloutStats:
         self.sampled_tokens += trained if sampled_tokens is None else sampled_tokens
 
     def as_dict(self) -> dict[str, object]:
-        skip = {"started_at", "_extra", "failed_by_kind", "kept_by_kind", "tells", "phase_seconds", "phase_count"}
+        skip = {
+            "started_at",
+            "_extra",
+            "failed_by_kind",
+            "kept_by_kind",
+            "tells",
+            "phase_seconds",
+            "phase_count",
+        }
         extra = dict(self._extra()) if self._extra is not None else {}
-        return {k: v for k, v in vars(self).items() if k not in skip} | {
-            "elapsed_s": time.monotonic() - self.started_at,
-            "failed_by_kind": dict(self.failed_by_kind),
-            "kept_by_kind": dict(self.kept_by_kind),
-            "tells": dict(self.tells),
-            "phase_mean_s": {k: self.phase_seconds[k] / self.phase_count[k] for k in self.phase_count},
-            "segments_per_trajectory": self.segments / self.trajectories if self.trajectories else 0.0,
-            # 1.0 when every sampled token is trained (segments on); lower when a rewrite lost some.
-            "trained_token_share": self.generated_tokens / self.sampled_tokens if self.sampled_tokens else 1.0,
-        } | extra
+        return (
+            {k: v for k, v in vars(self).items() if k not in skip}
+            | {
+                "elapsed_s": time.monotonic() - self.started_at,
+                "failed_by_kind": dict(self.failed_by_kind),
+                "kept_by_kind": dict(self.kept_by_kind),
+                "tells": dict(self.tells),
+                "phase_mean_s": {k: self.phase_seconds[k] / self.phase_count[k] for k in self.phase_count},
+                "segments_per_trajectory": self.segments / self.trajectories if self.trajectories else 0.0,
+                # 1.0 when every sampled token is trained (segments on); lower when a rewrite lost some.
+                "trained_token_share": self.generated_tokens / self.sampled_tokens
+                if self.sampled_tokens
+                else 1.0,
+            }
+            | extra
+        )
 
 
 def task_sampling_params(base: SamplingParams, task: Task) -> SamplingParams:
@@ -124,7 +138,9 @@ def task_sampling_params(base: SamplingParams, task: Task) -> SamplingParams:
     if not overrides:
         return base
     if not isinstance(overrides, dict):
-        raise RolloutError(f"task {task.id}: metadata['sampling'] must be an object, got {type(overrides).__name__}")
+        raise RolloutError(
+            f"task {task.id}: metadata['sampling'] must be an object, got {type(overrides).__name__}"
+        )
     unknown = sorted(set(overrides) - set(SamplingParams.__struct_fields__))
     if unknown:
         raise RolloutError(f"task {task.id}: metadata['sampling'] has unknown keys {unknown}")
@@ -198,7 +214,9 @@ class Rollouter:
         try:
             loop = self._agent_loops.get(task.agent)
             if loop is None:
-                raise UnknownAgentLoopError(f"task {task.id} asks for agent loop {task.agent!r}; have {sorted(self._agent_loops)}")
+                raise UnknownAgentLoopError(
+                    f"task {task.id} asks for agent loop {task.agent!r}; have {sorted(self._agent_loops)}"
+                )
             uid = uuid.uuid4().hex
             request_ids = [f"{uid}-{i}" for i in range(self._n)]
             try:
@@ -223,7 +241,9 @@ class Rollouter:
                     self._started_since_sync = max(0, self._started_since_sync - 1)
                 self._cond.notify_all()
 
-    async def _run_group(self, loop: AgentLoop, task: Task, request_ids: list[str]) -> list[AgentResult] | None:
+    async def _run_group(
+        self, loop: AgentLoop, task: Task, request_ids: list[str]
+    ) -> list[AgentResult] | None:
         """The group's n trajectories; None (prompt dropped, counted) when a generation stalled past its
         timeout. A failing trajectory cancels its siblings, so none is left running."""
         try:
@@ -254,11 +274,16 @@ class Rollouter:
             log.warning("task %s: every trajectory failed (%s); no sample", task.id, results[0].error)
             return None
         if len(ok) < len(results):
-            log.info("task %s: %d of %d trajectories failed; training on the rest", task.id,
-                     len(results) - len(ok), len(results))
+            log.info(
+                "task %s: %d of %d trajectories failed; training on the rest",
+                task.id,
+                len(results) - len(ok),
+                len(results),
+            )
         for r in ok:
-            if r.segments and (r.segments[0].prompt_ids != r.prompt_ids
-                               or r.segments[0].response_ids != r.response_ids):
+            if r.segments and (
+                r.segments[0].prompt_ids != r.prompt_ids or r.segments[0].response_ids != r.response_ids
+            ):
                 raise RolloutError(f"task {task.id}: an agent result's fields are not its first segment")
         # The group's prompt is the most common one; a trajectory that rendered another (a first-turn
         # overflow, a prompt showing the sandbox's hostname) carries its own.
@@ -303,7 +328,9 @@ class Rollouter:
             self._paused = True
             if not self.partial_rollout:
                 try:
-                    await asyncio.wait_for(self._cond.wait_for(lambda: self._active == 0), self._drain_timeout_s)
+                    await asyncio.wait_for(
+                        self._cond.wait_for(lambda: self._active == 0), self._drain_timeout_s
+                    )
                 except TimeoutError:
                     raise RolloutError(
                         f"{self._active} prompts still active after {self._drain_timeout_s}s of draining for a sync"
@@ -312,7 +339,9 @@ class Rollouter:
             self.stats.aborted_syncs += 1
         await self.manager.pause("abort" if self.partial_rollout else "wait")
 
-    async def update_weights(self, sync_address: str | Sequence[str], sync_config_json: bytes, version: int) -> None:
+    async def update_weights(
+        self, sync_address: str | Sequence[str], sync_config_json: bytes, version: int
+    ) -> None:
         """Every replica loads `version` from the sender at `sync_address` (or replica i from `sync_address[i]`)."""
         await self.manager.load_weights(sync_address, sync_config_json, version)
 

@@ -38,7 +38,9 @@ def rows_from_vllm(routed: Any, *, prompt_len: int, num_tokens: int, prompt_star
     if routed is None:
         return None
     if getattr(routed, "ndim", 3) != 3:
-        raise EngineError(f"vLLM routed_experts must be (tokens, layers, top_k), got shape {getattr(routed, 'shape', None)}")
+        raise EngineError(
+            f"vLLM routed_experts must be (tokens, layers, top_k), got shape {getattr(routed, 'shape', None)}"
+        )
     rows: Rows = []
     as_lists = routed.tolist()
     for j in range(num_tokens):
@@ -55,7 +57,9 @@ def extend_routes(acc: Rows | None, new: Rows | None, *, before: int, added: int
     head = acc if acc is not None else [[] for _ in range(before)]
     tail = new if new is not None else [[] for _ in range(added)]
     if len(head) != before or len(tail) != added:
-        raise EngineError(f"routing rows ({len(head)} + {len(tail)}) do not match the tokens ({before} + {added})")
+        raise EngineError(
+            f"routing rows ({len(head)} + {len(tail)}) do not match the tokens ({before} + {added})"
+        )
     return head + tail
 
 
@@ -110,5 +114,10 @@ class RouteRecorder:
             ids = self._seen.get(layer)
             per_layer.append(None if ids is None else ids.reshape(batch, -1, self.top_k)[:, -1].tolist())
         dense = [-1] * self.top_k
-        return [[(per_layer[l][b] if per_layer[l] is not None else dense) for l in range(self.num_layers)]  # type: ignore[index]
-                for b in range(batch)]
+        return [
+            [
+                (per_layer[layer][b] if per_layer[layer] is not None else dense)  # type: ignore[index]
+                for layer in range(self.num_layers)
+            ]
+            for b in range(batch)
+        ]

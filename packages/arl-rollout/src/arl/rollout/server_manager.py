@@ -91,14 +91,17 @@ class ServerManager:
                 except EngineDeadError as e:
                     self.mark_dead(replica, e)
                     self.balancer.release(replica)
-                    replica = -1  # nothing held while acquiring (it raises NoHealthyReplicaError if none is left)
+                    # nothing held while acquiring (it raises NoHealthyReplicaError if none is left)
+                    replica = -1
                     replica = self.balancer.acquire(request_id)
                     self.failovers += 1
                     continue  # resume on a live replica from the tokens sampled so far
                 finally:
                     self._call_ended(called)
                 self.generated_tokens += len(out.token_ids)
-                experts = extend_routes(experts, out.routed_experts, before=len(tokens), added=len(out.token_ids))
+                experts = extend_routes(
+                    experts, out.routed_experts, before=len(tokens), added=len(out.token_ids)
+                )
                 tokens += out.token_ids
                 log_probs += out.log_probs
                 versions += out.weight_versions or [engine.weight_version] * len(out.token_ids)
@@ -110,7 +113,10 @@ class ServerManager:
                 if sync_abort:  # aborted exactly at the budget: the tokens are complete
                     reason = "length"
                 return TokenOutput(
-                    token_ids=tokens, log_probs=log_probs, stop_reason=reason, weight_versions=versions,
+                    token_ids=tokens,
+                    log_probs=log_probs,
+                    stop_reason=reason,
+                    weight_versions=versions,
                     routed_experts=experts,
                 )
         finally:
@@ -121,8 +127,12 @@ class ServerManager:
         """Leave `replica` out from now on (its in-flight requests fail over as they notice)."""
         if self.balancer.mark_unhealthy(replica):
             self.lost_replicas.append(replica)
-            log.warning("engine replica %d is dead (%s); %d replica(s) left", replica, reason,
-                        len(self.balancer.healthy))
+            log.warning(
+                "engine replica %d is dead (%s); %d replica(s) left",
+                replica,
+                reason,
+                len(self.balancer.healthy),
+            )
 
     @property
     def healthy_replicas(self) -> list[int]:
@@ -187,7 +197,9 @@ class ServerManager:
     def paused(self) -> bool:
         return not self._running.is_set()
 
-    async def load_weights(self, sync_address: str | Sequence[str], sync_config_json: bytes, version: int) -> None:
+    async def load_weights(
+        self, sync_address: str | Sequence[str], sync_config_json: bytes, version: int
+    ) -> None:
         """Every healthy replica joins the arl-sync sender and applies the new weights (concurrently).
 
         `sync_address` is one sender for every replica, or one per replica (replica i joins
@@ -199,8 +211,10 @@ class ServerManager:
         else:
             addresses = list(sync_address)
             if len(addresses) != len(self.engines):
-                raise ValueError(f"load_weights got {len(addresses)} sender addresses for {len(self.engines)} "
-                                 "replicas: give one address, or one per replica")
+                raise ValueError(
+                    f"load_weights got {len(addresses)} sender addresses for {len(self.engines)} "
+                    "replicas: give one address, or one per replica"
+                )
         before = set(self.balancer.healthy)
         self.sync_sources = addresses
         await self.each_healthy(lambda i, e: e.load_weights(addresses[i], sync_config_json, version))

@@ -25,8 +25,10 @@ def result_from_trajectory(trajectory: Trajectory, *, reward: float, **fields: A
     n = len(ids)
     versions = first.weight_versions if first is not None else None
     fields.setdefault("num_turns", trajectory.num_turns)
-    fields.setdefault("tool_calls", sum(len(m.get("tool_calls") or []) for m in trajectory.messages
-                                        if m.get("role") == "assistant"))
+    fields.setdefault(
+        "tool_calls",
+        sum(len(m.get("tool_calls") or []) for m in trajectory.messages if m.get("role") == "assistant"),
+    )
     fields.setdefault("rebuilds", trajectory.rebuilds)
     fields.setdefault("dropped_turns", trajectory.dropped_turns)
     return AgentResult(
@@ -36,7 +38,9 @@ def result_from_trajectory(trajectory: Trajectory, *, reward: float, **fields: A
         response_logprobs=list(first.response_logprobs) if first else [],
         weight_versions=list(versions) if versions is not None else [-1] * n,
         reward=reward,
-        routed_experts=list(first.routed_experts) if first is not None and first.routed_experts is not None else None,
+        routed_experts=list(first.routed_experts)
+        if first is not None and first.routed_experts is not None
+        else None,
         segments=list(segments) if len(segments) > 1 else [],
         sampled_tokens=trajectory.generated_tokens,
         **fields,

@@ -40,7 +40,9 @@ class RemoteGenerator:
         self._handle = handle
         self._timeout_s = timeout_s
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams
+    ) -> TokenOutput:
         ref = self._handle.generate.remote(request_id, prompt_ids, sampling_params)
         return await asyncio.wait_for(ref, self._timeout_s)
 
@@ -49,8 +51,9 @@ class AgentLoopWorker:
     """One worker process: builds agent loops by name and runs trajectories on its own event loop.
 
     `loop_options` maps an agent-loop name to its factory's options (e.g. {"harbor": {"config": ...,
-    "tokenizer": "/path/to/model"}}; a str tokenizer is loaded here, once); `imports` are modules to import first (they register loops,
-    e.g. "arl.harbor.trial_loop"); `factories` registers more by import path ({"name": "pkg.mod:Factory"}).
+    "tokenizer": "/path/to/model"}}; a str tokenizer is loaded here, once); `imports` are modules to
+    import first (they register loops, e.g. "arl.harbor.trial_loop"); `factories` registers more by
+    import path ({"name": "pkg.mod:Factory"}).
     Wrap it with `ray.remote` (the pool does).
     """
 
@@ -96,7 +99,9 @@ class AgentLoopWorker:
             self._tokenizers[path] = AutoTokenizer.from_pretrained(path)
         return self._tokenizers[path]
 
-    async def run(self, name: str, task: Task, sampling_params: SamplingParams, request_id: str) -> AgentResult:
+    async def run(
+        self, name: str, task: Task, sampling_params: SamplingParams, request_id: str
+    ) -> AgentResult:
         self.in_flight += 1
         try:
             return await self._loop(name).run(task, self._generator, sampling_params, request_id)
@@ -119,7 +124,9 @@ class _PooledLoop:
         self._pool = pool
         self._name = name
 
-    async def run(self, task: Task, generator: Any, sampling_params: SamplingParams, request_id: str) -> AgentResult:
+    async def run(
+        self, task: Task, generator: Any, sampling_params: SamplingParams, request_id: str
+    ) -> AgentResult:
         return await self._pool.run(self._name, task, sampling_params, request_id)
 
 
@@ -179,7 +186,9 @@ class WorkerPool:
             raise RolloutError("every agent-loop worker died")
         return min(alive, key=lambda i: self._in_flight[i])
 
-    async def run(self, name: str, task: Task, sampling_params: SamplingParams, request_id: str) -> AgentResult:
+    async def run(
+        self, name: str, task: Task, sampling_params: SamplingParams, request_id: str
+    ) -> AgentResult:
         """Run one trajectory on the least busy live worker; if that worker dies, start it again on
         another (counted in `redispatched`); `worker_lost` only when no worker is left."""
         from ray.exceptions import RayActorError
@@ -193,16 +202,26 @@ class WorkerPool:
                 return await self._workers[index].run.remote(name, task, sampling_params, request_id)
             except RayActorError as e:
                 if self._alive[index]:
-                    log.warning("agent-loop worker %d died (%s); its trajectories move to the others", index, e)
+                    log.warning(
+                        "agent-loop worker %d died (%s); its trajectories move to the others", index, e
+                    )
                 self._alive[index] = False
                 self.redispatched += 1
                 errors.append(f"worker {index}: {e}")
             finally:
                 self._in_flight[index] -= 1
         self.lost_trajectories += 1
-        return AgentResult(prompt_ids=[], response_ids=[], response_mask=[], response_logprobs=[],
-                           weight_versions=[], reward=0.0, failed=True, failure_kind="worker_lost",
-                           error="every agent-loop worker died: " + "; ".join(errors)[-2000:])
+        return AgentResult(
+            prompt_ids=[],
+            response_ids=[],
+            response_mask=[],
+            response_logprobs=[],
+            weight_versions=[],
+            reward=0.0,
+            failed=True,
+            failure_kind="worker_lost",
+            error="every agent-loop worker died: " + "; ".join(errors)[-2000:],
+        )
 
     def stats(self) -> dict[str, Any]:
         return {

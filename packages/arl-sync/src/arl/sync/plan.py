@@ -24,8 +24,18 @@ from .types import TensorMeta
 _DTYPES: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
     for d in (
-        torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-        torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
     )
 }
 for _name in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"):
@@ -128,7 +138,9 @@ def plan_buckets(
             yield cur
             cur = PlannedBucket(index=cur.index + 1, nbytes=0)
         cur.tensors.append(
-            TensorMeta(name=name, dtype=dtype_name(out_dtype), shape=list(tensor.shape), offset=off, nbytes=nbytes)
+            TensorMeta(
+                name=name, dtype=dtype_name(out_dtype), shape=list(tensor.shape), offset=off, nbytes=nbytes
+            )
         )
         totals.tensors += 1
         totals.payload_bytes += nbytes
@@ -139,8 +151,15 @@ def plan_buckets(
             stop = min(end, bucket_end)
             base = cur.index * B
             cur.chunks.append(
-                Chunk(flat, (start - off) // itemsize, (stop - off) // itemsize, start - base, stop - base,
-                      out_dtype, number)
+                Chunk(
+                    flat,
+                    (start - off) // itemsize,
+                    (stop - off) // itemsize,
+                    start - base,
+                    stop - base,
+                    out_dtype,
+                    number,
+                )
             )
             start = stop
             if stop == bucket_end:
@@ -176,8 +195,9 @@ class PlanMemo:
     """The plan of a sized collection of tensors, kept for the next sync of tensors with the same names,
     shapes and dtypes in the same order. Between syncs it holds no tensor (`release`), only the layout."""
 
-    def __init__(self, named: Sequence[tuple[str, torch.Tensor]], buckets: list[PlannedBucket],
-                 totals: PlanTotals) -> None:
+    def __init__(
+        self, named: Sequence[tuple[str, torch.Tensor]], buckets: list[PlannedBucket], totals: PlanTotals
+    ) -> None:
         self._signature = _signature(named)
         self.buckets = buckets
         self.totals = totals
@@ -232,8 +252,9 @@ class PreparedPack:
         for i, dst in self.large:
             dst.copy_(source(chunks[i]), non_blocking=non_blocking)
         if self.small_dst:
-            torch._foreach_copy_(self.small_dst, [source(chunks[i]) for i in self.small_chunks],
-                                 non_blocking=non_blocking)
+            torch._foreach_copy_(
+                self.small_dst, [source(chunks[i]) for i in self.small_chunks], non_blocking=non_blocking
+            )
 
 
 class PackCache:

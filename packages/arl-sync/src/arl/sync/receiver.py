@@ -31,7 +31,21 @@ from .errors import (
 from .plan import stream_views, validate
 from .staging import Staging
 from .transports import ReceiverTransport, make_receiver_transport
-from .types import Abort, Ack, Begin, Bucket, Bye, Commit, Done, End, Hello, SyncConfig, TensorMeta, ToReceiver, Welcome
+from .types import (
+    Abort,
+    Ack,
+    Begin,
+    Bucket,
+    Bye,
+    Commit,
+    Done,
+    End,
+    Hello,
+    SyncConfig,
+    TensorMeta,
+    ToReceiver,
+    Welcome,
+)
 
 _TICK_S = 0.05
 _LATE_ABORT_S = 1.0
@@ -86,7 +100,9 @@ class WeightReceiver:
         while True:
             now = time.monotonic()
             if now >= deadline:
-                raise SyncTimeoutError(f"{what}: nothing from the sender at {self.address} within {timeout_s:.1f}s")
+                raise SyncTimeoutError(
+                    f"{what}: nothing from the sender at {self.address} within {timeout_s:.1f}s"
+                )
             msg = self._channel.recv(min(_TICK_S, deadline - now))
             if msg is not None:
                 return msg
@@ -100,10 +116,17 @@ class WeightReceiver:
         if self._transport is not None:
             return
         timeout_s = self.cfg.timeout_s if timeout_s is None else timeout_s
-        self._channel.send(Hello(
-            receiver_id=self.receiver_id, host=socket.gethostname(), pid=os.getpid(), pidns=pid_namespace(),
-            device=str(self.device), transport=self.cfg.transport, bucket_bytes=self.cfg.bucket_bytes,
-        ))
+        self._channel.send(
+            Hello(
+                receiver_id=self.receiver_id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                pidns=pid_namespace(),
+                device=str(self.device),
+                transport=self.cfg.transport,
+                bucket_bytes=self.cfg.bucket_bytes,
+            )
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             msg = self._recv(max(0.0, deadline - time.monotonic()), "joining")
@@ -150,13 +173,16 @@ class WeightReceiver:
                 msg = self._recv(tmo, f"sync {sid}: waiting for bucket {expected}", in_sync=True)
                 if isinstance(msg, Bucket):
                     if msg.sync_id != sid or msg.index != expected:
-                        raise ProtocolError(f"expected bucket {expected} of sync {sid}, got {msg.index} of {msg.sync_id}")
+                        raise ProtocolError(
+                            f"expected bucket {expected} of sync {sid}, got {msg.index} of {msg.sync_id}"
+                        )
                     lo = msg.index * B
                     if lo + msg.nbytes > staging.capacity:
                         if export is not None:
                             raise ProtocolError(
                                 f"sync {sid}: bucket {msg.index} ends at byte {lo + msg.nbytes}, beyond the "
-                                f"{staging.capacity}-byte staging buffer the sender writes into")
+                                f"{staging.capacity}-byte staging buffer the sender writes into"
+                            )
                         tr.wait(tmo, self._check_sender)  # in-flight writes must land before a move
                         staging.ensure(lo + msg.nbytes, filled)
                     tr.fetch(msg.slot, msg.nbytes, staging.slice(lo, lo + msg.nbytes))
@@ -167,12 +193,17 @@ class WeightReceiver:
                     expected += 1
                     if stream and not deferred:  # (deferred: bytes are known to have landed only at End)
                         tr.wait(tmo, self._check_sender)
-                        while yielded < len(metas) and metas[yielded].offset + metas[yielded].nbytes <= filled:
+                        while (
+                            yielded < len(metas) and metas[yielded].offset + metas[yielded].nbytes <= filled
+                        ):
                             yield from stream_views(staging.buf, metas[yielded : yielded + 1])
                             yielded += 1
                 elif isinstance(msg, End):
-                    if msg.sync_id != sid or msg.buckets != expected or msg.tensors != len(metas) or (
-                        msg.stream_bytes != filled and expected > 0
+                    if (
+                        msg.sync_id != sid
+                        or msg.buckets != expected
+                        or msg.tensors != len(metas)
+                        or (msg.stream_bytes != filled and expected > 0)
                     ):
                         raise ProtocolError(
                             f"sync {sid} ended with {msg.buckets} buckets/{msg.tensors} tensors/{msg.stream_bytes} "
@@ -226,7 +257,9 @@ class WeightReceiver:
         self._check_sender_pid()
         lost = getattr(self._transport, "peer_lost", None)
         if lost is not None and lost():
-            raise SenderLostError(f"the sender at {self.address} closed its data connection (it died or closed)")
+            raise SenderLostError(
+                f"the sender at {self.address} closed its data connection (it died or closed)"
+            )
 
     def _late_abort(self, sid: int) -> TransferAbortedError | None:
         """An `Abort` of sync `sid` arriving within a moment: a sender aborting a sync closes its data
@@ -257,7 +290,9 @@ class WeightReceiver:
                 try:
                     apply(stream_views(self._staging.buf, self.last_tensors))
                 except Exception as e:
-                    raise ApplyError(f"apply failed for version {end.version}: {type(e).__name__}: {e}") from e
+                    raise ApplyError(
+                        f"apply failed for version {end.version}: {type(e).__name__}: {e}"
+                    ) from e
             self.version = end.version
             return end.version
 

@@ -132,11 +132,18 @@ class WeightSender:
                 raise ReceiverLostError(f"{m.name if m else ident.hex()} closed during sync {sync.sync_id}")
 
     def _welcome(self, ident: bytes, hello: Hello) -> None:
-        base = dict(host=self._host, pid=os.getpid(), pidns=self._pidns, transport=self.cfg.transport,
-                    bucket_bytes=self.cfg.bucket_bytes)
+        base = dict(
+            host=self._host,
+            pid=os.getpid(),
+            pidns=self._pidns,
+            transport=self.cfg.transport,
+            bucket_bytes=self.cfg.bucket_bytes,
+        )
         if hello.transport != self.cfg.transport or hello.bucket_bytes != self.cfg.bucket_bytes:
-            err = (f"config mismatch: sender uses transport={self.cfg.transport!r} bucket_bytes="
-                   f"{self.cfg.bucket_bytes}, receiver {hello.transport!r} {hello.bucket_bytes}")
+            err = (
+                f"config mismatch: sender uses transport={self.cfg.transport!r} bucket_bytes="
+                f"{self.cfg.bucket_bytes}, receiver {hello.transport!r} {hello.bucket_bytes}"
+            )
             self._channel.send(ident, Welcome(**base, error=err))
             return
         try:
@@ -217,8 +224,9 @@ class WeightSender:
         )
         return len(self._members)
 
-    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
-             version: int) -> SyncStats:
+    def send(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor], version: int
+    ) -> SyncStats:
         """Send every (name, tensor) to all receivers as weight version `version`.
 
         Blocks until every receiver holds all bytes; first waits (up to `timeout_s`) for
@@ -230,8 +238,9 @@ class WeightSender:
         finally:
             self._cancelled.clear()  # a cancel() applies to the sync it interrupted, never to the next
 
-    def _send(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
-              version: int) -> SyncStats:
+    def _send(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor], version: int
+    ) -> SyncStats:
         if self._closed:
             raise SyncError("the sender is closed")
         if isinstance(named_tensors, Mapping):
@@ -245,14 +254,17 @@ class WeightSender:
             # A list (a trainer's parameters) is planned once and its plan reused while names, shapes and
             # dtypes stay the same; a lazy iterator (gathered shards) is planned as it is drawn.
             sized = isinstance(named_tensors, list | tuple)
-            memo = self._memo if sized and self._memo is not None and self._memo.matches(named_tensors) \
-                else None
+            memo = (
+                self._memo if sized and self._memo is not None and self._memo.matches(named_tensors) else None
+            )
             if memo is not None:
                 hint = memo.totals.stream_bytes
             else:
                 self._memo = None
-                hint = (estimate_stream_bytes(named_tensors, cfg.align_bytes, self._cast)
-                        or self._last_stream_bytes)
+                hint = (
+                    estimate_stream_bytes(named_tensors, cfg.align_bytes, self._cast)
+                    or self._last_stream_bytes
+                )
             wants_staging = getattr(self._transport, "wants_staging", False)
             if wants_staging and not hint:
                 # Receivers must size the buffer the sender writes into before the first bucket: draw
@@ -266,22 +278,34 @@ class WeightSender:
             try:
                 infos = self._transport.begin(sync.participants)
                 for ident in sync.participants:
-                    self._channel.send(ident, Begin(sync_id=sync.sync_id, version=version, size_hint=hint,
-                                                    info=infos.get(ident, b"")))
+                    self._channel.send(
+                        ident,
+                        Begin(
+                            sync_id=sync.sync_id, version=version, size_hint=hint, info=infos.get(ident, b"")
+                        ),
+                    )
                 n = len(sync.participants)
                 if infos or wants_staging:  # a group is being (re)built: create it only once every
                     # receiver is about to join / every receiver's staging buffer is known
-                    self._pump(lambda: len(sync.acks.get(-1, ())) >= n, cfg.timeout_s,
-                               f"sync {sync.sync_id}: waiting for receivers to start group setup")
+                    self._pump(
+                        lambda: len(sync.acks.get(-1, ())) >= n,
+                        cfg.timeout_s,
+                        f"sync {sync.sync_id}: waiting for receivers to start group setup",
+                    )
                 if wants_staging:
                     missing = [i for i in sync.participants if i not in sync.staging]
                     if missing:
-                        raise SyncError(f"sync {sync.sync_id}: {len(missing)} receiver(s) sent no staging buffer")
+                        raise SyncError(
+                            f"sync {sync.sync_id}: {len(missing)} receiver(s) sent no staging buffer"
+                        )
                     self._transport.attach({i: sync.staging[i] for i in sync.participants})
                 self._transport.connect(cfg.timeout_s)
                 t_stream = time.monotonic()
-                buckets = (memo.bind(named_tensors) if memo is not None else
-                           plan_buckets(named_tensors, cfg.bucket_bytes, cfg.align_bytes, self._cast, totals))
+                buckets = (
+                    memo.bind(named_tensors)
+                    if memo is not None
+                    else plan_buckets(named_tensors, cfg.bucket_bytes, cfg.align_bytes, self._cast, totals)
+                )
                 for bucket in buckets:
                     if planned is not None:
                         planned.append(bucket)
@@ -289,15 +313,23 @@ class WeightSender:
                     if self._transport.needs_acks and bucket.index >= 2:
                         acks = sync.acks
                         k = bucket.index - 2
-                        self._pump(lambda: len(acks.get(k, ())) >= n, cfg.timeout_s,
-                                   f"sync {sync.sync_id}: waiting for receivers to acknowledge bucket {k}")
+                        self._pump(
+                            lambda acks=acks, k=k: len(acks.get(k, ())) >= n,
+                            cfg.timeout_s,
+                            f"sync {sync.sync_id}: waiting for receivers to acknowledge bucket {k}",
+                        )
                         acks.pop(k, None)
                     else:
                         self._poll()
                     self._transport.wait_slot(slot, cfg.timeout_s, self._poll)
                     self._transport.pack(slot, bucket.chunks, bucket.index * cfg.bucket_bytes, stable=sized)
-                    msg = Bucket(sync_id=sync.sync_id, index=bucket.index, slot=slot, nbytes=bucket.nbytes,
-                                 tensors=bucket.tensors)
+                    msg = Bucket(
+                        sync_id=sync.sync_id,
+                        index=bucket.index,
+                        slot=slot,
+                        nbytes=bucket.nbytes,
+                        tensors=bucket.tensors,
+                    )
                     if getattr(self._transport, "announce_before_post", False):
                         # NCCL: posting may block this thread until every receiver entered the same
                         # collective (NCCL connects lazily, at the first one), so announce it first.
@@ -306,8 +338,13 @@ class WeightSender:
                     else:
                         self._transport.post(slot, bucket.nbytes)
                         self._broadcast(msg)
-                end = End(sync_id=sync.sync_id, version=version, buckets=totals.buckets,
-                          tensors=totals.tensors, stream_bytes=totals.stream_bytes)
+                end = End(
+                    sync_id=sync.sync_id,
+                    version=version,
+                    buckets=totals.buckets,
+                    tensors=totals.tensors,
+                    stream_bytes=totals.stream_bytes,
+                )
                 t_land = time.monotonic()
                 if lands_at_end:  # the sender writes the receivers' memory: done before they hear End
                     self._transport.finish(cfg.timeout_s, self._poll)
@@ -316,8 +353,11 @@ class WeightSender:
                     self._broadcast(end)
                     self._transport.finish(cfg.timeout_s, self._poll)
                 t_confirm = time.monotonic()
-                self._pump(lambda: len(sync.done) >= n, cfg.timeout_s,
-                           f"sync {sync.sync_id}: waiting for receivers to confirm")
+                self._pump(
+                    lambda: len(sync.done) >= n,
+                    cfg.timeout_s,
+                    f"sync {sync.sync_id}: waiting for receivers to confirm",
+                )
                 self._broadcast(Commit(sync.sync_id))
                 if planned is not None:
                     self._memo = PlanMemo(named_tensors, planned, totals)
@@ -332,11 +372,19 @@ class WeightSender:
             seconds = t_done - t0
             self._last_stream_bytes = totals.stream_bytes
             return SyncStats(
-                version=version, bytes=totals.payload_bytes, seconds=seconds,
+                version=version,
+                bytes=totals.payload_bytes,
+                seconds=seconds,
                 gbps=totals.payload_bytes / seconds / 1e9 if seconds > 0 else 0.0,
-                buckets=totals.buckets, tensors=totals.tensors, receivers=len(sync.participants),
-                transport=cfg.transport, join_seconds=t0 - t_join, setup_seconds=t_stream - t0,
-                stream_seconds=t_land - t_stream, land_seconds=t_confirm - t_land, confirm_seconds=t_done - t_confirm,
+                buckets=totals.buckets,
+                tensors=totals.tensors,
+                receivers=len(sync.participants),
+                transport=cfg.transport,
+                join_seconds=t0 - t_join,
+                setup_seconds=t_stream - t0,
+                stream_seconds=t_land - t_stream,
+                land_seconds=t_confirm - t_land,
+                confirm_seconds=t_done - t_confirm,
                 plan_reused=memo is not None,
             )
 

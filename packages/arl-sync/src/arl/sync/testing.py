@@ -63,7 +63,9 @@ def receiver_main(
                 log.append((r.version, ""))
             except SyncError as e:
                 log.append((None, type(e).__name__))
-        torch.save({"model": {k: v.cpu() for k, v in model.items()}, "version": r.version, "log": log}, out_path)
+        torch.save(
+            {"model": {k: v.cpu() for k, v in model.items()}, "version": r.version, "log": log}, out_path
+        )
         if vanish:
             os._exit(0)
 
@@ -91,8 +93,9 @@ def appear_on_another_host() -> None:
     sender_module.pid_namespace = lambda: elsewhere  # type: ignore[attr-defined]
 
 
-def dying_sender_main(cfg: SyncConfig, tensors_path: str, die_after: int, addr_path: str,
-                      other_host: bool = False) -> None:
+def dying_sender_main(
+    cfg: SyncConfig, tensors_path: str, die_after: int, addr_path: str, other_host: bool = False
+) -> None:
     """Send the tensors saved at `tensors_path` once as version 0, then start version 1 and exit
     abruptly after `die_after` tensors. Writes its address to `addr_path`. `other_host`: as in
     `receiver_main`."""
@@ -155,8 +158,10 @@ def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> 
     for k, w in want.items():
         g = got[k]
         assert g.dtype == w.dtype and g.shape == w.shape, k
-        assert torch.equal(g.view(torch.uint8) if g.dtype == torch.bool else g,
-                           w.contiguous().view(torch.uint8) if w.dtype == torch.bool else w), k
+        assert torch.equal(
+            g.view(torch.uint8) if g.dtype == torch.bool else g,
+            w.contiguous().view(torch.uint8) if w.dtype == torch.bool else w,
+        ), k
 
 
 # ---- the "sender writes into the receiver's staging" protocol on the CPU, in one process ----------
@@ -281,6 +286,11 @@ def use_direct_transport(monkeypatch) -> None:
     from . import receiver as receiver_module
     from . import sender as sender_module
 
-    monkeypatch.setattr(sender_module, "make_sender_transport", lambda cfg, dev, host="": DirectSender(cfg, dev))
-    monkeypatch.setattr(receiver_module, "make_receiver_transport",
-                        lambda cfg, dev, info, peer="": DirectReceiver(cfg, dev, info))
+    monkeypatch.setattr(
+        sender_module, "make_sender_transport", lambda cfg, dev, host="": DirectSender(cfg, dev)
+    )
+    monkeypatch.setattr(
+        receiver_module,
+        "make_receiver_transport",
+        lambda cfg, dev, info, peer="": DirectReceiver(cfg, dev, info),
+    )

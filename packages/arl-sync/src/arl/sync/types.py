@@ -23,8 +23,9 @@ class SyncConfig(msgspec.Struct, kw_only=True, frozen=True):
     Fields:
         transport: "cpu" (host shared memory; sender and receivers on one host, tensors on any device),
             "tcp" (one TCP connection per receiver, from the sender's address; any hosts, tensors on any
-            device, staged in host memory on the sender), "cuda_ipc" (send buffers in the sender's GPU memory, opened by receivers through CUDA IPC;
-            one host), "nccl" (broadcast from the sender's GPU to every receiver's GPU, any hosts).
+            device, staged in host memory on the sender), "cuda_ipc" (send buffers in the sender's GPU
+            memory, opened by receivers through CUDA IPC; one host), "nccl" (broadcast from the sender's
+            GPU to every receiver's GPU, any hosts).
         bucket_bytes: size of one send buffer; two are allocated (double buffering). Multiple of `align_bytes`.
         timeout_s: the longest any single wait may last (a join, an acknowledgement, the next message).
         cast_dtype: if set (e.g. "bfloat16"), floating-point tensors are cast to it on the sender.

@@ -29,7 +29,9 @@ def _group_stats(rewards: torch.Tensor, group_index: torch.Tensor) -> tuple[torc
     return counts, sums
 
 
-def grpo_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *, norm_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+def grpo_advantages(
+    rewards: torch.Tensor, group_index: torch.Tensor, *, norm_by_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
     """Group-relative advantages: each response's reward minus its group's mean (over std if asked).
 
     rewards: (B,) float; group_index: (B,) long, responses of one prompt share an index.
@@ -53,7 +55,9 @@ def rloo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.T
     return torch.where(n > 1, rewards - others, torch.zeros_like(rewards))
 
 
-def compute_advantages(estimator: AdvantageEstimator, rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+def compute_advantages(
+    estimator: AdvantageEstimator, rewards: torch.Tensor, group_index: torch.Tensor
+) -> torch.Tensor:
     """Per-response advantages by the named estimator (grpo | dr_grpo | rloo)."""
     if estimator == "grpo":
         return grpo_advantages(rewards, group_index, norm_by_std=True)

@@ -76,7 +76,8 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     seq_is_high: float = 2.0
     # Weight of the KL(π_θ ‖ π_ref) penalty to a reference policy; 0 = no KL (no reference forward needed).
     kl_coef: float = 0.0
-    # KL estimator per token: "k1" (log ratio), "k2" (½ log ratio²), "k3" (r − 1 − log r, ≥ 0), "low_var_kl" (clamped k3).
+    # KL estimator per token: "k1" (log ratio), "k2" (½ log ratio²), "k3" (r − 1 − log r, ≥ 0),
+    # "low_var_kl" (clamped k3).
     # Default "low_var_kl", chosen by measurement (docs/design/loss-conventions.md): with two updates per
     # step on stale samples raw k3 spiked (gradient norm 226× and 517× the median in 2 of 6 runs), and it
     # bought little KL for the reward it gave up.
@@ -130,24 +131,33 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         if self.kl_log_ratio_clamp <= 0 or self.kl_value_clamp <= 0:
             raise AlgorithmError(
-                f"kl_log_ratio_clamp and kl_value_clamp must be > 0, got {self.kl_log_ratio_clamp}, {self.kl_value_clamp}"
+                "kl_log_ratio_clamp and kl_value_clamp must be > 0, "
+                f"got {self.kl_log_ratio_clamp}, {self.kl_value_clamp}"
             )
         if self.norm_len is not None and self.norm_len <= 0:
             raise AlgorithmError(f"norm_len must be > 0 (or None), got {self.norm_len}")
-        if self.seq_is == "mask" and self.seq_is_mask_denominator == "remove" and self.proximal_mode in ("reuse", "loglinear"):
+        if (
+            self.seq_is == "mask"
+            and self.seq_is_mask_denominator == "remove"
+            and self.proximal_mode in ("reuse", "loglinear")
+        ):
             raise AlgorithmError(
                 f"seq_is = 'mask' with seq_is_mask_denominator = 'remove' needs the proximal log probs before the "
                 f"update; proximal_mode = {self.proximal_mode!r} makes them during it: use seq_is_mask_denominator = "
                 f"'keep' or proximal_mode 'recompute' / 'bypass'"
             )
         if self.kl_coef < 0 or self.entropy_coef < 0:
-            raise AlgorithmError(f"kl_coef and entropy_coef must be >= 0, got {self.kl_coef}, {self.entropy_coef}")
+            raise AlgorithmError(
+                f"kl_coef and entropy_coef must be >= 0, got {self.kl_coef}, {self.entropy_coef}"
+            )
         if self.lr_warmup_steps < 0:
             raise AlgorithmError(f"lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if not 0.0 <= self.lr_min_ratio <= 1.0:
             raise AlgorithmError(f"lr_min_ratio must be in [0, 1], got {self.lr_min_ratio}")
         if self.lr_schedule == "cosine" and (self.lr_decay_steps is None or self.lr_decay_steps <= 0):
-            raise AlgorithmError("lr_schedule = 'cosine' needs lr_decay_steps > 0 (updates over which to decay)")
+            raise AlgorithmError(
+                "lr_schedule = 'cosine' needs lr_decay_steps > 0 (updates over which to decay)"
+            )
 
     @property
     def needs_ref_logp(self) -> bool:
@@ -163,8 +173,13 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def kl(self, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
         """Per-token KL by this config's estimator and clamps."""
-        return kl_estimate(self.kl_estimator, logp, ref_logp,
-                           log_ratio_clamp=self.kl_log_ratio_clamp, value_clamp=self.kl_value_clamp)
+        return kl_estimate(
+            self.kl_estimator,
+            logp,
+            ref_logp,
+            log_ratio_clamp=self.kl_log_ratio_clamp,
+            value_clamp=self.kl_value_clamp,
+        )
 
 
 def sequence_keep_rows(
@@ -179,8 +194,9 @@ def sequence_keep_rows(
     rows, cols = (loss_mask > 0).nonzero(as_tuple=True)
     b = loss_mask.shape[0]
     dtype = torch.promote_types(proximal_logp.dtype, torch.float32)
-    log_w = sequence_log_is_weight(proximal_logp[rows, cols].to(dtype), behaviour_logp[rows, cols].to(dtype), rows, b,
-                                   cfg.seq_is_agg)
+    log_w = sequence_log_is_weight(
+        proximal_logp[rows, cols].to(dtype), behaviour_logp[rows, cols].to(dtype), rows, b, cfg.seq_is_agg
+    )
     return sequence_mask(log_w, cfg.seq_is_low, cfg.seq_is_high)
 
 
@@ -245,10 +261,15 @@ def compute_token_loss(
     else:
         raise AlgorithmError(f"unknown policy_loss {cfg.policy_loss!r}; expected ppo or gspo")
     pg, outside, dual_active = clipped_surrogate(
-        ratio, advantages,
-        clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, dual_clip_c=cfg.dual_clip_c,
+        ratio,
+        advantages,
+        clip_ratio_low=cfg.clip_ratio_low,
+        clip_ratio_high=cfg.clip_ratio_high,
+        dual_clip_c=cfg.dual_clip_c,
     )
-    clipped_branch = clip_active(ratio, advantages, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high)
+    clipped_branch = clip_active(
+        ratio, advantages, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high
+    )
 
     zero_seqs = torch.zeros(s, dtype=torch.bool, device=seq_index.device)
     seq_truncated, seq_masked = zero_seqs, zero_seqs

@@ -50,12 +50,20 @@ def policy_loss(
     on tokens the policy sampled. Returns the loss and detached diagnostics.
     """
     ratio = ppo_ratio(logp, proximal_logp)
-    pg, outside, _ = clipped_surrogate(ratio, advantages, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
+    pg, outside, _ = clipped_surrogate(
+        ratio, advantages, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high
+    )
     behaviour_weight, truncated = token_is_weight(proximal_logp, behaviour_logp, tis_cap)
     loss = masked_mean(pg * behaviour_weight, mask)
     with torch.no_grad():
-        active = clip_active(ratio, advantages, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
+        active = clip_active(
+            ratio, advantages, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high
+        )
         clip_frac = masked_mean(active.float(), mask)  # the clipped branch is taken (issue #29)
         band_frac = masked_mean(outside.float(), mask)  # the ratio is outside the band
         tis_frac = masked_mean(truncated.float(), mask)
-    return loss, {"clip_frac": clip_frac.item(), "clip_band_frac": band_frac.item(), "tis_clip_frac": tis_frac.item()}
+    return loss, {
+        "clip_frac": clip_frac.item(),
+        "clip_band_frac": band_frac.item(),
+        "tis_clip_frac": tis_frac.item(),
+    }

@@ -37,7 +37,9 @@ def fused_available(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and _varlen() is not None
 
 
-def varlen_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float | None) -> torch.Tensor:
+def varlen_causal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float | None
+) -> torch.Tensor:
     """Causal attention over packed sequences. q (T, Hq, D), k/v (T, Hkv, D), cu (n+1,) int32 → (T, Hq, D)."""
     fused = _varlen() if fused_available(q.device, q.dtype) else None
     if fused is not None:
@@ -61,7 +63,9 @@ def varlen_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.T
     return _per_sequence_sdpa(q, k, v, cu, scale)
 
 
-def _per_sequence_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scale: float | None) -> torch.Tensor:
+def _per_sequence_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scale: float | None
+) -> torch.Tensor:
     bounds = cu.tolist()
     gqa = q.shape[1] != k.shape[1]
     outs = []
@@ -91,7 +95,9 @@ def varlen_attention_forward(
     if cu is None:
         # An ordinary call (no packing): each row is one unpadded sequence.
         if attention_mask is not None:
-            raise ValueError(f"{IMPLEMENTATION} takes packed rows (cu_seq_lens_q) or unpadded rows, not a padding mask")
+            raise ValueError(
+                f"{IMPLEMENTATION} takes packed rows (cu_seq_lens_q) or unpadded rows, not a padding mask"
+            )
         gqa = {"enable_gqa": True} if query.shape[1] != key.shape[1] else {}
         out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, **gqa)
         return out.transpose(1, 2).contiguous(), None

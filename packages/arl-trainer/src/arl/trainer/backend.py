@@ -48,29 +48,41 @@ class HFPolicy(PackedPolicy):
             self.model = model_path.to(device=self.device, dtype=getattr(torch, dtype))
         else:
             self.model_path = Path(model_path)
-            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype)).to(self.device)
+            self.model = AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=getattr(torch, dtype)
+            ).to(self.device)
         if config.algorithm.needs_ref_logp:  # before checkpointing wraps the policy's layers
             self._build_reference(reference_path, getattr(torch, dtype))
         self.model.train()
         apply_activation_checkpointing(self.model, config.activation_checkpointing)
         if config.compile_layers and self.device.type == "cuda":
             compile_decoder_layers(self.model)
-        self.packed = PackedCausalLM(self.model, temperature=config.temperature, chunk_elements=config.logprob_chunk_elements)
+        self.packed = PackedCausalLM(
+            self.model, temperature=config.temperature, chunk_elements=config.logprob_chunk_elements
+        )
         self.optimizer = make_optimizer(self.model.parameters(), config.optim, self.device)
         self._init_shared()
 
     def _build_reference(self, reference_path: str | Path | None, param_dtype: torch.dtype) -> None:
         linear_dtype = compute_dtype(self.config, self.device)
-        own = reference_path is None or (self.model_path is not None and Path(reference_path).resolve() == self.model_path.resolve())
+        own = reference_path is None or (
+            self.model_path is not None and Path(reference_path).resolve() == self.model_path.resolve()
+        )
         if own:  # the initial weights: copied from memory, no second read of the folder
             self.reference_path = self.model_path
             ref = reference.copy_of(self.model, linear_dtype=linear_dtype, device=self.device)
         else:
             self.reference_path = Path(reference_path)
-            ref = reference.load(reference_path, param_dtype=param_dtype, linear_dtype=linear_dtype, device=self.device,
-                                 policy=self.model)
-        self.ref_packed = PackedCausalLM(ref, temperature=self.config.temperature,
-                                         chunk_elements=self.config.logprob_chunk_elements)
+            ref = reference.load(
+                reference_path,
+                param_dtype=param_dtype,
+                linear_dtype=linear_dtype,
+                device=self.device,
+                policy=self.model,
+            )
+        self.ref_packed = PackedCausalLM(
+            ref, temperature=self.config.temperature, chunk_elements=self.config.logprob_chunk_elements
+        )
 
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:
         return {name: t.detach().to("cpu").clone() for name, t in self.named_parameters_for_sync()}
@@ -83,7 +95,9 @@ class HFPolicy(PackedPolicy):
         if (checkpoint / "scheduler.pt").exists():
             from arl.trainer.schedule import load_lr_scheduler_state
 
-            load_lr_scheduler_state(self.scheduler, torch.load(checkpoint / "scheduler.pt", weights_only=False))
+            load_lr_scheduler_state(
+                self.scheduler, torch.load(checkpoint / "scheduler.pt", weights_only=False)
+            )
 
     def save(self, directory: Path, trainer_state: dict[str, Any]) -> Path:
         """A checkpoint: an ordinary HF model folder (loadable by vLLM) + optimizer + trainer state.
@@ -98,8 +112,14 @@ class HFPolicy(PackedPolicy):
         tmp.parent.mkdir(parents=True, exist_ok=True)
         with removed_on_failure(tmp):
             self.model.save_pretrained(tmp)
-            for f in self.model_path.iterdir() if self.model_path else ():  # tokenizer files travel with the weights
-                if f.is_file() and (f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")):
+            for f in (
+                self.model_path.iterdir() if self.model_path else ()
+            ):  # tokenizer files travel with the weights
+                if f.is_file() and (
+                    f.name.startswith("tokenizer")
+                    or f.name
+                    in ("special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
+                ):
                     shutil.copy2(f, tmp / f.name)
             with self.optimizer_state_on_device():
                 torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")

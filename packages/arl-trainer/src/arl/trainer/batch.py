@@ -19,9 +19,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
+
 from arl.queue.errors import SegmentError
 from arl.queue.segments import iter_segment_rows
-from arl.queue.types import Response, Sample
+from arl.queue.types import Sample
 from arl.trainer.advantages import AdvantageEstimator, compute_advantages, kl_penalized_rewards
 from arl.trainer.errors import BatchError
 
@@ -79,8 +80,12 @@ def assemble_batch(samples: Sequence[Sample], pad_token_id: int) -> TrainBatch:
         sampled = mask != 0
         loss_mask[b, p : p + n] = mask
         # Log probs and versions only where the policy sampled (the queue's convention; enforced here).
-        behaviour_logp[b, p : p + n] = _tokens(seg.response_logprobs, torch.float32).float().masked_fill(~sampled, 0.0)
-        token_versions[b, p : p + n] = _tokens(seg.weight_versions, torch.long).long().masked_fill(~sampled, -1)
+        behaviour_logp[b, p : p + n] = (
+            _tokens(seg.response_logprobs, torch.float32).float().masked_fill(~sampled, 0.0)
+        )
+        token_versions[b, p : p + n] = (
+            _tokens(seg.weight_versions, torch.long).long().masked_fill(~sampled, -1)
+        )
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -107,8 +112,13 @@ def trajectory_rewards(batch: TrainBatch) -> torch.Tensor:
     return _per_trajectory(batch)[0]
 
 
-def trajectory_advantages(batch: TrainBatch, *, estimator: AdvantageEstimator = "grpo",
-                          token_kl: torch.Tensor | None = None, kl_coef: float = 0.0) -> torch.Tensor:
+def trajectory_advantages(
+    batch: TrainBatch,
+    *,
+    estimator: AdvantageEstimator = "grpo",
+    token_kl: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> torch.Tensor:
     """Advantages (B,) per row by `estimator`: computed over trajectories, so the segments of one
     trajectory count once in their group's statistics, then each row takes its trajectory's advantage.
 
@@ -118,7 +128,9 @@ def trajectory_advantages(batch: TrainBatch, *, estimator: AdvantageEstimator = 
     rewards, groups, row_traj = _per_trajectory(batch)
     if token_kl is not None and kl_coef > 0:
         if token_kl.shape != batch.loss_mask.shape:
-            raise BatchError(f"token_kl of shape {tuple(token_kl.shape)} does not match the batch's {tuple(batch.loss_mask.shape)}")
+            raise BatchError(
+                f"token_kl of shape {tuple(token_kl.shape)} does not match the batch's {tuple(batch.loss_mask.shape)}"
+            )
         trained = batch.loss_mask > 0
         seq_index = row_traj[:, None].expand_as(trained)[trained]
         rewards = kl_penalized_rewards(rewards, token_kl[trained], seq_index, kl_coef)

@@ -94,7 +94,9 @@ def export_hf(policy: PackedPolicy, directory: str | Path, dtype: torch.dtype | 
     from safetensors.torch import save_file
 
     directory = Path(directory)
-    full = get_model_state_dict(policy.packed, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = get_model_state_dict(
+        policy.packed, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
     if _rank() == 0:
         directory.mkdir(parents=True, exist_ok=True)
         tied = bool(getattr(policy.model.config, "tie_word_embeddings", False))

@@ -2,7 +2,8 @@
 
 Both backends write a checkpoint beside the previous one (into `<name>.tmp`, renamed at the end), so
 a save needs room for a whole new copy. With fp32 master weights that is large: at 7B, 28 GB of
-weights and 56 GB of AdamW moments, more than many nodes' local disks hold (the H200 machine of BENCHMARKS.md has 64 GiB).
+weights and 56 GB of AdamW moments, more than many nodes' local disks hold (the H200 machine of
+BENCHMARKS.md has 64 GiB).
 Without a check the write fails part-way with the serializer's error, which names neither the folder
 nor the sizes, and leaves tens of GB of partial files for the next run to trip over. Here the save
 first compares what it will write with the free space of the folder's file system and raises
@@ -36,8 +37,11 @@ def checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, w
     first step (no state yet) AdamW's two moments per trained parameter are counted, which is what
     every later checkpoint holds: a run can check at its start that its checkpoints will fit."""
     state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    state_bytes = tensor_bytes(state) if state else 2 * tensor_bytes(
-        p for group in optimizer.param_groups for p in group["params"])
+    state_bytes = (
+        tensor_bytes(state)
+        if state
+        else 2 * tensor_bytes(p for group in optimizer.param_groups for p in group["params"])
+    )
     return weight_copies * tensor_bytes(model.parameters()) + state_bytes + OVERHEAD_BYTES
 
 
@@ -63,7 +67,8 @@ def space_error(directory: Path, nbytes: int, shortfall: int) -> CheckpointError
     return CheckpointError(
         f"checkpoint {directory}: it needs ~{nbytes / gib:.1f} GiB (weights and optimizer state, written "
         f"beside any previous checkpoint) and its file system ({_existing(directory)}) is "
-        f"{shortfall / gib:.1f} GiB short; free space there or point the output elsewhere")
+        f"{shortfall / gib:.1f} GiB short; free space there or point the output elsewhere"
+    )
 
 
 def require_space(directory: Path, nbytes: int) -> None:

@@ -109,23 +109,58 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         _check(self.ppo_mini_batch_size >= 1, "ppo_mini_batch_size", self.ppo_mini_batch_size, "must be >= 1")
         _check(self.require_batches >= 1, "require_batches", self.require_batches, "must be >= 1")
-        _check(self.trigger_parameter_sync_step >= 1, "trigger_parameter_sync_step", self.trigger_parameter_sync_step,
-               "must be >= 1")
-        _check(self.temperature > 0, "temperature", self.temperature,
-               "must be > 0 (log probs at temperature 0 are undefined)")
-        _check(self.max_version_lag is None or self.max_version_lag >= 0, "max_version_lag", self.max_version_lag,
-               "must be >= 0 (None: no bound)")
+        _check(
+            self.trigger_parameter_sync_step >= 1,
+            "trigger_parameter_sync_step",
+            self.trigger_parameter_sync_step,
+            "must be >= 1",
+        )
+        _check(
+            self.temperature > 0,
+            "temperature",
+            self.temperature,
+            "must be > 0 (log probs at temperature 0 are undefined)",
+        )
+        _check(
+            self.max_version_lag is None or self.max_version_lag >= 0,
+            "max_version_lag",
+            self.max_version_lag,
+            "must be >= 0 (None: no bound)",
+        )
         _check(self.batch_timeout_s > 0, "batch_timeout_s", self.batch_timeout_s, "must be > 0")
-        _check(self.max_tokens_per_microbatch >= 1, "max_tokens_per_microbatch", self.max_tokens_per_microbatch,
-               "must be >= 1")
-        _check(self.loss_agg_norm_len is None or self.loss_agg_norm_len >= 1, "loss_agg_norm_len",
-               self.loss_agg_norm_len, "must be >= 1 (None: the longest response in the mini-batch)")
-        _check(self.logprob_chunk_elements >= 1, "logprob_chunk_elements", self.logprob_chunk_elements, "must be >= 1")
-        _check(self.optimizer_prefetch_inflight_mb >= 0, "optimizer_prefetch_inflight_mb",
-               self.optimizer_prefetch_inflight_mb, "must be >= 0")
-        _check(self.router_aux_loss_coef >= 0, "router_aux_loss_coef", self.router_aux_loss_coef, "must be >= 0")
-        _check(self.router_replay_gap_every >= 0, "router_replay_gap_every", self.router_replay_gap_every,
-               "must be >= 0")
+        _check(
+            self.max_tokens_per_microbatch >= 1,
+            "max_tokens_per_microbatch",
+            self.max_tokens_per_microbatch,
+            "must be >= 1",
+        )
+        _check(
+            self.loss_agg_norm_len is None or self.loss_agg_norm_len >= 1,
+            "loss_agg_norm_len",
+            self.loss_agg_norm_len,
+            "must be >= 1 (None: the longest response in the mini-batch)",
+        )
+        _check(
+            self.logprob_chunk_elements >= 1,
+            "logprob_chunk_elements",
+            self.logprob_chunk_elements,
+            "must be >= 1",
+        )
+        _check(
+            self.optimizer_prefetch_inflight_mb >= 0,
+            "optimizer_prefetch_inflight_mb",
+            self.optimizer_prefetch_inflight_mb,
+            "must be >= 0",
+        )
+        _check(
+            self.router_aux_loss_coef >= 0, "router_aux_loss_coef", self.router_aux_loss_coef, "must be >= 0"
+        )
+        _check(
+            self.router_replay_gap_every >= 0,
+            "router_replay_gap_every",
+            self.router_replay_gap_every,
+            "must be >= 0",
+        )
         _check(self.peak_tflops >= 0, "peak_tflops", self.peak_tflops, "must be >= 0 (0: no MFU)")
 
 
@@ -134,6 +169,7 @@ def _check(ok: bool, name: str, value: object, rule: str) -> None:
     caller can tell which field (the app names its dotted key)."""
     if not ok:
         raise TrainerConfigError(f"{name} {rule}, got {value!r}")
+
 
 def compute_dtype(config: TrainerConfig, device: torch.device) -> torch.dtype | None:
     """The mixed-precision compute dtype (bf16), or None for none; "auto" = bf16 on CUDA only."""

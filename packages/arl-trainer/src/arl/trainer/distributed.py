@@ -42,7 +42,9 @@ def spec_from_env() -> DistributedSpec:
     """The spec torchrun (or any launcher setting RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) describes."""
     try:
         return DistributedSpec(
-            address=os.environ["MASTER_ADDR"], port=int(os.environ["MASTER_PORT"]), rank=int(os.environ["RANK"]),
+            address=os.environ["MASTER_ADDR"],
+            port=int(os.environ["MASTER_PORT"]),
+            rank=int(os.environ["RANK"]),
             world_size=int(os.environ["WORLD_SIZE"]),
             local_rank=int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None,
         )
@@ -74,7 +76,15 @@ def init_distributed(spec: DistributedSpec) -> torch.device:
     return device
 
 
-def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, backend: str | None, timeout_s: float, args: tuple) -> None:
+def _entry(
+    rank: int,
+    fn: Callable[..., Any],
+    world_size: int,
+    port: int,
+    backend: str | None,
+    timeout_s: float,
+    args: tuple,
+) -> None:
     spec = DistributedSpec("127.0.0.1", port, rank, world_size, backend=backend, timeout_s=timeout_s)
     try:
         fn(spec, *args)
@@ -107,11 +117,15 @@ def _exit_without_finalizers() -> None:
     os._exit(0)
 
 
-def spawn_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str | None = None, timeout_s: float = 600.0) -> None:
+def spawn_local(
+    fn: Callable[..., Any], world_size: int, *args: Any, backend: str | None = None, timeout_s: float = 600.0
+) -> None:
     """Run `fn(spec, *args)` in `world_size` fresh processes on this host; raises if any rank fails.
 
     `fn` must be importable by module name (spawned processes re-import it).
     """
     import torch.multiprocessing as mp
 
-    mp.spawn(_entry, args=(fn, world_size, free_port(), backend, timeout_s, args), nprocs=world_size, join=True)
+    mp.spawn(
+        _entry, args=(fn, world_size, free_port(), backend, timeout_s, args), nprocs=world_size, join=True
+    )

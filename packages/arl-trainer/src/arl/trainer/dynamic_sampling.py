@@ -57,13 +57,19 @@ def filter_zero_variance_groups(samples: Sequence[Sample], *, atol: float = 0.0)
     return DynamicSamplingResult(kept=kept, dropped_uniform_reward=uniform, dropped_single_response=single)
 
 
-def informative_groups(rewards: torch.Tensor, group_index: torch.Tensor, *, atol: float = 0.0) -> torch.Tensor:
+def informative_groups(
+    rewards: torch.Tensor, group_index: torch.Tensor, *, atol: float = 0.0
+) -> torch.Tensor:
     """Tensor form: (G,) bool, True for groups with ≥ 2 responses whose rewards span more than atol."""
     check_flat(group_index, ("rewards", rewards))
     g = resolve_num_seqs(group_index, None)
     idx = group_index.long()
-    hi = torch.full((g,), float("-inf"), dtype=rewards.dtype, device=rewards.device).scatter_reduce(0, idx, rewards, "amax")
-    lo = torch.full((g,), float("inf"), dtype=rewards.dtype, device=rewards.device).scatter_reduce(0, idx, rewards, "amin")
+    hi = torch.full((g,), float("-inf"), dtype=rewards.dtype, device=rewards.device).scatter_reduce(
+        0, idx, rewards, "amax"
+    )
+    lo = torch.full((g,), float("inf"), dtype=rewards.dtype, device=rewards.device).scatter_reduce(
+        0, idx, rewards, "amin"
+    )
     counts = torch.zeros(g, dtype=torch.long, device=rewards.device).index_add(0, idx, torch.ones_like(idx))
     return (counts >= 2) & (hi - lo > atol)
 

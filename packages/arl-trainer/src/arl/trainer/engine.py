@@ -34,7 +34,12 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
-from arl.trainer.algorithm_config import COUNT_METRICS, compute_token_loss, merge_loss_metrics, sequence_keep_rows
+from arl.trainer.algorithm_config import (
+    COUNT_METRICS,
+    compute_token_loss,
+    merge_loss_metrics,
+    sequence_keep_rows,
+)
 from arl.trainer.algorithms import masked_mean
 from arl.trainer.batch import TrainBatch, trajectory_advantages
 from arl.trainer.config import TrainerConfig, compute_dtype
@@ -93,8 +98,10 @@ class PackedPolicy:
     def _init_shared(self) -> None:
         cfg = self.config
         if cfg.algorithm.needs_ref_logp and self.ref_packed is None:
-            raise ReferencePolicyError(f"algorithm.kl_coef = {cfg.algorithm.kl_coef} needs a reference policy; "
-                                       f"{type(self).__name__} built none")
+            raise ReferencePolicyError(
+                f"algorithm.kl_coef = {cfg.algorithm.kl_coef} needs a reference policy; "
+                f"{type(self).__name__} built none"
+            )
         from arl.trainer.schedule import make_lr_scheduler
 
         self.scheduler = make_lr_scheduler(self.optimizer, cfg.algorithm)
@@ -110,12 +117,15 @@ class PackedPolicy:
         self._num_experts = first.num_experts if first is not None else 0
         if first is None and (cfg.router_replay == "rollout" or cfg.router_aux_loss_coef > 0):
             key = "router_replay='rollout'" if cfg.router_replay == "rollout" else "router_aux_loss_coef > 0"
-            raise RouterReplayError(f"{key} needs an MoE model; {type(self.model).__name__} has no MoE router")
+            raise RouterReplayError(
+                f"{key} needs an MoE model; {type(self.model).__name__} has no MoE router"
+            )
         self._steps_done = 0
         self.optimizer_state = None
         if cfg.optimizer_offload and self.device.type == "cuda":
             self.optimizer_state = HostOptimizerState(
-                self.optimizer, inflight_bytes=cfg.optimizer_prefetch_inflight_mb << 20)
+                self.optimizer, inflight_bytes=cfg.optimizer_prefetch_inflight_mb << 20
+            )
 
     def settle_optimizer_offload(self) -> float:
         """With `optimizer_offload_overlap`: wait for the last step's way out to land and free the state's
@@ -124,7 +134,9 @@ class PackedPolicy:
 
     def optimizer_state_on_device(self) -> contextlib.AbstractContextManager[Any]:
         """Inside the block the optimizer's state is on its device (checkpoints read and write it)."""
-        return self.optimizer_state.on_device() if self.optimizer_state is not None else contextlib.nullcontext()
+        return (
+            self.optimizer_state.on_device() if self.optimizer_state is not None else contextlib.nullcontext()
+        )
 
     def checkpoint_nbytes(self) -> int:
         """Bytes a checkpoint of this policy writes (before the first step: what later ones will)."""
@@ -137,15 +149,24 @@ class PackedPolicy:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
-    def _microbatches(self, batch: TrainBatch, rows: list[int]) -> tuple[list[PackedMicroBatch], dict[str, float]]:
+    def _microbatches(
+        self, batch: TrainBatch, rows: list[int]
+    ) -> tuple[list[PackedMicroBatch], dict[str, float]]:
         """This rank's packed micro-batches of `rows` (every rank gets the same count)."""
         lengths_all = row_lengths(batch)
         lengths = [lengths_all[r] for r in rows]
-        plan = plan_packing(lengths, world_size=self.world_size, max_tokens=self.config.max_tokens_per_microbatch, cost=self.cost)
+        plan = plan_packing(
+            lengths,
+            world_size=self.world_size,
+            max_tokens=self.config.max_tokens_per_microbatch,
+            cost=self.cost,
+        )
         mine = [pack_rows(batch, [rows[i] for i in mb]) for mb in plan.ranks[self.rank]]
         return mine, plan.stats(lengths, self.cost)
 
-    def _forward(self, mb: PackedMicroBatch, module: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(
+        self, mb: PackedMicroBatch, module: torch.nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(log π(target), entropy) of one packed micro-batch through `module` (default: the policy)."""
         with self._autocast():
             return (self.packed if module is None else module)(mb.to(self.device))
@@ -156,9 +177,15 @@ class PackedPolicy:
             return HostActivationOffload(pin_memory=True)
         return contextlib.nullcontext()
 
-    def _routing(self, mb: PackedMicroBatch, routes: torch.Tensor | None, *, apply: bool | None = None,
-                 keep_for_aux: bool = False, module: torch.nn.Module | None = None,
-                 ) -> contextlib.AbstractContextManager[RoutingStats]:
+    def _routing(
+        self,
+        mb: PackedMicroBatch,
+        routes: torch.Tensor | None,
+        *,
+        apply: bool | None = None,
+        keep_for_aux: bool = False,
+        module: torch.nn.Module | None = None,
+    ) -> contextlib.AbstractContextManager[RoutingStats]:
         """The routing context of one packed forward (and its backward) of `module` (default: the
         policy): the micro-batch's engine routes replayed (`apply`, default: router_replay ==
         "rollout") or only measured. No routes and no aux loss: a no-op (dense models pay nothing).
@@ -171,16 +198,24 @@ class PackedPolicy:
         else:
             mb_routes = packed_routes(routes, mb.rows, mb.cu_seqlens)
         apply = self.config.router_replay == "rollout" if apply is None else apply
-        return replay_routes(self.packed if module is None else module, mb_routes.to(self.device, non_blocking=True),
-                             apply=apply, keep_for_aux=keep_for_aux)
+        return replay_routes(
+            self.packed if module is None else module,
+            mb_routes.to(self.device, non_blocking=True),
+            apply=apply,
+            keep_for_aux=keep_for_aux,
+        )
 
     def _check_routes(self, batch: TrainBatch, routes: torch.Tensor | None) -> None:
         if routes is not None and tuple(routes.shape[:2]) != tuple(batch.input_ids.shape):
-            raise RouterReplayError(f"routes of shape {tuple(routes.shape)} do not cover the batch's "
-                                    f"{tuple(batch.input_ids.shape)} tokens (routes_for_batch(samples, width=T))")
+            raise RouterReplayError(
+                f"routes of shape {tuple(routes.shape)} do not cover the batch's "
+                f"{tuple(batch.input_ids.shape)} tokens (routes_for_batch(samples, width=T))"
+            )
         if routes is None and self.config.router_replay == "rollout" and self._router_layers:
-            raise RouterReplayError("router_replay='rollout' but the batch carries no routed experts: the rollout "
-                                    "engine must return them (the app's rollout.return_routed_experts = true)")
+            raise RouterReplayError(
+                "router_replay='rollout' but the batch carries no routed experts: the rollout "
+                "engine must return them (the app's rollout.return_routed_experts = true)"
+            )
 
     @torch.no_grad()
     def log_probs(self, batch: TrainBatch, routes: torch.Tensor | None = None) -> torch.Tensor:
@@ -194,10 +229,14 @@ class PackedPolicy:
         """The frozen reference policy's log probs of the trained tokens, (B, T) on CPU (0 elsewhere):
         the same packed micro-batches, head and route replay as `log_probs`. A collective under FSDP2."""
         if self.ref_packed is None:
-            raise ReferencePolicyError("this policy holds no reference policy (it is built only when algorithm.kl_coef > 0)")
+            raise ReferencePolicyError(
+                "this policy holds no reference policy (it is built only when algorithm.kl_coef > 0)"
+            )
         return self._packed_log_probs(self.ref_packed, batch, routes)
 
-    def _packed_log_probs(self, module: torch.nn.Module, batch: TrainBatch, routes: torch.Tensor | None) -> torch.Tensor:
+    def _packed_log_probs(
+        self, module: torch.nn.Module, batch: TrainBatch, routes: torch.Tensor | None
+    ) -> torch.Tensor:
         self._check_routes(batch, routes)
         if self.config.router_replay != "rollout":
             routes = None  # nothing to replay, and this pass's routing statistics would be discarded
@@ -242,14 +281,20 @@ class PackedPolicy:
             return None
         raise ValueError(f"unknown proximal_mode {mode!r}")
 
-    def _micro_proximal(self, mb: PackedMicroBatch, logp: torch.Tensor, behav: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
+    def _micro_proximal(
+        self, mb: PackedMicroBatch, logp: torch.Tensor, behav: torch.Tensor, batch: TrainBatch
+    ) -> torch.Tensor:
         """Proximal log probs of one micro-batch from its own forward (reuse, loglinear)."""
         if self.config.algorithm.proximal_mode == "reuse":
             return logp.detach()
         versions = mb.gather(batch.token_versions).to(logp.device)
-        return loglinear_proximal(behav, logp.detach(), versions, self.version - 1, current_version=self.version)
+        return loglinear_proximal(
+            behav, logp.detach(), versions, self.version - 1, current_version=self.version
+        )
 
-    def train_step(self, batch: TrainBatch, mini_batch_rows: int, routes: torch.Tensor | None = None) -> dict[str, float]:
+    def train_step(
+        self, batch: TrainBatch, mini_batch_rows: int, routes: torch.Tensor | None = None
+    ) -> dict[str, float]:
         """One trainer step: proximal log probs, reference log probs (kl_coef > 0), advantages, one
         optimizer update per mini-batch.
 
@@ -263,7 +308,11 @@ class PackedPolicy:
         route_stats = RoutingStats()  # the training forwards' routing: each sampled token counted once
         aux_total = 0.0  # Σ over updates of the token-weighted aux loss of this rank's micro-batches
         gap: dict[str, float] = {}
-        if routes is not None and cfg.router_replay_gap_every and self._steps_done % cfg.router_replay_gap_every == 0:
+        if (
+            routes is not None
+            and cfg.router_replay_gap_every
+            and self._steps_done % cfg.router_replay_gap_every == 0
+        ):
             gap = self.replay_gap(batch, routes)  # before any update: the weights the gap is about
         on_cuda = self.device.type == "cuda"
         if on_cuda:
@@ -278,17 +327,22 @@ class PackedPolicy:
             ref_logp, token_kl, ref_metrics = self._reference_phase(batch, routes, proximal)
         # Per trajectory (its segments count once in the group statistics), broadcast to its rows;
         # with KL in the reward, each trajectory's reward first loses kl_coef × its summed token KL.
-        adv_rows = trajectory_advantages(batch, estimator=alg.advantage_estimator, token_kl=token_kl,
-                                         kl_coef=alg.kl_coef)
+        adv_rows = trajectory_advantages(
+            batch, estimator=alg.advantage_estimator, token_kl=token_kl, kl_coef=alg.kl_coef
+        )
         advantages = adv_rows[:, None].expand_as(batch.loss_mask)
         kl_in_loss = ref_logp is not None and alg.kl_in == "loss"
         # seq_is = "mask" with "remove": dropped sequences leave the denominators (the config rejects the
         # proximal modes that make proximal log probs only during the update, so `proximal` is here).
-        keep_rows = (sequence_keep_rows(alg, proximal, batch.behaviour_logp, batch.loss_mask)
-                     if alg.seq_is_mask_denominator == "remove" and proximal is not None else None)
+        keep_rows = (
+            sequence_keep_rows(alg, proximal, batch.behaviour_logp, batch.loss_mask)
+            if alg.seq_is_mask_denominator == "remove" and proximal is not None
+            else None
+        )
         norm_len = alg.resolve_norm_len(cfg.loss_agg_norm_len)
         if on_cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)  # the update's own peak, not the passes' before it
+            # the update's own peak, not the passes' before it
+            torch.cuda.reset_peak_memory_stats(self.device)
         # Proximal log probs made micro-batch by micro-batch (reuse / loglinear), for the step's metric.
         made = torch.zeros(batch.loss_mask.shape, dtype=torch.float32) if proximal is None else None
         steps: list[dict[str, float]] = []
@@ -304,7 +358,9 @@ class PackedPolicy:
             rows = list(range(start, min(n_rows, start + mini_batch_rows)))
             denom = Denominators.from_loss_mask(batch.loss_mask[rows], norm_len)
             if keep_rows is not None:  # counts over the kept sequences; batch_max's length stays the batch's
-                denom = Denominators.from_loss_mask(batch.loss_mask[rows] * keep_rows[rows, None], denom.norm_len)
+                denom = Denominators.from_loss_mask(
+                    batch.loss_mask[rows] * keep_rows[rows, None], denom.norm_len
+                )
             mbs, pack_stats = self._microbatches(batch, rows)
             mini_tokens = sum(lengths[r] for r in rows)  # all ranks': the aux loss's token weights sum to 1
             self.optimizer.zero_grad(set_to_none=True)
@@ -322,7 +378,9 @@ class PackedPolicy:
                         logp, entropy = self._forward(mb)
                     offloaded += hooks.offloaded_bytes if hooks is not None else 0
                     rstats.recording = False
-                    if mb.num_loss_tokens == 0:  # a dummy (or prompt-only) micro-batch: keep the graph, add nothing
+                    if (
+                        mb.num_loss_tokens == 0
+                    ):  # a dummy (or prompt-only) micro-batch: keep the graph, add nothing
                         loss = logp.sum() * 0.0 + entropy.sum() * 0.0
                     else:
                         dev = logp.device
@@ -335,8 +393,17 @@ class PackedPolicy:
                             prox = mb.gather(proximal).to(dev)
                         seq_index = mb.seq_index.to(dev)
                         ref = mb.gather(ref_logp).to(dev) if kl_in_loss else None
-                        tok_loss, info = compute_token_loss(alg, logp, prox, behav, adv, seq_index, entropy=entropy,
-                                                            ref_logp=ref, num_seqs=len(mb.rows))
+                        tok_loss, info = compute_token_loss(
+                            alg,
+                            logp,
+                            prox,
+                            behav,
+                            adv,
+                            seq_index,
+                            entropy=entropy,
+                            ref_logp=ref,
+                            num_seqs=len(mb.rows),
+                        )
                         loss = aggregate(tok_loss, seq_index, cfg.loss_agg_mode, denom)
                         mb_metrics.append(info)
                     if aux_coef > 0:  # token-weighted over the mini-batch (a dummy micro-batch weighs 0)
@@ -363,8 +430,14 @@ class PackedPolicy:
                 self.scheduler.step()
             t_update += time.perf_counter() - t1
             merged = self._merge_ranks(merge_loss_metrics(mb_metrics), loss_total)
-            merged.update(grad_norm=float(grad_norm), lr=lr, loss_agg_norm_len=float(denom.norm_len), pack_fill=pack_stats["pack_fill"],
-                          rank_imbalance=pack_stats["rank_imbalance"], microbatches=pack_stats["microbatches"])
+            merged.update(
+                grad_norm=float(grad_norm),
+                lr=lr,
+                loss_agg_norm_len=float(denom.norm_len),
+                pack_fill=pack_stats["pack_fill"],
+                rank_imbalance=pack_stats["rank_imbalance"],
+                microbatches=pack_stats["microbatches"],
+            )
             steps.append(merged)
         keys = set().union(*steps)
         out = {k: sum(s.get(k, 0.0) for s in steps) / len(steps) for k in keys}
@@ -375,7 +448,9 @@ class PackedPolicy:
             proximal = made if self.world_size == 1 else self._all_reduce_(made.to(self.device)).cpu()
         # How far the rollout engine's log probs are from the trainer's for the same weights/tokens:
         # near 0 on-policy; grows with staleness; a large value on fresh samples means a broken sync.
-        out["behaviour_proximal_abs_diff"] = masked_mean((proximal - batch.behaviour_logp).abs(), batch.loss_mask).item()
+        out["behaviour_proximal_abs_diff"] = masked_mean(
+            (proximal - batch.behaviour_logp).abs(), batch.loss_mask
+        ).item()
         out["updates"] = float(len(steps))
         if kl_in_loss:  # the KL term the loss carried: token mean over each update, averaged over updates
             ref_metrics["kl_ref_mean"] = out.get("kl", 0.0)
@@ -390,7 +465,8 @@ class PackedPolicy:
         # Real tokens over tokens computed: 1 when packed, except for dummy micro-batches (a rank with nothing to do).
         out["padding_efficiency"] = tokens / processed if processed else 1.0
         if self.config.activation_offload:
-            out["offloaded_gib"] = offloaded / 2**30  # this rank, the whole step (each byte crosses out and back)
+            # this rank, the whole step (each byte crosses out and back)
+            out["offloaded_gib"] = offloaded / 2**30
         if on_cuda:
             out["peak_mem_proximal_gib"] = peak_prox / 2**30
             out["peak_mem_update_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
@@ -410,11 +486,19 @@ class PackedPolicy:
         load_s, wait_s = state.load_times()
         t0 = time.perf_counter()
         moved = state.offload(overlap=self.config.optimizer_offload_overlap)
-        return {"optimizer_offload_s": time.perf_counter() - t0, "optimizer_load_s": load_s,
-                "optimizer_load_wait_s": wait_s, "optimizer_state_gib": moved / 2**30}
+        return {
+            "optimizer_offload_s": time.perf_counter() - t0,
+            "optimizer_load_s": load_s,
+            "optimizer_load_wait_s": wait_s,
+            "optimizer_state_gib": moved / 2**30,
+        }
 
-    def _reference_phase(self, batch: TrainBatch, routes: torch.Tensor | None, proximal: torch.Tensor | None,
-                         ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
+    def _reference_phase(
+        self,
+        batch: TrainBatch,
+        routes: torch.Tensor | None,
+        proximal: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
         """With kl_coef > 0: (reference log probs (B, T), the per-token KL for the reward or None, metrics
         `ref_s`, `peak_mem_ref_gib` (CUDA) and, for KL in the reward, `kl_ref_mean`). Else (None, None, {}).
 
@@ -439,7 +523,9 @@ class PackedPolicy:
         metrics["kl_ref_mean"] = masked_mean(token_kl, batch.loss_mask).item()
         return ref_logp, token_kl, metrics
 
-    def _routing_metrics(self, stats: RoutingStats, had_routes: bool, aux_total: float, updates: int) -> dict[str, float]:
+    def _routing_metrics(
+        self, stats: RoutingStats, had_routes: bool, aux_total: float, updates: int
+    ) -> dict[str, float]:
         """The step's MoE routing metrics over all ranks (nothing for a dense model or a batch without routes)."""
         aux = self.config.router_aux_loss_coef > 0 and bool(self._router_layers)
         if not (had_routes or aux):

@@ -18,9 +18,9 @@ def matmul_params(model: torch.nn.Module) -> int:
 
 
 def attention_width_and_layers(config: object) -> tuple[int, int]:
-    heads = int(getattr(config, "num_attention_heads"))
-    head_dim = getattr(config, "head_dim", None) or int(getattr(config, "hidden_size")) // heads
-    return heads * int(head_dim), int(getattr(config, "num_hidden_layers"))
+    heads = int(config.num_attention_heads)
+    head_dim = getattr(config, "head_dim", None) or int(config.hidden_size) // heads
+    return heads * int(head_dim), int(config.num_hidden_layers)
 
 
 def train_flops(n_matmul: int, seq_lengths: Sequence[int], attn_width: int, layers: int) -> float:

@@ -71,7 +71,9 @@ def _load_hf_weights(packed: torch.nn.Module, model_path: Path, rank: int, dtype
             if name not in hf:
                 raise KeyError(f"{model_path}: checkpoint has no tensor {name!r}")
             full[key] = hf[name].to(dtype)
-    set_model_state_dict(packed, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    set_model_state_dict(
+        packed, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )
 
 
 class FSDPPolicy(PackedPolicy):
@@ -108,7 +110,9 @@ class FSDPPolicy(PackedPolicy):
         apply_activation_checkpointing(self.model, config.activation_checkpointing)
         if config.compile_layers and self.device.type == "cuda":  # before sharding: FSDP2's hooks stay eager
             compile_decoder_layers(self.model)
-        self.packed = PackedCausalLM(self.model, temperature=config.temperature, chunk_elements=config.logprob_chunk_elements)
+        self.packed = PackedCausalLM(
+            self.model, temperature=config.temperature, chunk_elements=config.logprob_chunk_elements
+        )
 
         mp = config.mixed_precision
         if mp == "auto":
@@ -127,36 +131,54 @@ class FSDPPolicy(PackedPolicy):
         else:
             self._random_init(seed)
         if config.algorithm.needs_ref_logp:
-            self._build_reference(reference_path, hf_config, mesh, torch.bfloat16 if mp == "bf16" else torch.float32)
+            self._build_reference(
+                reference_path, hf_config, mesh, torch.bfloat16 if mp == "bf16" else torch.float32
+            )
         self.model.train()
         self.optimizer = make_optimizer(self.packed.parameters(), config.optim, self.device)
         self._init_shared()
         self.compute_dtype = torch.bfloat16 if mp == "bf16" else None  # applied by FSDP, not autocast
 
-    def _build_reference(self, reference_path: str | Path | None, hf_config: Any, mesh: Any, dtype: torch.dtype) -> None:
+    def _build_reference(
+        self, reference_path: str | Path | None, hf_config: Any, mesh: Any, dtype: torch.dtype
+    ) -> None:
         """The frozen reference, sharded like the policy (see the module docstring); collective."""
         from torch.distributed.fsdp import fully_shard
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        own = reference_path is None or (self.model_path is not None and Path(reference_path).resolve() == self.model_path.resolve())
+        own = reference_path is None or (
+            self.model_path is not None and Path(reference_path).resolve() == self.model_path.resolve()
+        )
         if not own and not (Path(reference_path) / "config.json").is_file():
             raise ReferencePolicyError(
-                f"reference_path {str(reference_path)!r} is not a Hugging Face model folder (no config.json)")
+                f"reference_path {str(reference_path)!r} is not a Hugging Face model folder (no config.json)"
+            )
         with torch.device("meta"):
-            ref = AutoModelForCausalLM.from_config(hf_config if own else AutoConfig.from_pretrained(reference_path), dtype=dtype)
+            ref = AutoModelForCausalLM.from_config(
+                hf_config if own else AutoConfig.from_pretrained(reference_path), dtype=dtype
+            )
         if not own:
             reference.check_same_parameters(self.model, ref, f"at {reference_path}")
-        ref_packed = PackedCausalLM(ref, temperature=self.config.temperature, chunk_elements=self.config.logprob_chunk_elements)
-        for layer in decoder_layers(ref):  # no mixed-precision policy: the shards already hold the compute dtype
+        ref_packed = PackedCausalLM(
+            ref, temperature=self.config.temperature, chunk_elements=self.config.logprob_chunk_elements
+        )
+        for layer in decoder_layers(
+            ref
+        ):  # no mixed-precision policy: the shards already hold the compute dtype
             fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-        fully_shard(ref_packed, mesh=mesh, reshard_after_forward=True)  # no backward follows: free the root too
+        # no backward follows: free the root too
+        fully_shard(ref_packed, mesh=mesh, reshard_after_forward=True)
         ref_packed.to_empty(device=self.device)
         reset_rotary_buffers(ref, self.device)
         if own:  # this rank's shards of the initial weights, cast: no read, no communication
             with torch.no_grad():
-                for (name, p), (ref_name, q) in zip(self.packed.named_parameters(), ref_packed.named_parameters(), strict=True):
+                for (name, p), (ref_name, q) in zip(
+                    self.packed.named_parameters(), ref_packed.named_parameters(), strict=True
+                ):
                     assert name == ref_name, (name, ref_name)
-                    (q.to_local() if hasattr(q, "to_local") else q).copy_(p.to_local() if hasattr(p, "to_local") else p)
+                    (q.to_local() if hasattr(q, "to_local") else q).copy_(
+                        p.to_local() if hasattr(p, "to_local") else p
+                    )
             self.reference_path = self.model_path
         else:
             _load_hf_weights(ref_packed, Path(reference_path), self.rank, dtype)
@@ -245,9 +267,14 @@ class FSDPPolicy(PackedPolicy):
                 save_sharded(self, tmp, trainer_state)  # barriers: the folder exists before any rank writes
             export_hf(self, tmp)
         if self.rank == 0:
-            for f in self.model_path.iterdir() if self.model_path else ():  # tokenizer files travel with the weights
-                if f.is_file() and (f.name.startswith("tokenizer") or f.name in (
-                        "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")):
+            for f in (
+                self.model_path.iterdir() if self.model_path else ()
+            ):  # tokenizer files travel with the weights
+                if f.is_file() and (
+                    f.name.startswith("tokenizer")
+                    or f.name
+                    in ("special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
+                ):
                     shutil.copy2(f, tmp / f.name)
             if directory.exists():
                 shutil.rmtree(directory)

@@ -47,7 +47,9 @@ class LeaderPolicy:
     The trainer loop and `TrainerActor` use it exactly like a single-device policy.
     """
 
-    def __init__(self, policy: Any, followers_send: bool = False, after_step: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, policy: Any, followers_send: bool = False, after_step: Callable[[], None] | None = None
+    ) -> None:
         self.inner = policy
         self.followers_send = followers_send  # the sync is announced by `GroupPublisher` instead
         self.after_step = after_step  # run by every rank after each training step (`release_memory_together`)
@@ -64,7 +66,9 @@ class LeaderPolicy:
     def version(self, value: float) -> None:
         self.inner.version = value
 
-    def train_step(self, batch: TrainBatch, mini_batch_rows: int, routes: torch.Tensor | None = None) -> dict[str, float]:
+    def train_step(
+        self, batch: TrainBatch, mini_batch_rows: int, routes: torch.Tensor | None = None
+    ) -> dict[str, float]:
         # MoE routes (router replay) travel with the batch: every rank replays the same experts.
         _broadcast(("train", batch, mini_batch_rows, self.inner.version, routes))
         metrics = self.inner.train_step(batch, mini_batch_rows, routes=routes)
@@ -131,7 +135,8 @@ class GroupPublisher:
         if n != len(self.addresses):
             raise RuntimeError(
                 f"{len(self.addresses) - n} replica(s) died: with one replica per trainer rank, rank k sends "
-                f"only to replica k, so the sync needs all {len(self.addresses)} replicas")
+                f"only to replica k, so the sync needs all {len(self.addresses)} replicas"
+            )
 
     async def publish(self, named_tensors: Any, version: int, rollout: RolloutControl) -> SyncStats:
         _broadcast(("send", version))
@@ -151,7 +156,9 @@ def sender_addresses(own: WeightPublisher) -> list[str]:
 def _send_own(policy: Any, publisher: WeightPublisher | None, version: int) -> None:
     """A follower's part of a `GroupPublisher` sync: send the gathered stream to its own replica."""
     if publisher is None:
-        raise RuntimeError(f"trainer rank {policy.rank}: rank 0 asked it to send weights, but it has no sender")
+        raise RuntimeError(
+            f"trainer rank {policy.rank}: rank 0 asked it to send weights, but it has no sender"
+        )
     stream = policy.iter_sync_parameters()
     try:
         publisher.sender.send(stream, version)
@@ -174,8 +181,9 @@ def settle_memory_together(policy: Any) -> None:
     release_memory_together()
 
 
-def follow(policy: Any, publisher: WeightPublisher | None = None,
-           after_step: Callable[[], None] | None = None) -> dict[str, int]:
+def follow(
+    policy: Any, publisher: WeightPublisher | None = None, after_step: Callable[[], None] | None = None
+) -> dict[str, int]:
     """A follower rank's loop: run rank 0's commands on this shard until "stop"; returns counts.
     `publisher`: this rank's own sender, for layouts where every rank sends (`GroupPublisher`);
     `after_step`: what rank 0's `LeaderPolicy` runs after each training step, run here too."""
@@ -213,10 +221,15 @@ def probe_batch(prompt_ids: list[int], token_ids: list[int]) -> TrainBatch:
     ids = torch.tensor([prompt_ids + token_ids])
     t = ids.shape[1]
     loss = torch.zeros(1, t)
-    loss[0, len(prompt_ids):] = 1.0
+    loss[0, len(prompt_ids) :] = 1.0
     return TrainBatch(
-        input_ids=ids, attention_mask=torch.ones(1, t, dtype=torch.long), loss_mask=loss,
-        behaviour_logp=torch.zeros(1, t), token_versions=torch.full((1, t), -1, dtype=torch.long),
-        rewards=torch.zeros(1), group_index=torch.zeros(1, dtype=torch.long),
-        response_lengths=torch.tensor([len(token_ids)]), trajectory_index=torch.zeros(1, dtype=torch.long),
+        input_ids=ids,
+        attention_mask=torch.ones(1, t, dtype=torch.long),
+        loss_mask=loss,
+        behaviour_logp=torch.zeros(1, t),
+        token_versions=torch.full((1, t), -1, dtype=torch.long),
+        rewards=torch.zeros(1),
+        group_index=torch.zeros(1, dtype=torch.long),
+        response_lengths=torch.tensor([len(token_ids)]),
+        trajectory_index=torch.zeros(1, dtype=torch.long),
     )

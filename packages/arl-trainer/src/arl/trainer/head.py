@@ -56,7 +56,9 @@ class _ChunkedLogProbs(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         g_logp = torch.zeros(n, dtype=acc, device=hidden.device) if grad_logp is None else grad_logp.to(acc)
-        g_ent = torch.zeros(n, dtype=acc, device=hidden.device) if grad_entropy is None else grad_entropy.to(acc)
+        g_ent = (
+            torch.zeros(n, dtype=acc, device=hidden.device) if grad_entropy is None else grad_entropy.to(acc)
+        )
         # dz = (onehot·g_logp − p·(g_logp + g_ent·(log p + H))) / t = p·(a + b·log p) off the target,
         # with a = −(g_logp + g_ent·H)/t and b = −g_ent/t per row, and c = g_logp/t added at the target.
         a = -(g_logp + g_ent * entropy) * inv_t
@@ -100,15 +102,23 @@ def _segments(vocab: int, most: int = 16) -> int:
     return k
 
 
-def _logit_grads(z: torch.Tensor, lse: torch.Tensor, a: torch.Tensor, b: torch.Tensor, inv_t: float,
-                 acc: torch.dtype) -> torch.Tensor:
+def _logit_grads(
+    z: torch.Tensor, lse: torch.Tensor, a: torch.Tensor, b: torch.Tensor, inv_t: float, acc: torch.dtype
+) -> torch.Tensor:
     """p·(a + b·log p) per logit of one chunk, in `acc`, stored in z's dtype."""
     logp = z.to(acc) * inv_t - lse[:, None]
     return (torch.exp(logp) * (a[:, None] + b[:, None] * logp)).to(z.dtype)
 
 
-def _logit_grads_with_target(z: torch.Tensor, lse: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                             c: torch.Tensor, targets: torch.Tensor, inv_t: float) -> torch.Tensor:
+def _logit_grads_with_target(
+    z: torch.Tensor,
+    lse: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    targets: torch.Tensor,
+    inv_t: float,
+) -> torch.Tensor:
     """The logits' gradient of one chunk in z's dtype: p·(a + b·log p) per logit, plus c at each row's
     target."""
     acc = lse.dtype
@@ -138,7 +148,9 @@ def _kernels(device: torch.device, acc: torch.dtype) -> tuple:
 
             _CUDA_KERNELS["cuda"] = (logit_stats, logit_grads)
         except ImportError:
-            warnings.warn("triton is not installed: the log-prob head runs eagerly (slower; same results)", stacklevel=3)
+            warnings.warn(
+                "triton is not installed: the log-prob head runs eagerly (slower; same results)", stacklevel=3
+            )
             _CUDA_KERNELS["cuda"] = (_logit_stats, _logit_grads_with_target)
     return _CUDA_KERNELS["cuda"]
 
@@ -175,13 +187,16 @@ def chunked_log_probs(
     temperature: float = 1.0,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log π(targets), entropy), both (N,) in fp32 (fp64 for fp64 input), from hidden (N, d) and the LM head weight (V, d).
+    """(log π(targets), entropy), both (N,) in fp32 (fp64 for fp64 input), from hidden (N, d) and the LM
+    head weight (V, d).
 
     Equal to `log_softmax(hidden @ weight.T / temperature)` picked at `targets` (and its entropy),
     gradients included, without materialising the (N, V) logits outside one chunk.
     """
     if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"hidden {tuple(hidden.shape)} and weight {tuple(weight.shape)} do not match (N, d) and (V, d)")
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)} and weight {tuple(weight.shape)} do not match (N, d) and (V, d)"
+        )
     if hidden.shape[0] == 0:
         zero = hidden.sum() * 0.0 + weight.sum() * 0.0  # keeps both in the graph (FSDP expects every grad)
         empty = torch.zeros(0, dtype=torch.float32, device=hidden.device) + zero.float()

@@ -42,8 +42,19 @@ _MIN_PROGRAMS = 512
 
 
 @triton.jit
-def _segment_stats(z_ptr, row_stride, vocab, seg_len, inv_t, out0_ptr, out1_ptr, out2_ptr, num_segments,
-                   BLOCK: tl.constexpr, WHOLE_ROW: tl.constexpr):
+def _segment_stats(
+    z_ptr,
+    row_stride,
+    vocab,
+    seg_len,
+    inv_t,
+    out0_ptr,
+    out1_ptr,
+    out2_ptr,
+    num_segments,
+    BLOCK: tl.constexpr,
+    WHOLE_ROW: tl.constexpr,
+):
     """(m, s, t) of one segment of one row; with WHOLE_ROW (one segment per row) (lse, entropy) directly."""
     row = tl.program_id(0)
     seg = tl.program_id(1)
@@ -105,20 +116,56 @@ def logit_stats(z: torch.Tensor, inv_t: float, acc: torch.dtype) -> tuple[torch.
     seg_len = -(-vocab // k)
     out = torch.empty(2, n, dtype=torch.float32, device=z.device)
     if k == 1:
-        _segment_stats[(n, 1)](z, z.stride(0), vocab, seg_len, float(inv_t), out[0], out[1], out[1], 1,
-                               BLOCK=_BLOCK, WHOLE_ROW=True, num_warps=_WARPS)
+        _segment_stats[(n, 1)](
+            z,
+            z.stride(0),
+            vocab,
+            seg_len,
+            float(inv_t),
+            out[0],
+            out[1],
+            out[1],
+            1,
+            BLOCK=_BLOCK,
+            WHOLE_ROW=True,
+            num_warps=_WARPS,
+        )
     else:
         parts = torch.empty(3, n, k, dtype=torch.float32, device=z.device)
-        _segment_stats[(n, k)](z, z.stride(0), vocab, seg_len, float(inv_t), parts[0], parts[1], parts[2], k,
-                               BLOCK=_BLOCK, WHOLE_ROW=False, num_warps=_WARPS)
+        _segment_stats[(n, k)](
+            z,
+            z.stride(0),
+            vocab,
+            seg_len,
+            float(inv_t),
+            parts[0],
+            parts[1],
+            parts[2],
+            k,
+            BLOCK=_BLOCK,
+            WHOLE_ROW=False,
+            num_warps=_WARPS,
+        )
         _combine_segments[(n,)](parts[0], parts[1], parts[2], out[0], out[1], k, K=triton.next_power_of_2(k))
     lse, entropy = out.to(acc) if acc != torch.float32 else out
     return lse, entropy
 
 
 @triton.jit
-def _grads_block(z_ptr, dz_ptr, z_row_stride, dz_row_stride, vocab, lse_ptr, a_ptr, b_ptr, c_ptr, tgt_ptr,
-                 inv_t, BLOCK: tl.constexpr):
+def _grads_block(
+    z_ptr,
+    dz_ptr,
+    z_row_stride,
+    dz_row_stride,
+    vocab,
+    lse_ptr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    tgt_ptr,
+    inv_t,
+    BLOCK: tl.constexpr,
+):
     """dz = p·(a + b·log p) over one block of one row, plus c at the row's target column."""
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -135,8 +182,15 @@ def _grads_block(z_ptr, dz_ptr, z_row_stride, dz_row_stride, vocab, lse_ptr, a_p
     tl.store(dz_ptr + row64 * dz_row_stride + cols, g.to(dz_ptr.dtype.element_ty), mask=mask)
 
 
-def logit_grads(z: torch.Tensor, lse: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
-                targets: torch.Tensor, inv_t: float) -> torch.Tensor:
+def logit_grads(
+    z: torch.Tensor,
+    lse: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    targets: torch.Tensor,
+    inv_t: float,
+) -> torch.Tensor:
     """dz (n, V) in z's dtype: p·(a + b·log p) per logit of `z` (n, V), log p = z·inv_t − lse, plus c at
     column targets[i] of row i. lse, a, b, c (n,) (fp32 or wider), targets (n,) integer."""
     if z.stride(1) != 1:
@@ -147,6 +201,18 @@ def logit_grads(z: torch.Tensor, lse: torch.Tensor, a: torch.Tensor, b: torch.Te
     # The reduction's block and warps serve here too: 3.8 TB/s of read + write on an H200 (883 × 151,936
     # bf16, do_bench), 94% of a device copy; 1k–8k × 4–8 warps all came within a few percent of it.
     _grads_block[(n, triton.cdiv(vocab, _BLOCK))](
-        z, dz, z.stride(0), dz.stride(0), vocab, lse.contiguous(), a.contiguous(), b.contiguous(),
-        c.contiguous(), targets.contiguous(), float(inv_t), BLOCK=_BLOCK, num_warps=_WARPS)
+        z,
+        dz,
+        z.stride(0),
+        dz.stride(0),
+        vocab,
+        lse.contiguous(),
+        a.contiguous(),
+        b.contiguous(),
+        c.contiguous(),
+        targets.contiguous(),
+        float(inv_t),
+        BLOCK=_BLOCK,
+        num_warps=_WARPS,
+    )
     return dz

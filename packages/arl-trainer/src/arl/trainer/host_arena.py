@@ -32,8 +32,10 @@ def _touch_pages(buffer: torch.Tensor) -> None:
 def _register(buffer: torch.Tensor) -> None:
     err = int(torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel(), 0))
     if err != 0:
-        raise RuntimeError(f"cudaHostRegister of {buffer.numel() / 2**30:.1f} GiB of host memory failed "
-                           f"(cudaError {err}): not enough lockable host memory?")
+        raise RuntimeError(
+            f"cudaHostRegister of {buffer.numel() / 2**30:.1f} GiB of host memory failed "
+            f"(cudaError {err}): not enough lockable host memory?"
+        )
 
 
 def _unregister(buffer: torch.Tensor) -> None:
@@ -45,8 +47,9 @@ class HostArena:
     boundaries; `pinned`: page-locked for the GPU (CUDA only), `touch_first`: its pages faulted in on
     every core before the registration (see `_touch_pages`). `views[i]` is tensor i's place."""
 
-    def __init__(self, specs: Sequence[tuple[tuple[int, ...], torch.dtype]], *, pinned: bool,
-                 touch_first: bool = True) -> None:
+    def __init__(
+        self, specs: Sequence[tuple[tuple[int, ...], torch.dtype]], *, pinned: bool, touch_first: bool = True
+    ) -> None:
         self.specs = [(tuple(shape), dtype) for shape, dtype in specs]
         sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in self.specs]
         offsets, pos = [], 0
@@ -62,8 +65,10 @@ class HostArena:
                 _touch_pages(self.buffer)
             _register(self.buffer)
             weakref.finalize(self, _unregister, self.buffer)
-        self.views = [self.buffer[o:o + size].view(dtype).view(shape)
-                      for o, size, (shape, dtype) in zip(offsets, sizes, self.specs, strict=True)]
+        self.views = [
+            self.buffer[o : o + size].view(dtype).view(shape)
+            for o, size, (shape, dtype) in zip(offsets, sizes, self.specs, strict=True)
+        ]
 
     def holds(self, specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> bool:
         """Whether this arena is laid out for exactly these tensors (then it is reused)."""

@@ -74,9 +74,13 @@ def kl_estimate(
     if fn is None:
         raise AlgorithmError(f"unknown kl estimator {estimator!r}; expected one of {sorted(_ESTIMATORS)}")
     if logp.shape != ref_logp.shape:
-        raise AlgorithmError(f"ref_logp shape {tuple(ref_logp.shape)} differs from logp shape {tuple(logp.shape)}")
+        raise AlgorithmError(
+            f"ref_logp shape {tuple(ref_logp.shape)} differs from logp shape {tuple(logp.shape)}"
+        )
     if log_ratio_clamp <= 0 or value_clamp <= 0:
-        raise AlgorithmError(f"KL clamps must be > 0, got log_ratio_clamp={log_ratio_clamp}, value_clamp={value_clamp}")
+        raise AlgorithmError(
+            f"KL clamps must be > 0, got log_ratio_clamp={log_ratio_clamp}, value_clamp={value_clamp}"
+        )
     if estimator == "low_var_kl":
         return kl_low_var(logp, ref_logp, log_ratio_clamp, value_clamp)
     return fn(logp, ref_logp)

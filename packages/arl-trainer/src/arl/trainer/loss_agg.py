@@ -39,11 +39,15 @@ class Denominators:
         return Denominators(
             tokens=max(1, int(per_row.sum().item())),
             seqs=max(1, int((per_row > 0).sum().item())),
-            norm_len=norm_len if norm_len is not None else max(1, int(per_row.max().item()) if per_row.numel() else 1),
+            norm_len=norm_len
+            if norm_len is not None
+            else max(1, int(per_row.max().item()) if per_row.numel() else 1),
         )
 
 
-def aggregate(token_loss: torch.Tensor, seq_index: torch.Tensor, mode: str, denom: Denominators) -> torch.Tensor:
+def aggregate(
+    token_loss: torch.Tensor, seq_index: torch.Tensor, mode: str, denom: Denominators
+) -> torch.Tensor:
     """This micro-batch's share of the mini-batch loss. token_loss (N,), seq_index (N,) long (local ids)."""
     if mode == "token-mean":
         return token_loss.sum() / denom.tokens

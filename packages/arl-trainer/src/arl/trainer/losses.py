@@ -41,7 +41,9 @@ def gspo_log_ratio(
     return seq_mean((logp - proximal_logp).detach(), seq_index, num_seqs)
 
 
-def gspo_ratio(logp: torch.Tensor, proximal_logp: torch.Tensor, seq_index: torch.Tensor, num_seqs: int) -> torch.Tensor:
+def gspo_ratio(
+    logp: torch.Tensor, proximal_logp: torch.Tensor, seq_index: torch.Tensor, num_seqs: int
+) -> torch.Tensor:
     """GSPO-token ratio (N,): value s_i of the token's sequence, gradient s_i·∇log π_θ(y_t).
 
     Averaged over a sequence's tokens, the gradient is s_i · mean_t ∇log π_θ(y_t) = ∇s_i, GSPO's

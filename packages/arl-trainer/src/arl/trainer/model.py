@@ -27,7 +27,9 @@ def decoder_layers(hf_model: torch.nn.Module) -> list[torch.nn.Module]:
     base = getattr(hf_model, hf_model.base_model_prefix)
     layers = getattr(base, "layers", None)
     if layers is None:
-        raise ValueError(f"{type(hf_model).__name__}: no `.layers` on its base model; cannot shard or checkpoint it")
+        raise ValueError(
+            f"{type(hf_model).__name__}: no `.layers` on its base model; cannot shard or checkpoint it"
+        )
     return list(layers)
 
 
@@ -74,7 +76,13 @@ def reset_rotary_buffers(model: torch.nn.Module, device: torch.device) -> None:
 
 
 class PackedCausalLM(torch.nn.Module):
-    def __init__(self, hf_model: torch.nn.Module, *, temperature: float = 1.0, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> None:
+    def __init__(
+        self,
+        hf_model: torch.nn.Module,
+        *,
+        temperature: float = 1.0,
+        chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    ) -> None:
         super().__init__()
         self.hf = hf_model
         self.temperature = temperature
@@ -96,4 +104,6 @@ class PackedCausalLM(torch.nn.Module):
         )
         hidden = out.last_hidden_state[0].index_select(0, mb.hidden_index)
         weight = self.hf.get_output_embeddings().weight
-        return chunked_log_probs(hidden, weight, mb.targets, temperature=self.temperature, chunk_elements=self.chunk_elements)
+        return chunked_log_probs(
+            hidden, weight, mb.targets, temperature=self.temperature, chunk_elements=self.chunk_elements
+        )

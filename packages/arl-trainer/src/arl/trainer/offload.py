@@ -30,8 +30,16 @@ from typing import Any
 
 import torch
 
-_WEIGHT_DERIVED = frozenset({"ToCopyBackward0", "TBackward0", "ViewBackward0", "TransposeBackward0",
-                             "PermuteBackward0", "AliasBackward0"})
+_WEIGHT_DERIVED = frozenset(
+    {
+        "ToCopyBackward0",
+        "TBackward0",
+        "ViewBackward0",
+        "TransposeBackward0",
+        "PermuteBackward0",
+        "AliasBackward0",
+    }
+)
 
 
 def _is_weight(t: torch.Tensor) -> bool:

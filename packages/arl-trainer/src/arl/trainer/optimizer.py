@@ -42,12 +42,19 @@ from arl.trainer.config import OptimConfig
 from arl.trainer.host_arena import HostArena
 
 
-def make_optimizer(params: Iterable[torch.nn.Parameter], config: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+def make_optimizer(
+    params: Iterable[torch.nn.Parameter], config: OptimConfig, device: torch.device
+) -> torch.optim.Optimizer:
     """AdamW from `config`; `config.fused` uses the single-kernel CUDA implementation (no full-size
     temporaries in the step, unlike the default multi-tensor one) where the parameters are on CUDA."""
     fused = config.fused and device.type == "cuda"
-    return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
-                             **({"fused": True} if fused else {}))
+    return torch.optim.AdamW(
+        params,
+        lr=config.lr,
+        betas=config.betas,
+        weight_decay=config.weight_decay,
+        **({"fused": True} if fused else {}),
+    )
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -78,15 +85,18 @@ def copy_groups(nbytes: Sequence[int], group_bytes: int) -> list[range]:
 class HostOptimizerState:
     """An optimizer's CUDA state tensors moved to pinned host memory and back (see the module docstring)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, device_type: str = "cuda",
-                 inflight_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, *, device_type: str = "cuda", inflight_bytes: int = 256 << 20
+    ) -> None:
         """`device_type`: where the state to move lives (the backends: "cuda"; the CPU tests move CPU
         state to other CPU buffers, which exercises the same freeing and restoring). `inflight_bytes`:
         the prefetch's pace, the most bytes of copies queued at once (0: all at once)."""
         self.optimizer = optimizer
         self.device_type = device_type
         self.inflight_bytes = inflight_bytes
-        self._pacer: threading.Thread | None = None  # queues a paced prefetch's (or an overlapped offload's) copies
+        self._pacer: threading.Thread | None = (
+            None  # queues a paced prefetch's (or an overlapped offload's) copies
+        )
         self._pacer_error: BaseException | None = None
         self._pacer_join_s = 0.0  # the host's wait in load() for the pacer to queue the last copies
         self._offloaded: list[tuple[torch.Tensor, torch.Tensor]] = []  # (state tensor, its host copy)
@@ -124,9 +134,15 @@ class HostOptimizerState:
         tensors = self._device_state()
         pinned = self.device_type == "cuda"
         for name, t in tensors:
-            if not t.is_contiguous() or t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size():
-                raise ValueError(f"optimizer {name} does not own its storage alone (a view or a strided tensor): "
-                                 "optimizer_offload cannot free it")
+            if (
+                not t.is_contiguous()
+                or t.storage_offset() != 0
+                or t.untyped_storage().nbytes() != t.numel() * t.element_size()
+            ):
+                raise ValueError(
+                    f"optimizer {name} does not own its storage alone (a view or a strided tensor): "
+                    "optimizer_offload cannot free it"
+                )
         specs = [(tuple(t.shape), t.dtype) for _, t in tensors]
         if self._arena is None or not self._arena.holds(specs):
             self._offloaded, self._arena = [], None  # the old layout's memory goes before the new is taken
@@ -192,8 +208,10 @@ class HostOptimizerState:
             return
         self._incoming = self._start_copies(self._offloaded)
 
-    def _start_copies(self, pairs: list[tuple[torch.Tensor, torch.Tensor]],
-                      ) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    def _start_copies(
+        self,
+        pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.cuda.Event, torch.cuda.Event]:
         """Queue `dst.copy_(src)` for each (dst, src) on the copy stream, paced by a thread unless
         `inflight_bytes` is 0; returns the events recorded before the first copy and after the last."""
         compute = torch.cuda.current_stream()
@@ -211,8 +229,9 @@ class HostOptimizerState:
         sizes = [src.numel() * src.element_size() for _, src in pairs]
         groups = [[pairs[i] for i in g] for g in copy_groups(sizes, self.inflight_bytes // 2)]
         self._pacer_error = None
-        self._pacer = threading.Thread(target=self._paced_copies, args=(groups, end), daemon=True,
-                                       name="arl-optimizer-copies")
+        self._pacer = threading.Thread(
+            target=self._paced_copies, args=(groups, end), daemon=True, name="arl-optimizer-copies"
+        )
         self._pacer.start()
         return start, end
 
@@ -223,8 +242,9 @@ class HostOptimizerState:
                 dst.copy_(src, non_blocking=True)
             landed.record()
 
-    def _paced_copies(self, groups: list[list[tuple[torch.Tensor, torch.Tensor]]],
-                      end: torch.cuda.Event) -> None:
+    def _paced_copies(
+        self, groups: list[list[tuple[torch.Tensor, torch.Tensor]]], end: torch.cuda.Event
+    ) -> None:
         """The pacing thread: queue each group once at most one earlier group is still in flight."""
         try:
             queued: collections.deque[torch.cuda.Event] = collections.deque()
@@ -245,8 +265,10 @@ class HostOptimizerState:
         self._pacer.join(PACER_JOIN_TIMEOUT_S)
         waited = time.perf_counter() - t0
         if self._pacer.is_alive():
-            raise RuntimeError(f"optimizer_offload: the state's copies had not all been queued after "
-                               f"{PACER_JOIN_TIMEOUT_S:.0f} s")
+            raise RuntimeError(
+                f"optimizer_offload: the state's copies had not all been queued after "
+                f"{PACER_JOIN_TIMEOUT_S:.0f} s"
+            )
         self._pacer = None
         if self._pacer_error is not None:
             raise RuntimeError("optimizer_offload: the state's copies failed") from self._pacer_error

@@ -21,7 +21,9 @@ from arl.trainer.errors import BatchError
 
 @dataclass
 class PackedMicroBatch:
-    rows: list[int]  # batch rows in this micro-batch (empty: a one-token dummy so every rank runs the same count)
+    rows: list[
+        int
+    ]  # batch rows in this micro-batch (empty: a one-token dummy so every rank runs the same count)
     input_ids: torch.Tensor  # (T,) long
     position_ids: torch.Tensor  # (T,) long
     cu_seqlens: torch.Tensor  # (n+1,) int32
@@ -41,7 +43,10 @@ class PackedMicroBatch:
         return int(self.targets.shape[0])
 
     def to(self, device: torch.device) -> PackedMicroBatch:
-        moved = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
+        moved = {
+            k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+            for k, v in vars(self).items()
+        }
         return PackedMicroBatch(**moved)
 
     def gather(self, padded: torch.Tensor) -> torch.Tensor:
@@ -58,8 +63,18 @@ def pack_rows(batch: TrainBatch, rows: Sequence[int], pad_token_id: int = 0) -> 
     rows = list(rows)
     if not rows:
         zero = torch.zeros(0, dtype=torch.long)
-        return PackedMicroBatch([], torch.tensor([pad_token_id]), torch.zeros(1, dtype=torch.long),
-                                torch.tensor([0, 1], dtype=torch.int32), 1, zero, zero, zero, zero, zero)
+        return PackedMicroBatch(
+            [],
+            torch.tensor([pad_token_id]),
+            torch.zeros(1, dtype=torch.long),
+            torch.tensor([0, 1], dtype=torch.int32),
+            1,
+            zero,
+            zero,
+            zero,
+            zero,
+            zero,
+        )
     lengths = batch.attention_mask[rows].sum(-1)
     ids, pos, hid, tgt, lrows, lcols, seq = [], [], [], [], [], [], []
     offset = 0
@@ -68,7 +83,9 @@ def pack_rows(batch: TrainBatch, rows: Sequence[int], pad_token_id: int = 0) -> 
         pos.append(torch.arange(n))
         cols = torch.nonzero(batch.loss_mask[r, :n] > 0).squeeze(1)
         if cols.numel() and int(cols[0]) == 0:
-            raise BatchError(f"row {r}: a trained token at position 0 has no prefix to predict it from (empty prompt?)")
+            raise BatchError(
+                f"row {r}: a trained token at position 0 has no prefix to predict it from (empty prompt?)"
+            )
         hid.append(cols - 1 + offset)
         tgt.append(batch.input_ids[r, cols])
         lrows.append(torch.full_like(cols, r))

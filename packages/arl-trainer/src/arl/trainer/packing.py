@@ -64,7 +64,9 @@ def partition_balanced(lengths: Sequence[int], parts: int, cost: CostModel = Cos
     return [sorted(ix) for _, ix in heap[0][2]]
 
 
-def _lpt_with_budget(lengths: Sequence[int], groups: int, max_tokens: int, cost: CostModel) -> list[list[int]] | None:
+def _lpt_with_budget(
+    lengths: Sequence[int], groups: int, max_tokens: int, cost: CostModel
+) -> list[list[int]] | None:
     """Longest-processing-time first: each sequence (costliest first) joins the cheapest group it fits in.
 
     None when some sequence fits in no group (the caller then tries more groups).
@@ -138,7 +140,9 @@ def plan_packing(
         raise BatchError(f"world_size must be >= 1, got {world_size}")
     too_long = [s for s in lengths if s > max_tokens]
     if too_long:
-        raise BatchError(f"a sequence of {max(too_long)} tokens exceeds max_tokens_per_microbatch={max_tokens}; raise it")
+        raise BatchError(
+            f"a sequence of {max(too_long)} tokens exceeds max_tokens_per_microbatch={max_tokens}; raise it"
+        )
     m = max(1, -(-sum(lengths) // (world_size * max_tokens)))
     while (groups := _lpt_with_budget(lengths, world_size * m, max_tokens, cost)) is None:
         m += 1

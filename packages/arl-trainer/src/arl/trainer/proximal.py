@@ -26,7 +26,9 @@ def bypass_proximal(behaviour_logp: torch.Tensor) -> torch.Tensor:
     return behaviour_logp.detach()
 
 
-def loglinear_alpha(token_versions: torch.Tensor, proximal_version: float, current_version: float) -> torch.Tensor:
+def loglinear_alpha(
+    token_versions: torch.Tensor, proximal_version: float, current_version: float
+) -> torch.Tensor:
     """Per-token interpolation weight α = (v_prox − v_behave) / (v_current − v_behave), clamped to [0, 1].
 
     α = 0 (proximal = behaviour) where the token's version is negative (no generation version, e.g.
@@ -103,10 +105,17 @@ def proximal_logp_for(
         return bypass_proximal(behaviour_logp)
     if mode in ("recompute", "reuse"):
         if computed_logp is None:
-            raise AlgorithmError(f"proximal mode {mode!r} needs computed_logp (the proximal policy's log probs)")
+            raise AlgorithmError(
+                f"proximal mode {mode!r} needs computed_logp (the proximal policy's log probs)"
+            )
         return computed_logp.detach()
     if mode == "loglinear":
-        if computed_logp is None or token_versions is None or proximal_version is None or current_version is None:
+        if (
+            computed_logp is None
+            or token_versions is None
+            or proximal_version is None
+            or current_version is None
+        ):
             raise AlgorithmError(
                 "proximal mode 'loglinear' needs computed_logp, token_versions, proximal_version and current_version"
             )

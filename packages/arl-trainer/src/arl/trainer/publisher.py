@@ -19,7 +19,9 @@ from arl.sync import SyncConfig, SyncStats, WeightSender
 class RolloutControl(Protocol):
     async def pause(self) -> None: ...
 
-    async def update_weights(self, sync_address: str | list[str], sync_config_json: bytes, version: int) -> None:
+    async def update_weights(
+        self, sync_address: str | list[str], sync_config_json: bytes, version: int
+    ) -> None:
         """Load `version` from the sender at `sync_address`, or replica i from `sync_address[i]`."""
 
     async def resume(self, queued_samples: int) -> None: ...
@@ -42,7 +44,10 @@ class WeightPublisher:
         self.sender.num_receivers = n
 
     async def publish(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, rollout: RolloutControl,
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        version: int,
+        rollout: RolloutControl,
         replica_addresses: list[str] | None = None,
     ) -> SyncStats:
         """Send `named_tensors` as `version` while the rollout side receives them (both sides concurrently).

@@ -61,10 +61,13 @@ def check_same_parameters(policy: torch.nn.Module, reference: torch.nn.Module, w
         shapes = [n for n in mine if n in theirs and mine[n] != theirs[n]][:3]
         raise ReferencePolicyError(
             f"reference model {where} does not match the policy: parameters only in one of them {missing}, "
-            f"different shapes {[(n, mine[n], theirs[n]) for n in shapes]}")
+            f"different shapes {[(n, mine[n], theirs[n]) for n in shapes]}"
+        )
 
 
-def copy_of(hf_model: torch.nn.Module, *, linear_dtype: torch.dtype | None, device: torch.device) -> torch.nn.Module:
+def copy_of(
+    hf_model: torch.nn.Module, *, linear_dtype: torch.dtype | None, device: torch.device
+) -> torch.nn.Module:
     """A frozen copy of `hf_model`'s current weights (one device): built on the meta device, so no
     transient second full-precision copy is made; `nn.Linear` weights stored in `linear_dtype`."""
     from transformers import AutoModelForCausalLM
@@ -81,14 +84,22 @@ def copy_of(hf_model: torch.nn.Module, *, linear_dtype: torch.dtype | None, devi
     return freeze(ref)
 
 
-def load(path: str | Path, *, param_dtype: torch.dtype, linear_dtype: torch.dtype | None,
-         device: torch.device, policy: torch.nn.Module) -> torch.nn.Module:
+def load(
+    path: str | Path,
+    *,
+    param_dtype: torch.dtype,
+    linear_dtype: torch.dtype | None,
+    device: torch.device,
+    policy: torch.nn.Module,
+) -> torch.nn.Module:
     """A frozen reference from an HF folder (read on the CPU, cast, then moved), checked against `policy`."""
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise ReferencePolicyError(f"reference_path {str(path)!r} is not a Hugging Face model folder (no config.json)")
+        raise ReferencePolicyError(
+            f"reference_path {str(path)!r} is not a Hugging Face model folder (no config.json)"
+        )
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=param_dtype)
     check_same_parameters(policy, ref, f"at {path}")
     return freeze(cast_linear_weights(ref, linear_dtype).to(device))

@@ -54,7 +54,11 @@ def find_routers(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
     """The MoE router of every decoder layer that has one: {layer index: router module}."""
     routers: dict[int, torch.nn.Module] = {}
     for name, module in model.named_modules():
-        if not (hasattr(module, "top_k") and hasattr(module, "num_experts") and isinstance(getattr(module, "weight", None), torch.Tensor)):
+        if not (
+            hasattr(module, "top_k")
+            and hasattr(module, "num_experts")
+            and isinstance(getattr(module, "weight", None), torch.Tensor)
+        ):
             continue
         match = _LAYER.search(name + ".")
         if match is None:
@@ -142,14 +146,19 @@ def replay_routes(
         return
     routers = find_routers(model)
     if not routers:
-        raise RouterReplayError(f"{type(model).__name__} has no MoE router (a `layers.<i>...gate` module with top_k)")
+        raise RouterReplayError(
+            f"{type(model).__name__} has no MoE router (a `layers.<i>...gate` module with top_k)"
+        )
     if routes.dim() != 4:
-        raise RouterReplayError(f"routes must be (batch, tokens, layers, top_k), got shape {tuple(routes.shape)}")
+        raise RouterReplayError(
+            f"routes must be (batch, tokens, layers, top_k), got shape {tuple(routes.shape)}"
+        )
     needed = max(routers) + 1
     top_k = next(iter(routers.values())).top_k
     if routes.shape[2] < needed or routes.shape[3] != top_k:
         raise RouterReplayError(
-            f"routes have {routes.shape[2]} layers x top-{routes.shape[3]}; the model needs {needed} layers x top-{top_k}"
+            f"routes have {routes.shape[2]} layers x top-{routes.shape[3]}; "
+            f"the model needs {needed} layers x top-{top_k}"
         )
     num_experts = next(iter(routers.values())).num_experts
     if int(routes.max()) >= num_experts:
@@ -207,14 +216,19 @@ def replay_routes(
 
     handles = [model.register_forward_pre_hook(begin_pass)]
     try:
-        handles += [router.register_forward_hook(make_hook(layer), with_kwargs=True) for layer, router in routers.items()]
+        handles += [
+            router.register_forward_hook(make_hook(layer), with_kwargs=True)
+            for layer, router in routers.items()
+        ]
         yield stats
     finally:
         for h in handles:
             h.remove()
 
 
-def load_balancing_loss(stats: RoutingStats, num_experts: int, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+def load_balancing_loss(
+    stats: RoutingStats, num_experts: int, token_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Switch-Transformer load-balancing loss (as transformers' `load_balancing_loss_func`), counting
     the experts actually used (the replayed ones) instead of re-running top-k on the logits. Needs
     `replay_routes(..., keep_for_aux=True)`; averages over forward passes. `token_mask`: (B*T,) or
@@ -266,13 +280,16 @@ def routes_for_batch(samples: Sequence[Sample], width: int | None = None) -> tor
         if r.routed_experts is not None:
             ids = response_routes(r.routed_experts)
             if ids.shape[0] != n:
-                raise RouterReplayError(f"sample {uid}: {ids.shape[0]} routed-expert rows for {n} response tokens")
+                raise RouterReplayError(
+                    f"sample {uid}: {ids.shape[0]} routed-expert rows for {n} response tokens"
+                )
             if shape is None:
                 shape = (ids.shape[1], ids.shape[2])
             elif (ids.shape[1], ids.shape[2]) != shape:
                 raise RouterReplayError(f"sample {uid}: routes of {tuple(ids.shape[1:])}, others {shape}")
             mask = torch.tensor(r.response_mask, dtype=torch.bool)
-            ids = ids.masked_fill(~mask[:, None, None], -1).to(torch.int16)  # only sampled tokens are replayed
+            # only sampled tokens are replayed
+            ids = ids.masked_fill(~mask[:, None, None], -1).to(torch.int16)
         per_row.append((p, ids, p + n))
     if shape is None:
         return None
@@ -305,8 +322,13 @@ def packed_routes(routes: torch.Tensor, rows: Sequence[int], cu_seqlens: torch.T
 
 
 @torch.no_grad()
-def replay_gap_metrics(model: torch.nn.Module, batch: Any, routes: torch.Tensor | None, temperature: float = 1.0,
-                       micro_rows: int | None = None) -> dict[str, float]:
+def replay_gap_metrics(
+    model: torch.nn.Module,
+    batch: Any,
+    routes: torch.Tensor | None,
+    temperature: float = 1.0,
+    micro_rows: int | None = None,
+) -> dict[str, float]:
     """The train/rollout log-prob gap of the sampled tokens with replay on and off, and the fraction of
     sampled tokens whose trainer routing differs from the engine's. `batch` is a `TrainBatch` (its
     `behaviour_logp` are the engine's log probs); one extra forward per mode, in `micro_rows` chunks."""

@@ -62,14 +62,20 @@ class WarmupCosine:
         lr_factor(0, **self._kwargs())  # validate now, not at the first step
 
     def _kwargs(self) -> dict[str, Any]:
-        return {"warmup_steps": self.warmup_steps, "schedule": self.schedule,
-                "decay_steps": self.decay_steps, "min_ratio": self.min_ratio}
+        return {
+            "warmup_steps": self.warmup_steps,
+            "schedule": self.schedule,
+            "decay_steps": self.decay_steps,
+            "min_ratio": self.min_ratio,
+        }
 
     def __call__(self, step: int) -> float:
         return lr_factor(step, **self._kwargs())
 
 
-def make_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: AlgorithmConfig) -> torch.optim.lr_scheduler.LambdaLR:
+def make_lr_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: AlgorithmConfig
+) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR over every param group; call `.step()` after each optimizer update.
 
     Its `state_dict()` holds the step count and the schedule's parameters; resume with
@@ -87,6 +93,8 @@ def load_lr_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state:
     as it was; this makes the next update use the resumed schedule whatever the load order was.
     """
     scheduler.load_state_dict(state)
-    for group, base_lr, fn in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True):
+    for group, base_lr, fn in zip(
+        scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
+    ):
         group["lr"] = base_lr * fn(scheduler.last_epoch)
     scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]

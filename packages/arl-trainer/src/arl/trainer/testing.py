@@ -48,7 +48,9 @@ class SimPolicy:
     """A policy backend costing `tokens / train_tokens_per_s` per step (tokens = the batch's
     non-padding tokens, prompt and response; the old-logprob pass is part of the calibrated rate)."""
 
-    def __init__(self, timeline: TrainerTimeline, *, train_tokens_per_s: float, step_overhead_s: float = 0.0) -> None:
+    def __init__(
+        self, timeline: TrainerTimeline, *, train_tokens_per_s: float, step_overhead_s: float = 0.0
+    ) -> None:
         if train_tokens_per_s <= 0:
             raise ValueError(f"train_tokens_per_s must be > 0, got {train_tokens_per_s}")
         self.timeline = timeline
@@ -136,7 +138,9 @@ class SimPublisher:
         self.address = "sim://publisher"
         self.syncs = 0
 
-    async def publish(self, named_tensors: Sequence[Any] | Iterator[Any], version: int, rollout: Any) -> _SimSyncStats:
+    async def publish(
+        self, named_tensors: Sequence[Any] | Iterator[Any], version: int, rollout: Any
+    ) -> _SimSyncStats:
         await asyncio.sleep(self.sync_s)
         await rollout.update_weights(self.address, b"{}", version)
         self.syncs += 1

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 from arl.queue.types import Sample
 from arl.trainer.batch import assemble_batch, trajectory_rewards
-from arl.trainer.engine import PackedPolicy
 from arl.trainer.config import TrainerConfig
 from arl.trainer.dynamic_sampling import filter_zero_variance_groups, groups_of_one
+from arl.trainer.engine import PackedPolicy
 from arl.trainer.errors import StarvedError
 from arl.trainer.publisher import RolloutControl, WeightPublisher
 from arl.trainer.router_replay import routes_for_batch
@@ -103,9 +103,11 @@ class Trainer:
         self.policy.version = self.version  # the weights' version, for version-aware proximal modes
         n_per_prompt = batch.input_ids.shape[0] / len(samples)
         train_start = time.perf_counter()
-        routes = routes_for_batch(samples, width=batch.input_ids.shape[1])  # MoE engine routes; None when dense
-        metrics = self.policy.train_step(batch, mini_batch_rows=max(1, int(self.config.ppo_mini_batch_size * n_per_prompt)),
-                                         routes=routes)
+        # MoE engine routes; None when dense
+        routes = routes_for_batch(samples, width=batch.input_ids.shape[1])
+        metrics = self.policy.train_step(
+            batch, mini_batch_rows=max(1, int(self.config.ppo_mini_batch_size * n_per_prompt)), routes=routes
+        )
         train_s = time.perf_counter() - train_start
         self.step += 1
         self.samples_seen += len(samples)
@@ -124,13 +126,16 @@ class Trainer:
             staleness_max=max(staleness),
             mixed_version_samples=sum(
                 # set() of each packed array first: a few distinct versions, no Python loop per token.
-                len({v for r in s.responses for v in set(r.weight_versions) if v >= 0}) > 1 for s in samples
+                len({v for r in s.responses for v in set(r.weight_versions) if v >= 0}) > 1
+                for s in samples
             ),
             over_version_lag=over_lag,
             dropped_version_lag_total=self.dropped_version_lag,
             dynamic_sampling_dropped_total=self.dynamic_sampling_dropped,
             groups_of_one_dynamic_sampling_total=self.dynamic_sampling_dropped_single,
-            **groups_of_one(samples),  # trained groups of one (advantage 0), and those that lost members to failures
+            **groups_of_one(
+                samples
+            ),  # trained groups of one (advantage 0), and those that lost members to failures
             wait_s=wait_s,
             train_s=train_s,
             sync_s=0.0,
@@ -151,7 +156,9 @@ class Trainer:
         await self.rollout.pause()
         paused = time.perf_counter()
         new_version = self.version + 1
-        stats = await self.publisher.publish(self.policy.named_parameters_for_sync(), new_version, self.rollout)
+        stats = await self.publisher.publish(
+            self.policy.named_parameters_for_sync(), new_version, self.rollout
+        )
         self.version = new_version
         transferred = time.perf_counter()
         await self.rollout.resume(await self.source.size())

@@ -28,7 +28,7 @@ _CLOSE_TIMEOUT_SEC = 5.0
 _CONNECT_TIMEOUT_SEC = 30.0
 
 # Runs inside the sandbox: `python3 - UNIX_PATH PORT READY_FILE`. Threads, stdlib only (any Python >= 3.6).
-FORWARDER_SOURCE = r'''
+FORWARDER_SOURCE = r"""
 import os, socket, sys, threading
 unix_path, port, ready = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
@@ -72,7 +72,7 @@ os.rename(ready + ".tmp", ready)
 while True:
     conn, _ = srv.accept()
     threading.Thread(target=serve, args=(conn,), daemon=True).start()
-'''
+"""
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

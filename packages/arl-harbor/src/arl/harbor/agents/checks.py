@@ -119,8 +119,13 @@ def _plain_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 args = c["function"].get("arguments")
                 if isinstance(args, str):
                     args = json.loads(args)
-                calls.append({"type": "function", "id": c.get("id"),
-                              "function": {"name": c["function"]["name"], "arguments": args}})
+                calls.append(
+                    {
+                        "type": "function",
+                        "id": c.get("id"),
+                        "function": {"name": c["function"]["name"], "arguments": args},
+                    }
+                )
             msg["tool_calls"] = calls
         if m.get("tool_call_id"):
             msg["tool_call_id"] = m["tool_call_id"]
@@ -129,8 +134,12 @@ def _plain_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def token_exact_problems(
-    tokenizer: Any, calls: list[Any], segments: list[Any], sent_messages: list[dict[str, Any]] | None,
-    tools: list[dict[str, Any]] | None, chat_template_kwargs: dict[str, Any] | None = None,
+    tokenizer: Any,
+    calls: list[Any],
+    segments: list[Any],
+    sent_messages: list[dict[str, Any]] | None,
+    tools: list[dict[str, Any]] | None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[str]:
     """What breaks token-exactness, [] when nothing does.
 
@@ -149,8 +158,9 @@ def token_exact_problems(
         problems.append(f"mask-1 tokens ({len(seg_tokens)}) are not the sampled tokens ({len(sampled)})")
     elif seg_lps != logprobs:
         problems.append("mask-1 log probs differ from the sampled log probs")
-    masked = [lp for s in segments
-              for lp, m in zip(s.response_logprobs, s.response_mask, strict=True) if not m]
+    masked = [
+        lp for s in segments for lp, m in zip(s.response_logprobs, s.response_mask, strict=True) if not m
+    ]
     if any(lp != 0.0 for lp in masked):
         problems.append("a mask-0 token carries a non-zero log prob")
     prompts = [c.prompt_ids for c in calls]
@@ -161,21 +171,30 @@ def token_exact_problems(
         messages = _plain_messages(sent_messages)
         starts = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
         if len(starts) < len(calls):
-            problems.append(f"the agent's log has {len(starts)} assistant turns for {len(calls)} "
-                            "generation calls")
+            problems.append(
+                f"the agent's log has {len(starts)} assistant turns for {len(calls)} generation calls"
+            )
         for i, (call, k) in enumerate(zip(calls, starts, strict=False)):
             text = tokenizer.apply_chat_template(
-                messages[:k], tools=tools or None, add_generation_prompt=True, tokenize=False,
-                **(chat_template_kwargs or {}))
+                messages[:k],
+                tools=tools or None,
+                add_generation_prompt=True,
+                tokenize=False,
+                **(chat_template_kwargs or {}),
+            )
             rendered = list(tokenizer.encode(text, add_special_tokens=False))
             if rendered != call.prompt_ids:
-                first = next((j for j, (a, b) in enumerate(zip(rendered, call.prompt_ids)) if a != b),
-                             min(len(rendered), len(call.prompt_ids)))
-                problems.append(f"turn {i}: the prompt ({len(call.prompt_ids)} tokens) is not the rendering "
-                                f"of the messages the agent sent ({len(rendered)} tokens; first difference "
-                                f"at {first}: "
-                                f"{tokenizer.decode(call.prompt_ids[first:first + 20])!r} vs "
-                                f"{tokenizer.decode(rendered[first:first + 20])!r})")
+                first = next(
+                    (j for j, (a, b) in enumerate(zip(rendered, call.prompt_ids)) if a != b),
+                    min(len(rendered), len(call.prompt_ids)),
+                )
+                problems.append(
+                    f"turn {i}: the prompt ({len(call.prompt_ids)} tokens) is not the rendering "
+                    f"of the messages the agent sent ({len(rendered)} tokens; first difference "
+                    f"at {first}: "
+                    f"{tokenizer.decode(call.prompt_ids[first : first + 20])!r} vs "
+                    f"{tokenizer.decode(rendered[first : first + 20])!r})"
+                )
     return problems
 
 
@@ -206,6 +225,7 @@ async def run_check(
 ) -> CheckResult:
     """Runs `script` for `agent` on the SWE task at `task_dir` in `env` (see the module docstring)."""
     import msgspec
+
     from arl.harbor import HarborAgentLoop, HarborConfig
     from arl.proxy.testing import ScriptedGenerator
     from arl.proxy.types import SamplingParams
@@ -214,8 +234,9 @@ async def run_check(
     task_dir = Path(task_dir)
     task_id = task_id or task_dir.name
     run_dir = Path(trials_dir) / f"{agent}-{script}-{env}-{task_id}"[:120]
-    fields = harbor_config_fields(agent, env, trials_dir=run_dir, mini_venv=mini_venv,
-                                  trial_timeout_sec=trial_timeout_sec)
+    fields = harbor_config_fields(
+        agent, env, trials_dir=run_dir, mini_venv=mini_venv, trial_timeout_sec=trial_timeout_sec
+    )
     for key, value in (config_overrides or {}).items():  # kwargs dicts are merged, the rest replaced
         merge = key in ("agent_kwargs", "environment_kwargs") and isinstance(value, dict)
         fields[key] = {**fields.get(key, {}), **value} if merge else value
@@ -234,9 +255,14 @@ async def run_check(
     if not result.failed and generator.calls:
         from arl.proxy.types import Segment
 
-        segments = list(result.segments) or [Segment(
-            prompt_ids=result.prompt_ids, response_ids=result.response_ids,
-            response_mask=result.response_mask, response_logprobs=result.response_logprobs)]
+        segments = list(result.segments) or [
+            Segment(
+                prompt_ids=result.prompt_ids,
+                response_ids=result.response_ids,
+                response_mask=result.response_mask,
+                response_logprobs=result.response_logprobs,
+            )
+        ]
         tools, sent = None, None
         if trial_dir is not None:
             recorded = json.loads((trial_dir / "proxy" / "proxy_trajectory.json").read_text())
@@ -244,15 +270,32 @@ async def run_check(
             # The agent's own log where it keeps one (shell, mini-swe-agent), else the proxy's record of
             # the last request (terminus-2 keeps no message log).
             sent = agent_messages(agent, trial_dir) or recorded.get("messages")
-        problems = token_exact_problems(tokenizer, generator.calls, segments, sent, tools,
-                                        config.proxy_settings().get("chat_template_kwargs"))
+        problems = token_exact_problems(
+            tokenizer,
+            generator.calls,
+            segments,
+            sent,
+            tools,
+            config.proxy_settings().get("chat_template_kwargs"),
+        )
     reward = None if result.failed else result.reward
     return CheckResult(
-        task_id=task_id, agent=agent, script=script, env=env, reward=reward,
-        rewards=dict(result.rewards or {}), ok=expected_ok(script, reward) and not problems,
-        failed=result.failed, failure_kind=result.failure_kind,
-        error=result.error, num_turns=result.num_turns, generator_calls=len(generator.calls),
-        segments=max(1, len(result.segments)) if generator.calls else 0, wall_s=wall,
-        timings=dict(result.timings or {}), token_problems=problems, trial_dir=str(trial_dir or run_dir),
+        task_id=task_id,
+        agent=agent,
+        script=script,
+        env=env,
+        reward=reward,
+        rewards=dict(result.rewards or {}),
+        ok=expected_ok(script, reward) and not problems,
+        failed=result.failed,
+        failure_kind=result.failure_kind,
+        error=result.error,
+        num_turns=result.num_turns,
+        generator_calls=len(generator.calls),
+        segments=max(1, len(result.segments)) if generator.calls else 0,
+        wall_s=wall,
+        timings=dict(result.timings or {}),
+        token_problems=problems,
+        trial_dir=str(trial_dir or run_dir),
         retried="retried" in (result.timings or {}) and not result.failed,
     )

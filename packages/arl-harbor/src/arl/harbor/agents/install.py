@@ -35,15 +35,30 @@ from pathlib import Path
 MINI_SWE_AGENT_VERSION = "2.4.6"
 # mini-swe-agent 2.4.6's runtime requirements less `datasets` and `textual` (see the module docstring).
 RUNTIME_REQUIREMENTS = (
-    "pyyaml", "requests", "jinja2", "pydantic>=2.0", "litellm!=1.82.7,!=1.82.8,>=1.75.5", "tenacity", "rich",
-    "python-dotenv", "typer", "platformdirs", "prompt_toolkit", "openai!=1.100.0,!=1.100.1",
+    "pyyaml",
+    "requests",
+    "jinja2",
+    "pydantic>=2.0",
+    "litellm!=1.82.7,!=1.82.8,>=1.75.5",
+    "tenacity",
+    "rich",
+    "python-dotenv",
+    "typer",
+    "platformdirs",
+    "prompt_toolkit",
+    "openai!=1.100.0,!=1.100.1",
 )
 # Where the image (and, by default, the agent class) expects it.
 DEFAULT_INSTALL_DIR = "/opt/mini-swe-agent"
 PYTHON_VERSION = "3.11"  # Debian bookworm's python3, the base image's and the host's /usr/bin/python3
 # pip does not widen an explicit manylinux platform to older ones: list them (glibc 2.36 = bookworm).
-_PLATFORMS = ("linux_x86_64", "manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64",
-              *(f"manylinux_2_{minor}_x86_64" for minor in range(5, 37)))
+_PLATFORMS = (
+    "linux_x86_64",
+    "manylinux1_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux2014_x86_64",
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(5, 37)),
+)
 _TIMEOUT_SEC = 900
 
 
@@ -68,18 +83,57 @@ def download_wheelhouse(out: Path, *, python_version: str = PYTHON_VERSION) -> P
     with tempfile.TemporaryDirectory(prefix="arl-msa-") as tmp:
         spec = Path(tmp) / "requirements.in"
         spec.write_text("\n".join(RUNTIME_REQUIREMENTS) + "\n")
-        _run([_uv(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--python-version",
-              python_version, "--python-platform", "x86_64-manylinux_2_28", str(spec),
-              "-o", str(requirements)])
+        _run(
+            [
+                _uv(),
+                "pip",
+                "compile",
+                "--quiet",
+                "--no-header",
+                "--no-annotate",
+                "--python-version",
+                python_version,
+                "--python-platform",
+                "x86_64-manylinux_2_28",
+                str(spec),
+                "-o",
+                str(requirements),
+            ]
+        )
     pins = requirements.read_text().rstrip("\n") + f"\nmini-swe-agent=={MINI_SWE_AGENT_VERSION}\n"
     requirements.write_text(pins)
     platforms = [arg for p in _PLATFORMS for arg in ("--platform", p)]
     # pip from PyPI through uv (the project's venv has no pip); --no-deps: the pins are complete.
     abi = f"cp{python_version.replace('.', '')}"
-    _run([_uv(), "tool", "run", "--from", "pip", "pip", "download", "--quiet", "--no-deps",
-          "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp",
-          "--abi", abi, "--abi", "abi3", "--abi", "none", *platforms,
-          "-r", str(requirements), "-d", str(out)])
+    _run(
+        [
+            _uv(),
+            "tool",
+            "run",
+            "--from",
+            "pip",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            python_version,
+            "--implementation",
+            "cp",
+            "--abi",
+            abi,
+            "--abi",
+            "abi3",
+            "--abi",
+            "none",
+            *platforms,
+            "-r",
+            str(requirements),
+            "-d",
+            str(out),
+        ]
+    )
     return requirements
 
 
@@ -95,8 +149,24 @@ def build_venv(wheelhouse: Path, venv: Path, *, python: str = "/usr/bin/python3"
     uv = _uv()
     _run([uv, "venv", "--quiet", "--python", python, str(venv)])
     py = venv / "bin" / "python"
-    _run([uv, "pip", "install", "--quiet", "--python", str(py), "--offline", "--no-index", "--find-links",
-          str(wheelhouse), "--no-deps", "--compile-bytecode", "-r", str(requirements)])
+    _run(
+        [
+            uv,
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            str(py),
+            "--offline",
+            "--no-index",
+            "--find-links",
+            str(wheelhouse),
+            "--no-deps",
+            "--compile-bytecode",
+            "-r",
+            str(requirements),
+        ]
+    )
     return py
 
 
@@ -141,16 +211,24 @@ def build_agent_image(tag: str, *, base_image: str, wheelhouse: Path, docker_hos
         shutil.copytree(wheelhouse, context / "agent-wheels")
         (context / "Dockerfile").write_text(
             f"FROM {base_image}\n{dockerfile_lines('agent-wheels')}"
-            f"LABEL org.arl.mini-swe-agent={MINI_SWE_AGENT_VERSION}\n")
-        result = subprocess.run(["docker", "build", "--network", "none", "-t", tag, str(context)], env=env,
-                                capture_output=True, text=True, timeout=_TIMEOUT_SEC, check=False)
+            f"LABEL org.arl.mini-swe-agent={MINI_SWE_AGENT_VERSION}\n"
+        )
+        result = subprocess.run(
+            ["docker", "build", "--network", "none", "-t", tag, str(context)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=_TIMEOUT_SEC,
+            check=False,
+        )
     if result.returncode != 0:
         raise RuntimeError(f"docker build of {tag} failed:\n{result.stderr[-3000:]}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m arl.harbor.agents.install",
-                                     description=(__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m arl.harbor.agents.install", description=(__doc__ or "").split("\n")[0]
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("wheelhouse", help="download mini-swe-agent's wheels (needs PyPI)")
     w.add_argument("out", type=Path)
@@ -158,8 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--wheelhouse", type=Path, required=True)
     v.add_argument("--venv", type=Path, required=True)
     v.add_argument("--python", default="/usr/bin/python3")
-    i = sub.add_parser("image", help="docker build: BASE + mini-swe-agent at /opt/mini-swe-agent, tagged TAG "
-                                     "(TAG may be BASE itself); downloads the wheelhouse when missing")
+    i = sub.add_parser(
+        "image",
+        help="docker build: BASE + mini-swe-agent at /opt/mini-swe-agent, tagged TAG "
+        "(TAG may be BASE itself); downloads the wheelhouse when missing",
+    )
     i.add_argument("--base", required=True)
     i.add_argument("--tag", required=True)
     i.add_argument("--wheelhouse", type=Path, default=Path(".cache/agents/mini-swe-agent/wheels"))
@@ -176,8 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.wheelhouse / "requirements.txt").is_file():
             download_wheelhouse(args.wheelhouse)
         build_agent_image(args.tag, base_image=args.base, wheelhouse=args.wheelhouse)
-        print(f"{args.tag}: {args.base} + mini-swe-agent {MINI_SWE_AGENT_VERSION} at {DEFAULT_INSTALL_DIR}",
-              file=sys.stderr)
+        print(
+            f"{args.tag}: {args.base} + mini-swe-agent {MINI_SWE_AGENT_VERSION} at {DEFAULT_INSTALL_DIR}",
+            file=sys.stderr,
+        )
     elif args.cmd == "venv":
         print(build_venv(args.wheelhouse, args.venv, python=args.python))
     else:

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from arl.harbor.agents.bridge import FORWARDER_SOURCE, SOCKET_NAME, ProxyBridge
-from arl.harbor.agents.install import DEFAULT_INSTALL_DIR
-
 from harbor.agents.installed.mini_swe_agent import MiniSweAgent as HarborMiniSweAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
+
+from arl.harbor.agents.bridge import FORWARDER_SOURCE, SOCKET_NAME, ProxyBridge
+from arl.harbor.agents.install import DEFAULT_INSTALL_DIR
 
 # Where the sandbox sees the trial's agent log dir (Harbor's EnvironmentPaths.agent_dir).
 _SANDBOX_AGENT_DIR = "/logs/agent"
@@ -106,9 +106,14 @@ class MiniSweAgent(HarborMiniSweAgent):
             output = (result.stderr or result.stdout or "").strip()
             raise RuntimeError(f"mini-swe-agent setup failed: {output}")
 
-    async def exec_as_agent(self, environment: BaseEnvironment, command: str,
-                            env: dict[str, str] | None = None, cwd: str | None = None,
-                            timeout_sec: int | None = None) -> Any:
+    async def exec_as_agent(
+        self,
+        environment: BaseEnvironment,
+        command: str,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout_sec: int | None = None,
+    ) -> Any:
         # Harbor's run command has no step limit; mini-swe-agent merges -c specs in order, so the limit goes
         # last (after Harbor's `-c mini ...`).
         if self.step_limit and "mini-swe-agent --yolo" in command:
@@ -165,8 +170,10 @@ class MiniSweAgent(HarborMiniSweAgent):
                 return
             await asyncio.sleep(0.1)
         log = await environment.exec(f"cat {_BRIDGE_DIR}/log", timeout_sec=10)
-        raise RuntimeError(f"the proxy bridge in the sandbox did not start within {_BRIDGE_READY_SEC:.0f}s: "
-                           f"{(log.stdout or '')[-1000:]}")
+        raise RuntimeError(
+            f"the proxy bridge in the sandbox did not start within {_BRIDGE_READY_SEC:.0f}s: "
+            f"{(log.stdout or '')[-1000:]}"
+        )
 
     async def _stop_forwarder(self, environment: BaseEnvironment) -> None:
         try:

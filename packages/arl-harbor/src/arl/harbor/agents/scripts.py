@@ -85,17 +85,23 @@ def read_task(task_dir: Path | str) -> SweTaskFacts:
     config = json.loads(config_file.read_text())
     environment = tomllib.loads((task_dir / "task.toml").read_text()).get("environment", {})
     workdir = environment.get("workdir") or "/testbed"
-    return SweTaskFacts(task_dir=task_dir, workdir=workdir, patch=patch_file.read_text(),
-                        fail_to_pass=list(config.get("fail_to_pass") or []),
-                        pass_to_pass=list(config.get("pass_to_pass") or []))
+    return SweTaskFacts(
+        task_dir=task_dir,
+        workdir=workdir,
+        patch=patch_file.read_text(),
+        fail_to_pass=list(config.get("fail_to_pass") or []),
+        pass_to_pass=list(config.get("pass_to_pass") or []),
+    )
 
 
 def oracle_steps(facts: SweTaskFacts) -> list[Step]:
     """Write the reverse patch, apply it in the workdir (git apply, else patch -p1), show the diff."""
     patch = facts.patch if facts.patch.endswith("\n") else facts.patch + "\n"
     wd = shlex.quote(facts.workdir)
-    apply = (f"cd {wd} && (git apply --whitespace=nowarn {PATCH_PATH} 2>/dev/null "
-             f"|| patch -p1 --forward --batch < {PATCH_PATH}) && git status --short 2>/dev/null | head -20")
+    apply = (
+        f"cd {wd} && (git apply --whitespace=nowarn {PATCH_PATH} 2>/dev/null "
+        f"|| patch -p1 --forward --batch < {PATCH_PATH}) && git status --short 2>/dev/null | head -20"
+    )
     return [Write(PATCH_PATH, patch), Run(apply)]
 
 
@@ -167,8 +173,8 @@ def keystroke_commands(step: Step) -> list[str]:
     data = base64.b64encode(step.content.encode()).decode()
     staging = shlex.quote(step.path + ".b64")
     path = shlex.quote(step.path)
-    lines = [f"mkdir -p \"$(dirname {path})\" && : > {staging}"]
-    lines += [f"printf %s {data[i:i + _B64_CHUNK]} >> {staging}" for i in range(0, len(data), _B64_CHUNK)]
+    lines = [f'mkdir -p "$(dirname {path})" && : > {staging}']
+    lines += [f"printf %s {data[i : i + _B64_CHUNK]} >> {staging}" for i in range(0, len(data), _B64_CHUNK)]
     lines.append(f"base64 -d {staging} > {path} && rm -f {staging}")
     return lines
 
@@ -204,12 +210,15 @@ def completions(agent: str, steps: list[Step]) -> list[str]:
     if agent == "terminus-2":
         keys = [line for s in steps for line in keystroke_commands(s)]
         turns = _keystroke_turns(keys)
-        answers = [{
-            "analysis": "Working on the task." if keys else "Nothing to do.",
-            "plan": "Run the commands." if keys else "Stop.",
-            "commands": [{"keystrokes": k + "\n", "duration": 0.2} for k in turn],
-            "task_complete": last,
-        } for turn, last in zip(turns, [False] * (len(turns) - 1) + [True])]
+        answers = [
+            {
+                "analysis": "Working on the task." if keys else "Nothing to do.",
+                "plan": "Run the commands." if keys else "Stop.",
+                "commands": [{"keystrokes": k + "\n", "duration": 0.2} for k in turn],
+                "task_complete": last,
+            }
+            for turn, last in zip(turns, [False] * (len(turns) - 1) + [True])
+        ]
         confirm = {"analysis": "Done.", "plan": "Confirm completion.", "commands": [], "task_complete": True}
         return [*map(json.dumps, answers), json.dumps(confirm)]
     raise ValueError(f"unknown agent {agent!r}; choose one of {AGENTS}")

@@ -84,7 +84,7 @@ def write_task(root: Path, task: BuiltinTask, *, agent_timeout_sec: float = 120.
     scripts = {
         path / "environment" / "local_setup.sh": task.setup,
         path / "tests" / "test.sh": f"if {task.check}; then\n  echo 1 > /logs/verifier/reward.txt\n"
-                                   "else\n  echo 0 > /logs/verifier/reward.txt\nfi",
+        "else\n  echo 0 > /logs/verifier/reward.txt\nfi",
         path / "solution" / "solve.sh": task.solution,
     }
     for script, body in scripts.items():
@@ -93,8 +93,12 @@ def write_task(root: Path, task: BuiltinTask, *, agent_timeout_sec: float = 120.
     return path
 
 
-def write_builtin_tasks(root: str | Path, *, agent_timeout_sec: float = 120.0,
-                        tasks: tuple[BuiltinTask, ...] | list[BuiltinTask] = TASKS) -> list[Path]:
+def write_builtin_tasks(
+    root: str | Path,
+    *,
+    agent_timeout_sec: float = 120.0,
+    tasks: tuple[BuiltinTask, ...] | list[BuiltinTask] = TASKS,
+) -> list[Path]:
     """Write `tasks` (default: every built-in task) under `root` (created if missing); returns the
     task directories."""
     folder = Path(root)
@@ -129,22 +133,38 @@ def random_task(rng: random.Random, family: str | None = None, *, index: int = 0
     name = f"{family}-{index:04d}"
     if family == "write-number":
         n = rng.choice(_NUMBERS)
-        return BuiltinTask(name, f"Write the number {n} to /app/{a}.txt.", "mkdir -p /app",
-                           f'[ "$(tr -d " \\n" < /app/{a}.txt 2>/dev/null)" = "{n}" ]',
-                           f"echo {n} > /app/{a}.txt")
+        return BuiltinTask(
+            name,
+            f"Write the number {n} to /app/{a}.txt.",
+            "mkdir -p /app",
+            f'[ "$(tr -d " \\n" < /app/{a}.txt 2>/dev/null)" = "{n}" ]',
+            f"echo {n} > /app/{a}.txt",
+        )
     if family == "write-word":
         w = rng.choice(_WORDS)
-        return BuiltinTask(name, f"Create a file /app/{a}.txt whose only content is the line: {w}",
-                           "mkdir -p /app", f'[ "$(cat /app/{a}.txt 2>/dev/null)" = "{w}" ]',
-                           f"echo {w} > /app/{a}.txt")
+        return BuiltinTask(
+            name,
+            f"Create a file /app/{a}.txt whose only content is the line: {w}",
+            "mkdir -p /app",
+            f'[ "$(cat /app/{a}.txt 2>/dev/null)" = "{w}" ]',
+            f"echo {w} > /app/{a}.txt",
+        )
     if family == "copy-file":
-        return BuiltinTask(name, f"Copy /app/{a}.txt to /app/{b}.txt.",
-                           f"mkdir -p /app && echo 'arl {rng.randint(0, 999)}' > /app/{a}.txt",
-                           f"cmp -s /app/{a}.txt /app/{b}.txt", f"cp /app/{a}.txt /app/{b}.txt")
+        return BuiltinTask(
+            name,
+            f"Copy /app/{a}.txt to /app/{b}.txt.",
+            f"mkdir -p /app && echo 'arl {rng.randint(0, 999)}' > /app/{a}.txt",
+            f"cmp -s /app/{a}.txt /app/{b}.txt",
+            f"cp /app/{a}.txt /app/{b}.txt",
+        )
     if family == "make-dir":
-        return BuiltinTask(name, f"Create the directory /app/{a} and an empty file /app/{a}/{b} inside it.",
-                           "mkdir -p /app", f"[ -d /app/{a} ] && [ -f /app/{a}/{b} ]",
-                           f"mkdir -p /app/{a} && touch /app/{a}/{b}")
+        return BuiltinTask(
+            name,
+            f"Create the directory /app/{a} and an empty file /app/{a}/{b} inside it.",
+            "mkdir -p /app",
+            f"[ -d /app/{a} ] && [ -f /app/{a}/{b} ]",
+            f"mkdir -p /app/{a} && touch /app/{a}/{b}",
+        )
     raise ValueError(f"unknown task family {family!r}; choose one of {FAMILIES}")
 
 

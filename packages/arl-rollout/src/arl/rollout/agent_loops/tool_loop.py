@@ -58,7 +58,9 @@ class ToolAgentLoop:
                 self._proxy = ChatProxy(self.tokenizer, generator, self._proxy_config)
                 await self._proxy.start()
                 self._generator = generator
-                self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.request_timeout_s))
+                self._http = aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=self.request_timeout_s)
+                )
             elif generator is not self._generator:
                 raise RolloutError("a ToolAgentLoop serves one generator; make one loop per server manager")
         return self._proxy
@@ -73,7 +75,9 @@ class ToolAgentLoop:
         names = task.metadata.get("tools", sorted(self.tools))
         unknown = [n for n in names if n not in self.tools]
         if unknown:
-            raise RolloutError(f"task {task.id} asks for unknown tools {unknown}; available: {sorted(self.tools)}")
+            raise RolloutError(
+                f"task {task.id} asks for unknown tools {unknown}; available: {sorted(self.tools)}"
+            )
         return [self.tools[n] for n in names]
 
     async def run(
@@ -108,8 +112,12 @@ class ToolAgentLoop:
         reward = get_reward(task.reward_fn)(answer, task.ground_truth)
         # Every segment travels (a template that rewrites earlier turns starts a new one), so every
         # sampled token is trained once.
-        return result_from_trajectory(trajectory, reward=reward, finish_reason=finish_reason,
-                                      timings={"episode": time.perf_counter() - started})
+        return result_from_trajectory(
+            trajectory,
+            reward=reward,
+            finish_reason=finish_reason,
+            timings={"episode": time.perf_counter() - started},
+        )
 
     async def _complete(
         self, base_url: str, messages: list[dict[str, Any]], tools: list[Tool], params: SamplingParams

@@ -23,7 +23,6 @@ from arl.rollout.engine import PauseMode
 from arl.rollout.errors import EngineConfigError, WeightSyncError
 from arl.rollout.routed_experts import RouteRecorder
 
-
 # The dtypes the in-tree engine runs (no "auto": it builds the model in the dtype it is given).
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -94,9 +93,13 @@ class TorchEngine:
         from transformers import AutoModelForCausalLM
 
         self.model = await asyncio.to_thread(
-            lambda: AutoModelForCausalLM.from_pretrained(self.config.model_path, dtype=getattr(torch, self.config.dtype))
-            .to(self.device)
-            .eval()
+            lambda: (
+                AutoModelForCausalLM.from_pretrained(
+                    self.config.model_path, dtype=getattr(torch, self.config.dtype)
+                )
+                .to(self.device)
+                .eval()
+            )
         )
         self._recorder = RouteRecorder(self.model) if self.config.return_routed_experts else None
         self._loop_task = asyncio.create_task(self._decode_loop())
@@ -107,7 +110,9 @@ class TorchEngine:
         if self._receiver is not None:
             self._receiver.close()
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams
+    ) -> TokenOutput:
         if self._loop_task is None or self._loop_task.done():
             raise RuntimeError("TorchEngine is not running (call start() first)")
         gen = None
@@ -168,9 +173,15 @@ class TorchEngine:
         attn = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], dtype=torch.long)
         position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
         with self._recorder.recording() if self._recorder is not None else contextlib.nullcontext():
-            logits = self.model(
-                input_ids=ids.to(self.device), attention_mask=attn.to(self.device), position_ids=position_ids.to(self.device)
-            ).logits[:, -1].float()
+            logits = (
+                self.model(
+                    input_ids=ids.to(self.device),
+                    attention_mask=attn.to(self.device),
+                    position_ids=position_ids.to(self.device),
+                )
+                .logits[:, -1]
+                .float()
+            )
         if self._recorder is not None:  # the routing of the step that samples each row's next token
             for (_, req), row in zip(batch, self._recorder.last_rows(len(batch)), strict=True):
                 req.experts.append(row)
@@ -219,7 +230,9 @@ class TorchEngine:
         from arl.sync import SyncConfig, WeightReceiver
 
         if self._receiver is None:
-            self._receiver = WeightReceiver(sync_address, msgspec.json.decode(sync_config_json, type=SyncConfig))
+            self._receiver = WeightReceiver(
+                sync_address, msgspec.json.decode(sync_config_json, type=SyncConfig)
+            )
         params = dict(self.model.named_parameters())
 
         def apply(named: Any) -> None:
@@ -261,7 +274,9 @@ def sample(
         sorted_logits, order = torch.sort(scaled, descending=True, dim=-1)
         probs = torch.softmax(sorted_logits, -1)
         drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
-        scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+        scaled = torch.full_like(scaled, float("-inf")).scatter(
+            -1, order, sorted_logits.masked_fill(drop, float("-inf"))
+        )
     logp = torch.log_softmax(scaled, -1)
     tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)

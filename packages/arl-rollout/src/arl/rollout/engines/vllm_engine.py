@@ -79,7 +79,8 @@ class VllmEngineConfig(msgspec.Struct, kw_only=True):
             raise EngineConfigError(f"max_model_len must be >= 1, got {self.max_model_len!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise EngineConfigError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+            )
         if self.tensor_parallel_size < 1:
             raise EngineConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -87,8 +88,10 @@ class VllmEngineConfig(msgspec.Struct, kw_only=True):
             if value is not None and value < 1:
                 raise EngineConfigError(f"{name} must be >= 1 (None: vLLM's default), got {value!r}")
         if not (self.start_timeout_s > 0 and self.rpc_timeout_s > 0):
-            raise EngineConfigError(f"start_timeout_s and rpc_timeout_s must be > 0, got "
-                                    f"{self.start_timeout_s!r}, {self.rpc_timeout_s!r}")
+            raise EngineConfigError(
+                f"start_timeout_s and rpc_timeout_s must be > 0, got "
+                f"{self.start_timeout_s!r}, {self.rpc_timeout_s!r}"
+            )
 
 
 def _set_cpu_defaults(config: VllmEngineConfig) -> None:
@@ -128,8 +131,10 @@ class VllmEngine:
         loop = asyncio.get_running_loop()
         try:
             self._llm = await asyncio.wait_for(
-                loop.run_in_executor(None, lambda: AsyncLLM.from_engine_args(
-                    args, stat_loggers=[self._scheduler.logger_factory()])),
+                loop.run_in_executor(
+                    None,
+                    lambda: AsyncLLM.from_engine_args(args, stat_loggers=[self._scheduler.logger_factory()]),
+                ),
                 self.config.start_timeout_s,
             )
         except TimeoutError:
@@ -185,7 +190,11 @@ class VllmEngine:
             # One output per request, not the whole token list re-sent at every step (O(n²) on long
             # generations); an aborted request still delivers its partial tokens in that output.
             output_kind=RequestOutputKind.FINAL_ONLY,
-            **({"routed_experts_prompt_start": start} if (start := self._routes_from(prompt_ids)) is not None else {}),
+            **(
+                {"routed_experts_prompt_start": start}
+                if (start := self._routes_from(prompt_ids)) is not None
+                else {}
+            ),
         )
         final = None
         async for output in llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id):
@@ -202,9 +211,14 @@ class VllmEngine:
             stop_reason=reason if reason in ("stop", "length", "abort") else "stop",
             weight_versions=[version] * len(token_ids),
             top_logprobs=top,
-            routed_experts=None if start is None else rows_from_vllm(
-                getattr(completion, "routed_experts", None), prompt_len=len(prompt_ids), num_tokens=len(token_ids),
-                prompt_start=start),
+            routed_experts=None
+            if start is None
+            else rows_from_vllm(
+                getattr(completion, "routed_experts", None),
+                prompt_len=len(prompt_ids),
+                num_tokens=len(token_ids),
+                prompt_start=start,
+            ),
         )
 
     def _routes_from(self, prompt_ids: list[int]) -> int | None:
@@ -276,8 +290,10 @@ class VllmEngine:
         filled = 0
         for name, nbytes in largest.items():
             if nbytes > _RPC_REPLY_LIMIT - (1 << 20):
-                raise EngineError(f"parameter {name!r} is {nbytes} bytes on one worker: more than one "
-                                  "vLLM RPC reply carries (4 GiB)")
+                raise EngineError(
+                    f"parameter {name!r} is {nbytes} bytes on one worker: more than one "
+                    "vLLM RPC reply carries (4 GiB)"
+                )
             if batches[-1] and filled + nbytes > FETCH_BYTES:
                 batches.append([])
                 filled = 0
@@ -289,7 +305,6 @@ class VllmEngine:
             for rank, reply in zip(ranks, replies, strict=True):
                 rank.update(load(reply))
         return ranks
-
 
     async def worker_digests_per_rank(self) -> list[dict[str, Any]]:
         """Every worker's parameter fingerprints (`weights_digest.TensorDigest` by vLLM name), in
@@ -350,6 +365,7 @@ def _logprobs_of(
     if top_k <= 0:
         return sampled, None
     top = [
-        sorted(((t, lp.logprob) for t, lp in entry.items()), key=lambda kv: -kv[1])[:top_k] for entry in logprobs
+        sorted(((t, lp.logprob) for t, lp in entry.items()), key=lambda kv: -kv[1])[:top_k]
+        for entry in logprobs
     ]
     return sampled, top

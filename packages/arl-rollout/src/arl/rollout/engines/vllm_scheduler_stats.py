@@ -42,8 +42,12 @@ class SchedulerWindow:
     def pop(self) -> dict[str, float]:
         """`preempted_total` (since the engine started) and the maxima since the last call
         (`running_max`, `waiting_max`, `kv_cache_usage_max` in [0, 1]), which then start over."""
-        out = {"preempted_total": float(self.preempted_total), "running_max": float(self.running_max),
-               "waiting_max": float(self.waiting_max), "kv_cache_usage_max": self.kv_cache_usage_max}
+        out = {
+            "preempted_total": float(self.preempted_total),
+            "running_max": float(self.running_max),
+            "waiting_max": float(self.waiting_max),
+            "kv_cache_usage_max": self.kv_cache_usage_max,
+        }
         self._reset()
         return out
 
@@ -59,8 +63,13 @@ class SchedulerWindow:
             def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
                 pass
 
-            def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-                       engine_idx: int = 0) -> None:
+            def record(
+                self,
+                scheduler_stats: Any,
+                iteration_stats: Any,
+                mm_cache_stats: Any = None,
+                engine_idx: int = 0,
+            ) -> None:
                 window.record(scheduler_stats, iteration_stats)
 
             def log_engine_initialized(self) -> None:

@@ -77,12 +77,16 @@ class WeightSyncExtension:
 
                 self._arl_inplace_failed = f"{type(exc).__name__}: {exc}"
                 logging.getLogger(__name__).warning(
-                    "arl: in-place weight load failed (%s); using vLLM's reload_weights", self._arl_inplace_failed)
+                    "arl: in-place weight load failed (%s); using vLLM's reload_weights",
+                    self._arl_inplace_failed,
+                )
         self.reload_weights(weights_iterator=iter(named_tensors))  # type: ignore[attr-defined]
         lm_head = getattr(model, "lm_head", None)
         # vLLM's CPU build keeps a prepacked copy of a tied lm_head that reload_weights does not refresh;
         # re-running its post-load step makes log probs match the new weights exactly.
-        if lm_head is not None and hasattr(getattr(lm_head, "quant_method", None), "process_weights_after_loading"):
+        if lm_head is not None and hasattr(
+            getattr(lm_head, "quant_method", None), "process_weights_after_loading"
+        ):
             lm_head.quant_method.process_weights_after_loading(lm_head)
 
     def _arl_load_in_place(self, model: Any, named_tensors: Any) -> None:
@@ -114,8 +118,13 @@ class WeightSyncExtension:
 
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         wanted = set(names) if names is not None else None
-        return save({name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters()
-                     if wanted is None or name in wanted})
+        return save(
+            {
+                name: p.detach().to("cpu").contiguous()
+                for name, p in model.named_parameters()
+                if wanted is None or name in wanted
+            }
+        )
 
     def arl_parameter_digests(self) -> dict[str, Any]:
         """Every parameter's fingerprint (`weights_digest`), computed on the worker's device: a check

@@ -36,8 +36,9 @@ def _column_shard(full: torch.Tensor, rows: int, rank: int, tp: int) -> torch.Te
     return None
 
 
-def _fused_expected(name: str, fused: str, engine_rows: int, hf: dict[str, torch.Tensor], rank: int, tp: int
-                    ) -> torch.Tensor | None:
+def _fused_expected(
+    name: str, fused: str, engine_rows: int, hf: dict[str, torch.Tensor], rank: int, tp: int
+) -> torch.Tensor | None:
     pieces = [hf.get(name.replace(fused, p)) for p in _FUSED[fused]]
     if any(p is None for p in pieces):
         return None
@@ -77,7 +78,11 @@ def _shard(expected: torch.Tensor, shape: torch.Size, name: str, rank: int, tp: 
 
 
 def expected_engine_tensor(
-    name: str, hf: dict[str, torch.Tensor], shape: torch.Size | None = None, tp_rank: int = 0, tp_size: int = 1
+    name: str,
+    hf: dict[str, torch.Tensor],
+    shape: torch.Size | None = None,
+    tp_rank: int = 0,
+    tp_size: int = 1,
 ) -> torch.Tensor | None:
     """The engine tensor `name` (of `shape`, on TP rank `tp_rank` of `tp_size`) rebuilt from `hf`."""
     full: torch.Tensor | None = None
@@ -133,7 +138,9 @@ def compare_weights(
     }
 
 
-def compare_weights_tp(trainer: dict[str, torch.Tensor], ranks: list[dict[str, torch.Tensor]]) -> dict[str, object]:
+def compare_weights_tp(
+    trainer: dict[str, torch.Tensor], ranks: list[dict[str, torch.Tensor]]
+) -> dict[str, object]:
     """`compare_weights` over every TP rank of one replica (rank i's tensors are `ranks[i]`)."""
     results = [compare_weights(trainer, engine, i, len(ranks)) for i, engine in enumerate(ranks)]
     return {

@@ -67,7 +67,9 @@ def _column_weights(width: int, device: torch.device) -> torch.Tensor:
     key = (width, device)
     if key not in _COLUMN_WEIGHTS:
         j = torch.arange(width, device=device, dtype=torch.int64)
-        _COLUMN_WEIGHTS[key] = torch.stack([torch.ones_like(j)] + [j % p + 1 for p in _COLUMN_PRIMES], dim=1).double()
+        _COLUMN_WEIGHTS[key] = torch.stack(
+            [torch.ones_like(j)] + [j % p + 1 for p in _COLUMN_PRIMES], dim=1
+        ).double()
     return _COLUMN_WEIGHTS[key]
 
 
@@ -80,7 +82,9 @@ def row_digests(t: torch.Tensor) -> torch.Tensor:
     words = _words(t)
     rows, width = words.shape
     if width > _MAX_WIDTH:
-        raise ValueError(f"a tensor row of {width} 16-bit words is too wide for an exact digest (max {_MAX_WIDTH})")
+        raise ValueError(
+            f"a tensor row of {width} 16-bit words is too wide for an exact digest (max {_MAX_WIDTH})"
+        )
     out = torch.empty(rows, 3, dtype=torch.int64, device=words.device)
     weights = _column_weights(width, words.device)
     step = max(1, _CHUNK_WORDS // max(1, width))
@@ -94,14 +98,18 @@ def _total(rows: torch.Tensor) -> tuple[int, int, int]:
     row's position ((r mod 65521) + 1, (r mod 65519) + 1), all mod 2^31 − 1 (exact in int64)."""
     rows = rows % _MODULUS
     r = torch.arange(rows.shape[0], device=rows.device, dtype=torch.int64)
-    sums = [rows[:, 0].sum()] + [(rows[:, k] * (r % p + 1) % _MODULUS).sum() for k, p in enumerate(_ROW_PRIMES, 1)]
+    sums = [rows[:, 0].sum()] + [
+        (rows[:, k] * (r % p + 1) % _MODULUS).sum() for k, p in enumerate(_ROW_PRIMES, 1)
+    ]
     return tuple(int(v) % _MODULUS for v in sums)  # type: ignore[return-value]
 
 
 def tensor_digest(t: torch.Tensor, keep_rows: bool = False) -> TensorDigest:
     rows = row_digests(t)
     return TensorDigest(
-        shape=tuple(t.shape), dtype=str(t.dtype).removeprefix("torch."), digest=_total(rows),
+        shape=tuple(t.shape),
+        dtype=str(t.dtype).removeprefix("torch."),
+        digest=_total(rows),
         rows=[tuple(r) for r in rows.tolist()] if keep_rows else None,  # type: ignore[misc]
     )
 
@@ -157,7 +165,11 @@ def compare_digests_replicas(
     """
     Key = tuple[int, int, str]  # (replica, TP rank, engine name)
     pending: dict[Key, TensorDigest] = {
-        (i, r, n): d for i, ranks in enumerate(replicas) for r, rank in enumerate(ranks) for n, d in rank.items()}
+        (i, r, n): d
+        for i, ranks in enumerate(replicas)
+        for r, rank in enumerate(ranks)
+        for n, d in rank.items()
+    }
     waiting_on: dict[str, set[Key]] = {}
     for key in pending:
         for source in _sources(key[2]):
@@ -165,7 +177,8 @@ def compare_digests_replicas(
     tied_head = any(name == "lm_head.weight" for _, _, name in pending)
     hf: dict[str, torch.Tensor] = {}
     results: list[dict[str, Any]] = [
-        {"mismatched": [], "unmatched": [], "prepacked": [], "compared": 0} for _ in replicas]
+        {"mismatched": [], "unmatched": [], "prepacked": [], "compared": 0} for _ in replicas
+    ]
 
     def check(key: Key) -> None:
         replica, rank, name = key
@@ -188,5 +201,7 @@ def compare_digests_replicas(
         check(key)
     for ranks, result in zip(replicas, results, strict=True):
         engine_total = sum(len(rank) for rank in ranks)
-        result["equal"] = not result["mismatched"] and not result["unmatched"] and engine_total > len(result["prepacked"])
+        result["equal"] = (
+            not result["mismatched"] and not result["unmatched"] and engine_total > len(result["prepacked"])
+        )
     return results

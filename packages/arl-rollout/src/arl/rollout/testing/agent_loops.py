@@ -51,9 +51,15 @@ class SegmentedAgentLoop:
         for _ in range(self.turns):
             out = await generator.generate(request_id, prompt, sampling_params)
             n = len(out.token_ids)
-            segments.append(Segment(prompt_ids=prompt, response_ids=list(out.token_ids), response_mask=[1] * n,
-                                    response_logprobs=list(out.log_probs),
-                                    weight_versions=list(out.weight_versions or [-1] * n)))
+            segments.append(
+                Segment(
+                    prompt_ids=prompt,
+                    response_ids=list(out.token_ids),
+                    response_mask=[1] * n,
+                    response_logprobs=list(out.log_probs),
+                    weight_versions=list(out.weight_versions or [-1] * n),
+                )
+            )
             prompt = [*prompt, *out.token_ids[:-1], 7]
         first = segments[0]
         sampled = [t for s in segments for t in s.response_ids]
@@ -80,9 +86,18 @@ class MixedGroupAgentLoop(TokenAgentLoop):
 
         index = request_id.rsplit("-", 1)[-1]
         if index == "0":
-            return AgentResult(prompt_ids=[], response_ids=[], response_mask=[], response_logprobs=[],
-                               weight_versions=[], reward=0.0, failed=True, failure_kind="sandbox",
-                               error="sandbox did not start", timings={"environment_setup": 0.5})
+            return AgentResult(
+                prompt_ids=[],
+                response_ids=[],
+                response_mask=[],
+                response_logprobs=[],
+                weight_versions=[],
+                reward=0.0,
+                failed=True,
+                failure_kind="sandbox",
+                error="sandbox did not start",
+                timings={"environment_setup": 0.5},
+            )
         result = await super().run(task, generator, sampling_params, request_id)
         result.timings = {"agent_execution": 1.0}
         if index == "1":

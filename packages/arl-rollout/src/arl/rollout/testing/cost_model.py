@@ -10,6 +10,7 @@ import asyncio
 import itertools
 
 import msgspec
+
 from arl.proxy.types import SamplingParams, TokenOutput
 from arl.rollout.aio import cancel_and_wait
 from arl.rollout.engine import PauseMode
@@ -149,7 +150,9 @@ class CostModelEngine(SimEngine):
         for rid in list(self._requests):
             self._finish(rid, reason)
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams
+    ) -> TokenOutput:
         if self._loop_task is None or self._loop_task.done():
             raise RuntimeError("CostModelEngine is not running (call start() first)")
         await self._running.wait()

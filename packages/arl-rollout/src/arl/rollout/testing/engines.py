@@ -11,6 +11,7 @@ import asyncio
 from typing import Any
 
 import msgspec
+
 from arl.proxy.types import SamplingParams, TokenOutput
 from arl.rollout.engine import PauseMode
 
@@ -18,8 +19,14 @@ from arl.rollout.engine import PauseMode
 class SimEngine:
     """A scripted engine: token i of a request is `(last prompt token + i + 1) % vocab_size`."""
 
-    def __init__(self, *, vocab_size: int = 1000, token_delay_s: float = 0.0, eos_token_id: int | None = None,
-                 stall_first_calls: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        vocab_size: int = 1000,
+        token_delay_s: float = 0.0,
+        eos_token_id: int | None = None,
+        stall_first_calls: int = 0,
+    ) -> None:
         self.vocab_size = vocab_size
         #: The first this many generate calls hang until cancelled (a stalled replica).
         self.stall_first_calls = stall_first_calls
@@ -59,7 +66,9 @@ class SimEngine:
         if self._receiver is not None:
             self._receiver.close()
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams) -> TokenOutput:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams
+    ) -> TokenOutput:
         self._check_dead()
         self.calls.append((request_id, list(prompt_ids), sampling_params))
         if len(self.calls) <= self.stall_first_calls:
@@ -119,7 +128,9 @@ class SimEngine:
         from arl.sync import SyncConfig, WeightReceiver
 
         if self._receiver is None:
-            self._receiver = WeightReceiver(sync_address, msgspec.json.decode(sync_config_json, type=SyncConfig))
+            self._receiver = WeightReceiver(
+                sync_address, msgspec.json.decode(sync_config_json, type=SyncConfig)
+            )
         staged: dict[str, Any] = {}
 
         def apply(named: Any) -> None:

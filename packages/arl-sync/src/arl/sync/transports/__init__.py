@@ -13,7 +13,9 @@ from ..types import SyncConfig
 from .base import ReceiverTransport, SenderTransport
 
 
-def make_sender_transport(cfg: SyncConfig, device: torch.device | None, host: str = "127.0.0.1") -> SenderTransport:
+def make_sender_transport(
+    cfg: SyncConfig, device: torch.device | None, host: str = "127.0.0.1"
+) -> SenderTransport:
     """The sender side of `cfg.transport`, with its two bucket buffers allocated; `host` is the address
     the sender's node is reached at (where "tcp" listens, whose interface "nccl" uses)."""
     if cfg.transport == "cpu":
@@ -32,10 +34,14 @@ def make_sender_transport(cfg: SyncConfig, device: torch.device | None, host: st
         from .nccl import NcclSender
 
         return NcclSender(cfg, device, host)
-    raise SyncConfigError(f"unknown transport {cfg.transport!r} (expected 'cpu', 'tcp', 'nccl' or 'cuda_ipc')")
+    raise SyncConfigError(
+        f"unknown transport {cfg.transport!r} (expected 'cpu', 'tcp', 'nccl' or 'cuda_ipc')"
+    )
 
 
-def make_receiver_transport(cfg: SyncConfig, device: torch.device, info: bytes, peer: str = "") -> ReceiverTransport:
+def make_receiver_transport(
+    cfg: SyncConfig, device: torch.device, info: bytes, peer: str = ""
+) -> ReceiverTransport:
     """The receiver side of `cfg.transport`, set up from the sender's `Welcome.info`; `peer` is the
     sender's host (whose route tells "nccl" which interface to use)."""
     if cfg.transport == "cpu":

@@ -92,7 +92,9 @@ class IpcSender:
             try:
                 generation, capacity, fn, args, uuid, index = pickle.loads(info)
             except Exception as e:
-                raise TransportError(f"bad CUDA IPC staging handle from a receiver: {type(e).__name__}: {e}") from e
+                raise TransportError(
+                    f"bad CUDA IPC staging handle from a receiver: {type(e).__name__}: {e}"
+                ) from e
             m = self._mapped.get(ident)
             if m is None or m.generation != generation:
                 self._mapped.pop(ident, None)  # drop the old mapping before opening the new one
@@ -104,7 +106,8 @@ class IpcSender:
                         buf = fn(*args)
                 except Exception as e:
                     raise TransportError(
-                        f"cannot open a receiver's CUDA IPC staging buffer: {type(e).__name__}: {e}") from e
+                        f"cannot open a receiver's CUDA IPC staging buffer: {type(e).__name__}: {e}"
+                    ) from e
                 if buf.numel() < capacity:
                     raise TransportError(f"receiver staging maps {buf.numel()} bytes, expected {capacity}")
                 m = self._mapped[ident] = _Mapped(generation, buf[:capacity])
@@ -127,7 +130,8 @@ class IpcSender:
             if end > t.numel():
                 raise TransportError(
                     f"the stream outgrew a receiver's staging buffer ({end} > {t.numel()} bytes): the size "
-                    "hint was wrong (tensor shapes changed between syncs?)")
+                    "hint was wrong (tensor shapes changed between syncs?)"
+                )
         s = self._stream
         s.wait_stream(torch.cuda.current_stream(self._dev))  # sources were produced there
         if stable:
@@ -185,14 +189,18 @@ class IpcReceiver:
         key = (staging.data_ptr(), staging.numel())
         if self._exported != key:
             if staging.numel() == 0:
-                raise TransportError("transport 'cuda_ipc' needs the stream size before the first bucket "
-                                     "(the sender sends a size hint)")
+                raise TransportError(
+                    "transport 'cuda_ipc' needs the stream size before the first bucket "
+                    "(the sender sends a size hint)"
+                )
             from torch.multiprocessing.reductions import reduce_tensor
 
             fn, args = reduce_tensor(staging)
             self._generation += 1
             index = staging.device.index if staging.device.index is not None else torch.cuda.current_device()
-            self._info = pickle.dumps((self._generation, staging.numel(), fn, args, _device_uuid(index), index))
+            self._info = pickle.dumps(
+                (self._generation, staging.numel(), fn, args, _device_uuid(index), index)
+            )
             self._exported = key
         return self._info
 

@@ -151,7 +151,9 @@ class NcclSender:
         world = len(member_ids) + 1
         self._members = tuple(member_ids)
         self._pending = _Group(uid, 0, world, uid_bytes)
-        return {m: msgspec.msgpack.encode(_Group(uid, i + 1, world, uid_bytes)) for i, m in enumerate(member_ids)}
+        return {
+            m: msgspec.msgpack.encode(_Group(uid, i + 1, world, uid_bytes)) for i, m in enumerate(member_ids)
+        }
 
     def connect(self, timeout_s: float) -> None:
         if self._pending is not None:

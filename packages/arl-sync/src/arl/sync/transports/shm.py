@@ -98,7 +98,7 @@ def _sweep_stale(shm_dir: str) -> None:
         if not name.startswith(prefix):
             continue
         try:
-            pid = int(name[len(prefix):].split("-", 1)[0])
+            pid = int(name[len(prefix) :].split("-", 1)[0])
         except ValueError:
             continue
         if not peer_alive(pid_namespace(), pid):

@@ -100,7 +100,9 @@ class TcpSender:
 
     def __init__(self, cfg: SyncConfig, host: str) -> None:
         if host in ("", "0.0.0.0", "::"):
-            raise TransportError(f"transport 'tcp' needs the address receivers dial, not a wildcard ({host!r})")
+            raise TransportError(
+                f"transport 'tcp' needs the address receivers dial, not a wildcard ({host!r})"
+            )
         self._cfg = cfg
         self._host = host
         self._listener = socket.create_server((host, 0), backlog=128)
@@ -137,8 +139,9 @@ class TcpSender:
             left = deadline - time.monotonic()
             if left <= 0:
                 missing = sorted(m.decode(errors="replace")[:8] for m in self._pending.values())
-                raise SyncTimeoutError(f"tcp: receiver(s) {missing} did not connect to {self.address} "
-                                       f"within {timeout_s:.1f}s")
+                raise SyncTimeoutError(
+                    f"tcp: receiver(s) {missing} did not connect to {self.address} within {timeout_s:.1f}s"
+                )
             self._listener.settimeout(min(left, 1.0))
             try:
                 sock, _ = self._listener.accept()
@@ -170,11 +173,14 @@ class TcpSender:
                     break
                 except FutureTimeout:
                     if time.monotonic() > deadline:
-                        raise SyncTimeoutError(f"tcp: sending a bucket to {conn.name} took over {timeout_s:.1f}s") from None
+                        raise SyncTimeoutError(
+                            f"tcp: sending a bucket to {conn.name} took over {timeout_s:.1f}s"
+                        ) from None
                     check()
                 except Exception as e:
-                    raise ReceiverLostError(f"tcp: the data connection to {conn.name} failed: "
-                                            f"{type(e).__name__}: {e}") from e
+                    raise ReceiverLostError(
+                        f"tcp: the data connection to {conn.name} failed: {type(e).__name__}: {e}"
+                    ) from e
             conn.sent[slot] = None
 
     def pack(self, slot: int, chunks: list[Chunk], base: int = 0, stable: bool = False) -> None:
@@ -237,8 +243,9 @@ class TcpReceiver:
         try:
             sock = socket.create_connection(self._peer, timeout=timeout_s)
         except OSError as e:
-            raise SenderLostError(f"tcp: cannot connect to the sender's data port {self._peer[0]}:{self._peer[1]}: "
-                                  f"{e}") from e
+            raise SenderLostError(
+                f"tcp: cannot connect to the sender's data port {self._peer[0]}:{self._peer[1]}: {e}"
+            ) from e
         _tune(sock)
         sock.settimeout(self._cfg.timeout_s)
         try:
@@ -267,11 +274,15 @@ class TcpReceiver:
             while got < n:
                 k = self._sock.recv_into(view[got:], n - got)
                 if k == 0:
-                    raise SenderLostError(f"tcp: the sender at {self._peer[0]} closed the data connection "
-                                          f"{got} bytes into a {n}-byte bucket")
+                    raise SenderLostError(
+                        f"tcp: the sender at {self._peer[0]} closed the data connection "
+                        f"{got} bytes into a {n}-byte bucket"
+                    )
                 got += k
         except TimeoutError:
-            raise SyncTimeoutError(f"tcp: no bucket bytes from {self._peer[0]} within {self._cfg.timeout_s:.1f}s") from None
+            raise SyncTimeoutError(
+                f"tcp: no bucket bytes from {self._peer[0]} within {self._cfg.timeout_s:.1f}s"
+            ) from None
         except (ConnectionError, OSError) as e:
             if isinstance(e, SenderLostError):
                 raise
