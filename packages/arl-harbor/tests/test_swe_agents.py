@@ -21,6 +21,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from arl.harbor.agents.checks import run_check
 from arl.harbor.agents.scripts import MINI_SUBMIT, Write, completions, read_task, script_completions
 from arl.harbor.testing import write_swe_task
@@ -59,8 +60,14 @@ def mini_venv():
 
 
 def _docker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", *args], env={**os.environ, "DOCKER_HOST": DOCKER_HOST},
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        ["docker", *args],
+        env={**os.environ, "DOCKER_HOST": DOCKER_HOST},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -153,8 +160,15 @@ def _shell_steps_succeeded(trial_dir: Path) -> bool:
 @needs_sandbox
 @pytest.mark.parametrize("script", ["oracle", "nop", "edit-tests"])
 async def test_shell_agent_local(swe_task, tmp_path, tokenizer, script):
-    result = await run_check(swe_task, agent="shell", script=script, env="local", tokenizer=tokenizer,
-                             trials_dir=tmp_path / "trials", trial_timeout_sec=120)
+    result = await run_check(
+        swe_task,
+        agent="shell",
+        script=script,
+        env="local",
+        tokenizer=tokenizer,
+        trials_dir=tmp_path / "trials",
+        trial_timeout_sec=120,
+    )
     _assert_check(result, script)
     if script != "nop":
         assert _shell_steps_succeeded(Path(result.trial_dir))
@@ -164,8 +178,15 @@ async def test_shell_agent_local(swe_task, tmp_path, tokenizer, script):
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="terminus-2 needs tmux (apt-get install -y tmux)")
 @pytest.mark.parametrize("script", ["oracle", "nop", "edit-tests"])
 async def test_terminus2_local(swe_task, tmp_path, tokenizer, script):
-    result = await run_check(swe_task, agent="terminus-2", script=script, env="local", tokenizer=tokenizer,
-                             trials_dir=tmp_path / "trials", trial_timeout_sec=120)
+    result = await run_check(
+        swe_task,
+        agent="terminus-2",
+        script=script,
+        env="local",
+        tokenizer=tokenizer,
+        trials_dir=tmp_path / "trials",
+        trial_timeout_sec=120,
+    )
     _assert_check(result, script)
     assert result.generator_calls == 2  # the answer and terminus-2's confirmation
 
@@ -174,9 +195,16 @@ async def test_terminus2_local(swe_task, tmp_path, tokenizer, script):
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["oracle", "nop", "edit-tests"])
 async def test_mini_swe_agent_local(swe_task, tmp_path, tokenizer, mini_venv, script):
-    result = await run_check(swe_task, agent="mini-swe-agent", script=script, env="local",
-                             tokenizer=tokenizer, trials_dir=tmp_path / "trials", mini_venv=mini_venv,
-                             trial_timeout_sec=240)
+    result = await run_check(
+        swe_task,
+        agent="mini-swe-agent",
+        script=script,
+        env="local",
+        tokenizer=tokenizer,
+        trials_dir=tmp_path / "trials",
+        mini_venv=mini_venv,
+        trial_timeout_sec=240,
+    )
     _assert_check(result, script)
     trajectory = json.loads((Path(result.trial_dir) / "agent" / "mini-swe-agent.trajectory.json").read_text())
     assert trajectory["info"]["exit_status"] == "Submitted"
@@ -193,10 +221,17 @@ async def test_mini_swe_agent_local(swe_task, tmp_path, tokenizer, mini_venv, sc
 @pytest.mark.slow
 async def test_mini_swe_agent_step_limit(swe_task, tmp_path, tokenizer, mini_venv):
     """`step_limit` reaches mini-swe-agent (after Harbor's `-c mini`): a 1-step limit stops the oracle."""
-    result = await run_check(swe_task, agent="mini-swe-agent", script="oracle", env="local",
-                             tokenizer=tokenizer, trials_dir=tmp_path / "trials", mini_venv=mini_venv,
-                             trial_timeout_sec=240,
-                             config_overrides={"agent_kwargs": {"step_limit": 1}})
+    result = await run_check(
+        swe_task,
+        agent="mini-swe-agent",
+        script="oracle",
+        env="local",
+        tokenizer=tokenizer,
+        trials_dir=tmp_path / "trials",
+        mini_venv=mini_venv,
+        trial_timeout_sec=240,
+        config_overrides={"agent_kwargs": {"step_limit": 1}},
+    )
     assert not result.failed, result.error
     assert result.generator_calls == 1 and result.reward == 0.0
 
@@ -206,14 +241,28 @@ async def test_mini_swe_agent_step_limit(swe_task, tmp_path, tokenizer, mini_ven
 
 @pytest.mark.slow
 async def test_shell_agent_docker_oracle(docker_ready, swe_task, tmp_path, tokenizer):
-    result = await run_check(swe_task, agent="shell", script="oracle", env="docker", tokenizer=tokenizer,
-                             trials_dir=tmp_path / "trials", trial_timeout_sec=600)
+    result = await run_check(
+        swe_task,
+        agent="shell",
+        script="oracle",
+        env="docker",
+        tokenizer=tokenizer,
+        trials_dir=tmp_path / "trials",
+        trial_timeout_sec=600,
+    )
     _assert_check(result, "oracle")
 
 
 @pytest.mark.slow
 async def test_mini_swe_agent_docker_oracle(agent_image, tmp_path, tokenizer):
     task = write_swe_task(tmp_path / "tasks", base_image=agent_image)
-    result = await run_check(task, agent="mini-swe-agent", script="oracle", env="docker", tokenizer=tokenizer,
-                             trials_dir=tmp_path / "trials", trial_timeout_sec=600)
+    result = await run_check(
+        task,
+        agent="mini-swe-agent",
+        script="oracle",
+        env="docker",
+        tokenizer=tokenizer,
+        trials_dir=tmp_path / "trials",
+        trial_timeout_sec=600,
+    )
     _assert_check(result, "oracle")

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from arl.harbor.agents.attacks import ATTACKS
 from arl.harbor.agents.checks import CheckResult, run_check
 from arl.harbor.agents.scripts import ATTACK_PREFIX
@@ -50,8 +51,11 @@ ENV_MARKS = {"local": [needs_sandbox], "docker": [pytest.mark.container]}
 
 
 def _params(scripts: list[str]) -> list:
-    return [pytest.param(env, script, id=f"{env}-{script.removeprefix(ATTACK_PREFIX)}", marks=ENV_MARKS[env])
-            for env in ENVS for script in scripts]
+    return [
+        pytest.param(env, script, id=f"{env}-{script.removeprefix(ATTACK_PREFIX)}", marks=ENV_MARKS[env])
+        for env in ENVS
+        for script in scripts
+    ]
 
 
 def _hang_task(root: Path) -> Path:
@@ -83,8 +87,10 @@ def _wanted(session: pytest.Session) -> set[tuple[str, str]]:
 def results(request, tokenizer, tmp_path_factory):  # noqa: F811 - the imported fixture
     """Every selected trial: ({(env, script): CheckResult}, {env: why it cannot run, or None})."""
     wanted = _wanted(request.session)
-    problems = {"local": needs_sandbox.kwargs["reason"] if needs_sandbox.args[0] else None,
-                "docker": _docker_problem()}
+    problems = {
+        "local": needs_sandbox.kwargs["reason"] if needs_sandbox.args[0] else None,
+        "docker": _docker_problem(),
+    }
     wanted = {(env, script) for env, script in wanted if problems[env] is None}
     root = tmp_path_factory.mktemp("attacks")
     try:
@@ -97,9 +103,15 @@ def results(request, tokenizer, tmp_path_factory):  # noqa: F811 - the imported 
     async def check(env: str, script: str, attempt: int) -> CheckResult:
         # A hanging trial sleeps through its test timeout: it waits beside the others, not in a slot.
         async with contextlib.nullcontext() if _hangs(script) else slots:
-            return await run_check(hang if _hangs(script) else task, agent="shell", script=script, env=env,
-                                   tokenizer=tokenizer, trials_dir=root / "trials" / f"{env}-{attempt}",
-                                   trial_timeout_sec=600)
+            return await run_check(
+                hang if _hangs(script) else task,
+                agent="shell",
+                script=script,
+                env=env,
+                tokenizer=tokenizer,
+                trials_dir=root / "trials" / f"{env}-{attempt}",
+                trial_timeout_sec=600,
+            )
 
     async def one(env: str, script: str) -> tuple[tuple[str, str], CheckResult]:
         result = await check(env, script, 1)
@@ -121,8 +133,10 @@ def results(request, tokenizer, tmp_path_factory):  # noqa: F811 - the imported 
     found = asyncio.run(everything())
     print(f"\n{len(found)} checks in {time.monotonic() - started:.0f} s")
     for (env, script), r in sorted(found.items()):
-        print(f"{env:6s} {script:40s} reward={r.reward} failed={r.failed} {r.failure_kind:20s} "
-              f"{r.wall_s:5.1f} s")
+        print(
+            f"{env:6s} {script:40s} reward={r.reward} failed={r.failed} {r.failure_kind:20s} "
+            f"{r.wall_s:5.1f} s"
+        )
     return found, problems
 
 
@@ -134,8 +148,10 @@ def _result(results, env: str, script: str) -> CheckResult:
 
 
 def _describe(r: CheckResult) -> str:
-    return (f"reward={r.reward} rewards={r.rewards} failed={r.failed} kind={r.failure_kind!r} "
-            f"error={r.error[:600]!r} trial={r.trial_dir}")
+    return (
+        f"reward={r.reward} rewards={r.rewards} failed={r.failed} kind={r.failure_kind!r} "
+        f"error={r.error[:600]!r} trial={r.trial_dir}"
+    )
 
 
 @pytest.mark.parametrize(("env", "script"), _params(["oracle"]))
@@ -148,7 +164,7 @@ def test_oracle_scores_one(results, env, script):
 # must still score 1.0 (strict), so the suite says so the day one is closed.
 KNOWN_HOLES = {
     "attack:init-forge-recorder": "code written against the report plugin's internals reaches its recorder "
-                                  "from inside the test process; only a grader outside that process would see it",
+    "from inside the test process; only a grader outside that process would see it",
 }
 
 

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from arl.harbor import HarborAgentLoop
 from arl.harbor.policy import artifact_failures
 from arl.harbor.testing import SCRIPTED_AGENT_IMPORT_PATH, write_swe_task
@@ -23,10 +24,12 @@ from arl.rollout.types import Task
 from .conftest import needs_sandbox
 
 # The oracle's change, by hand: the two bounds put back.
-FIX = ("cd /testbed && python3 - <<'EOF'\nimport re, pathlib\np = pathlib.Path('tinycalc/__init__.py')\n"
-       "s = p.read_text().replace('        return hi\\n    elif', '        return lo\\n    elif', 1)\n"
-       "s = s.replace('    elif x > hi:\\n        return lo', '    elif x > hi:\\n        return hi', 1)\n"
-       "p.write_text(s)\nEOF\n")
+FIX = (
+    "cd /testbed && python3 - <<'EOF'\nimport re, pathlib\np = pathlib.Path('tinycalc/__init__.py')\n"
+    "s = p.read_text().replace('        return hi\\n    elif', '        return lo\\n    elif', 1)\n"
+    "s = s.replace('    elif x > hi:\\n        return lo', '    elif x > hi:\\n        return hi', 1)\n"
+    "p.write_text(s)\nEOF\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +41,11 @@ def swe_task(tmp_path_factory) -> Path:
 
 
 async def run_script(harbor_config, task: Path, script: str):
-    config = harbor_config(agent_import_path=SCRIPTED_AGENT_IMPORT_PATH, agent_kwargs={"script": script},
-                           policy={"max_attempts": 2})
+    config = harbor_config(
+        agent_import_path=SCRIPTED_AGENT_IMPORT_PATH,
+        agent_kwargs={"script": script},
+        policy={"max_attempts": 2},
+    )
     loop = HarborAgentLoop(config)
     t = Task(id=task.name, messages=[], agent="harbor", metadata={"harbor_task_path": str(task)})
     return await loop.run(t, None, SamplingParams(), "req-1")  # type: ignore[arg-type]
@@ -65,9 +71,11 @@ async def test_the_agents_change_that_breaks_the_verifier_is_a_kept_zero(swe_tas
 
 @needs_sandbox
 async def test_protected_files_are_put_back_and_told(swe_task, harbor_config):
-    script = FIX + ("printf 'def test_x():\\n    pass\\n' > /testbed/conftest.py\n"
-                    "printf '[pytest]\\naddopts = -x\\n' > /testbed/pytest.ini\n"
-                    "mkdir -p /testbed/tinycalc/__pycache__ && echo x > /testbed/tinycalc/__pycache__/a.pyc\n")
+    script = FIX + (
+        "printf 'def test_x():\\n    pass\\n' > /testbed/conftest.py\n"
+        "printf '[pytest]\\naddopts = -x\\n' > /testbed/pytest.ini\n"
+        "mkdir -p /testbed/tinycalc/__pycache__ && echo x > /testbed/tinycalc/__pycache__/a.pyc\n"
+    )
     result = await run_script(harbor_config, swe_task, script)
     assert not result.failed and result.reward == 1.0, result.error  # the fix still counts
     assert result.tells == {"protected_touched": 4.0}  # conftest.py, pytest.ini, __pycache__/ and its .pyc
@@ -85,23 +93,33 @@ async def test_a_change_reaching_into_the_runner_is_refused(swe_task, harbor_con
 async def test_leftover_processes_are_ended_before_grading_and_told(swe_task, harbor_config, tmp_path):
     """A process that outlives the agent's turn and would rewrite the verifier's inputs never sees them."""
     marker = "arl-leftover-marker"
-    script = (f"setsid nohup bash -c 'exec -a {marker} bash -c \"while true; do "
-              "[ -f /tests/config.json ] && echo {} > /tests/config.json; "
-              "[ -d /logs/verifier ] && echo {\\\"reward\\\": 1.0} > /logs/verifier/reward.json; sleep 0.05; "
-              "done\"' >/dev/null 2>&1 &\nsleep 0.2\n")
+    script = (
+        f"setsid nohup bash -c 'exec -a {marker} bash -c \"while true; do "
+        "[ -f /tests/config.json ] && echo {} > /tests/config.json; "
+        '[ -d /logs/verifier ] && echo {\\"reward\\": 1.0} > /logs/verifier/reward.json; sleep 0.05; '
+        "done\"' >/dev/null 2>&1 &\nsleep 0.2\n"
+    )
     result = await run_script(harbor_config, swe_task, script)
     assert not result.failed and result.reward == 0.0, result.error
     assert result.tells.get("leftover_processes", 0) >= 1
-    assert not any(marker in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
-                   for p in os.listdir("/proc") if p.isdigit() and Path(f"/proc/{p}/cmdline").exists())
+    assert not any(
+        marker in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+        for p in os.listdir("/proc")
+        if p.isdigit() and Path(f"/proc/{p}/cmdline").exists()
+    )
 
 
 def test_an_artifact_harbor_could_not_collect_is_named(tmp_path):
     (tmp_path / "artifacts").mkdir()
-    (tmp_path / "artifacts" / "manifest.json").write_text(json.dumps([
-        {"source": "/logs/artifacts", "status": "ok", "type": "directory"},
-        {"source": "/testbed", "status": "failed", "type": "directory"},
-        {"source": "/app/out.txt", "status": "failed", "type": "file"}]))
+    (tmp_path / "artifacts" / "manifest.json").write_text(
+        json.dumps(
+            [
+                {"source": "/logs/artifacts", "status": "ok", "type": "directory"},
+                {"source": "/testbed", "status": "failed", "type": "directory"},
+                {"source": "/app/out.txt", "status": "failed", "type": "file"},
+            ]
+        )
+    )
     assert artifact_failures(tmp_path) == ["/testbed"]
     assert artifact_failures(tmp_path / "nowhere") == []
 
@@ -109,8 +127,14 @@ def test_an_artifact_harbor_could_not_collect_is_named(tmp_path):
 def test_leftovers_leave_out_the_init_its_keepalive_and_the_agents_terminal():
     from arl.harbor.agent_end import leftover_commands
 
-    processes = [(10, 1, "sh -c sleep infinity"), (11, 10, "sleep infinity"), (12, 10, "sleep 1000"),
-                 (13, 10, "tmux: server"), (14, 13, "-bash"), (15, 14, "python3 loop.py")]
+    processes = [
+        (10, 1, "sh -c sleep infinity"),
+        (11, 10, "sleep infinity"),
+        (12, 10, "sleep 1000"),
+        (13, 10, "tmux: server"),
+        (14, 13, "-bash"),
+        (15, 14, "python3 loop.py"),
+    ]
     assert leftover_commands(processes, 10) == ["sleep 1000", "python3 loop.py"]
 
 

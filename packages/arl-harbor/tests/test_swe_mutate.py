@@ -28,23 +28,39 @@ def _reverse_patch_restores(tmp_path, original: str, buggy: str) -> None:
     target = tmp_path / "pkg" / "mod.py"
     target.write_text(buggy)
     patch = unified_patch("pkg/mod.py", buggy, original)
-    subprocess.run(["patch", "-p1", "--batch", "--forward"], input=patch, text=True, cwd=tmp_path,
-                   check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        ["patch", "-p1", "--batch", "--forward"],
+        input=patch,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
     assert target.read_text() == original
 
 
 def test_every_function_level_operator_is_there():
     assert set(OPERATORS) == {
-        "func_pm_ctrl_invert_if", "func_pm_ctrl_shuffle", "func_pm_remove_assign", "func_pm_remove_cond",
-        "func_pm_remove_loop", "func_pm_remove_wrapper", "func_pm_op_break_chains",
-        "func_pm_op_change_const", "func_pm_op_change", "func_pm_op_swap",
+        "func_pm_ctrl_invert_if",
+        "func_pm_ctrl_shuffle",
+        "func_pm_remove_assign",
+        "func_pm_remove_cond",
+        "func_pm_remove_loop",
+        "func_pm_remove_wrapper",
+        "func_pm_op_break_chains",
+        "func_pm_op_change_const",
+        "func_pm_op_change",
+        "func_pm_op_swap",
     }
 
 
 @pytest.mark.skipif(shutil.which("patch") is None, reason="needs patch(1)")
 @pytest.mark.parametrize("operator", OPERATORS)
 def test_operator_gives_a_different_valid_module_and_the_reverse_patch_restores_it(tmp_path, operator):
-    qualname = {"func_pm_ctrl_invert_if": "clamp", "func_pm_remove_loop": "digits"}.get(operator, "weighted_total")
+    qualname = {"func_pm_ctrl_invert_if": "clamp", "func_pm_remove_loop": "digits"}.get(
+        operator, "weighted_total"
+    )
     buggy = _first_mutation(TINY_SOURCE, qualname, operator)
     assert buggy is not None, f"{operator} did not apply to {qualname}"
     assert ast.dump(ast.parse(buggy)) != ast.dump(ast.parse(TINY_SOURCE))

@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from arl.harbor.swe.packages import PackageSpec
 from arl.harbor.swe.release_diff import FileChange, apply_changes, diff_trees, file_patch, tree_files
 from arl.harbor.swe.release_index import ReleaseIndexError, consecutive_pairs, releases_from_json, version_key
@@ -29,19 +30,22 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 
 
 OLD = {
-    "PKG-INFO": "Version: 1.0\n", "setup.py": "setup(version='1.0')\n",
+    "PKG-INFO": "Version: 1.0\n",
+    "setup.py": "setup(version='1.0')\n",
     "CHANGELOG.md": "## 1.0\n\n- First.\n",
-    "pyproject.toml": "[tool.pytest.ini_options]\n", "conftest.py": "",
+    "pyproject.toml": "[tool.pytest.ini_options]\n",
+    "conftest.py": "",
     "bin/tool.py": "print('tool')\n",
     "tinypkg/__init__.py": "__version__ = '1.0'\n",
     "tinypkg/core.py": "def add(a, b):\n    return a - b\n\n\ndef gone():\n    return 1\n",
     "tinypkg/old.py": "X = 1\n",
     "tests/test_core.py": "from tinypkg.core import add\n\n\ndef test_add_zero():\n"
-                          "    assert add(1, 0) == 1\n",
+    "    assert add(1, 0) == 1\n",
 }
 NEW = {
     **{k: v for k, v in OLD.items() if k != "tinypkg/old.py"},
-    "PKG-INFO": "Version: 1.1\n", "setup.py": "setup(version='1.1')\n",
+    "PKG-INFO": "Version: 1.1\n",
+    "setup.py": "setup(version='1.1')\n",
     "CHANGELOG.md": "## 1.1\n\n- Fixed `add`.\n\n## 1.0\n\n- First.\n",
     "pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-q'\n",
     "bin/tool.py": "print('tool 2')\n",
@@ -58,8 +62,13 @@ SPEC = PackageSpec("tinypkg", "1.0")
 def test_release_diff_splits_source_tests_and_the_rest(tmp_path):
     old, new = _tree(tmp_path / "old", OLD), _tree(tmp_path / "new", NEW)
     diff = diff_trees(old, new, SPEC)
-    assert [c.path for c in diff.source] == ["tinypkg/__init__.py", "tinypkg/core.py", "tinypkg/helpers.py",
-                                             "tinypkg/old.py", "tinypkg/py.typed"]
+    assert [c.path for c in diff.source] == [
+        "tinypkg/__init__.py",
+        "tinypkg/core.py",
+        "tinypkg/helpers.py",
+        "tinypkg/old.py",
+        "tinypkg/py.typed",
+    ]
     assert [c.path for c in diff.tests] == ["tests/data/case.txt", "tests/test_core.py"]
     # Packaging, docs, runner config and scripts outside the package are in neither part.
     assert diff.other == ["CHANGELOG.md", "PKG-INFO", "bin/tool.py", "pyproject.toml", "setup.py"]
@@ -71,15 +80,20 @@ def test_release_diff_splits_source_tests_and_the_rest(tmp_path):
 
 
 def test_release_diff_reasons_and_src_layout(tmp_path):
-    old = _tree(tmp_path / "old", {"src/lib/__init__.py": "A = 1\n", "tests/test_a.py": "def test(): pass\n",
-                                   "README.md": "x\n"})
+    old = _tree(
+        tmp_path / "old",
+        {"src/lib/__init__.py": "A = 1\n", "tests/test_a.py": "def test(): pass\n", "README.md": "x\n"},
+    )
     assert detect_src_root(old) == "src" and detect_src_root(tmp_path / "nowhere") == "."
     spec = PackageSpec("lib", "1", src_root="src")
-    only_docs = _tree(tmp_path / "docs", {"src/lib/__init__.py": "A = 1\n",
-                                          "tests/test_a.py": "def test(): pass\n", "README.md": "y\n"})
+    only_docs = _tree(
+        tmp_path / "docs",
+        {"src/lib/__init__.py": "A = 1\n", "tests/test_a.py": "def test(): pass\n", "README.md": "y\n"},
+    )
     assert diff_trees(old, only_docs, spec).unreviewable(max_files=5, max_lines=100) == "no source change"
-    no_tests = _tree(tmp_path / "src-only", {"src/lib/__init__.py": "A = 2\n",
-                                             "tests/test_a.py": "def test(): pass\n"})
+    no_tests = _tree(
+        tmp_path / "src-only", {"src/lib/__init__.py": "A = 2\n", "tests/test_a.py": "def test(): pass\n"}
+    )
     diff = diff_trees(old, no_tests, spec)
     assert [c.path for c in diff.source] == ["src/lib/__init__.py"]
     assert diff.unreviewable(max_files=5, max_lines=100) == "no test module change"
@@ -103,8 +117,14 @@ def test_release_patches_recreate_the_new_tree(tmp_path):
     patched = tmp_path / "patched"
     shutil.copytree(old, patched)
     for patch in (diff.source_patch(), diff.test_patch()):
-        subprocess.run(["patch", "-p1", "--forward", "--batch", "--quiet"], cwd=patched, input=patch,
-                       text=True, check=True, timeout=60)
+        subprocess.run(
+            ["patch", "-p1", "--forward", "--batch", "--quiet"],
+            cwd=patched,
+            input=patch,
+            text=True,
+            check=True,
+            timeout=60,
+        )
     written = tmp_path / "written"
     shutil.copytree(old, written)
     apply_changes(written, diff.source + diff.tests)
@@ -119,11 +139,21 @@ def test_release_patches_recreate_the_new_tree(tmp_path):
 
 
 def test_select_tests_fail_to_pass_pass_to_pass_and_flaky():
-    before = [{"test_t.py::p2p", "test_t.py::flaky_old", "test_t.py::broken_by_fix", "conf.py::x"},
-              {"test_t.py::p2p", "test_t.py::broken_by_fix", "conf.py::x"}]
-    after = [{"test_t.py::p2p", "test_t.py::f2p", "test_t.py::flaky_old", "test_t.py::flaky_new",
-              "test_t.py::f2p_b", "conf.py::x"},
-             {"test_t.py::p2p", "test_t.py::f2p", "test_t.py::flaky_old", "test_t.py::f2p_b", "conf.py::x"}]
+    before = [
+        {"test_t.py::p2p", "test_t.py::flaky_old", "test_t.py::broken_by_fix", "conf.py::x"},
+        {"test_t.py::p2p", "test_t.py::broken_by_fix", "conf.py::x"},
+    ]
+    after = [
+        {
+            "test_t.py::p2p",
+            "test_t.py::f2p",
+            "test_t.py::flaky_old",
+            "test_t.py::flaky_new",
+            "test_t.py::f2p_b",
+            "conf.py::x",
+        },
+        {"test_t.py::p2p", "test_t.py::f2p", "test_t.py::flaky_old", "test_t.py::f2p_b", "conf.py::x"},
+    ]
     sel = select_tests(before, after)
     assert sel.fail_to_pass == ["test_t.py::f2p", "test_t.py::f2p_b"]
     # conf.py is not a test module; flaky_old passed in one run before only
@@ -139,8 +169,10 @@ def test_changelog_entries_in_the_usual_styles(tmp_path):
     md = "# Changelog\n\n## 2.0.1\n\n_(June 1)_\n\n- Fixed `x`.\n\n## 2.0.0\n\n- Big.\n"
     assert entry_in_text(md, "2.0.1") == "_(June 1)_\n\n- Fixed `x`."
     assert entry_in_text(md, "2.0") is None  # 2.0.1 / 2.0.0 are not 2.0
-    rst = ("v8.0.3 (2026-11-25)\n===================\n\n- Fix recursion.\n\n\n"
-           "v8.0.2 (2026-11-18)\n====\n\n- Old.\n")
+    rst = (
+        "v8.0.3 (2026-11-25)\n===================\n\n- Fix recursion.\n\n\n"
+        "v8.0.2 (2026-11-18)\n====\n\n- Old.\n"
+    )
     assert entry_in_text(rst, "8.0.3") == "- Fix recursion."
     items = "Changelog\n---------\n\n- 1.22.3 Preserve offsets\n  in time results\n- 1.22.2 Fix decimals\n"
     assert entry_in_text(items, "1.22.3") == "Preserve offsets\nin time results"
@@ -157,26 +189,56 @@ def test_changelog_entries_in_the_usual_styles(tmp_path):
 
 def test_release_issue_names_the_checks_never_the_fix():
     f2p = ["tests/test_core.py::test_add"]
-    with_notes = write_release_issue("tinypkg", "1.0", "1.1", f2p, entry=("CHANGELOG.md", "- Fixed `add`."),
-                                     messages={f2p[0]: "assert -1 == 3"}, pass_to_pass_count=1,
-                                     test_files=["tests/test_core.py"])
+    with_notes = write_release_issue(
+        "tinypkg",
+        "1.0",
+        "1.1",
+        f2p,
+        entry=("CHANGELOG.md", "- Fixed `add`."),
+        messages={f2p[0]: "assert -1 == 3"},
+        pass_to_pass_count=1,
+        test_files=["tests/test_core.py"],
+    )
     assert "- Fixed `add`." in with_notes and "`tests/test_core.py::test_add`" in with_notes
     assert "assert -1 == 3" not in with_notes  # release notes given: no failure excerpts
-    from_tests = write_release_issue("tinypkg", "1.0", "1.1", f2p, entry=None,
-                                     messages={f2p[0]: "assert -1 == 3"}, pass_to_pass_count=1,
-                                     test_files=["tests/test_core.py"])
+    from_tests = write_release_issue(
+        "tinypkg",
+        "1.0",
+        "1.1",
+        f2p,
+        entry=None,
+        messages={f2p[0]: "assert -1 == 3"},
+        pass_to_pass_count=1,
+        test_files=["tests/test_core.py"],
+    )
     assert "assert -1 == 3" in from_tests and "Release notes" not in from_tests
     assert "a + b" not in from_tests and "a - b" not in from_tests
 
 
 def test_pypi_release_list_and_consecutive_pairs():
     def files(*kinds, yanked=False):
-        return [{"packagetype": k, "filename": f"x.{k}", "url": f"../../packages/x.{k}", "yanked": yanked,
-                 "digests": {"sha256": "ab"}} for k in kinds]
+        return [
+            {
+                "packagetype": k,
+                "filename": f"x.{k}",
+                "url": f"../../packages/x.{k}",
+                "yanked": yanked,
+                "digests": {"sha256": "ab"},
+            }
+            for k in kinds
+        ]
 
-    data = {"releases": {"1.10.0": files("sdist"), "1.9": files("sdist", "bdist_wheel"),
-                         "1.2": files("sdist"), "2.0rc1": files("sdist"), "1.11": files("bdist_wheel"),
-                         "1.12": files("sdist", yanked=True), "1.3.post1": files("sdist")}}
+    data = {
+        "releases": {
+            "1.10.0": files("sdist"),
+            "1.9": files("sdist", "bdist_wheel"),
+            "1.2": files("sdist"),
+            "2.0rc1": files("sdist"),
+            "1.11": files("bdist_wheel"),
+            "1.12": files("sdist", yanked=True),
+            "1.3.post1": files("sdist"),
+        }
+    }
     releases = releases_from_json("x", data, base_url="https://pypi.org/pypi/x/json")
     assert [r.version for r in releases] == ["1.2", "1.9", "1.10.0"]
     assert releases[0].url == "https://pypi.org/packages/x.sdist"  # relative to the JSON's URL
@@ -209,15 +271,18 @@ def test_build_a_real_fix_from_pypi(tmp_path):
     from arl.harbor.swe.releases import build_releases
 
     out = tmp_path / "set"
-    summary = build_releases(["parse"], out, tmp_path / "cache", versions=["1.22.2", "1.22.3"],
-                             log=lambda _msg: None)
+    summary = build_releases(
+        ["parse"], out, tmp_path / "cache", versions=["1.22.2", "1.22.3"], log=lambda _msg: None
+    )
     [stats] = summary["packages"]
     figures = (stats["pairs_tried"], stats["reviewable"], stats["with_fail_to_pass"], stats["kept"])
     assert figures == (1, 1, 1, 1)
     task = out / "parse__1.22.2_to_1.22.3"
     config = json.loads((task / "tests" / "config.json").read_text())
-    assert config["fail_to_pass"] == [f"tests/test_parse.py::test_flexible_time_preserves_timezone[{o}]"
-                                      for o in ("+0000", "+00:00", "+0530", "-0430")]
+    assert config["fail_to_pass"] == [
+        f"tests/test_parse.py::test_flexible_time_preserves_timezone[{o}]"
+        for o in ("+0000", "+00:00", "+0530", "-0430")
+    ]
     assert "tests/test_parse.py::test_flexible_time_without_timezone_stays_naive" in config["pass_to_pass"]
     assert config["new_version"] == "1.22.3" and config["issue_source"] == "changelog"
     fix = (task / "solution" / "fix.patch").read_text()
@@ -240,12 +305,15 @@ def test_build_a_real_fix_from_pypi(tmp_path):
 def test_package_spec_of_pinned_and_unpinned_packages(tmp_path):
     from arl.harbor.swe.releases import build_releases, package_spec
 
-    cov = _tree(tmp_path / "cov", {"src/covpkg/__init__.py": "",
-                                   "setup.cfg": "[tool:pytest]\naddopts = --cov=covpkg\n"})
+    cov = _tree(
+        tmp_path / "cov",
+        {"src/covpkg/__init__.py": "", "setup.cfg": "[tool:pytest]\naddopts = --cov=covpkg\n"},
+    )
     spec = package_spec("covpkg", "2.0", cov)
     assert (spec.src_root, spec.pytest_args, spec.test_deps) == ("src", ("-o", "addopts="), ())
-    plain = _tree(tmp_path / "plain", {"plainpkg/__init__.py": "",
-                                       "setup.cfg": "[tool:pytest]\naddopts = -q\n"})
+    plain = _tree(
+        tmp_path / "plain", {"plainpkg/__init__.py": "", "setup.cfg": "[tool:pytest]\naddopts = -q\n"}
+    )
     assert package_spec("plainpkg", "1", plain, test_deps=("freezegun==1.5.5",)).pytest_args == ()
     pinned = package_spec("humanize", "4.16.0", _tree(tmp_path / "hz", {"src/humanize/__init__.py": ""}))
     assert pinned.test_deps == ("freezegun==1.5.5",)

@@ -16,6 +16,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
 from arl.harbor.agents.checks import run_check
 from arl.harbor.swe.export_rows import export_set
 from arl.harbor.swe.import_rows import convert_rows
@@ -39,9 +40,20 @@ async def test_round_trip_checks_hold_in_docker(round_trip, tmp_path, tokenizer)
     _, rows, task = round_trip
     assert (task / "environment" / "Dockerfile").read_text().startswith(f"FROM {rows[0]['image']}\n")
     scripts = ("oracle", "nop", "edit-tests")
-    results = await asyncio.gather(*(
-        run_check(task, agent="shell", script=s, env="docker", tokenizer=tokenizer, trials_dir=tmp_path / s,
-                  trial_timeout_sec=300) for s in scripts))
+    results = await asyncio.gather(
+        *(
+            run_check(
+                task,
+                agent="shell",
+                script=s,
+                env="docker",
+                tokenizer=tokenizer,
+                trials_dir=tmp_path / s,
+                trial_timeout_sec=300,
+            )
+            for s in scripts
+        )
+    )
     for script, result in zip(scripts, results, strict=True):
         _assert_check(result, script)
         reward_dir = Path(result.trial_dir) / "verifier"
@@ -53,7 +65,9 @@ async def test_round_trip_checks_hold_in_docker(round_trip, tmp_path, tokenizer)
 
 async def test_export_saves_the_images_with_docker_save(round_trip, tmp_path):
     task_set, _, _ = round_trip
-    saved = await export_set(task_set, tmp_path / "rows.jsonl", images_dir=tmp_path / "images", log=lambda _: None)
+    saved = await export_set(
+        task_set, tmp_path / "rows.jsonl", images_dir=tmp_path / "images", log=lambda _: None
+    )
     with tarfile.open(tmp_path / "images" / "images.tar") as tar:
         manifest = json.load(tar.extractfile("manifest.json"))
     assert {t for entry in manifest for t in entry["RepoTags"]} == {f"{saved[0]['image']}:latest"}

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from arl.harbor.agents.checks import run_check
 from arl.harbor.errors import HarborConfigError
 from arl.harbor.swe import export_rows
@@ -57,23 +58,28 @@ VERIFIED_ROW = {
     "test_patch": (
         "diff --git a/astropy/modeling/tests/test_separable.py b/astropy/modeling/tests/test_separable.py\n"
         "--- a/astropy/modeling/tests/test_separable.py\n+++ b/astropy/modeling/tests/test_separable.py\n"
-        "@@ -28,6 +28,7 @@\n p1 = models.Polynomial1D(1, name='p1')\n \n \n+cm_4d_expected = (np.array([False, False, True, True]),)\n"
+        "@@ -28,6 +28,7 @@\n p1 = models.Polynomial1D(1, name='p1')\n \n \n"
+        "+cm_4d_expected = (np.array([False, False, True, True]),)\n"
         " compound_models = {\n     'cm1': (map3 & sh1 | rot & sh1 | sh1 & sh2 & sh1,\n"
         "             (np.array([False, False, True]),\n"
     ),
     "problem_statement": "Modeling's `separability_matrix` does not compute separability correctly for nested "
-                         "CompoundModels\n",
+    "CompoundModels\n",
     "hints_text": "",
     "created_at": "2022-03-03T15:14:54Z",
     "version": "4.3",
-    "FAIL_TO_PASS": json.dumps([
-        "astropy/modeling/tests/test_separable.py::test_separable[compound_model6-result6]",
-        "astropy/modeling/tests/test_separable.py::test_separable[compound_model9-result9]",
-    ]),
-    "PASS_TO_PASS": json.dumps([
-        "astropy/modeling/tests/test_separable.py::test_coord_matrix",
-        "astropy/modeling/tests/test_separable.py::test_cdot",
-    ]),
+    "FAIL_TO_PASS": json.dumps(
+        [
+            "astropy/modeling/tests/test_separable.py::test_separable[compound_model6-result6]",
+            "astropy/modeling/tests/test_separable.py::test_separable[compound_model9-result9]",
+        ]
+    ),
+    "PASS_TO_PASS": json.dumps(
+        [
+            "astropy/modeling/tests/test_separable.py::test_coord_matrix",
+            "astropy/modeling/tests/test_separable.py::test_cdot",
+        ]
+    ),
     "environment_setup_commit": "298ccb478e6bf092953bca67a3d29dc6c35f6752",
     "difficulty": "15 min - 1 hour",
 }
@@ -84,9 +90,9 @@ GYM_ROW = {
     "patch": (
         "diff --git a/moto/ssm/models.py b/moto/ssm/models.py\n--- a/moto/ssm/models.py\n+++ b/moto/ssm/models.py\n"
         "@@ -836,7 +836,7 @@ def _match_filters(self, parameter, filters=None):\n"
-        "             elif key.startswith(\"tag:\"):\n"
+        '             elif key.startswith("tag:"):\n'
         "-                what = key[4:] or None\n"
-        "+                what = [tag[\"Value\"] for tag in parameter.tags if tag[\"Key\"] == key[4:]]\n"
+        '+                what = [tag["Value"] for tag in parameter.tags if tag["Key"] == key[4:]]\n'
         "             else:\n"
     ),
     "test_patch": "",
@@ -100,21 +106,25 @@ GYM_ROW = {
 }
 # A Django row: its tests are runtests.py ids, not pytest node ids.
 DJANGO_ROW = {
-    **VERIFIED_ROW, "repo": "django/django", "instance_id": "django__django-11099",
+    **VERIFIED_ROW,
+    "repo": "django/django",
+    "instance_id": "django__django-11099",
     "patch": "diff --git a/django/contrib/auth/validators.py b/django/contrib/auth/validators.py\n"
-             "--- a/django/contrib/auth/validators.py\n+++ b/django/contrib/auth/validators.py\n"
-             "@@ -7,7 +7,7 @@\n class ASCIIUsernameValidator(validators.RegexValidator):\n"
-             "-    regex = r'^[\\w.@+-]+$'\n+    regex = r'\\A[\\w.@+-]+\\Z'\n",
+    "--- a/django/contrib/auth/validators.py\n+++ b/django/contrib/auth/validators.py\n"
+    "@@ -7,7 +7,7 @@\n class ASCIIUsernameValidator(validators.RegexValidator):\n"
+    "-    regex = r'^[\\w.@+-]+$'\n+    regex = r'\\A[\\w.@+-]+\\Z'\n",
     "test_patch": "",
     "FAIL_TO_PASS": json.dumps(["test_ascii_validator (auth_tests.test_validators.UsernameValidatorsTests)"]),
     "PASS_TO_PASS": json.dumps([]),
 }
 # A fix of pytest itself adds references to `_pytest`, which the grader's default reach patterns refuse.
 PYTEST_ROW = {
-    **GYM_ROW, "repo": "pytest-dev/pytest", "instance_id": "pytest-dev__pytest-5103",
+    **GYM_ROW,
+    "repo": "pytest-dev/pytest",
+    "instance_id": "pytest-dev__pytest-5103",
     "patch": "diff --git a/src/_pytest/assertion/rewrite.py b/src/_pytest/assertion/rewrite.py\n"
-             "--- a/src/_pytest/assertion/rewrite.py\n+++ b/src/_pytest/assertion/rewrite.py\n"
-             "@@ -1,3 +1,4 @@\n import ast\n+from _pytest.assertion import util\n import errno\n import imp\n",
+    "--- a/src/_pytest/assertion/rewrite.py\n+++ b/src/_pytest/assertion/rewrite.py\n"
+    "@@ -1,3 +1,4 @@\n import ast\n+from _pytest.assertion import util\n import errno\n import imp\n",
     "FAIL_TO_PASS": ["testing/test_assertrewrite.py::TestAssertionRewrite::test_unroll_expression"],
     "PASS_TO_PASS": [],
 }
@@ -132,7 +142,9 @@ def test_hand_written_rows_have_the_published_shapes():
     assert isinstance(validate_published(VERIFIED_ROW, "swe-bench-verified"), SweBenchVerifiedRow)
     validate_published(GYM_ROW, "swe-gym")
     # Each shape is exact: the other dataset's test-list encoding, a missing or an extra column is named.
-    with pytest.raises(RowError, match=r"^row 1 \(getmoto__moto-5752\): (PASS|FAIL)_TO_PASS: Expected `str`, got `array`"):
+    with pytest.raises(
+        RowError, match=r"^row 1 \(getmoto__moto-5752\): (PASS|FAIL)_TO_PASS: Expected `str`, got `array`"
+    ):
         validate_published(GYM_ROW, "swe-bench-verified")
     with pytest.raises(RowError, match="difficulty"):
         validate_published({k: v for k, v in VERIFIED_ROW.items() if k != "difficulty"}, "swe-bench-verified")
@@ -144,27 +156,40 @@ def test_rows_of_both_shapes_parse_to_the_same_row():
     verified, gym = parse_row(VERIFIED_ROW, 1, "v"), parse_row(GYM_ROW, 2, "g")
     assert verified.FAIL_TO_PASS == json.loads(VERIFIED_ROW["FAIL_TO_PASS"])
     assert gym.FAIL_TO_PASS == GYM_ROW["FAIL_TO_PASS"] and gym.environment_setup_commit == ""
-    smith = parse_row({**GYM_ROW, "image_name": "swebench/swesmith.x86_64.getmoto_1776_moto.694ce1f4",
-                       "test_patch": None, "hints_text": None}, 3, "s")
+    smith = parse_row(
+        {
+            **GYM_ROW,
+            "image_name": "swebench/swesmith.x86_64.getmoto_1776_moto.694ce1f4",
+            "test_patch": None,
+            "hints_text": None,
+        },
+        3,
+        "s",
+    )
     assert smith.image == "swebench/swesmith.x86_64.getmoto_1776_moto.694ce1f4" and smith.test_patch == ""
 
 
-@pytest.mark.parametrize("change, field, reason", [
-    ({"patch": None}, "patch", "Expected `str`, got `null`"),
-    ({"FAIL_TO_PASS": "[not json"}, "FAIL_TO_PASS", "JSON-encoded list"),
-    ({"PASS_TO_PASS": [1, 2]}, "PASS_TO_PASS", "list of test id strings"),
-    ({"FAIL_TO_PASS": "[]"}, "FAIL_TO_PASS", "nothing to fix"),
-    ({"version": 3.10}, "version", "loses digits"),
-    ({"problem_statement": "  "}, "problem_statement", "empty"),
-    ({"instance_id": "../etc"}, "instance_id", "task dir"),
-    ({"image": "a", "docker_image": "b"}, "image", "disagree"),
-])
+@pytest.mark.parametrize(
+    "change, field, reason",
+    [
+        ({"patch": None}, "patch", "Expected `str`, got `null`"),
+        ({"FAIL_TO_PASS": "[not json"}, "FAIL_TO_PASS", "JSON-encoded list"),
+        ({"PASS_TO_PASS": [1, 2]}, "PASS_TO_PASS", "list of test id strings"),
+        ({"FAIL_TO_PASS": "[]"}, "FAIL_TO_PASS", "nothing to fix"),
+        ({"version": 3.10}, "version", "loses digits"),
+        ({"problem_statement": "  "}, "problem_statement", "empty"),
+        ({"instance_id": "../etc"}, "instance_id", "task dir"),
+        ({"image": "a", "docker_image": "b"}, "image", "disagree"),
+    ],
+)
 def test_bad_rows_name_row_instance_and_field(change, field, reason):
     with pytest.raises(RowError) as info:
         parse_row({**VERIFIED_ROW, **change}, 7, "rows.jsonl")
     e = info.value
     assert (e.number, e.field) == (7, field) and reason in e.reason
-    assert str(e).startswith(f"rows.jsonl row 7 ({change.get('instance_id', 'astropy__astropy-12907')}): {field}:")
+    assert str(e).startswith(
+        f"rows.jsonl row 7 ({change.get('instance_id', 'astropy__astropy-12907')}): {field}:"
+    )
 
 
 def test_read_rows_jsonl_json_and_json_lines(tmp_path):
@@ -197,28 +222,42 @@ def test_read_rows_parquet(tmp_path):
 # ----- test commands ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cmd, expected", [
-    ("pytest", PytestCommand()),
-    ("pytest -rA --tb=no -p no:cacheprovider", PytestCommand(args=("-rA", "--tb=no", "-p", "no:cacheprovider"))),
-    ("python -m pytest -c setup.cfg -x", PytestCommand(config="setup.cfg", args=("-x",))),
-    ("PYTHONPATH=/testbed/src /opt/miniconda3/envs/testbed/bin/python -m pytest --config-file=/testbed/tox.ini",
-     PytestCommand(python="/opt/miniconda3/envs/testbed/bin/python", src_root="src", config="tox.ini")),
-    ("/usr/local/bin/pytest -o addopts=", PytestCommand(python="/usr/local/bin/python", args=("-o", "addopts="))),
-])
+@pytest.mark.parametrize(
+    "cmd, expected",
+    [
+        ("pytest", PytestCommand()),
+        (
+            "pytest -rA --tb=no -p no:cacheprovider",
+            PytestCommand(args=("-rA", "--tb=no", "-p", "no:cacheprovider")),
+        ),
+        ("python -m pytest -c setup.cfg -x", PytestCommand(config="setup.cfg", args=("-x",))),
+        (
+            "PYTHONPATH=/testbed/src /opt/miniconda3/envs/testbed/bin/python -m pytest --config-file=/testbed/tox.ini",
+            PytestCommand(python="/opt/miniconda3/envs/testbed/bin/python", src_root="src", config="tox.ini"),
+        ),
+        (
+            "/usr/local/bin/pytest -o addopts=",
+            PytestCommand(python="/usr/local/bin/python", args=("-o", "addopts=")),
+        ),
+    ],
+)
 def test_pytest_commands_parse_and_round_trip(cmd, expected):
     assert parse_test_cmd(cmd) == expected
     assert parse_test_cmd(expected.command()) == expected
 
 
-@pytest.mark.parametrize("cmd, why", [
-    ("./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1", "does not run pytest"),
-    ("bin/test -C --verbose", "does not run pytest"),
-    ("tox --current-env -epy39 -v --", "does not run pytest"),
-    ("pytest --rootdir=/x", "pins --rootdir"),
-    ("pytest -x && rm -rf /", "shell operators"),
-    ("DJANGO_SETTINGS_MODULE=x pytest", "takes only PYTHONPATH"),
-    ("pytest -c ../etc/pytest.ini", "under /testbed"),
-])
+@pytest.mark.parametrize(
+    "cmd, why",
+    [
+        ("./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1", "does not run pytest"),
+        ("bin/test -C --verbose", "does not run pytest"),
+        ("tox --current-env -epy39 -v --", "does not run pytest"),
+        ("pytest --rootdir=/x", "pins --rootdir"),
+        ("pytest -x && rm -rf /", "shell operators"),
+        ("DJANGO_SETTINGS_MODULE=x pytest", "takes only PYTHONPATH"),
+        ("pytest -c ../etc/pytest.ini", "under /testbed"),
+    ],
+)
 def test_other_runners_and_unsafe_commands_are_refused(cmd, why):
     with pytest.raises(ValueError, match=why):
         parse_test_cmd(cmd)
@@ -227,15 +266,23 @@ def test_other_runners_and_unsafe_commands_are_refused(cmd, why):
 def test_image_templates(tmp_path):
     row = parse_row(GYM_ROW, 1, "r")
     assert image_name(row, "mirror.local/{owner}/{name}:{version}") == "mirror.local/getmoto/moto:4.0"
-    assert image_name(row, IMAGE_PRESETS["swebench"][0]) == "swebench/sweb.eval.x86_64.getmoto_1776_moto-5752:latest"
+    assert (
+        image_name(row, IMAGE_PRESETS["swebench"][0])
+        == "swebench/sweb.eval.x86_64.getmoto_1776_moto-5752:latest"
+    )
     with pytest.raises(HarborConfigError, match=r"image template '\{nope\}' is not usable.*openhands_key"):
         ImportOptions(image_template="{nope}").check()
 
 
 def test_convert_flags_map_repos_and_the_default(tmp_path):
     rows = _write_jsonl(tmp_path / "r.jsonl", [GYM_ROW])
-    path, options = options_from_args(str(rows), image_template="swe-gym", python=None, skip_invalid=True,
-                                      test_cmds=["pytest -rA", "getmoto/moto=pytest -n0 -p no:randomly"])
+    path, options = options_from_args(
+        str(rows),
+        image_template="swe-gym",
+        python=None,
+        skip_invalid=True,
+        test_cmds=["pytest -rA", "getmoto/moto=pytest -n0 -p no:randomly"],
+    )
     assert path == rows and options.test_cmd == "pytest -rA" and options.skip_invalid
     assert options.repo_test_cmds == {"getmoto/moto": "pytest -n0 -p no:randomly"}
 
@@ -247,14 +294,20 @@ def test_published_rows_convert_to_tasks_graded_like_arls(tmp_path):
     rows = _write_jsonl(tmp_path / "rows.jsonl", [VERIFIED_ROW])
     gym_rows = _write_jsonl(tmp_path / "gym.jsonl", [GYM_ROW])
     convert_rows(rows, tmp_path / "verified", ImportOptions(image_template="swebench"))
-    convert_rows(gym_rows, tmp_path / "gym", ImportOptions(image_template="swe-gym",
-                                                           repo_test_cmds={"getmoto/moto": "pytest -rA"}))
+    convert_rows(
+        gym_rows,
+        tmp_path / "gym",
+        ImportOptions(image_template="swe-gym", repo_test_cmds={"getmoto/moto": "pytest -rA"}),
+    )
     task = tmp_path / "verified" / "astropy__astropy-12907"
     assert validate_task(task).ok and validate_task(task).verifier_mode == "separate"
     dockerfile = (task / "environment" / "Dockerfile").read_text()
     # SWE-bench's image key: lowercased, "__" -> "_1776_", namespace swebench; its conda env runs the tests.
     assert dockerfile.startswith("FROM swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest\n")
-    assert "cp -a /testbed /arl/base" in dockerfile and "ENV PATH=/opt/miniconda3/envs/testbed/bin:$PATH" in dockerfile
+    assert (
+        "cp -a /testbed /arl/base" in dockerfile
+        and "ENV PATH=/opt/miniconda3/envs/testbed/bin:$PATH" in dockerfile
+    )
     gym_docker = (tmp_path / "gym" / "getmoto__moto-5752" / "environment" / "Dockerfile").read_text()
     assert gym_docker.startswith("FROM docker.io/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752\n")
     toml = (task / "task.toml").read_text()
@@ -268,32 +321,50 @@ def test_published_rows_convert_to_tasks_graded_like_arls(tmp_path):
         assert (task / "tests" / "plugin" / name).is_file()
     config = json.loads((task / "tests" / "config.json").read_text())
     assert config["fail_to_pass"] == json.loads(VERIFIED_ROW["FAIL_TO_PASS"])
-    assert config["test_files"] == ["astropy/modeling/tests/test_separable.py"] and "reach_patterns" not in config
+    assert (
+        config["test_files"] == ["astropy/modeling/tests/test_separable.py"]
+        and "reach_patterns" not in config
+    )
     test_sh = (task / "tests" / "test.sh").read_text()
     assert not re.search(r"@[A-Z_]+@", test_sh)  # every placeholder filled
     assert "TEST_FILES=(astropy/modeling/tests/test_separable.py)" in test_sh
-    assert "for cand in \"${ARL_SWE_PYTHON:-}\" /opt/miniconda3/envs/testbed/bin/python python3" in test_sh
+    assert 'for cand in "${ARL_SWE_PYTHON:-}" /opt/miniconda3/envs/testbed/bin/python python3' in test_sh
     gym_sh = (tmp_path / "gym" / "getmoto__moto-5752" / "tests" / "test.sh").read_text()
     assert "PYTEST_ARGS=(-rA)" in gym_sh
-    manifest = [json.loads(line) for line in (tmp_path / "verified" / "manifest.jsonl").read_text().splitlines()]
+    manifest = [
+        json.loads(line) for line in (tmp_path / "verified" / "manifest.jsonl").read_text().splitlines()
+    ]
     assert [m["id"] for m in manifest] == ["astropy__astropy-12907"]
 
 
 def test_a_fix_that_needs_a_reach_pattern_keeps_it_and_only_it(tmp_path):
-    convert_rows(_write_jsonl(tmp_path / "r.jsonl", [PYTEST_ROW]), tmp_path / "out",
-                 ImportOptions(image_template="swe-gym"))
+    convert_rows(
+        _write_jsonl(tmp_path / "r.jsonl", [PYTEST_ROW]),
+        tmp_path / "out",
+        ImportOptions(image_template="swe-gym"),
+    )
     config = json.loads((tmp_path / "out" / "pytest-dev__pytest-5103" / "tests" / "config.json").read_text())
     defaults = grade_change_module().DEFAULT_REACH_PATTERNS
     assert set(defaults) - set(config["reach_patterns"]) == {r"_pytest"}
 
 
 def test_rows_arl_cannot_grade_are_refused_with_the_reason(tmp_path):
-    binary = {**GYM_ROW, "instance_id": "o__r-2", "test_patch": "diff --git a/tests/a.png b/tests/a.png\n"
-              "new file mode 100644\nindex 0000000..1111111\nGIT binary patch\nliteral 3\nKcmZ?wa>fy\n"}
-    config_fix = {**GYM_ROW, "instance_id": "o__r-3", "patch": "--- a/setup.cfg\n+++ b/setup.cfg\n@@ -1 +1 @@\n-a\n+b\n"}
+    binary = {
+        **GYM_ROW,
+        "instance_id": "o__r-2",
+        "test_patch": "diff --git a/tests/a.png b/tests/a.png\n"
+        "new file mode 100644\nindex 0000000..1111111\nGIT binary patch\nliteral 3\nKcmZ?wa>fy\n",
+    }
+    config_fix = {
+        **GYM_ROW,
+        "instance_id": "o__r-3",
+        "patch": "--- a/setup.cfg\n+++ b/setup.cfg\n@@ -1 +1 @@\n-a\n+b\n",
+    }
     no_image = {**GYM_ROW, "instance_id": "o__r-4"}
     truncated = {**GYM_ROW, "instance_id": "o__r-5", "PASS_TO_PASS": ["tests/test_a.py::test_b[x"]}
-    rows = _write_jsonl(tmp_path / "rows.jsonl", [DJANGO_ROW, GYM_ROW, binary, config_fix, GYM_ROW, truncated])
+    rows = _write_jsonl(
+        tmp_path / "rows.jsonl", [DJANGO_ROW, GYM_ROW, binary, config_fix, GYM_ROW, truncated]
+    )
     with pytest.raises(HarborConfigError) as info:
         convert_rows(rows, tmp_path / "out", ImportOptions(image_template="swe-gym"))
     text = str(info.value)
@@ -311,8 +382,13 @@ def test_rows_arl_cannot_grade_are_refused_with_the_reason(tmp_path):
     result = convert_rows(rows, tmp_path / "out", ImportOptions(image_template="swe-gym", skip_invalid=True))
     assert result.tasks == ["getmoto__moto-5752"]
     refused = [json.loads(line) for line in (tmp_path / "out" / "refused.jsonl").read_text().splitlines()]
-    assert [(r["row"], r["field"]) for r in refused] == [(1, "FAIL_TO_PASS[0]"), (3, "test_patch"), (4, "patch"),
-                                                         (5, "instance_id"), (6, "PASS_TO_PASS[0]")]
+    assert [(r["row"], r["field"]) for r in refused] == [
+        (1, "FAIL_TO_PASS[0]"),
+        (3, "test_patch"),
+        (4, "patch"),
+        (5, "instance_id"),
+        (6, "PASS_TO_PASS[0]"),
+    ]
 
 
 def test_convert_replaces_only_an_earlier_import(tmp_path):
@@ -339,8 +415,10 @@ def test_swebench_data_source_is_converted_once(tmp_path, monkeypatch):
     assert (task_dir.parent / "import.json").stat().st_mtime_ns == stamp  # reused, not converted again
     # An import .toml: options and the rows file (relative to it); other options, another import.
     spec = tmp_path / "import.toml"
-    spec.write_text('rows = "rows.jsonl"\nout = "moto-tasks"\nskip_invalid = true\n'
-                    '[repo_test_cmds]\n"getmoto/moto" = "pytest -rA"\n')
+    spec.write_text(
+        'rows = "rows.jsonl"\nout = "moto-tasks"\nskip_invalid = true\n'
+        '[repo_test_cmds]\n"getmoto/moto" = "pytest -rA"\n'
+    )
     tasks = load_harbor_tasks(f"swebench:{spec}")
     assert Path(tasks[0].metadata["harbor_task_path"]).parent == tmp_path / "moto-tasks"
     spec.write_text('rows = "rows.jsonl"\nimage_tempalte = "swebench"\n')
@@ -357,11 +435,23 @@ def write_swe_set(root: Path, names: tuple[str, ...] = ("tinycalc__clamp",)) -> 
     for name in names:
         task = write_swe_task(root, name)
         config = json.loads((task / "tests" / "config.json").read_text())
-        rows.append({"id": name, "package": config["package"], "version": config["version"],
-                     "module": config["module"], "function": config["function"], "operator": config["operator"],
-                     "fail_to_pass": config["fail_to_pass"], "pass_to_pass": config["pass_to_pass"],
-                     "validate_s": 0.5, "test_files": config["test_files"], "seed": 0, "image": None,
-                     "image_build_s": None})
+        rows.append(
+            {
+                "id": name,
+                "package": config["package"],
+                "version": config["version"],
+                "module": config["module"],
+                "function": config["function"],
+                "operator": config["operator"],
+                "fail_to_pass": config["fail_to_pass"],
+                "pass_to_pass": config["pass_to_pass"],
+                "validate_s": 0.5,
+                "test_files": config["test_files"],
+                "seed": 0,
+                "image": None,
+                "image_build_s": None,
+            }
+        )
     (root / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
 
@@ -399,10 +489,19 @@ async def test_export_rows_have_the_published_shape(tmp_path, style):
 async def test_the_local_sandbox_refuses_an_imported_task(tmp_path, tokenizer):  # noqa: F811
     """An imported task's repository exists only in its image; arl's local sandbox runs the host's system
     dirs, not an image's filesystem, so it refuses the task at start (dropped as invalid_task, never a 0)."""
-    convert_rows(_write_jsonl(tmp_path / "r.jsonl", [{**GYM_ROW, "image": "registry.local/moto:5752"}]),
-                 tmp_path / "out")
-    result = await run_check(tmp_path / "out" / "getmoto__moto-5752", agent="shell", script="nop", env="local",
-                             tokenizer=tokenizer, trials_dir=tmp_path / "trials", trial_timeout_sec=60)
+    convert_rows(
+        _write_jsonl(tmp_path / "r.jsonl", [{**GYM_ROW, "image": "registry.local/moto:5752"}]),
+        tmp_path / "out",
+    )
+    result = await run_check(
+        tmp_path / "out" / "getmoto__moto-5752",
+        agent="shell",
+        script="nop",
+        env="local",
+        tokenizer=tokenizer,
+        trials_dir=tmp_path / "trials",
+        trial_timeout_sec=60,
+    )
     assert result.failed and result.failure_kind == "invalid_task"
     assert "RUN steps the local sandbox does not execute" in result.error
     assert "the repository of this task is its image's /testbed" in result.error

@@ -11,7 +11,12 @@ import pytest
 from arl.harbor.swe.runner import PytestRun, run_pytest
 from arl.harbor.swe.testing import write_tiny_package
 from arl.harbor.swe.validate import (
-    Baseline, classify, is_test_path, module_token, source_modules, mapped_test_files,
+    Baseline,
+    classify,
+    is_test_path,
+    mapped_test_files,
+    module_token,
+    source_modules,
 )
 
 PYTHON = Path(sys.executable)  # this environment has pytest, like a package's test venv
@@ -25,11 +30,15 @@ def tiny(tmp_path):
 
 def test_paths_modules_and_test_map(tiny):
     root, spec = tiny
-    assert is_test_path("tests/test_x.py") and is_test_path("pkg/tests/helpers.py") and is_test_path("x_test.py")
+    assert (
+        is_test_path("tests/test_x.py") and is_test_path("pkg/tests/helpers.py") and is_test_path("x_test.py")
+    )
     assert not is_test_path("pkg/core.py") and not is_test_path("README.rst")
     assert source_modules(root, spec) == ["tinycalc/__init__.py"]
     assert module_token("tinycalc/__init__.py", spec) == "tinycalc"
-    assert mapped_test_files("tinycalc/__init__.py", spec, root, ["tests/test_tinycalc.py"]) == ["tests/test_tinycalc.py"]
+    assert mapped_test_files("tinycalc/__init__.py", spec, root, ["tests/test_tinycalc.py"]) == [
+        "tests/test_tinycalc.py"
+    ]
 
 
 def test_baseline_and_a_real_bug(tiny):
@@ -45,8 +54,10 @@ def test_baseline_and_a_real_bug(tiny):
     run = run_pytest(root, PYTHON, files=["tests/test_tinycalc.py"])
     result = classify(passed, run)
     assert result.kept
-    assert result.fail_to_pass == ["tests/test_tinycalc.py::test_digits[-56-expected3]",
-                                   "tests/test_tinycalc.py::test_digits[1234-expected2]"]
+    assert result.fail_to_pass == [
+        "tests/test_tinycalc.py::test_digits[-56-expected3]",
+        "tests/test_tinycalc.py::test_digits[1234-expected2]",
+    ]
     assert len(result.pass_to_pass) == 10 and not set(result.fail_to_pass) & set(result.pass_to_pass)
     assert "assert" in run.messages[result.fail_to_pass[0]]
 
@@ -58,10 +69,17 @@ def test_rejects_harmless_total_and_hanging_changes(tiny):
     source = module.read_text()
 
     module.write_text(source.replace('raise ValueError("negative")', 'raise ValueError("below zero")'))
-    assert classify(passed, run_pytest(root, PYTHON, files=["tests/test_tinycalc.py"])).reject == "no test fails"
+    assert (
+        classify(passed, run_pytest(root, PYTHON, files=["tests/test_tinycalc.py"])).reject == "no test fails"
+    )
 
-    module.write_text(source.replace('"""tinycalc: a few small functions with tests."""', "import no_such_module"))
-    assert classify(passed, run_pytest(root, PYTHON, files=["tests/test_tinycalc.py"])).reject == "every test fails"
+    module.write_text(
+        source.replace('"""tinycalc: a few small functions with tests."""', "import no_such_module")
+    )
+    assert (
+        classify(passed, run_pytest(root, PYTHON, files=["tests/test_tinycalc.py"])).reject
+        == "every test fails"
+    )
 
     module.write_text(source.replace("    if lo > hi:", "    while True:\n        pass\n    if lo > hi:"))
     run = run_pytest(root, PYTHON, files=["tests/test_tinycalc.py"], timeout_sec=5)

@@ -30,8 +30,11 @@ def grade_change_module() -> ModuleType:
 
 def needed_reach_patterns(added: str, removed: str) -> set[str]:
     """The default reach patterns that a fix adds (more matches in its added text than in its removed)."""
-    return {p for p in grade_change_module().DEFAULT_REACH_PATTERNS
-            if len(re.findall(p, added)) > len(re.findall(p, removed))}
+    return {
+        p
+        for p in grade_change_module().DEFAULT_REACH_PATTERNS
+        if len(re.findall(p, added)) > len(re.findall(p, removed))
+    }
 
 
 def reach_patterns_without(needed: set[str]) -> list[str] | None:

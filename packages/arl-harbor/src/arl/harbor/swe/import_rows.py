@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
 from arl.harbor.errors import HarborConfigError
 from arl.harbor.swe import grading
 from arl.harbor.swe.rows import RowError, SweRow, is_pytest_node_id, parse_row, read_rows
@@ -111,30 +112,61 @@ class ImportOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.verifier_timeout_sec <= 60:
             raise HarborConfigError("import option verifier_timeout_sec must be > 60 (pytest gets 30 s less)")
         if self.cpus < 1 or self.memory_mb < 256:
-            raise HarborConfigError(f"import options cpus >= 1 and memory_mb >= 256, got {self.cpus}, {self.memory_mb}")
+            raise HarborConfigError(
+                f"import options cpus >= 1 and memory_mb >= 256, got {self.cpus}, {self.memory_mb}"
+            )
         if self.python and not self.python.startswith("/"):
-            raise HarborConfigError(f"import option python must be an absolute path in the image, got {self.python!r}")
+            raise HarborConfigError(
+                f"import option python must be an absolute path in the image, got {self.python!r}"
+            )
         template = IMAGE_PRESETS.get(self.image_template, (self.image_template, ""))[0]
         if template:
             try:
-                image_name(SweRow(instance_id="o__r-1", repo="o/r", patch="x", problem_statement="x",
-                                     FAIL_TO_PASS=["t.py::t"], PASS_TO_PASS=[]), template)
+                image_name(
+                    SweRow(
+                        instance_id="o__r-1",
+                        repo="o/r",
+                        patch="x",
+                        problem_statement="x",
+                        FAIL_TO_PASS=["t.py::t"],
+                        PASS_TO_PASS=[],
+                    ),
+                    template,
+                )
             except (KeyError, IndexError, ValueError) as e:
-                raise HarborConfigError(f"image template {self.image_template!r} is not usable: {e!r}; its "
-                                        f"fields: {sorted(_TEMPLATE_FIELDS)}") from None
+                raise HarborConfigError(
+                    f"image template {self.image_template!r} is not usable: {e!r}; its "
+                    f"fields: {sorted(_TEMPLATE_FIELDS)}"
+                ) from None
 
 
-_TEMPLATE_FIELDS = ("instance_id", "instance_id_lower", "swebench_key", "openhands_key", "repo", "owner", "name",
-                    "version", "base_commit")
+_TEMPLATE_FIELDS = (
+    "instance_id",
+    "instance_id_lower",
+    "swebench_key",
+    "openhands_key",
+    "repo",
+    "owner",
+    "name",
+    "version",
+    "base_commit",
+)
 
 
 def image_name(row: SweRow, template: str) -> str:
     owner, _, name = row.repo.partition("/")
     lower = row.instance_id.lower()
-    return template.format(instance_id=row.instance_id, instance_id_lower=lower,
-                           swebench_key=lower.replace("__", "_1776_"),
-                           openhands_key=lower.replace("__", "_s_"), repo=row.repo, owner=owner, name=name,
-                           version=row.version, base_commit=row.base_commit)
+    return template.format(
+        instance_id=row.instance_id,
+        instance_id_lower=lower,
+        swebench_key=lower.replace("__", "_1776_"),
+        openhands_key=lower.replace("__", "_s_"),
+        repo=row.repo,
+        owner=owner,
+        name=name,
+        version=row.version,
+        base_commit=row.base_commit,
+    )
 
 
 @dataclass(frozen=True)
@@ -179,8 +211,10 @@ def parse_test_cmd(cmd: str) -> PytestCommand:
     while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
         name, _, value = words.pop(0).partition("=")
         if name != "PYTHONPATH" or ":" in value or not value:
-            raise ValueError(f"{cmd!r} sets {name}={value}: the grader runs pytest in a pinned environment and "
-                             "takes only PYTHONPATH=<one folder under /testbed>")
+            raise ValueError(
+                f"{cmd!r} sets {name}={value}: the grader runs pytest in a pinned environment and "
+                "takes only PYTHONPATH=<one folder under /testbed>"
+            )
         src_root = _under_testbed(value, "PYTHONPATH")
     runner = words[0] if words else ""
     base = runner.rsplit("/", 1)[-1]
@@ -200,7 +234,8 @@ def parse_test_cmd(cmd: str) -> PytestCommand:
         raise ValueError(
             f"{cmd!r} does not run pytest (pytest ... | python -m pytest ...): arl's grader scores pytest "
             "node ids from its own pytest plugin; other runners (Django's runtests.py, sympy's bin/test, tox) "
-            "need a log parser, which is not built yet")
+            "need a log parser, which is not built yet"
+        )
     config, args = "", []
     while rest:
         word = rest.pop(0)
@@ -211,7 +246,9 @@ def parse_test_cmd(cmd: str) -> PytestCommand:
         elif word.startswith("--config-file="):
             config = _under_testbed(word.partition("=")[2], "the pytest config")
         elif word == "--rootdir" or word.startswith("--rootdir="):
-            raise ValueError(f"{cmd!r}: the grader pins --rootdir=/testbed (pytest's node ids are relative to it)")
+            raise ValueError(
+                f"{cmd!r}: the grader pins --rootdir=/testbed (pytest's node ids are relative to it)"
+            )
         else:
             args.append(word)
     if config == ".":
@@ -300,15 +337,21 @@ def prepare_row(raw: Any, number: int, where: str, options: ImportOptions) -> Ro
     for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
         for i, test_id in enumerate(getattr(row, key)):
             if not is_pytest_node_id(test_id):
-                raise refuse(f"{key}[{i}]", f"{test_id!r} is not a pytest node id (path/to/test_file.py::name): "
-                                            "this repository's tests run under another runner (e.g. Django's "
-                                            "runtests.py, sympy's bin/test), whose results arl's grader cannot "
-                                            "read yet (a log parser for them is future work)")
+                raise refuse(
+                    f"{key}[{i}]",
+                    f"{test_id!r} is not a pytest node id (path/to/test_file.py::name): "
+                    "this repository's tests run under another runner (e.g. Django's "
+                    "runtests.py, sympy's bin/test), whose results arl's grader cannot "
+                    "read yet (a log parser for them is future work)",
+                )
             name = test_id.partition("::")[2]
             if name.count("[") != name.count("]"):
-                raise refuse(f"{key}[{i}]", f"{test_id!r} is cut short (unbalanced brackets: a log parser that splits "
-                                            "on spaces truncated a parameter id): no test has this node id, so "
-                                            "the task could never pass")
+                raise refuse(
+                    f"{key}[{i}]",
+                    f"{test_id!r} is cut short (unbalanced brackets: a log parser that splits "
+                    "on spaces truncated a parameter id): no test has this node id, so "
+                    "the task could never pass",
+                )
     both = sorted(set(row.FAIL_TO_PASS) & set(row.PASS_TO_PASS))
     if both:
         raise refuse("PASS_TO_PASS", f"lists tests also in FAIL_TO_PASS: {both[:3]}")
@@ -320,8 +363,11 @@ def prepare_row(raw: Any, number: int, where: str, options: ImportOptions) -> Ro
     preset_template, preset_python = IMAGE_PRESETS.get(options.image_template, (options.image_template, ""))
     image = row.image or (image_name(row, preset_template) if preset_template else "")
     if not image:
-        raise refuse("image", "the row names no image (image / docker_image / image_name column) and no image "
-                              "template is given (--image-template swebench | swe-gym | '<format>')")
+        raise refuse(
+            "image",
+            "the row names no image (image / docker_image / image_name column) and no image "
+            "template is given (--image-template swebench | swe-gym | '<format>')",
+        )
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", image):
         raise refuse("image", f"{image!r} is not a docker image reference")
     python = test.python or options.python or preset_python
@@ -335,7 +381,9 @@ def prepare_row(raw: Any, number: int, where: str, options: ImportOptions) -> Ro
         raise refuse("test_patch", "names no file (not a unified diff)")
     binary = sorted(p for p, part in tests.items() if part.binary)
     if binary:
-        raise refuse("test_patch", f"has binary changes ({binary[:3]}), which the grader's `patch -p1` cannot apply")
+        raise refuse(
+            "test_patch", f"has binary changes ({binary[:3]}), which the grader's `patch -p1` cannot apply"
+        )
     test_files = sorted({t.split("::", 1)[0] for t in row.FAIL_TO_PASS + row.PASS_TO_PASS})
     protected_tests = sorted(set(test_files) | set(tests))
     rules = grading.grade_change_module()
@@ -343,11 +391,22 @@ def prepare_row(raw: Any, number: int, where: str, options: ImportOptions) -> Ro
     for path in gold:
         reason = rules.protected_reason(path, "file", False, {}, import_roots, set(protected_tests))
         if reason is not None:
-            raise refuse("patch", f"changes {path}, which the grader puts back before grading ({reason}): "
-                                  "the oracle could never pass")
+            raise refuse(
+                "patch",
+                f"changes {path}, which the grader puts back before grading ({reason}): "
+                "the oracle could never pass",
+            )
     reach = grading.reach_patterns_without(needed_reach_patterns(gold))
-    return RowTask(row=row, number=number, image=image, test=test, test_cmd=test_cmd, test_files=test_files,
-                   protected_tests=protected_tests, reach_patterns=reach)
+    return RowTask(
+        row=row,
+        number=number,
+        image=image,
+        test=test,
+        test_cmd=test_cmd,
+        test_files=test_files,
+        protected_tests=protected_tests,
+        reach_patterns=reach,
+    )
 
 
 def _write(path: Path, text: str, mode: int | None = None) -> None:
@@ -368,10 +427,14 @@ def write_row_task(task_dir: Path, task: RowTask, options: ImportOptions) -> Pat
         f"FROM {task.image}",
         "# The repository at base_commit is the image's /testbed (a SWE-bench-format instance image); the grader",
         f"# measures the agent's change against {BASE_DIR}, a copy of it taken here (images arl exported have one).",
-        (f'RUN test -d /testbed || {{ echo "the repository of this task is its image\'s /testbed, and {task.image} '
-         'has none" >&2; exit 1; }'),
-        (f"RUN [ -d {BASE_DIR} ] || {{ mkdir -p {BASE_DIR.rsplit('/', 1)[0]} && cp -a /testbed {BASE_DIR} "
-         f"&& rm -rf {BASE_DIR}/.git; }}"),
+        (
+            f"RUN test -d /testbed || {{ echo \"the repository of this task is its image's /testbed, and {task.image} "
+            'has none" >&2; exit 1; }'
+        ),
+        (
+            f"RUN [ -d {BASE_DIR} ] || {{ mkdir -p {BASE_DIR.rsplit('/', 1)[0]} && cp -a /testbed {BASE_DIR} "
+            f"&& rm -rf {BASE_DIR}/.git; }}"
+        ),
     ]
     if test.python:
         docker.append(f"ENV PATH={test.python.rsplit('/', 1)[0]}:$PATH")
@@ -395,42 +458,85 @@ def write_row_task(task_dir: Path, task: RowTask, options: ImportOptions) -> Pat
         test_sh = test_sh.replace(key, value)
     _write(tests_dir / "test.sh", test_sh, 0o755)
     config: dict[str, Any] = {
-        "fail_to_pass": row.FAIL_TO_PASS, "pass_to_pass": row.PASS_TO_PASS,
+        "fail_to_pass": row.FAIL_TO_PASS,
+        "pass_to_pass": row.PASS_TO_PASS,
         # What grade_change.py puts back as tests: the listed files and everything test_patch changes.
-        "test_files": task.protected_tests, "src_root": test.src_root, "pytest_args": list(test.args),
-        "pytest_config": test.config or "auto", "instance_id": row.instance_id, "repo": row.repo,
-        "base_commit": row.base_commit, "version": row.version, "image": task.image, "test_cmd": task.test_cmd,
+        "test_files": task.protected_tests,
+        "src_root": test.src_root,
+        "pytest_args": list(test.args),
+        "pytest_config": test.config or "auto",
+        "instance_id": row.instance_id,
+        "repo": row.repo,
+        "base_commit": row.base_commit,
+        "version": row.version,
+        "image": task.image,
+        "test_cmd": task.test_cmd,
     }
     if task.reach_patterns is not None:
         config["reach_patterns"] = task.reach_patterns
     _write(tests_dir / "config.json", json.dumps(config, indent=1) + "\n")
     if row.test_patch.strip():
-        _write(tests_dir / "test.patch", row.test_patch if row.test_patch.endswith("\n") else row.test_patch + "\n")
+        _write(
+            tests_dir / "test.patch",
+            row.test_patch if row.test_patch.endswith("\n") else row.test_patch + "\n",
+        )
 
     _write(task_dir / "solution" / "fix.patch", row.patch if row.patch.endswith("\n") else row.patch + "\n")
-    _write(task_dir / "solution" / "solve.sh", """#!/bin/bash
+    _write(
+        task_dir / "solution" / "solve.sh",
+        """#!/bin/bash
 # The oracle: the row's gold patch, applied in the testbed.
 set -e
 SOLUTION_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "${ARL_SWE_TESTBED:-/testbed}"
 git apply --whitespace=nowarn "$SOLUTION_DIR/fix.patch" 2>/dev/null \\
   || patch -p1 --forward --batch < "$SOLUTION_DIR/fix.patch"
-""", 0o755)
-    _write(task_dir / "instruction.md", row.problem_statement if row.problem_statement.endswith("\n")
-           else row.problem_statement + "\n")
-    metadata = {"source": "swebench-row", "instance_id": row.instance_id, "repo": row.repo,
-                "base_commit": row.base_commit, "version": row.version, "image": task.image, "category": "swe",
-                "arl_grading": GRADING}
-    _write(task_dir / "task.toml", "\n".join([
-        'schema_version = "1.4"', 'artifacts = ["/testbed"]', "", "[metadata]",
-        *(f"{k} = {_toml_str(v)}" for k, v in metadata.items()), "",
-        # Graded in a separate environment from the same image: the agent's /testbed is carried there
-        # after every process of the agent's environment ended (Harbor's separate verifier mode).
-        "[verifier]", f"timeout_sec = {float(options.verifier_timeout_sec)}", 'environment_mode = "separate"', "",
-        "[agent]", f"timeout_sec = {float(options.agent_timeout_sec)}", "",
-        "[environment]", f"build_timeout_sec = {float(options.build_timeout_sec)}", f"cpus = {options.cpus}",
-        f"memory_mb = {options.memory_mb}", 'workdir = "/testbed"', 'network_mode = "no-network"', "",
-    ]))
+""",
+        0o755,
+    )
+    _write(
+        task_dir / "instruction.md",
+        row.problem_statement if row.problem_statement.endswith("\n") else row.problem_statement + "\n",
+    )
+    metadata = {
+        "source": "swebench-row",
+        "instance_id": row.instance_id,
+        "repo": row.repo,
+        "base_commit": row.base_commit,
+        "version": row.version,
+        "image": task.image,
+        "category": "swe",
+        "arl_grading": GRADING,
+    }
+    _write(
+        task_dir / "task.toml",
+        "\n".join(
+            [
+                'schema_version = "1.4"',
+                'artifacts = ["/testbed"]',
+                "",
+                "[metadata]",
+                *(f"{k} = {_toml_str(v)}" for k, v in metadata.items()),
+                "",
+                # Graded in a separate environment from the same image: the agent's /testbed is carried there
+                # after every process of the agent's environment ended (Harbor's separate verifier mode).
+                "[verifier]",
+                f"timeout_sec = {float(options.verifier_timeout_sec)}",
+                'environment_mode = "separate"',
+                "",
+                "[agent]",
+                f"timeout_sec = {float(options.agent_timeout_sec)}",
+                "",
+                "[environment]",
+                f"build_timeout_sec = {float(options.build_timeout_sec)}",
+                f"cpus = {options.cpus}",
+                f"memory_mb = {options.memory_mb}",
+                'workdir = "/testbed"',
+                'network_mode = "no-network"',
+                "",
+            ]
+        ),
+    )
     return task_dir
 
 
@@ -462,8 +568,13 @@ def import_digest(rows_path: Path, options: ImportOptions) -> str:
     return digest.hexdigest()
 
 
-def convert_rows(rows_path: str | Path, out: str | Path, options: ImportOptions | None = None, *,
-                 log: Callable[[str], None] | None = None) -> ImportResult:
+def convert_rows(
+    rows_path: str | Path,
+    out: str | Path,
+    options: ImportOptions | None = None,
+    *,
+    log: Callable[[str], None] | None = None,
+) -> ImportResult:
     """Every row of `rows_path` as a task dir under `out` (replaced whole; it must be empty, absent or an
     earlier import), plus `manifest.jsonl` (one row per task), `refused.jsonl` (with `skip_invalid`) and
     `import.json` (what it was made from). Raises `HarborConfigError` listing the refused rows otherwise."""
@@ -471,7 +582,9 @@ def convert_rows(rows_path: str | Path, out: str | Path, options: ImportOptions 
     options.check()
     rows_path, out = Path(rows_path), Path(out)
     if out.exists() and any(out.iterdir()) and not (out / _MARKER).is_file():
-        raise HarborConfigError(f"{out} exists and is not an import of SWE-bench-format rows: not replacing it")
+        raise HarborConfigError(
+            f"{out} exists and is not an import of SWE-bench-format rows: not replacing it"
+        )
     where = str(rows_path)
     prepared: list[RowTask] = []
     refused: list[RowError] = []
@@ -481,8 +594,13 @@ def convert_rows(rows_path: str | Path, out: str | Path, options: ImportOptions 
         try:
             task = prepare_row(raw, number, where, options)
             if task.row.instance_id in seen:
-                raise RowError(where, number, task.row.instance_id, "instance_id",
-                               f"repeats row {seen[task.row.instance_id]}")
+                raise RowError(
+                    where,
+                    number,
+                    task.row.instance_id,
+                    "instance_id",
+                    f"repeats row {seen[task.row.instance_id]}",
+                )
         except RowError as e:
             refused.append(e)
             continue
@@ -491,11 +609,15 @@ def convert_rows(rows_path: str | Path, out: str | Path, options: ImportOptions 
     if refused and not options.skip_invalid:
         listed = "\n  ".join(str(e) for e in refused[:20])
         more = f"\n  ... and {len(refused) - 20} more" if len(refused) > 20 else ""
-        raise HarborConfigError(f"{len(refused)} of {len(raw_rows)} rows cannot become tasks:\n  {listed}{more}\n"
-                                "(skip_invalid / --skip-invalid imports the others and lists these in refused.jsonl)")
+        raise HarborConfigError(
+            f"{len(refused)} of {len(raw_rows)} rows cannot become tasks:\n  {listed}{more}\n"
+            "(skip_invalid / --skip-invalid imports the others and lists these in refused.jsonl)"
+        )
     if not prepared:
-        raise HarborConfigError(f"{rows_path}: no row became a task"
-                                + (f" ({len(refused)} refused; first: {refused[0]})" if refused else " (no rows)"))
+        raise HarborConfigError(
+            f"{rows_path}: no row became a task"
+            + (f" ({len(refused)} refused; first: {refused[0]})" if refused else " (no rows)")
+        )
     # Written next to `out` and swapped in whole: a half-written import is never used.
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -503,17 +625,33 @@ def convert_rows(rows_path: str | Path, out: str | Path, options: ImportOptions 
     manifest = []
     for task in prepared:
         write_row_task(tmp / task.row.instance_id, task, options)
-        manifest.append({"id": task.row.instance_id, "instance_id": task.row.instance_id, "repo": task.row.repo,
-                         "base_commit": task.row.base_commit, "row": task.number, "test_cmd": task.test_cmd,
-                         "fail_to_pass": task.row.FAIL_TO_PASS, "pass_to_pass": task.row.PASS_TO_PASS,
-                         "test_files": task.test_files, "image": None, "image_build_s": None,
-                         "base_image": task.image})
+        manifest.append(
+            {
+                "id": task.row.instance_id,
+                "instance_id": task.row.instance_id,
+                "repo": task.row.repo,
+                "base_commit": task.row.base_commit,
+                "row": task.number,
+                "test_cmd": task.test_cmd,
+                "fail_to_pass": task.row.FAIL_TO_PASS,
+                "pass_to_pass": task.row.PASS_TO_PASS,
+                "test_files": task.test_files,
+                "image": None,
+                "image_build_s": None,
+                "base_image": task.image,
+            }
+        )
     (tmp / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in manifest))
     if refused:
         (tmp / "refused.jsonl").write_text("".join(json.dumps(e.to_json()) + "\n" for e in refused))
-    marker = {"rows": str(rows_path.resolve()), "digest": import_digest(rows_path, options),
-              "options": msgspec.to_builtins(options), "rows_read": len(raw_rows), "tasks": len(prepared),
-              "refused": len(refused)}
+    marker = {
+        "rows": str(rows_path.resolve()),
+        "digest": import_digest(rows_path, options),
+        "options": msgspec.to_builtins(options),
+        "rows_read": len(raw_rows),
+        "tasks": len(prepared),
+        "refused": len(refused),
+    }
     (tmp / _MARKER).write_text(json.dumps(marker, indent=1) + "\n")
     if out.exists():
         shutil.rmtree(out)
@@ -521,9 +659,13 @@ def convert_rows(rows_path: str | Path, out: str | Path, options: ImportOptions 
     if log is not None:
         for e in refused:
             log(f"refused: {e}")
-        log(f"{len(prepared)} tasks from {len(raw_rows)} rows of {rows_path} in {out}"
-            + (f"; {len(refused)} refused (refused.jsonl)" if refused else ""))
-    return ImportResult(out=out, rows=len(raw_rows), tasks=[t.row.instance_id for t in prepared], refused=refused)
+        log(
+            f"{len(prepared)} tasks from {len(raw_rows)} rows of {rows_path} in {out}"
+            + (f"; {len(refused)} refused (refused.jsonl)" if refused else "")
+        )
+    return ImportResult(
+        out=out, rows=len(raw_rows), tasks=[t.row.instance_id for t in prepared], refused=refused
+    )
 
 
 def load_import_spec(spec: str | Path) -> tuple[Path, ImportOptions, Path | None]:
@@ -572,8 +714,9 @@ def imported_set(spec: str | Path, *, log: Callable[[str], None] | None = None) 
     return out
 
 
-def options_from_args(spec: str, *, image_template: str | None, python: str | None, test_cmds: list[str],
-                      skip_invalid: bool) -> tuple[Path, ImportOptions]:
+def options_from_args(
+    spec: str, *, image_template: str | None, python: str | None, test_cmds: list[str], skip_invalid: bool
+) -> tuple[Path, ImportOptions]:
     """`convert`'s flags over a rows file or an import .toml: (rows file, options)."""
     rows_path, options, _ = load_import_spec(spec)
     changes: dict[str, Any] = {}

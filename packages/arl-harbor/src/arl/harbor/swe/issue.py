@@ -43,8 +43,9 @@ def task_paths(text: str, *, testbed: Path, venv: Path) -> str:
     return text
 
 
-def write_issue(package: str, version: str, fail_to_pass: list[str], messages: dict[str, str],
-                pass_to_pass_count: int) -> str:
+def write_issue(
+    package: str, version: str, fail_to_pass: list[str], messages: dict[str, str], pass_to_pass_count: int
+) -> str:
     """The instruction.md text for a bug that makes `fail_to_pass` fail (messages by node id)."""
     files = sorted({t.split("::", 1)[0] for t in fail_to_pass})
     n = len(fail_to_pass)

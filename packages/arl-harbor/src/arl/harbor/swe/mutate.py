@@ -43,10 +43,15 @@ def _import_swesmith_python() -> tuple[dict[str, type], type]:
     from swesmith.bug_gen.procedural.python import control_flow, operations, remove
 
     classes = [
-        control_flow.ControlIfElseInvertModifier, control_flow.ControlShuffleLinesModifier,
-        remove.RemoveAssignModifier, remove.RemoveConditionalModifier, remove.RemoveLoopModifier,
-        remove.RemoveWrapperModifier, operations.OperationBreakChainsModifier,
-        operations.OperationChangeConstantsModifier, operations.OperationChangeModifier,
+        control_flow.ControlIfElseInvertModifier,
+        control_flow.ControlShuffleLinesModifier,
+        remove.RemoveAssignModifier,
+        remove.RemoveConditionalModifier,
+        remove.RemoveLoopModifier,
+        remove.RemoveWrapperModifier,
+        operations.OperationBreakChainsModifier,
+        operations.OperationChangeConstantsModifier,
+        operations.OperationChangeModifier,
         operations.OperationSwapOperandsModifier,
     ]
     return {c.name: c for c in classes}, PythonEntity
@@ -57,8 +62,12 @@ MODIFIERS, _PythonEntity = _import_swesmith_python()
 # ones (remove bases / methods, shuffle methods) are left out: the tasks are about broken functions.
 OPERATORS: tuple[str, ...] = tuple(sorted(MODIFIERS))
 # SWE-smith's own likelihoods of touching each eligible node (swesmith.bug_gen.procedural.python).
-_LIKELIHOOD = {"func_pm_op_break_chains": 0.4, "func_pm_op_change_const": 0.4, "func_pm_op_change": 0.4,
-               "func_pm_op_swap": 0.4}
+_LIKELIHOOD = {
+    "func_pm_op_break_chains": 0.4,
+    "func_pm_op_change_const": 0.4,
+    "func_pm_op_change": 0.4,
+    "func_pm_op_swap": 0.4,
+}
 
 
 @dataclass(frozen=True)
@@ -83,8 +92,15 @@ def function_entities(source: str) -> list[FunctionEntity]:
             if isinstance(child, ast.FunctionDef):
                 qual = f"{prefix}{child.name}"
                 first = lines[child.lineno - 1]
-                out.append(FunctionEntity(qual, child.lineno, child.end_lineno or child.lineno,
-                                          first[: len(first) - len(first.lstrip())], child))
+                out.append(
+                    FunctionEntity(
+                        qual,
+                        child.lineno,
+                        child.end_lineno or child.lineno,
+                        first[: len(first) - len(first.lstrip())],
+                        child,
+                    )
+                )
                 walk(child, f"{qual}.<locals>.")
             elif isinstance(child, ast.ClassDef):
                 walk(child, f"{prefix}{child.name}.")
@@ -101,7 +117,7 @@ def _dedent(lines: list[str], indent: str) -> list[str] | None:
     out = []
     for line in lines:
         if line.startswith(indent):
-            out.append(line[len(indent):])
+            out.append(line[len(indent) :])
         elif not line.strip():
             out.append(line)
         else:
@@ -124,13 +140,18 @@ def mutate(source: str, entity: FunctionEntity, operator: str, *, seed: int) -> 
         raise ValueError(f"unknown operator {operator!r}; known: {list(OPERATORS)}")
     no_final_newline = bool(source) and not source.endswith("\n")
     lines = (source + "\n" if no_final_newline else source).splitlines(keepends=True)
-    body = lines[entity.line_start - 1: entity.line_end]
+    body = lines[entity.line_start - 1 : entity.line_end]
     dedented = _dedent(body, entity.indent)
     if dedented is None or _indent(dedented, entity.indent) != body:
         return None
     code_entity = _PythonEntity(
-        file_path="<mutate>.py", indent_level=0, indent_size=4, line_start=entity.line_start,
-        line_end=entity.line_end, node=entity.node, src_code="".join(dedented),
+        file_path="<mutate>.py",
+        indent_level=0,
+        indent_size=4,
+        line_start=entity.line_start,
+        line_end=entity.line_end,
+        node=entity.node,
+        src_code="".join(dedented),
     )
     modifier = MODIFIERS[operator](likelihood=_LIKELIHOOD.get(operator, 0.25), seed=seed)
     if not modifier.can_change(code_entity):
@@ -144,7 +165,9 @@ def mutate(source: str, entity: FunctionEntity, operator: str, *, seed: int) -> 
     new_body = rewrite.rewrite.splitlines(keepends=True)
     if not new_body[-1].endswith("\n"):
         new_body[-1] += "\n"
-    new = "".join(lines[: entity.line_start - 1] + _indent(new_body, entity.indent) + lines[entity.line_end:])
+    new = "".join(
+        lines[: entity.line_start - 1] + _indent(new_body, entity.indent) + lines[entity.line_end :]
+    )
     try:
         changed = ast.dump(ast.parse(new)) != ast.dump(ast.parse(source))
     except SyntaxError:

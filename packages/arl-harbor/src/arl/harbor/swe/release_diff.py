@@ -62,8 +62,11 @@ class ReleaseDiff:
 
     def test_modules(self) -> list[str]:
         """The test modules (`.py` files other than conftest.py) the test change adds or changes."""
-        return [c.path for c in self.tests if c.new is not None and c.path.endswith(".py")
-                and PurePosixPath(c.path).name != "conftest.py"]
+        return [
+            c.path
+            for c in self.tests
+            if c.new is not None and c.path.endswith(".py") and PurePosixPath(c.path).name != "conftest.py"
+        ]
 
     def unreviewable(self, *, max_files: int, max_lines: int) -> str | None:
         """Why the pair cannot be a task on its diff alone (None: it can)."""

@@ -61,8 +61,15 @@ def releases_from_json(name: str, data: dict, *, base_url: str = "") -> list[Rel
         sdists = [f for f in files if f.get("packagetype") == "sdist" and not f.get("yanked")]
         if sdists:
             f = sdists[0]
-            out.append(Release(name, version, f["filename"], urllib.parse.urljoin(base_url, f["url"]),
-                               f.get("digests", {}).get("sha256", "")))
+            out.append(
+                Release(
+                    name,
+                    version,
+                    f["filename"],
+                    urllib.parse.urljoin(base_url, f["url"]),
+                    f.get("digests", {}).get("sha256", ""),
+                )
+            )
     return sorted(out, key=lambda r: version_key(r.version) or ())
 
 
@@ -90,18 +97,21 @@ def list_releases(name: str, cache: Path, *, timeout: float = REQUEST_TIMEOUT_SE
     return releases
 
 
-def consecutive_pairs(releases: list[Release], *, pairs: int, versions: list[str] | None = None
-                      ) -> list[tuple[Release, Release]]:
+def consecutive_pairs(
+    releases: list[Release], *, pairs: int, versions: list[str] | None = None
+) -> list[tuple[Release, Release]]:
     """The last `pairs` consecutive (old, new) pairs, or those between `versions` (each must be listed)."""
     if versions:
         known = {r.version: r for r in releases}
         missing = [v for v in versions if v not in known]
         if missing:
-            raise ReleaseIndexError(f"{releases[0].name}: no final release with an sdist for {missing}; "
-                                    f"the last ones are {[r.version for r in releases[-8:]]}")
+            raise ReleaseIndexError(
+                f"{releases[0].name}: no final release with an sdist for {missing}; "
+                f"the last ones are {[r.version for r in releases[-8:]]}"
+            )
         chosen = sorted((known[v] for v in versions), key=lambda r: version_key(r.version) or ())
     else:
-        chosen = releases[-(pairs + 1):]
+        chosen = releases[-(pairs + 1) :]
     return list(itertools.pairwise(chosen))
 
 

@@ -17,8 +17,9 @@ from pathlib import Path
 from arl.harbor.swe.issue import _excerpt
 
 _NOTES_STEMS = ("changelog", "changes", "history", "news", "releases", "release_notes", "release-notes")
-_README_PART = re.compile(r"^\W*(change\s*log|changes|history|release\s+notes|version\s+history)\W*$",
-                          re.IGNORECASE)
+_README_PART = re.compile(
+    r"^\W*(change\s*log|changes|history|release\s+notes|version\s+history)\W*$", re.IGNORECASE
+)
 _UNDERLINE = re.compile(r"^\s*([=\-~^+*#`'\"])\1{2,}\s*$")
 _ANY_VERSION_HEAD = re.compile(r"^(?:#+\s*)?\[?(?:v|version\s+|release\s+)?\d+\.\d+", re.IGNORECASE)
 MAX_ENTRY_LINES = 60
@@ -42,9 +43,12 @@ def notes_files(root: Path) -> list[Path]:
 
 def _version_line(version: str) -> re.Pattern[str]:
     v = re.escape(version)
-    return re.compile(rf"^(?P<indent>\s*)(?P<item>[-*+]\s+)?(?:#+\s*)?(?:\*\*)?\[?"
-                      rf"(?:v|version\s+|release\s+)?{v}"
-                      rf"(?![\w.])(?P<rest>.*)$", re.IGNORECASE)
+    return re.compile(
+        rf"^(?P<indent>\s*)(?P<item>[-*+]\s+)?(?:#+\s*)?(?:\*\*)?\[?"
+        rf"(?:v|version\s+|release\s+)?{v}"
+        rf"(?![\w.])(?P<rest>.*)$",
+        re.IGNORECASE,
+    )
 
 
 def entry_in_text(text: str, version: str) -> str | None:
@@ -59,13 +63,13 @@ def entry_in_text(text: str, version: str) -> str | None:
             rest = re.sub(r"^[\s*:)\]-]+", "", m.group("rest"))
             body = [rest]
             width = len(m.group("indent")) + len(m.group("item"))
-            for nxt in lines[i + 1:]:
+            for nxt in lines[i + 1 :]:
                 if not nxt.strip() or len(nxt) - len(nxt.lstrip()) < width:
                     break
                 body.append(nxt.strip())
         else:  # a heading: up to the next heading of a version
             body = []
-            for nxt in lines[i + 1:]:
+            for nxt in lines[i + 1 :]:
                 if _ANY_VERSION_HEAD.match(nxt):
                     break
                 body.append(nxt)
@@ -88,7 +92,7 @@ def _readme_notes(text: str) -> str:
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if _README_PART.match(line.strip()):
-            return "\n".join(lines[i + 1:])
+            return "\n".join(lines[i + 1 :])
     return ""
 
 
@@ -104,21 +108,36 @@ def find_entry(root: Path, version: str) -> tuple[str, str] | None:
     return None
 
 
-def write_release_issue(package: str, old: str, new: str, fail_to_pass: list[str], *,
-                        entry: tuple[str, str] | None, messages: dict[str, str], pass_to_pass_count: int,
-                        test_files: list[str]) -> str:
+def write_release_issue(
+    package: str,
+    old: str,
+    new: str,
+    fail_to_pass: list[str],
+    *,
+    entry: tuple[str, str] | None,
+    messages: dict[str, str],
+    pass_to_pass_count: int,
+    test_files: list[str],
+) -> str:
     """The instruction.md of a release task: the changelog entry (or the failures) and what is checked."""
     n = len(fail_to_pass)
-    how = (", as its release notes below describe." if entry else
-           "; its release notes are not at hand, so they are known here only from the tests that check them.")
-    intro = (f"The source of `{package}` {old} is checked out at `/testbed` (a git repository). Make the "
-             f"source changes that `{package}` {new} made{how}")
+    how = (
+        ", as its release notes below describe."
+        if entry
+        else "; its release notes are not at hand, so they are known here only from the tests that check them."
+    )
+    intro = (
+        f"The source of `{package}` {old} is checked out at `/testbed` (a git repository). Make the "
+        f"source changes that `{package}` {new} made{how}"
+    )
     lines = [f"# {package}: the changes of release {new}", "", intro, ""]
     if entry:
         lines += [f"## Release notes of {new} (from `{entry[0]}`)", "", entry[1], ""]
-    checked = (f"The tests of {new} are applied over your change when it is graded; they are not in "
-               f"`/testbed` now. {n} test{'s' if n != 1 else ''} of them fail{'s' if n == 1 else ''} on the "
-               "source as it is and must pass:")
+    checked = (
+        f"The tests of {new} are applied over your change when it is graded; they are not in "
+        f"`/testbed` now. {n} test{'s' if n != 1 else ''} of them fail{'s' if n == 1 else ''} on the "
+        "source as it is and must pass:"
+    )
     lines += ["## How it is checked", "", checked, ""]
     lines += [f"- `{t}`" for t in fail_to_pass[:_MAX_FAILING_LISTED]]
     if n > _MAX_FAILING_LISTED:
@@ -130,6 +149,11 @@ def write_release_issue(package: str, old: str, new: str, fail_to_pass: list[str
         for t in shown:
             lines += [f"`{t}`:", "", "```", _excerpt(messages[t]), "```", ""]
     files = ", ".join(f"`{f}`" for f in test_files)
-    lines += [(f"{pass_to_pass_count} other tests in {files} pass now and must still pass. Do not edit the "
-               "tests: test files are restored before grading."), ""]
+    lines += [
+        (
+            f"{pass_to_pass_count} other tests in {files} pass now and must still pass. Do not edit the "
+            "tests: test files are restored before grading."
+        ),
+        "",
+    ]
     return "\n".join(lines)

@@ -51,27 +51,47 @@ def select_tests(before: list[set[str]], after: list[set[str]]) -> PairTests:
     return selection
 
 
-def run_tree(root: Path, python: Path, spec: PackageSpec, files: list[str], *, runs: int,
-             timeout_sec: float = RUN_TIMEOUT_SEC) -> list[PytestRun]:
+def run_tree(
+    root: Path,
+    python: Path,
+    spec: PackageSpec,
+    files: list[str],
+    *,
+    runs: int,
+    timeout_sec: float = RUN_TIMEOUT_SEC,
+) -> list[PytestRun]:
     """`files` of the tree at `root`, `runs` times side by side (the package's pytest args and skips)."""
     args = list(spec.pytest_args)
     for skip in spec.skip_test_files:
         args += ["--ignore", skip]
     with ThreadPoolExecutor(max_workers=runs) as pool:
-        return list(pool.map(lambda _: run_pytest(root, python, src_root=spec.src_root, files=files,
-                                                  args=args, timeout_sec=timeout_sec), range(runs)))
+        return list(
+            pool.map(
+                lambda _: run_pytest(
+                    root, python, src_root=spec.src_root, files=files, args=args, timeout_sec=timeout_sec
+                ),
+                range(runs),
+            )
+        )
 
 
-def compare_trees(before_root: Path, after_root: Path, python: Path, spec: PackageSpec, files: list[str], *,
-                  runs: int = 2) -> tuple[PairTests, list[PytestRun], list[PytestRun]]:
+def compare_trees(
+    before_root: Path, after_root: Path, python: Path, spec: PackageSpec, files: list[str], *, runs: int = 2
+) -> tuple[PairTests, list[PytestRun], list[PytestRun]]:
     """Run `files` on both trees and select the tests; the runs come back too (messages, timings)."""
     if runs < 1:
         raise ValueError(f"runs must be at least 1 (got {runs})")
     after = run_tree(after_root, python, spec, files, runs=runs)
     # The old source may hang where the release fixed a hang: it gets 10x the fixed source's time.
     slowest = max(r.seconds for r in after)
-    before = run_tree(before_root, python, spec, files, runs=runs,
-                      timeout_sec=min(RUN_TIMEOUT_SEC, max(BEFORE_TIMEOUT_FLOOR_SEC, 10 * slowest)))
+    before = run_tree(
+        before_root,
+        python,
+        spec,
+        files,
+        runs=runs,
+        timeout_sec=min(RUN_TIMEOUT_SEC, max(BEFORE_TIMEOUT_FLOOR_SEC, 10 * slowest)),
+    )
     for name, tree_runs in (("new source", after), ("old source", before)):
         if any(r.timed_out for r in tree_runs):
             return PairTests(reject=f"{name}: tests timed out"), before, after

@@ -37,8 +37,9 @@ from arl.harbor.swe.writer import TaskRecord, write_task
 
 # pytest's own dependencies: the tests import the testbed through PYTHONPATH, so pytest would run with the
 # package under test (and the agent's change to it) as part of the runner. Refused.
-RUNNER_PACKAGES = frozenset({"pytest", "pluggy", "iniconfig", "packaging", "pygments", "colorama",
-                             "exceptiongroup", "tomli"})
+RUNNER_PACKAGES = frozenset(
+    {"pytest", "pluggy", "iniconfig", "packaging", "pygments", "colorama", "exceptiongroup", "tomli"}
+)
 MAX_SOURCE_FILES = 6
 MAX_SOURCE_LINES = 300
 OPERATOR = "release"  # the `operator` of a release task in its manifest row and task.toml
@@ -64,15 +65,16 @@ class ReleaseStats:
 
 
 def detect_src_root(tree: Path) -> str:
-    """"src" for an src-layout sdist (a package or module under src/), else "."."""
+    """ "src" for an src-layout sdist (a package or module under src/), else "."."""
     src = tree / "src"
     if src.is_dir() and (any(src.glob("*/__init__.py")) or any(src.glob("*.py"))):
         return "src"
     return "."
 
 
-def package_spec(name: str, version: str, tree: Path, *,
-                 test_deps: tuple[str, ...] | None = None) -> PackageSpec:
+def package_spec(
+    name: str, version: str, tree: Path, *, test_deps: tuple[str, ...] | None = None
+) -> PackageSpec:
     """The spec of `name` at `version`: the pinned one's test settings when the package is pinned
     (test deps, pytest args, skipped files), the source root as this release's sdist lays it out;
     `test_deps` replace the test deps. An unpinned package whose pytest addopts need pytest-cov runs
@@ -111,17 +113,37 @@ def _finish_task(task_dir: Path, diff: ReleaseDiff, new: str, issue_source: str)
     config.pop("reach_patterns", None)
     if reach is not None:
         config["reach_patterns"] = reach
-    config.update(new_version=new, issue_source=issue_source, source_files=[c.path for c in diff.source],
-                  test_patch_files=[c.path for c in diff.tests], binary_left_out=diff.binary)
+    config.update(
+        new_version=new,
+        issue_source=issue_source,
+        source_files=[c.path for c in diff.source],
+        test_patch_files=[c.path for c in diff.tests],
+        binary_left_out=diff.binary,
+    )
     config_path.write_text(json.dumps(config, indent=1) + "\n")
     toml = task_dir / "task.toml"
-    toml.write_text(toml.read_text().replace('category = "swe"\n', f'new_version = {json.dumps(new)}\n'
-                                                                   'category = "swe"\n', 1))
+    toml.write_text(
+        toml.read_text().replace(
+            'category = "swe"\n', f'new_version = {json.dumps(new)}\ncategory = "swe"\n', 1
+        )
+    )
 
 
-def build_pair(old: Release, new: Release, out: Path, cache: Path, stats: ReleaseStats, *, python: str,
-               runs: int, max_files: int, max_lines: int, test_deps: tuple[str, ...] | None = None,
-               check: bool = True, log=print) -> dict | None:
+def build_pair(
+    old: Release,
+    new: Release,
+    out: Path,
+    cache: Path,
+    stats: ReleaseStats,
+    *,
+    python: str,
+    runs: int,
+    max_files: int,
+    max_lines: int,
+    test_deps: tuple[str, ...] | None = None,
+    check: bool = True,
+    log=print,
+) -> dict | None:
     """Try one release pair: its manifest row when a task was kept (the reason counted in `stats` if not)."""
     key = f"{old.name} {old.version} -> {new.version}"
     stats.pairs_tried += 1
@@ -171,21 +193,42 @@ def build_pair(old: Release, new: Release, out: Path, cache: Path, stats: Releas
 
     entry = find_entry(new_root, new.version)
     test_files = selection.test_files()
-    instruction = write_release_issue(old.name, old.version, new.version, selection.fail_to_pass, entry=entry,
-                                      messages=messages, pass_to_pass_count=len(selection.pass_to_pass),
-                                      test_files=test_files)
+    instruction = write_release_issue(
+        old.name,
+        old.version,
+        new.version,
+        selection.fail_to_pass,
+        entry=entry,
+        messages=messages,
+        pass_to_pass_count=len(selection.pass_to_pass),
+        test_files=test_files,
+    )
     # The manifest's `module`: the changed file of the old tree with the most changed lines.
     main = max((c for c in diff.source if c.old is not None), key=lambda c: c.changed_lines).path
-    record = TaskRecord(id=task_id(old.name, old.version, new.version), package=old.name, version=old.version,
-                        module=main, function="", operator=OPERATOR, fail_to_pass=selection.fail_to_pass,
-                        pass_to_pass=selection.pass_to_pass,
-                        validate_s=round(max(r.seconds for r in after_runs), 3), test_files=test_files)
+    record = TaskRecord(
+        id=task_id(old.name, old.version, new.version),
+        package=old.name,
+        version=old.version,
+        module=main,
+        function="",
+        operator=OPERATOR,
+        fail_to_pass=selection.fail_to_pass,
+        pass_to_pass=selection.pass_to_pass,
+        validate_s=round(max(r.seconds for r in after_runs), 3),
+        test_files=test_files,
+    )
     venv_in_set = venvs.copy_venv(venv, out / "_venvs" / old.name)
     task_dir = out / record.id
-    write_task(task_dir, record=record, spec=spec, pristine_root=old_root,
-               buggy_text=(old_root / main).read_bytes().decode("utf-8"),  # its line endings as released
-               instruction=instruction, wheelhouse=venvs.package_wheelhouse(new_spec, cache, python=python),
-               venv_dir=venv_in_set)
+    write_task(
+        task_dir,
+        record=record,
+        spec=spec,
+        pristine_root=old_root,
+        buggy_text=(old_root / main).read_bytes().decode("utf-8"),  # its line endings as released
+        instruction=instruction,
+        wheelhouse=venvs.package_wheelhouse(new_spec, cache, python=python),
+        venv_dir=venv_in_set,
+    )
     issue_source = "changelog" if entry else "tests"
     _finish_task(task_dir, diff, new.version, issue_source)
     if check:
@@ -196,33 +239,54 @@ def build_pair(old: Release, new: Release, out: Path, cache: Path, stats: Releas
     stats.kept += 1
     stats.tasks.append(record.id)
     stats.issue_sources[issue_source] += 1
-    log(f"[{key}] kept {record.id}: {len(selection.fail_to_pass)} F2P, {len(selection.pass_to_pass)} P2P, "
-        f"{len(diff.source)} source files / {diff.source_lines} lines, issue from {issue_source}")
-    return {**record.to_json(), "new_version": new.version, "issue_source": issue_source,
-            "source_files": len(diff.source), "source_lines": diff.source_lines}
+    log(
+        f"[{key}] kept {record.id}: {len(selection.fail_to_pass)} F2P, {len(selection.pass_to_pass)} P2P, "
+        f"{len(diff.source)} source files / {diff.source_lines} lines, issue from {issue_source}"
+    )
+    return {
+        **record.to_json(),
+        "new_version": new.version,
+        "issue_source": issue_source,
+        "source_files": len(diff.source),
+        "source_lines": diff.source_lines,
+    }
 
 
-def build_releases(packages: list[str], out: Path, cache: Path, *, pairs: int = 3,
-                   versions: list[str] | None = None, python: str = venvs.DEBIAN_PYTHON, runs: int = 2,
-                   max_files: int = MAX_SOURCE_FILES, max_lines: int = MAX_SOURCE_LINES,
-                   test_deps: tuple[str, ...] | None = None, check: bool = True, command: str = "",
-                   log=print) -> dict:
+def build_releases(
+    packages: list[str],
+    out: Path,
+    cache: Path,
+    *,
+    pairs: int = 3,
+    versions: list[str] | None = None,
+    python: str = venvs.DEBIAN_PYTHON,
+    runs: int = 2,
+    max_files: int = MAX_SOURCE_FILES,
+    max_lines: int = MAX_SOURCE_LINES,
+    test_deps: tuple[str, ...] | None = None,
+    check: bool = True,
+    command: str = "",
+    log=print,
+) -> dict:
     """Tasks from the last `pairs` consecutive release pairs of each package (or from the pairs between
     `versions`, one package only) into `out`; writes manifest.jsonl and releases.json (both keep the other
     packages' rows of earlier builds), returns this build's summary. `test_deps` replace every package's."""
     if not packages:
         raise ValueError("no package named")
     if versions and len(packages) != 1:
-        raise ValueError(f"versions name the releases of one package, but {len(packages)} packages "
-                         "were named")
+        raise ValueError(
+            f"versions name the releases of one package, but {len(packages)} packages were named"
+        )
     if versions and len(versions) < 2:
         raise ValueError(f"versions need at least two releases to make a pair (got {versions})")
     for name in packages:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
             raise ValueError(f"{name!r} is not a PyPI package name")
         if name.lower() in RUNNER_PACKAGES:
-            raise ValueError(f"{name} is one of pytest's own dependencies: its tests would run with the "
-                             "package under test inside the runner")
+            raise ValueError(
+                f"{name} is one of pytest's own dependencies: its tests would run with the "
+                "package under test inside the runner"
+            )
     start = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
@@ -233,8 +297,20 @@ def build_releases(packages: list[str], out: Path, cache: Path, *, pairs: int = 
         releases = list_releases(name, cache)
         for old, new in consecutive_pairs(releases, pairs=pairs, versions=versions):
             try:
-                row = build_pair(old, new, out, cache, stats, python=python, runs=runs, max_files=max_files,
-                                 max_lines=max_lines, test_deps=test_deps, check=check, log=log)
+                row = build_pair(
+                    old,
+                    new,
+                    out,
+                    cache,
+                    stats,
+                    python=python,
+                    runs=runs,
+                    max_files=max_files,
+                    max_lines=max_lines,
+                    test_deps=test_deps,
+                    check=check,
+                    log=log,
+                )
             except (OSError, RuntimeError, ValueError) as e:  # a broken sdist or venv: this pair only
                 stats.rejects[f"error: {type(e).__name__}"] += 1
                 log(f"[{name} {old.version} -> {new.version}] error: {e}")
@@ -244,10 +320,17 @@ def build_releases(packages: list[str], out: Path, cache: Path, *, pairs: int = 
         stats.seconds = round(time.monotonic() - t0, 1)
         per_package.append(stats.to_json())
     _merge_manifest(out / "manifest.jsonl", rows, set(packages))
-    summary = {"command": command, "python": python, "pytest": venvs.PYTEST_REQUIREMENT, "runs": runs,
-               "max_source_files": max_files, "max_source_lines": max_lines,
-               "seconds": round(time.monotonic() - start, 1), "tasks_built_now": len(rows),
-               "packages": per_package}
+    summary = {
+        "command": command,
+        "python": python,
+        "pytest": venvs.PYTEST_REQUIREMENT,
+        "runs": runs,
+        "max_source_files": max_files,
+        "max_source_lines": max_lines,
+        "seconds": round(time.monotonic() - start, 1),
+        "tasks_built_now": len(rows),
+        "packages": per_package,
+    }
     summary_path = out / "releases.json"
     earlier = json.loads(summary_path.read_text()).get("packages", []) if summary_path.is_file() else []
     merged = [p for p in earlier if p["package"] not in set(packages)] + per_package

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
 from arl.harbor.errors import HarborConfigError
 from arl.harbor.tasks import json_lines
 
@@ -65,7 +66,10 @@ class SweGymRow(msgspec.Struct, forbid_unknown_fields=True):
     FAIL_TO_PASS: list[str]
 
 
-PUBLISHED_SHAPES: dict[str, type[msgspec.Struct]] = {"swe-bench-verified": SweBenchVerifiedRow, "swe-gym": SweGymRow}
+PUBLISHED_SHAPES: dict[str, type[msgspec.Struct]] = {
+    "swe-bench-verified": SweBenchVerifiedRow,
+    "swe-gym": SweGymRow,
+}
 # Columns that name the instance's image, in the order they are looked at.
 IMAGE_COLUMNS = ("image", "docker_image", "image_name")
 _TEST_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")
@@ -98,12 +102,23 @@ class RowError(HarborConfigError):
     """A row that cannot become a task: which file, row, instance and field, and why."""
 
     def __init__(self, where: str, number: int, instance_id: str | None, field: str, reason: str) -> None:
-        self.where, self.number, self.instance_id, self.field, self.reason = where, number, instance_id, field, reason
+        self.where, self.number, self.instance_id, self.field, self.reason = (
+            where,
+            number,
+            instance_id,
+            field,
+            reason,
+        )
         prefix = f"{where} " if where else ""
         super().__init__(f"{prefix}row {number} ({instance_id or 'no instance_id'}): {field}: {reason}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"row": self.number, "instance_id": self.instance_id, "field": self.field, "reason": self.reason}
+        return {
+            "row": self.number,
+            "instance_id": self.instance_id,
+            "field": self.field,
+            "reason": self.reason,
+        }
 
 
 def _parquet_rows(path: Path) -> list[Any]:
@@ -128,7 +143,9 @@ def read_rows(path: str | Path) -> list[Any]:
     if path.suffix == ".parquet":
         return _parquet_rows(path)
     if path.suffix not in (".jsonl", ".json"):
-        raise HarborConfigError(f"{path}: SWE-bench-format rows must be .jsonl, .json or .parquet, got {path.suffix!r}")
+        raise HarborConfigError(
+            f"{path}: SWE-bench-format rows must be .jsonl, .json or .parquet, got {path.suffix!r}"
+        )
     text = path.read_text()
     if path.suffix == ".json":
         try:
@@ -151,8 +168,15 @@ def is_pytest_node_id(test_id: str) -> bool:
     not."""
     path, sep, name = test_id.partition("::")
     parts = path.split("/")
-    return (bool(sep) and bool(name) and not path.startswith("/") and "." in parts[-1]
-            and not any(c.isspace() for c in path) and ".." not in parts and "" not in parts)
+    return (
+        bool(sep)
+        and bool(name)
+        and not path.startswith("/")
+        and "." in parts[-1]
+        and not any(c.isspace() for c in path)
+        and ".." not in parts
+        and "" not in parts
+    )
 
 
 def _field_and_reason(error: msgspec.ValidationError) -> tuple[str, str]:
@@ -187,8 +211,10 @@ def parse_row(raw: Any, number: int, where: str) -> SweRow:
     if instance_id is None:
         fail("instance_id", "missing or not a string")
     if not _INSTANCE_ID.fullmatch(instance_id):
-        fail("instance_id", f"{instance_id!r} must be 1-200 characters of letters, digits and ._+- "
-                            "(it names the task dir)")
+        fail(
+            "instance_id",
+            f"{instance_id!r} must be 1-200 characters of letters, digits and ._+- (it names the task dir)",
+        )
     row = {k: v for k, v in raw.items() if k in SweRow.__struct_fields__}
     for field in _TEST_LISTS:
         if field in raw:
@@ -227,5 +253,6 @@ def validate_published(raw: Any, shape: str, *, number: int = 1, where: str = ""
     try:
         return msgspec.convert(raw, PUBLISHED_SHAPES[shape], strict=True)
     except msgspec.ValidationError as e:
-        raise RowError(where, number, instance_id if isinstance(instance_id, str) else None,
-                       *_field_and_reason(e)) from None
+        raise RowError(
+            where, number, instance_id if isinstance(instance_id, str) else None, *_field_and_reason(e)
+        ) from None

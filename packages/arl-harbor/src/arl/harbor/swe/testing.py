@@ -68,7 +68,7 @@ class Counter:
         return self.counts[key]
 '''
 
-TINY_TESTS = '''import pytest
+TINY_TESTS = """import pytest
 
 from tinycalc import Counter, clamp, digits, weighted_total
 
@@ -113,7 +113,7 @@ def test_counter():
 def test_counter_negative():
     with pytest.raises(ValueError):
         Counter().add("a", -1)
-'''
+"""
 
 
 def write_tiny_package(root: Path) -> PackageSpec:
@@ -127,15 +127,24 @@ def write_tiny_package(root: Path) -> PackageSpec:
 
 
 # The bug of the tinycalc task: `clamp` returns the other bound.
-_CLAMP_BUG = (("    if x < lo:\n        return lo", "    if x < lo:\n        return hi"),
-              ("    elif x > hi:\n        return hi", "    elif x > hi:\n        return lo"))
+_CLAMP_BUG = (
+    ("    if x < lo:\n        return lo", "    if x < lo:\n        return hi"),
+    ("    elif x > hi:\n        return hi", "    elif x > hi:\n        return lo"),
+)
 TINYCALC_FAIL_TO_PASS = ["tests/test_tinycalc.py::test_clamp_high", "tests/test_tinycalc.py::test_clamp_low"]
 TINYCALC_PASS_TO_PASS = ["tests/test_tinycalc.py::test_clamp_inside", "tests/test_tinycalc.py::test_counter"]
 
 
-def write_tinycalc_task(root: Path, *, name: str = "tinycalc__clamp", base_image: str | None = None,
-                        agent_timeout_sec: float | None = None, verifier_timeout_sec: float | None = None,
-                        venv: Path | None = None, cache: Path | None = None) -> Path:
+def write_tinycalc_task(
+    root: Path,
+    *,
+    name: str = "tinycalc__clamp",
+    base_image: str | None = None,
+    agent_timeout_sec: float | None = None,
+    verifier_timeout_sec: float | None = None,
+    venv: Path | None = None,
+    cache: Path | None = None,
+) -> Path:
     """A SWE task of tinycalc (its `clamp` returns the wrong bound) written by the builder's own writer
     under `root/name`, graded exactly as a built set's tasks are; returns its directory.
 
@@ -161,18 +170,44 @@ def write_tinycalc_task(root: Path, *, name: str = "tinycalc__clamp", base_image
     if venv is None:
         import filelock
 
-        cache = cache or Path(os.environ.get("ARL_SWE_TEST_CACHE") or Path(tempfile.gettempdir()) / "arl-swe-testing")
+        cache = cache or Path(
+            os.environ.get("ARL_SWE_TEST_CACHE") or Path(tempfile.gettempdir()) / "arl-swe-testing"
+        )
         cache.mkdir(parents=True, exist_ok=True)
         with filelock.FileLock(str(cache / ".venv.lock"), timeout=900):  # test processes side by side
             venv = venvs.ensure_venv(spec, cache)
-    record = TaskRecord(id=name, package=spec.name, version=spec.version, module="tinycalc/__init__.py",
-                        function="clamp", operator="func_pm_ctrl_invert_if", fail_to_pass=TINYCALC_FAIL_TO_PASS,
-                        pass_to_pass=TINYCALC_PASS_TO_PASS, validate_s=0.5, test_files=["tests/test_tinycalc.py"])
-    message = "tests/test_tinycalc.py:14: in test_clamp_high\n    assert clamp(30, 0, 10) == 10\nE   assert 0 == 10"
-    instruction = write_issue(spec.name, spec.version, TINYCALC_FAIL_TO_PASS,
-                              {TINYCALC_FAIL_TO_PASS[0]: message}, len(TINYCALC_PASS_TO_PASS))
-    task = write_task(Path(root) / name, record=record, spec=spec, pristine_root=source, buggy_text=buggy,
-                      instruction=instruction, wheelhouse=None, venv_dir=Path(venv))
+    record = TaskRecord(
+        id=name,
+        package=spec.name,
+        version=spec.version,
+        module="tinycalc/__init__.py",
+        function="clamp",
+        operator="func_pm_ctrl_invert_if",
+        fail_to_pass=TINYCALC_FAIL_TO_PASS,
+        pass_to_pass=TINYCALC_PASS_TO_PASS,
+        validate_s=0.5,
+        test_files=["tests/test_tinycalc.py"],
+    )
+    message = (
+        "tests/test_tinycalc.py:14: in test_clamp_high\n    assert clamp(30, 0, 10) == 10\nE   assert 0 == 10"
+    )
+    instruction = write_issue(
+        spec.name,
+        spec.version,
+        TINYCALC_FAIL_TO_PASS,
+        {TINYCALC_FAIL_TO_PASS[0]: message},
+        len(TINYCALC_PASS_TO_PASS),
+    )
+    task = write_task(
+        Path(root) / name,
+        record=record,
+        spec=spec,
+        pristine_root=source,
+        buggy_text=buggy,
+        instruction=instruction,
+        wheelhouse=None,
+        venv_dir=Path(venv),
+    )
     toml = task / "task.toml"
     text = toml.read_text()
     if agent_timeout_sec is not None:
@@ -183,5 +218,7 @@ def write_tinycalc_task(root: Path, *, name: str = "tinycalc__clamp", base_image
     if base_image is not None:
         dockerfile = task / "environment" / "Dockerfile"
         lines = dockerfile.read_text().splitlines(True)
-        dockerfile.write_text("".join(f"FROM {base_image}\n" if ln.startswith("FROM ") else ln for ln in lines))
+        dockerfile.write_text(
+            "".join(f"FROM {base_image}\n" if ln.startswith("FROM ") else ln for ln in lines)
+        )
     return task

@@ -48,8 +48,13 @@ def host_grading_env(task: Path, testbed: Path, logs: Path, python: Path) -> dic
     the testbed and logs given, the set's venv of the package (the sandbox binds it at /arl/venv), the
     task's own testbed as the base copy, and pytest run as the caller (no user of its own to drop to)."""
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    env.update(ARL_SWE_TESTBED=str(testbed), ARL_SWE_LOGS=str(logs), ARL_SWE_PYTHON=str(python),
-               ARL_SWE_BASE=str(task / "environment" / "testbed"), ARL_SWE_RUNNER_UID="")
+    env.update(
+        ARL_SWE_TESTBED=str(testbed),
+        ARL_SWE_LOGS=str(logs),
+        ARL_SWE_PYTHON=str(python),
+        ARL_SWE_BASE=str(task / "environment" / "testbed"),
+        ARL_SWE_RUNNER_UID="",
+    )
     return env
 
 
@@ -61,8 +66,13 @@ def run_scenario(task: Path, python: Path, scenario: str, config: dict) -> tuple
         shutil.copytree(task / "environment" / "testbed", testbed, symlinks=True)
         env = host_grading_env(task, testbed, logs, python)
         if scenario == "oracle":
-            proc = subprocess.run(["bash", str(task / "solution" / "solve.sh")], env=env, capture_output=True,
-                                  text=True, timeout=_RUN_TIMEOUT_SEC)
+            proc = subprocess.run(
+                ["bash", str(task / "solution" / "solve.sh")],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=_RUN_TIMEOUT_SEC,
+            )
             if proc.returncode != 0:
                 return None, f"solve.sh failed: {proc.stderr[-500:]}"
         elif scenario == "edit_tests":
@@ -70,8 +80,13 @@ def run_scenario(task: Path, python: Path, scenario: str, config: dict) -> tuple
                 (testbed / f).parent.mkdir(parents=True, exist_ok=True)  # a new test file of tests/test.patch
                 (testbed / f).write_text("")
             (testbed / "conftest.py").write_text(_CHEAT_CONFTEST)
-        proc = subprocess.run(["bash", str(task / "tests" / "test.sh")], env=env, capture_output=True, text=True,
-                              timeout=_RUN_TIMEOUT_SEC)
+        proc = subprocess.run(
+            ["bash", str(task / "tests" / "test.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=_RUN_TIMEOUT_SEC,
+        )
         reward_file = logs / "reward.json"
         if not reward_file.is_file():
             return None, f"test.sh exit {proc.returncode}, no reward: {proc.stderr[-500:]}"
@@ -86,11 +101,17 @@ def verify_task(task: Path, set_dir: Path) -> TaskCheck:
         check.problems += [f"invalid task: {p}" for p in info.problems]
         return check
     config = json.loads((task / "tests" / "config.json").read_text())
-    python = set_dir / "_venvs" / config["package"] / "bin" / "python"  # not resolved: a venv's python is a link
+    python = (
+        set_dir / "_venvs" / config["package"] / "bin" / "python"
+    )  # not resolved: a venv's python is a link
     if not python.exists():
         check.problems.append(f"no venv for {config['package']} in {set_dir / '_venvs'}")
         return check
-    expected = {"oracle": lambda r: r == 1.0, "untouched": lambda r: r == 0.0, "edit_tests": lambda r: r != 1.0}
+    expected = {
+        "oracle": lambda r: r == 1.0,
+        "untouched": lambda r: r == 0.0,
+        "edit_tests": lambda r: r != 1.0,
+    }
     for scenario, good in expected.items():
         written, why = run_scenario(task, python, scenario, config)
         reward = None if written is None else float(written["reward"])

@@ -39,9 +39,14 @@ BASE_DIR = "/arl/base"
 GRADING = "clean-environment-2"
 # The grader's files, copied into tests/plugin/.
 PLUGIN_FILES = ("arl_swe_report.py", "score.py", "grade_change.py", "pytest.ini")
-_GIT_ENV = {"GIT_AUTHOR_NAME": "arl", "GIT_AUTHOR_EMAIL": "arl@localhost", "GIT_COMMITTER_NAME": "arl",
-            "GIT_COMMITTER_EMAIL": "arl@localhost", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
-            "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "arl",
+    "GIT_AUTHOR_EMAIL": "arl@localhost",
+    "GIT_COMMITTER_NAME": "arl",
+    "GIT_COMMITTER_EMAIL": "arl@localhost",
+    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
+}
 
 
 @dataclass
@@ -84,8 +89,11 @@ def _write(path: Path, text: str, mode: int | None = None) -> None:
 
 def _git_commit(testbed: Path, message: str) -> None:
     env = {**os.environ, **_GIT_ENV}
-    for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"],
-                ["git", "commit", "-q", "--no-gpg-sign", "-m", message]):
+    for cmd in (
+        ["git", "init", "-q", "-b", "main"],
+        ["git", "add", "-A"],
+        ["git", "commit", "-q", "--no-gpg-sign", "-m", message],
+    ):
         subprocess.run(cmd, cwd=testbed, env=env, check=True, capture_output=True, timeout=120)
 
 
@@ -101,8 +109,17 @@ def outdated_grading(task_set: Path) -> list[str]:
     return stale
 
 
-def write_task(task_dir: Path, *, record: TaskRecord, spec: PackageSpec, pristine_root: Path,
-               buggy_text: str, instruction: str, wheelhouse: Path | None, venv_dir: Path) -> Path:
+def write_task(
+    task_dir: Path,
+    *,
+    record: TaskRecord,
+    spec: PackageSpec,
+    pristine_root: Path,
+    buggy_text: str,
+    instruction: str,
+    wheelhouse: Path | None,
+    venv_dir: Path,
+) -> Path:
     """Write the task dir for `record` (replacing one already there); returns `task_dir`."""
     shutil.rmtree(task_dir, ignore_errors=True)
     env_dir = task_dir / "environment"
@@ -119,9 +136,11 @@ def write_task(task_dir: Path, *, record: TaskRecord, spec: PackageSpec, pristin
         (env_dir / "wheels").mkdir(parents=True)
         for w in wheels:
             shutil.copy2(w, env_dir / "wheels" / w.name)
-        docker += ["COPY wheels /tmp/arl-wheels",
-                   "RUN python3 -m pip install --no-index --find-links /tmp/arl-wheels --break-system-packages "
-                   f"{' '.join(q(d) for d in spec.test_deps)} && rm -rf /tmp/arl-wheels"]
+        docker += [
+            "COPY wheels /tmp/arl-wheels",
+            "RUN python3 -m pip install --no-index --find-links /tmp/arl-wheels --break-system-packages "
+            f"{' '.join(q(d) for d in spec.test_deps)} && rm -rf /tmp/arl-wheels",
+        ]
     src_path = "/testbed" if spec.src_root == "." else f"/testbed/{spec.src_root}"
     # PATH: in the local sandbox python3 is then the bound venv's; in the image /arl/venv does not exist.
     docker += [f"ENV PYTHONPATH={src_path}", f"ENV PATH={SANDBOX_VENV}/bin:$PATH", "WORKDIR /testbed", ""]
@@ -132,14 +151,19 @@ def write_task(task_dir: Path, *, record: TaskRecord, spec: PackageSpec, pristin
     # so the set can move), and local_setup.sh stands in for the RUN step.
     rel_venv = os.path.relpath(venv_dir, env_dir)
     _write(env_dir / "local_binds.json", json.dumps({SANDBOX_VENV: rel_venv, BASE_DIR: "testbed"}) + "\n")
-    _write(env_dir / "local_setup.sh", f"""#!/bin/bash
+    _write(
+        env_dir / "local_setup.sh",
+        f"""#!/bin/bash
 # Stand-in for the Dockerfile's RUN steps in arl's local (unshare) sandbox: the testbed is already at
 # /testbed (the Dockerfile's COPY) and the package's venv is bound at {SANDBOX_VENV} (local_binds.json), so
 # this only checks that the tests can run.
 set -e
 [ -d /testbed ] || {{ echo "local_setup.sh: no /testbed" >&2; exit 1; }}
-{SANDBOX_VENV}/bin/python -c "import pytest" || {{ echo "local_setup.sh: pytest not importable from {SANDBOX_VENV}" >&2; exit 1; }}
-""", 0o755)
+{SANDBOX_VENV}/bin/python -c "import pytest" \\
+  || {{ echo "local_setup.sh: pytest not importable from {SANDBOX_VENV}" >&2; exit 1; }}
+""",
+        0o755,
+    )
 
     tests_dir = task_dir / "tests"
     (tests_dir / "plugin").mkdir(parents=True, exist_ok=True)
@@ -165,26 +189,41 @@ set -e
     _write(tests_dir / "test.sh", test_sh, 0o755)
     # A fix that puts back what the bug removed may need patterns the grader otherwise refuses (sys.modules).
     reach = grading.reach_patterns_without(grading.needed_reach_patterns(original, buggy_text))
-    config = {"fail_to_pass": record.fail_to_pass, "pass_to_pass": record.pass_to_pass,
-              "package": spec.name, "version": spec.version, "module": record.module,
-              "function": record.function, "operator": record.operator, "test_files": record.test_files,
-              "src_root": spec.src_root, "pytest_args": list(spec.pytest_args), "pytest_config": pytest_config}
+    config = {
+        "fail_to_pass": record.fail_to_pass,
+        "pass_to_pass": record.pass_to_pass,
+        "package": spec.name,
+        "version": spec.version,
+        "module": record.module,
+        "function": record.function,
+        "operator": record.operator,
+        "test_files": record.test_files,
+        "src_root": spec.src_root,
+        "pytest_args": list(spec.pytest_args),
+        "pytest_config": pytest_config,
+    }
     if reach is not None:
         config["reach_patterns"] = reach
     _write(tests_dir / "config.json", json.dumps(config, indent=1) + "\n")
 
     _write(task_dir / "solution" / "fix.patch", unified_patch(record.module, buggy_text, original))
-    _write(task_dir / "solution" / "solve.sh", """#!/bin/bash
+    _write(
+        task_dir / "solution" / "solve.sh",
+        """#!/bin/bash
 # The oracle: the reverse of the bug, applied in the testbed.
 set -e
 SOLUTION_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "${ARL_SWE_TESTBED:-/testbed}"
 patch -p1 --forward --batch < "$SOLUTION_DIR/fix.patch"
-""", 0o755)
+""",
+        0o755,
+    )
     _write(task_dir / "instruction.md", instruction)
     # Graded in a separate environment from the same image: the agent's /testbed is carried there after
     # every process of the agent's environment ended (Harbor's separate verifier mode).
-    _write(task_dir / "task.toml", f"""schema_version = "1.4"
+    _write(
+        task_dir / "task.toml",
+        f"""schema_version = "1.4"
 artifacts = ["/testbed"]
 
 [metadata]
@@ -209,5 +248,6 @@ cpus = 1
 memory_mb = {MEMORY_MB}
 workdir = "/testbed"
 network_mode = "no-network"
-""")
+""",
+    )
     return task_dir

@@ -38,8 +38,9 @@ _clock = time.perf_counter  # taken before the repository's code runs
 
 
 def _guarded(module_name: str) -> bool:
-    return any(module_name == p or module_name.startswith(p + ".") for p in _GUARDED) or \
-        module_name.startswith("pytest_")
+    return any(
+        module_name == p or module_name.startswith(p + ".") for p in _GUARDED
+    ) or module_name.startswith("pytest_")
 
 
 def _code_of(value: object) -> types.CodeType | None:
@@ -76,8 +77,11 @@ class _Origins:
 
     def foreign(self, code: types.CodeType) -> bool:
         name = code.co_filename
-        return (name.startswith("<") or (name, code.co_name) in self.built
-                or os.path.realpath(name) in self.changed_files)
+        return (
+            name.startswith("<")
+            or (name, code.co_name) in self.built
+            or os.path.realpath(name) in self.changed_files
+        )
 
 
 class _RunnerSnapshot:
@@ -101,8 +105,15 @@ class _RunnerSnapshot:
                     members = vars(value)  # a live view: a change made by any route shows here
                     self._class_keys.append((value, frozenset(members)))
                     for member, held in list(members.items()):
-                        self._entries.append((members, f"{module_name}.{value.__qualname__}.{member}", member,
-                                              held, _code_of(held)))
+                        self._entries.append(
+                            (
+                                members,
+                                f"{module_name}.{value.__qualname__}.{member}",
+                                member,
+                                held,
+                                _code_of(held),
+                            )
+                        )
 
     def _foreign(self, value: object) -> bool:
         """A new value for a runner member that runs the agent's code (plain data is not code)."""
@@ -190,8 +201,12 @@ class _Recorder:
 
     def pytest_sessionfinish(self, session, exitstatus) -> None:  # noqa: ANN001 - pytest hook
         self._check(always=True)
-        data = {"exitstatus": int(exitstatus), "tests": self.outcomes, "messages": self.messages,
-                "collect_errors": self.collect_errors}
+        data = {
+            "exitstatus": int(exitstatus),
+            "tests": self.outcomes,
+            "messages": self.messages,
+            "collect_errors": self.collect_errors,
+        }
         if self._nonce is not None:
             data.update(nonce=self._nonce, tampered=self.tampered)
         _write(json.dumps(data))

@@ -39,17 +39,45 @@ import sys
 import unicodedata
 
 TEST_DIRS = {"tests", "test", "testing"}
-RUNNER_CONFIGS = {"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg",
-                  "pyproject.toml"}
+RUNNER_CONFIGS = {
+    "pytest.ini",
+    ".pytest.ini",
+    "pytest.toml",
+    ".pytest.toml",
+    "tox.ini",
+    "setup.cfg",
+    "pyproject.toml",
+}
 STARTUP_FILES = {"sitecustomize.py", "usercustomize.py"}
 COMPILED_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd", ".dylib")
 # What a fix of a library function has no use for, and what in-process forgery of the runner needs.
 DEFAULT_REACH_PATTERNS = [
-    r"\bpytest\b", r"_pytest", r"\bpluggy\b", r"arl_swe", r"ARL_SWE", r"/logs/", r"/tests/",
-    r"\bsys\.meta_path\b", r"\bsys\.path_hooks\b", r"\bos\._exit\b", r"\bsettrace\b", r"\bsetprofile\b",
-    r"_getframe", r"\batexit\b", r"\bctypes\b", r"\bgc\.get_(?:objects|referrers)\b", r"\bsys\.modules\b",
-    r"__import__", r"builtins", r"\bimportlib\b", r"\bexec\s*\(", r"\beval\s*\(", r"\bcompile\s*\(",
-    r"\bmarshal\b", r"\bbase64\b", r"\bcodecs\.decode\b",
+    r"\bpytest\b",
+    r"_pytest",
+    r"\bpluggy\b",
+    r"arl_swe",
+    r"ARL_SWE",
+    r"/logs/",
+    r"/tests/",
+    r"\bsys\.meta_path\b",
+    r"\bsys\.path_hooks\b",
+    r"\bos\._exit\b",
+    r"\bsettrace\b",
+    r"\bsetprofile\b",
+    r"_getframe",
+    r"\batexit\b",
+    r"\bctypes\b",
+    r"\bgc\.get_(?:objects|referrers)\b",
+    r"\bsys\.modules\b",
+    r"__import__",
+    r"builtins",
+    r"\bimportlib\b",
+    r"\bexec\s*\(",
+    r"\beval\s*\(",
+    r"\bcompile\s*\(",
+    r"\bmarshal\b",
+    r"\bbase64\b",
+    r"\bcodecs\.decode\b",
     # An object equal to anything passes every assert-equal test without fixing the function.
     r"\bdef __(?:eq|ne)__\b",
 ]
@@ -91,9 +119,13 @@ def protected_reason(rel, kind, added, base, import_roots, test_files):
         return "symlink"
     if "__pycache__" in parts or name.endswith(COMPILED_SUFFIXES):
         return "compiled"
-    if (rel in test_files or name == "conftest.py" or any(p in TEST_DIRS for p in parts[:-1])
-            or (name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py")))
-            or (kind == "dir" and name in TEST_DIRS)):
+    if (
+        rel in test_files
+        or name == "conftest.py"
+        or any(p in TEST_DIRS for p in parts[:-1])
+        or (name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py")))
+        or (kind == "dir" and name in TEST_DIRS)
+    ):
         return "test"
     if name in RUNNER_CONFIGS:
         return "runner_config"
@@ -104,7 +136,7 @@ def protected_reason(rel, kind, added, base, import_roots, test_files):
             prefix = "" if root in ("", ".") else root.rstrip("/") + "/"
             if not rel.startswith(prefix):
                 continue
-            top = prefix + rel[len(prefix):].split("/")[0]
+            top = prefix + rel[len(prefix) :].split("/")[0]
             if top not in base:
                 return "shadowing"
     return None
@@ -181,9 +213,15 @@ def _restore(source, target):
 
 
 # Where pytest finds its configuration in a rootdir, in its own order: file -> section that must be in it.
-_PYTEST_CONFIG_FILES = (("pytest.toml", None), (".pytest.toml", None), ("pytest.ini", None), (".pytest.ini", None),
-                        ("pyproject.toml", ("[tool.pytest.ini_options]", "[tool.pytest]")),
-                        ("tox.ini", ("[pytest]",)), ("setup.cfg", ("[tool:pytest]",)))
+_PYTEST_CONFIG_FILES = (
+    ("pytest.toml", None),
+    (".pytest.toml", None),
+    ("pytest.ini", None),
+    (".pytest.ini", None),
+    ("pyproject.toml", ("[tool.pytest.ini_options]", "[tool.pytest]")),
+    ("tox.ini", ("[pytest]",)),
+    ("setup.cfg", ("[tool:pytest]",)),
+)
 
 
 def own_pytest_config(root):
@@ -210,8 +248,10 @@ def main():
         json.dump(verdict, f, indent=1)
     touched = len(verdict["restored"]) + len(verdict["deleted"])
     # Counts only on the output: paths are the agent's choice (the details are in REPORT_JSON).
-    print(f"grade_change: {len(verdict['kept'])} path(s) kept, {touched} put back"
-          + (f"; refused ({len(verdict['reach'])} reference(s) to the harness)" if verdict["refused"] else ""))
+    print(
+        f"grade_change: {len(verdict['kept'])} path(s) kept, {touched} put back"
+        + (f"; refused ({len(verdict['reach'])} reference(s) to the harness)" if verdict["refused"] else "")
+    )
     return 10 if verdict["refused"] else 0
 
 

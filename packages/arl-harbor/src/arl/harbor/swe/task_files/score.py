@@ -62,8 +62,11 @@ def take_report(source, dest, nonce=None):
         data = json.loads(raw) if len(raw) <= _REPORT_LIMIT else None
     except ValueError:
         data = None
-    if not (isinstance(data, dict) and isinstance(data.get("tests"), dict)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in data["tests"].items())):
+    if not (
+        isinstance(data, dict)
+        and isinstance(data.get("tests"), dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in data["tests"].items())
+    ):
         return False
     if nonce is not None and not (data.get("nonce") == nonce and isinstance(data.get("tampered"), list)):
         return False
@@ -111,9 +114,15 @@ def main() -> int:
         change = _load(sys.argv[2])
         # Counts only: the reasons name the agent's files, which must not reach the verifier's output (it is
         # searched for harness failures); they are in change.json.
-        print(f"the change is refused: {len(change.get('reach') or [])} reference(s) to the test harness or the "
-              "interpreter's machinery (change.json)", file=sys.stderr)
-        _write(sys.argv[3], {"reward": 0.0, "change_refused": 1.0, "protected_touched": protected_touched(change)})
+        print(
+            f"the change is refused: {len(change.get('reach') or [])} reference(s) to the test harness or the "
+            "interpreter's machinery (change.json)",
+            file=sys.stderr,
+        )
+        _write(
+            sys.argv[3],
+            {"reward": 0.0, "change_refused": 1.0, "protected_touched": protected_touched(change)},
+        )
         return 0
     if sys.argv[1] == "--broken":
         _write(sys.argv[3], {"reward": 0.0, "agent_broke_verifier": 1.0})
@@ -125,7 +134,9 @@ def main() -> int:
     if tampered:
         # What was replaced names runner objects, never the agent's paths: safe for the verifier's output.
         print("the runner was tampered with: " + "; ".join(map(str, tampered[:8])), file=sys.stderr)
-    reward = score(_load(config_path), report["tests"], rerun_report["tests"] if rerun_report else None, tampered)
+    reward = score(
+        _load(config_path), report["tests"], rerun_report["tests"] if rerun_report else None, tampered
+    )
     reward["protected_touched"] = protected_touched(_load(change_path))
     _write(reward_path, reward)
     return 0
