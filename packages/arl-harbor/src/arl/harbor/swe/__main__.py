@@ -1,7 +1,10 @@
 """Command line: `python -m arl.harbor.swe {build,verify,images,convert,export}`.
 
   build  --out <set> [--packages a,b] [--max-per-package N] [--max-candidates N] [--jobs N] [--seed S]
-         [--cache .cache/swe] [--python /usr/bin/python3.11]
+         [--cache .cache/swe] [--python /usr/bin/python3.11] [--max-suite-seconds S]
+         [--package NAME==VERSION [--src-root DIR] [--test-deps REQ ...] [--pytest-args=ARGS]
+          [--skip-test-files PATH ...]] ...  [--packages-file specs.toml]
+         (any PyPI package; each option after a --package applies to it; arl.harbor.swe.specs)
   verify <set> [--ids a,b] [--jobs N]     (exit 1 when a task fails a check)
   images <set> [--force] [--network none] [--timeout S]   (docker: every task's image built once,
          recorded in manifest.jsonl; arl.harbor.swe.images)
@@ -19,8 +22,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from arl.harbor.swe.build import build
-from arl.harbor.swe.packages import select
+from arl.harbor.errors import HarborConfigError
+from arl.harbor.swe.build import MAX_SUITE_SECONDS, build
+from arl.harbor.swe.packages import PackageSpec, select
+from arl.harbor.swe.specs import check_unique, load_specs_file, spec_from_pin
 from arl.harbor.swe.venvs import DEBIAN_PYTHON
 from arl.harbor.swe.verify import verify_set
 
@@ -31,6 +36,43 @@ def _log(msg: str) -> None:
 
 def _csv(text: str | None) -> list[str]:
     return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+class _Pin(argparse.Action):
+    """`--package NAME==VERSION`: starts a new package; the spec options after it fill its fields."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001 - argparse's signature
+        pins = list(getattr(namespace, "pins", None) or [])
+        pins.append({"pin": values})
+        namespace.pins = pins
+
+
+class _PinOption(argparse.Action):
+    """`--src-root` / `--test-deps` / `--pytest-args` / `--skip-test-files`: a field of the last --package."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001 - argparse's signature
+        pins = getattr(namespace, "pins", None)
+        if not pins:
+            parser.error(f"{option_string} applies to a --package NAME==VERSION given before it")
+        if self.dest in pins[-1]:
+            parser.error(f"{option_string} given twice for --package {pins[-1]['pin']}")
+        if self.dest == "pytest_args":  # one string, so that arguments starting with "-" pass argparse
+            try:
+                values = shlex.split(values)
+            except ValueError as e:
+                parser.error(f"{option_string} {values!r}: {e}")
+        pins[-1][self.dest] = values if isinstance(values, str) else tuple(values)
+
+
+def _build_specs(args: argparse.Namespace) -> list[PackageSpec]:
+    """The packages to build: --packages (pinned names), each --package, the --packages-file's tables."""
+    specs = select(_csv(args.packages)) if args.packages else []
+    for pin in args.pins or []:
+        fields = {k: v for k, v in pin.items() if k != "pin"}
+        specs.append(spec_from_pin(pin["pin"], **fields))
+    if args.packages_file is not None:
+        specs += load_specs_file(args.packages_file)
+    return check_unique(specs or select(None))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +86,22 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build a task set from the pinned packages' sdists")
     b.add_argument("--out", required=True, type=Path, help="the task set folder (created)")
-    b.add_argument("--packages", help="comma-separated package names (default: all pinned ones)")
+    b.add_argument("--packages", help="comma-separated names of pinned packages (packages.py); with none of "
+                   "--packages / --package / --packages-file: all pinned ones")
+    b.add_argument("--package", action=_Pin, dest="pins", metavar="NAME==VERSION",
+                   help="any PyPI package's sdist (repeatable); the options below apply to the --package before them")
+    b.add_argument("--src-root", action=_PinOption, dest="src_root", metavar="DIR",
+                   help="the sdist folder that goes on PYTHONPATH (default: .)")
+    b.add_argument("--test-deps", action=_PinOption, dest="test_deps", nargs="+", metavar="REQ",
+                   help="extra requirements of its tests, installed from wheels (pytest is always there)")
+    b.add_argument("--pytest-args", action=_PinOption, dest="pytest_args", metavar="ARGS",
+                   help="added to every pytest run, one shell-quoted string: --pytest-args='-o addopts='")
+    b.add_argument("--skip-test-files", action=_PinOption, dest="skip_test_files", nargs="+", metavar="PATH",
+                   help="test files left out (relative to the sdist root)")
+    b.add_argument("--packages-file", type=Path, metavar="TOML",
+                   help="[[package]] tables with name, version, src_root, test_deps, pytest_args, skip_test_files")
+    b.add_argument("--max-suite-seconds", type=float, default=MAX_SUITE_SECONDS,
+                   help="a package whose whole suite, run once alone, takes longer is refused")
     b.add_argument("--max-per-package", type=int, default=20)
     b.add_argument("--max-candidates", type=int, default=600, help="triples looked at per package, at most")
     b.add_argument("--jobs", type=int, default=2)
@@ -82,25 +139,31 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cmd == "build":
         if args.max_per_package < 1 or args.jobs < 1:
-            parser.error("--max-per-package and --jobs must be at least 1")
+            b.error("--max-per-package and --jobs must be at least 1")
         if args.baseline_runs < 2:
-            parser.error("--baseline-runs must be at least 2 (one run cannot tell a flaky test)")
+            b.error("--baseline-runs must be at least 2 (one run cannot tell a flaky test)")
+        if args.max_suite_seconds <= 0:
+            b.error("--max-suite-seconds must be positive")
         try:
-            specs = select(_csv(args.packages))
-        except ValueError as e:
-            parser.error(str(e))
+            specs = _build_specs(args)
+        except HarborConfigError as e:
+            b.error(str(e))
         if not Path(args.python).is_file():
-            parser.error(f"--python {args.python} does not exist (Debian's python3.11 is expected)")
+            b.error(f"--python {args.python} does not exist (Debian's python3.11 is expected)")
         command = "python -m arl.harbor.swe " + " ".join(shlex.quote(a) for a in argv)
         summary = build(specs, args.out.resolve(), args.cache.resolve(), max_per_package=args.max_per_package,
                         max_candidates=args.max_candidates, jobs=args.jobs, seed=args.seed, python=args.python,
-                        baseline_runs=args.baseline_runs, command=command, log=_log)
+                        baseline_runs=args.baseline_runs, max_suite_s=args.max_suite_seconds, command=command,
+                        log=_log)
         for p in summary["packages"]:
             _log(f"{p['package']} {p['version']}: kept {p['kept']} of {p['candidates_run']} run "
                  f"({p['considered']} considered) in {p['seconds']} s; {len(p['flaky_tests'])} flaky tests left out")
+        for r in summary["refused"]:
+            _log(f"{r['package']} {r['version']}: refused ({r['kind']}): {r['reason']}")
         _log(f"{summary['tasks_in_set']} tasks in {args.out} ({summary['seconds']} s); "
              f"operators: {summary['operators_in_set']}")
-        return 0
+        # Exit 1 only when nothing could be built: a refusal among other packages is listed, not fatal.
+        return 1 if summary["refused"] and not summary["packages"] else 0
     if not args.set.is_dir():
         parser.error(f"{args.set} is not a directory")
     try:

@@ -7,12 +7,29 @@ a few small extra wheels (`test_deps`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from arl.harbor.errors import HarborConfigError
+
+_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")  # PEP 508's project name
+_VERSION = re.compile(r"^[0-9][A-Za-z0-9.+!_-]*$")  # a release, as PyPI spells it (no ranges, no wildcards)
+# The runner and the grader pin pytest's rootdir and config file; a spec may not move them.
+_PINNED_PYTEST_ARGS = ("--rootdir", "--config-file", "-c")
+
+
+def _relative(path: str) -> bool:
+    p = PurePosixPath(path)
+    return bool(path) and not p.is_absolute() and ".." not in p.parts and "\\" not in path
 
 
 @dataclass(frozen=True)
 class PackageSpec:
-    """One package: where its importable source lives inside the sdist and how its tests are run."""
+    """One package: where its importable source lives inside the sdist and how its tests are run.
+
+    Checked when made: a bad field raises `HarborConfigError` naming the package and the field.
+    """
 
     name: str  # the PyPI name
     version: str
@@ -20,6 +37,27 @@ class PackageSpec:
     test_deps: tuple[str, ...] = ()  # extra requirements of the tests (pytest itself is in the base image)
     pytest_args: tuple[str, ...] = ()  # added to every pytest run (e.g. dropping a coverage addopts)
     skip_test_files: tuple[str, ...] = field(default=())  # test files left out (need deps we do not ship)
+
+    def __post_init__(self) -> None:
+        def bad(what: str) -> HarborConfigError:
+            return HarborConfigError(f"package spec {self.name!r} {self.version!r}: {what}")
+
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise bad("name must be a PyPI project name (letters, digits, '.', '_', '-')")
+        if not isinstance(self.version, str) or not _VERSION.match(self.version):
+            raise bad("version must be one released version, e.g. '1.2.0'")
+        if not isinstance(self.src_root, str) or not (self.src_root == "." or _relative(self.src_root)):
+            raise bad(f"src_root {self.src_root!r} must be a folder inside the sdist ('.', 'src', ...)")
+        for fname in ("test_deps", "pytest_args", "skip_test_files"):
+            value = getattr(self, fname)
+            if not isinstance(value, tuple) or not all(isinstance(v, str) and v.strip() for v in value):
+                raise bad(f"{fname} must be a tuple of non-empty strings, got {value!r}")
+        for arg in self.pytest_args:
+            if arg.split("=", 1)[0] in _PINNED_PYTEST_ARGS or arg.startswith(_PINNED_PYTEST_ARGS):
+                raise bad(f"pytest_args may not set {arg!r}: the rootdir and config file are pinned")
+        for path in self.skip_test_files:
+            if not _relative(path):
+                raise bad(f"skip_test_files entry {path!r} must be a path relative to the sdist root")
 
     @property
     def key(self) -> str:
@@ -50,5 +88,6 @@ def select(names: list[str] | None) -> list[PackageSpec]:
         return list(PACKAGES)
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
-        raise ValueError(f"unknown package(s) {unknown}; known: {sorted(BY_NAME)}")
+        raise HarborConfigError(f"unknown package(s) {unknown}; known: {sorted(BY_NAME)} (any other package: "
+                                "--package NAME==VERSION or --packages-file)")
     return [BY_NAME[n] for n in names]

@@ -6,6 +6,7 @@ so that the sdist, not a wheel, is fetched. An unpacked tree is reused when pres
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tarfile
@@ -22,7 +23,8 @@ class SourceError(RuntimeError):
 
 
 def _find_sdist(folder: Path, spec: PackageSpec) -> Path | None:
-    stems = {spec.name.lower().replace("-", "_"), spec.name.lower()}
+    # An sdist is named by the project's name as its release spelled it, or normalized (PEP 625: [-_.] → "_").
+    stems = {spec.name.lower(), spec.name.lower().replace("-", "_"), re.sub(r"[-_.]+", "_", spec.name.lower())}
     for path in sorted(folder.iterdir()) if folder.is_dir() else []:
         name = path.name.lower()
         for stem in stems:

@@ -52,7 +52,8 @@ def package_wheelhouse(spec: PackageSpec, cache: Path, *, python: str) -> Path:
     """`<cache>/wheels/<key>`: the package's extra test deps (and theirs), minus what the base has."""
     folder = cache / "wheels" / spec.key
     done = folder / ".complete"
-    if done.is_file():
+    wanted = " ".join(spec.test_deps) + "\n"
+    if done.is_file() and done.read_text() == wanted:  # the same deps (a user spec may change them)
         return folder
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -63,7 +64,7 @@ def package_wheelhouse(spec: PackageSpec, cache: Path, *, python: str) -> Path:
         for wheel in folder.glob("*.whl"):
             if _dist_name(wheel) in base:
                 wheel.unlink()
-    done.write_text("")
+    done.write_text(wanted)
     return folder
 
 
@@ -71,7 +72,8 @@ def ensure_venv(spec: PackageSpec, cache: Path, *, python: str = DEBIAN_PYTHON) 
     """`<cache>/venvs/<key>` with pytest and the test deps (built once, from the wheelhouses, offline)."""
     venv = cache / "venvs" / spec.key
     marker = venv / ".arl-swe-complete"
-    if marker.is_file():
+    wanted = f"{PYTEST_REQUIREMENT} {' '.join(spec.test_deps)}\n"
+    if marker.is_file() and marker.read_text() == wanted:
         return venv
     base = base_wheelhouse(cache, python=python)
     extra = package_wheelhouse(spec, cache, python=python)
@@ -81,7 +83,7 @@ def ensure_venv(spec: PackageSpec, cache: Path, *, python: str = DEBIAN_PYTHON) 
     _run([python, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet", "--no-index",
           "--find-links", str(base), "--find-links", str(extra), PYTEST_REQUIREMENT, *spec.test_deps],
          f"installing {spec.key}'s test deps into its venv")
-    marker.write_text(f"{PYTEST_REQUIREMENT} {' '.join(spec.test_deps)}\n")
+    marker.write_text(wanted)
     return venv
 
 
@@ -99,7 +101,8 @@ def copy_venv(venv: Path, dest: Path, *, link: bool = False) -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.symlink_to(venv.resolve(), target_is_directory=True)
         return dest
-    if (dest / ".arl-swe-complete").is_file():
+    marker = dest / ".arl-swe-complete"
+    if marker.is_file() and marker.read_text() == (venv / ".arl-swe-complete").read_text():
         return dest
     shutil.rmtree(dest, ignore_errors=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
