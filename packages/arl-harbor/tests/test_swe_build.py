@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from arl.harbor.swe.build import build_package
+from arl.harbor.errors import PackageRefusedError
+from arl.harbor.swe.build import build, build_package
+from arl.harbor.swe.packages import PackageSpec
 from arl.harbor.swe.testing import write_tiny_package
+from arl.harbor.swe.validate import probe_suite
 from arl.harbor.swe.verify import run_scenario, verify_set
 from arl.harbor.tasks import load_harbor_tasks
 
@@ -76,3 +79,55 @@ def _flaky(request):
             pass
         pytest.fail("a flake: fails while the tally file is missing")
 """
+
+
+# Refusals, measured on the tiny package made unfit in one way each (no download: its source and this venv).
+_REFUSALS = {
+    "no_tests": ({"tests/test_tinycalc.py": None}, {}, "pytest collected no tests in", "the sdist ships no test files"),
+    "not_collected": ({"tests/test_tinycalc.py": None, "tests/checks.py": "def test_x():\n    pass\n"}, {},
+                      "pytest collected no tests", "has 1 test file(s) that it does not collect"),
+    "does_not_collect": ({"tests/test_broken.py": "import tinycalc_plugin_we_lack\n"}, {},
+                         "1 collection error(s), e.g. tests/test_broken.py", "ModuleNotFoundError"),
+    "too_slow": ({"tests/test_slow.py": "import time\n\ndef test_slow():\n    time.sleep(60)\n"},
+                 {"max_suite_s": 3.0}, "ran past the 3 s limit", "--max-suite-seconds"),
+    "no_passing_tests": ({"tests/conftest.py": "import pytest\n\n@pytest.fixture(autouse=True)\ndef _broken():\n"
+                          "    raise RuntimeError('no fixture works here')\n"}, {},
+                         "none of the 12 tests passed", "no fixture works here"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_REFUSALS))
+def test_unfit_packages_are_refused_with_what_was_measured(tmp_path, case):
+    files, kwargs, *expected = _REFUSALS[case]
+    root = tmp_path / "tinycalc-0.0.1"
+    spec = write_tiny_package(root)
+    for rel, text in files.items():
+        if text is None:
+            (root / rel).unlink()
+        else:
+            (root / rel).write_text(text)
+    with pytest.raises(PackageRefusedError) as refused:
+        build_package(spec, tmp_path / "set", tmp_path / "cache", max_tasks=2, max_candidates=60, jobs=1, seed=0,
+                      python=sys.executable, log=lambda _msg: None, source_root=root, venv=Path(sys.prefix), **kwargs)
+    kind = "no_tests" if case == "not_collected" else case
+    assert refused.value.kind == kind and refused.value.package == "tinycalc-0.0.1"
+    assert all(text in refused.value.reason for text in expected), refused.value.reason
+    assert not (tmp_path / "set").exists()  # refused before any task was written
+    if case == "does_not_collect":  # what the reason advises works: the file left out, the suite runs
+        fixed = PackageSpec(spec.name, spec.version, skip_test_files=("tests/test_broken.py",))
+        probe = probe_suite(root, Path(sys.prefix) / "bin" / "python", fixed, limit_s=60)
+        assert probe.tests == probe.passed == 12
+
+
+def test_build_lists_a_refused_package_and_goes_on(tmp_path):
+    # A cached source tree stands in for the sdist; its src_root does not exist, so nothing is downloaded.
+    cache = tmp_path / "cache"
+    write_tiny_package(cache / "src" / "tinycalc-0.0.1")
+    bad = PackageSpec("tinycalc", "0.0.1", src_root="src")
+    summary = build([bad], tmp_path / "set", cache, max_per_package=2, max_candidates=10, jobs=1, seed=0,
+                    python=sys.executable, log=lambda _msg: None)
+    assert summary["packages"] == [] and summary["tasks_in_set"] == 0
+    [refusal] = summary["refused"]
+    assert refusal["package"] == "tinycalc" and refusal["kind"] == "bad_src_root"
+    assert "src_root 'src' is not a folder of the sdist (its folders: ['tests', 'tinycalc'])" in refusal["reason"]
+    assert json.loads((tmp_path / "set" / "build.json").read_text())["refused"] == [refusal]

@@ -64,7 +64,7 @@ class _PinOption(argparse.Action):
         pins[-1][self.dest] = values if isinstance(values, str) else tuple(values)
 
 
-def _build_specs(args: argparse.Namespace) -> list[PackageSpec]:
+def build_specs(args: argparse.Namespace) -> list[PackageSpec]:
     """The packages to build: --packages (pinned names), each --package, the --packages-file's tables."""
     specs = select(_csv(args.packages)) if args.packages else []
     for pin in args.pins or []:
@@ -75,12 +75,8 @@ def _build_specs(args: argparse.Namespace) -> list[PackageSpec]:
     return check_unique(specs or select(None))
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["images"]:  # its own parser: arl.harbor.swe.images
-        from arl.harbor.swe.images import main as images_main
-
-        return images_main(argv[1:])
+def make_parser() -> argparse.ArgumentParser:
+    """The command line's parser (`images` has its own: arl.harbor.swe.images)."""
     parser = argparse.ArgumentParser(prog="python -m arl.harbor.swe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -132,6 +128,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="SWE-bench Verified's shape (test lists JSON-encoded) or SWE-Gym's (lists)")
     e.add_argument("--build", action="store_true", help="build each task's image in the local engine")
     e.add_argument("--images-dir", type=Path, help="build the images and docker save them to DIR/images.tar")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["images"]:  # its own parser: arl.harbor.swe.images
+        from arl.harbor.swe.images import main as images_main
+
+        return images_main(argv[1:])
+    parser = make_parser()
     args = parser.parse_args(argv)
 
     if args.cmd in ("convert", "export"):
@@ -139,17 +145,17 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cmd == "build":
         if args.max_per_package < 1 or args.jobs < 1:
-            b.error("--max-per-package and --jobs must be at least 1")
+            parser.error("--max-per-package and --jobs must be at least 1")
         if args.baseline_runs < 2:
-            b.error("--baseline-runs must be at least 2 (one run cannot tell a flaky test)")
+            parser.error("--baseline-runs must be at least 2 (one run cannot tell a flaky test)")
         if args.max_suite_seconds <= 0:
-            b.error("--max-suite-seconds must be positive")
+            parser.error("--max-suite-seconds must be positive")
         try:
-            specs = _build_specs(args)
+            specs = build_specs(args)
         except HarborConfigError as e:
-            b.error(str(e))
+            parser.error(str(e))
         if not Path(args.python).is_file():
-            b.error(f"--python {args.python} does not exist (Debian's python3.11 is expected)")
+            parser.error(f"--python {args.python} does not exist (Debian's python3.11 is expected)")
         command = "python -m arl.harbor.swe " + " ".join(shlex.quote(a) for a in argv)
         summary = build(specs, args.out.resolve(), args.cache.resolve(), max_per_package=args.max_per_package,
                         max_candidates=args.max_candidates, jobs=args.jobs, seed=args.seed, python=args.python,
