@@ -15,6 +15,7 @@ from arl.harbor.swe.build import build, build_package
 from arl.harbor.swe.packages import PackageSpec
 from arl.harbor.swe.testing import write_tiny_package
 from arl.harbor.swe.validate import probe_suite
+from arl.harbor.swe.venvs import DEBIAN_PYTHON
 from arl.harbor.swe.verify import run_scenario, verify_set
 from arl.harbor.tasks import load_harbor_tasks
 
@@ -131,3 +132,50 @@ def test_build_lists_a_refused_package_and_goes_on(tmp_path):
     assert refusal["package"] == "tinycalc" and refusal["kind"] == "bad_src_root"
     assert "src_root 'src' is not a folder of the sdist (its folders: ['tests', 'tinycalc'])" in refusal["reason"]
     assert json.loads((tmp_path / "set" / "build.json").read_text())["refused"] == [refusal]
+
+
+def _pypi_reachable() -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+needs_pypi = pytest.mark.skipif(not Path(DEBIAN_PYTHON).is_file() or not _pypi_reachable(),
+                                reason=f"needs PyPI and Debian's {DEBIAN_PYTHON} (the task image's interpreter)")
+
+
+@pytest.mark.slow
+@needs_pypi
+def test_build_any_pypi_package_from_the_command_line(tmp_path, capsys):
+    """`--package NAME==VERSION` of a package not in the pinned list builds valid tasks from its sdist; one whose
+    sdist ships no tests (tomli's) is refused with that reason, and the build goes on."""
+    from arl.harbor.swe.__main__ import main
+    from arl.harbor.swe.packages import BY_NAME
+
+    assert "xmltodict" not in BY_NAME and "tomli" not in BY_NAME
+    out = tmp_path / "set"
+    rc = main(["build", "--out", str(out), "--cache", str(tmp_path / "cache"), "--jobs", "1",
+               "--max-per-package", "2", "--package", "xmltodict==1.0.4", "--package", "tomli==2.5.0",
+               "--src-root", "src"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    summary = json.loads((out / "build.json").read_text())
+    [built] = summary["packages"]
+    assert built["package"] == "xmltodict" and built["kept"] == 2 and built["tests"] > 100
+    [refused] = summary["refused"]
+    assert refused["package"] == "tomli" and refused["kind"] == "no_tests"
+    assert "the sdist ships no test files" in refused["reason"]
+    assert "tomli 2.5.0: refused (no_tests): pytest collected no tests" in err
+    tasks = load_harbor_tasks(f"harbor:{out}")
+    assert len(tasks) == 2 and all(t.id.startswith("xmltodict__") for t in tasks)
+    checks = verify_set(out, jobs=1, log=lambda _msg: None)
+    assert all(c.rewards == {"oracle": 1.0, "untouched": 0.0, "edit_tests": 0.0} for c in checks)
+
+    # Only tomli again: every package refused, so the command fails.
+    rc = main(["build", "--out", str(tmp_path / "none"), "--cache", str(tmp_path / "cache"), "--jobs", "1",
+               "--package", "tomli==2.5.0"])
+    assert rc == 1

@@ -98,7 +98,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="[[package]] tables with name, version, src_root, test_deps, pytest_args, skip_test_files")
     b.add_argument("--max-suite-seconds", type=float, default=MAX_SUITE_SECONDS,
                    help="a package whose whole suite, run once alone, takes longer is refused")
-    b.add_argument("--max-per-package", type=int, default=20)
+    b.add_argument("--max-per-package", type=int, default=30, help="tasks per package, at most")
     b.add_argument("--max-candidates", type=int, default=600, help="triples looked at per package, at most")
     b.add_argument("--jobs", type=int, default=2)
     b.add_argument("--seed", type=int, default=0)

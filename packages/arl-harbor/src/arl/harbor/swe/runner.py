@@ -60,8 +60,11 @@ def run_pytest(testbed: Path, python: str | Path, *, src_root: str = ".", files:
         if config is None:
             config = Path(tmp) / "pytest.ini"
             config.write_text("[pytest]\n")
+        # --confcutdir: with the empty config in tmp, pytest would also load the conftest.py files of the folders
+        # above the testbed (this project's own, when the cache is under it).
         cmd = [str(python), "-m", "pytest", "-p", "arl_swe_report", "-p", "no:cacheprovider", "-q",
-               "--tb=short", f"--rootdir={testbed.resolve()}", "-c", str(config), *args, *(files or [])]
+               "--tb=short", f"--rootdir={testbed.resolve()}", f"--confcutdir={testbed.resolve()}",
+               "-c", str(config), *args, *(files or [])]
         start = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=testbed, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
