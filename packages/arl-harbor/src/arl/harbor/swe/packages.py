@@ -77,6 +77,15 @@ PACKAGES: tuple[PackageSpec, ...] = (
         "humanize", "4.17.0", src_root="src", test_deps=("freezegun==1.5.5",),
         skip_test_files=("tests/test_benchmarks.py",),  # needs pytest-benchmark
     ),
+    PackageSpec("sqlparse", "0.6.1"),
+    PackageSpec("pyflakes", "4.1.0"),
+    PackageSpec("mistune", "3.4.0", src_root="src"),
+    PackageSpec("h11", "0.16.0"),
+    PackageSpec("isodate", "0.7.2", src_root="src"),
+    PackageSpec("pathspec", "1.1.1"),
+    PackageSpec("tomlkit", "0.15.3"),
+    PackageSpec("python-slugify", "9.2.0", test_deps=("text-unidecode==1.3",)),
+    PackageSpec("pyasn1", "0.6.5"),
 )
 
 BY_NAME = {p.name: p for p in PACKAGES}
