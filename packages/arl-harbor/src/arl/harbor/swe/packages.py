@@ -86,6 +86,8 @@ PACKAGES: tuple[PackageSpec, ...] = (
     PackageSpec("tomlkit", "0.15.3"),
     PackageSpec("python-slugify", "9.2.0", test_deps=("text-unidecode==1.3",)),
     PackageSpec("pyasn1", "0.6.5"),
+    PackageSpec("pycparser", "3.12"),
+    PackageSpec("json5", "0.17.3"),
 )
 
 BY_NAME = {p.name: p for p in PACKAGES}
