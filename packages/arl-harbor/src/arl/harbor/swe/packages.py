@@ -88,6 +88,8 @@ PACKAGES: tuple[PackageSpec, ...] = (
     PackageSpec("pyasn1", "0.6.5"),
     PackageSpec("pycparser", "3.12"),
     PackageSpec("json5", "0.17.3"),
+    PackageSpec("voluptuous", "0.16.0"),
+    PackageSpec("rfc3986", "2.0.0", src_root="src"),
 )
 
 BY_NAME = {p.name: p for p in PACKAGES}
