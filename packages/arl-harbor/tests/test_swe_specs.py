@@ -76,8 +76,8 @@ pytest_args = ["-o", "addopts="]
 @pytest.mark.parametrize("text, message", [
     ('[[package]]\nname = "h11"\nversion = "0.16.0"\nsrcroot = "src"\n',
      "package[0] (h11): Object contains unknown field `srcroot`"),
-    ('[[package]]\nname = "h11"\nversion = "0.16.0"\n[[package]]\nname = "six"\nversion = "1.17.0"\n'
-     'test_deps = "pytz"\n', "package[1] (six): Expected `array`, got `str` - at `test_deps`"),
+    (('[[package]]\nname = "h11"\nversion = "0.16.0"\n[[package]]\nname = "six"\nversion = "1.17.0"\n'
+      'test_deps = "pytz"\n'), "package[1] (six): Expected `array`, got `str` - at `test_deps`"),
     ('[[package]]\nname = "h11"\n', "package[0] (h11): Object missing required field `version`"),
     ('[[package]]\nname = "h11"\nversion = "0.16"\npytest_args = ["-c", "x"]\n',
      "package[0]: package spec 'h11' '0.16': pytest_args may not set '-c'"),

@@ -87,6 +87,11 @@ class SuiteProbe:
     seconds: float
 
 
+def _one_line(output: str, chars: int = 600) -> str:
+    """The end of pytest's output on one line (a reason is printed as one)."""
+    return " | ".join(ln.strip() for ln in output.splitlines() if ln.strip())[-chars:]
+
+
 def _first_error_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("E ")]
@@ -110,7 +115,7 @@ def probe_suite(root: Path, python: Path, spec: PackageSpec, *, limit_s: float) 
                                          f"{_first_error_line(text)} (leave such files out with "
                                          "skip_test_files, or add what they import to test_deps)")
     if run.exitstatus is None:
-        raise refuse("crashed", f"pytest ended without a report: {run.output[-500:].strip()}")
+        raise refuse("crashed", f"pytest ended without a report: {_one_line(run.output)}")
     tests = {t: o for t, o in run.tests.items() if is_test_path(t.split("::", 1)[0])}
     if not tests:
         shipped = [p for p in root.rglob("*.py") if is_test_path(p.relative_to(root).as_posix())
@@ -178,9 +183,10 @@ class Baseline:
         for run in runs:
             if run.exitstatus is None:
                 how = f"ran past {self.timeout_sec:g} s" if run.timed_out else "crashed"
-                raise PackageRefusedError(self.spec.key, "too_slow" if run.timed_out else "crashed",
-                                          f"a baseline run of the pristine suite {how} without a report: "
-                                          f"{run.output[-1000:].strip()}")
+                what = f"a baseline run of the pristine tests {how} without a report: {_one_line(run.output)}"
+                if files is None:  # the whole suite, before any task: the package's refusal
+                    raise PackageRefusedError(self.spec.key, "too_slow" if run.timed_out else "crashed", what)
+                raise RuntimeError(f"{self.spec.key}: {what}")
         every = set.intersection(*(r.passed() for r in runs))
         some = set.union(*(r.passed() for r in runs))
         with self._lock:
