@@ -99,4 +99,4 @@ def test_pins_and_spec_fields():
     with pytest.raises(HarborConfigError, match="test_deps must be a tuple of non-empty strings"):
         PackageSpec("h11", "0.16.0", test_deps=["pytz"])  # a list: the spec is frozen and hashable
     with pytest.raises(HarborConfigError, match="given twice"):
-        check_unique([PackageSpec("H11", "0.16.0"), PackageSpec("h11", "0.15.0")])
+        check_unique([PackageSpec("Python_Slugify", "9.2.0"), PackageSpec("python-slugify", "9.1.0")])

@@ -1,8 +1,9 @@
-"""The pinned packages a SWE task set is built from: pure-Python sdists that ship fast test suites.
+"""The pinned packages a SWE task set is built from by default: pure-Python sdists that ship fast test suites.
 
-Each was checked with `pip download --no-binary <name> --no-deps <name>==<version>`: the tests are in
-the sdist and the whole suite runs in a few seconds under the Debian Python 3.11 with pytest and at most
-a few small extra wheels (`test_deps`).
+Each was built with the builder itself (its whole-suite probe and baseline): the tests are in the sdist and
+the whole suite runs in seconds under the Debian Python 3.11 with pytest and at most a few small extra wheels
+(`test_deps`). The per-package figures are in arl-harbor's BENCHMARKS.md. Any other package is built with
+`PackageSpec`s from the command line or a TOML file (`arl.harbor.swe.specs`), checked the same way.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ Every error names the file, the table (`package[2]`, its name when known) and th
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -107,9 +108,10 @@ def check_unique(specs: list[PackageSpec]) -> list[PackageSpec]:
     """`specs` unchanged, or an error naming a package given twice (a set holds one version of each)."""
     seen: dict[str, PackageSpec] = {}
     for spec in specs:
-        other = seen.get(spec.name.lower())
+        name = re.sub(r"[-_.]+", "-", spec.name.lower())  # PyPI's normalized name (PEP 503)
+        other = seen.get(name)
         if other is not None:
             raise HarborConfigError(f"package {spec.name} is given twice ({other.key} and {spec.key}); a task set "
                                     "holds one version of each package")
-        seen[spec.name.lower()] = spec
+        seen[name] = spec
     return specs
