@@ -78,9 +78,9 @@ PACKAGES: tuple[PackageSpec, ...] = (
         "humanize", "4.17.0", src_root="src", test_deps=("freezegun==1.5.5",),
         skip_test_files=("tests/test_benchmarks.py",),  # needs pytest-benchmark
     ),
-    PackageSpec("sqlparse", "0.6.1"),
+    # tests/test_dos_prevention.py asserts sub-second parse times: under load a fix could fail it.
+    PackageSpec("sqlparse", "0.6.1", skip_test_files=("tests/test_dos_prevention.py",)),
     PackageSpec("pyflakes", "4.1.0"),
-    PackageSpec("mistune", "3.4.0", src_root="src"),
     PackageSpec("h11", "0.16.0"),
     PackageSpec("isodate", "0.7.2", src_root="src"),
     PackageSpec("pathspec", "1.1.1"),
