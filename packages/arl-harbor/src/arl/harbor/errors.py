@@ -33,3 +33,13 @@ class SandboxTaskError(SandboxError):
     E.g. its Dockerfile has RUN steps the sandbox does not execute and no `local_setup.sh` stands in
     for them, or a path of its `local_binds.json` does not exist.
     """
+
+
+class PackageRefusedError(HarborError):
+    """The SWE builder refused a package, for a measured reason: its sdist could not be fetched, its test deps
+    not installed, its suite collected no tests or did not collect, ran past the time limit, or none of its
+    tests passed on the pristine source. `kind` is one word for the summary; the message says what was seen."""
+
+    def __init__(self, package: str, kind: str, reason: str) -> None:
+        super().__init__(f"{package} refused ({kind}): {reason}")
+        self.package, self.kind, self.reason = package, kind, reason

@@ -21,11 +21,18 @@ TASK_FILES = Path(__file__).with_name("task_files")
 
 def own_config(testbed: Path) -> Path | None:
     """The testbed's pytest config file, found as pytest looks in the rootdir (None: it has none)."""
-    markers = {"pytest.ini": None, ".pytest.ini": None, "pyproject.toml": ("[tool.pytest.ini_options]", "[tool.pytest]"),
-               "tox.ini": ("[pytest]",), "setup.cfg": ("[tool:pytest]",)}
+    markers = {
+        "pytest.ini": None,
+        ".pytest.ini": None,
+        "pyproject.toml": ("[tool.pytest.ini_options]", "[tool.pytest]"),
+        "tox.ini": ("[pytest]",),
+        "setup.cfg": ("[tool:pytest]",),
+    }
     for name, sections in markers.items():
         path = testbed / name
-        if path.is_file() and (sections is None or any(s in path.read_text(errors="replace") for s in sections)):
+        if path.is_file() and (
+            sections is None or any(s in path.read_text(errors="replace") for s in sections)
+        ):
             return path
     return None
 
@@ -46,25 +53,59 @@ class PytestRun:
         return {t for t, o in self.tests.items() if o == "passed"}
 
 
-def run_pytest(testbed: Path, python: str | Path, *, src_root: str = ".", files: list[str] | None = None,
-               args: tuple[str, ...] | list[str] = (), timeout_sec: float = 120.0) -> PytestRun:
+def run_pytest(
+    testbed: Path,
+    python: str | Path,
+    *,
+    src_root: str = ".",
+    files: list[str] | None = None,
+    args: tuple[str, ...] | list[str] = (),
+    timeout_sec: float = 120.0,
+) -> PytestRun:
     """Run `python -m pytest [args] [files]` in `testbed`; `files` None runs what the config collects."""
     with tempfile.TemporaryDirectory(prefix="arl-swe-run-") as tmp:
         report = Path(tmp) / "report.json"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "VIRTUAL_ENV", "PYTHON"))}
-        env.update(ARL_SWE_REPORT=str(report), PYTHONDONTWRITEBYTECODE="1",
-                   PYTHONPATH=f"{TASK_FILES}:{(testbed / src_root).resolve()}")
+        env.update(
+            ARL_SWE_REPORT=str(report),
+            PYTHONDONTWRITEBYTECODE="1",
+            PYTHONPATH=f"{TASK_FILES}:{(testbed / src_root).resolve()}",
+        )
         # Pin the rootdir and config to the testbed's own: pytest would otherwise search the folders above
         # it (on the host, this project's own pyproject.toml) when the package ships no config.
         config = own_config(testbed)
         if config is None:
             config = Path(tmp) / "pytest.ini"
             config.write_text("[pytest]\n")
-        cmd = [str(python), "-m", "pytest", "-p", "arl_swe_report", "-p", "no:cacheprovider", "-q",
-               "--tb=short", f"--rootdir={testbed.resolve()}", "-c", str(config), *args, *(files or [])]
+        # --confcutdir: with the empty config in tmp, pytest would also load the conftest.py files of the folders
+        # above the testbed (this project's own, when the cache is under it).
+        cmd = [
+            str(python),
+            "-m",
+            "pytest",
+            "-p",
+            "arl_swe_report",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--tb=short",
+            f"--rootdir={testbed.resolve()}",
+            f"--confcutdir={testbed.resolve()}",
+            "-c",
+            str(config),
+            *args,
+            *(files or []),
+        ]
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=testbed, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=testbed,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         run = PytestRun()
         try:
             out, _ = proc.communicate(timeout=timeout_sec)

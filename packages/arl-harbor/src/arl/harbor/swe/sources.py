@@ -6,6 +6,7 @@ so that the sdist, not a wheel, is fetched. An unpacked tree is reused when pres
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tarfile
@@ -22,7 +23,12 @@ class SourceError(RuntimeError):
 
 
 def _find_sdist(folder: Path, spec: PackageSpec) -> Path | None:
-    stems = {spec.name.lower().replace("-", "_"), spec.name.lower()}
+    # An sdist is named by the project's name as its release spelled it, or normalized (PEP 625: [-_.] → "_").
+    stems = {
+        spec.name.lower(),
+        spec.name.lower().replace("-", "_"),
+        re.sub(r"[-_.]+", "_", spec.name.lower()),
+    }
     for path in sorted(folder.iterdir()) if folder.is_dir() else []:
         name = path.name.lower()
         for stem in stems:
@@ -39,15 +45,28 @@ def download_sdist(spec: PackageSpec, cache: Path, *, python: str) -> Path:
     found = _find_sdist(folder, spec)
     if found:
         return found
-    cmd = [python, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", spec.name,
-           f"{spec.name}=={spec.version}", "-d", str(folder)]
+    cmd = [
+        python,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--no-binary",
+        spec.name,
+        f"{spec.name}=={spec.version}",
+        "-d",
+        str(folder),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_SEC)
     except subprocess.TimeoutExpired:
         raise SourceError(f"pip download of {spec.key} timed out after {DOWNLOAD_TIMEOUT_SEC}s") from None
     found = _find_sdist(folder, spec)
     if proc.returncode != 0 or not found:
-        raise SourceError(f"pip download of the {spec.key} sdist failed ({proc.returncode}): {proc.stderr[-1500:]}")
+        raise SourceError(
+            f"pip download of the {spec.key} sdist failed ({proc.returncode}): {proc.stderr[-1500:]}"
+        )
     return found
 
 

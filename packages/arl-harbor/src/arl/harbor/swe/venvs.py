@@ -43,8 +43,21 @@ def base_wheelhouse(cache: Path, *, python: str) -> Path:
     folder = cache / "wheels" / "_base"
     if not list(folder.glob("pytest-*.whl")):
         folder.mkdir(parents=True, exist_ok=True)
-        _run([python, "-m", "pip", "download", "--quiet", "--only-binary", ":all:", "-d", str(folder),
-              PYTEST_REQUIREMENT], "pip download of pytest")
+        _run(
+            [
+                python,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--only-binary",
+                ":all:",
+                "-d",
+                str(folder),
+                PYTEST_REQUIREMENT,
+            ],
+            "pip download of pytest",
+        )
     return folder
 
 
@@ -52,18 +65,32 @@ def package_wheelhouse(spec: PackageSpec, cache: Path, *, python: str) -> Path:
     """`<cache>/wheels/<key>`: the package's extra test deps (and theirs), minus what the base has."""
     folder = cache / "wheels" / spec.key
     done = folder / ".complete"
-    if done.is_file():
+    wanted = " ".join(spec.test_deps) + "\n"
+    if done.is_file() and done.read_text() == wanted:  # the same deps (a user spec may change them)
         return folder
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     if spec.test_deps:
-        _run([python, "-m", "pip", "download", "--quiet", "--only-binary", ":all:", "-d", str(folder),
-              *spec.test_deps], f"pip download of {spec.key}'s test deps")
+        _run(
+            [
+                python,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--only-binary",
+                ":all:",
+                "-d",
+                str(folder),
+                *spec.test_deps,
+            ],
+            f"pip download of {spec.key}'s test deps",
+        )
         base = {_dist_name(w) for w in base_wheelhouse(cache, python=python).glob("*.whl")}
         for wheel in folder.glob("*.whl"):
             if _dist_name(wheel) in base:
                 wheel.unlink()
-    done.write_text("")
+    done.write_text(wanted)
     return folder
 
 
@@ -71,17 +98,34 @@ def ensure_venv(spec: PackageSpec, cache: Path, *, python: str = DEBIAN_PYTHON) 
     """`<cache>/venvs/<key>` with pytest and the test deps (built once, from the wheelhouses, offline)."""
     venv = cache / "venvs" / spec.key
     marker = venv / ".arl-swe-complete"
-    if marker.is_file():
+    wanted = f"{PYTEST_REQUIREMENT} {' '.join(spec.test_deps)}\n"
+    if marker.is_file() and marker.read_text() == wanted:
         return venv
     base = base_wheelhouse(cache, python=python)
     extra = package_wheelhouse(spec, cache, python=python)
     shutil.rmtree(venv, ignore_errors=True)
     venv.parent.mkdir(parents=True, exist_ok=True)
     _run([python, "-m", "venv", "--without-pip", str(venv)], f"venv for {spec.key}")
-    _run([python, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet", "--no-index",
-          "--find-links", str(base), "--find-links", str(extra), PYTEST_REQUIREMENT, *spec.test_deps],
-         f"installing {spec.key}'s test deps into its venv")
-    marker.write_text(f"{PYTEST_REQUIREMENT} {' '.join(spec.test_deps)}\n")
+    _run(
+        [
+            python,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--quiet",
+            "--no-index",
+            "--find-links",
+            str(base),
+            "--find-links",
+            str(extra),
+            PYTEST_REQUIREMENT,
+            *spec.test_deps,
+        ],
+        f"installing {spec.key}'s test deps into its venv",
+    )
+    marker.write_text(wanted)
     return venv
 
 
@@ -99,7 +143,8 @@ def copy_venv(venv: Path, dest: Path, *, link: bool = False) -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.symlink_to(venv.resolve(), target_is_directory=True)
         return dest
-    if (dest / ".arl-swe-complete").is_file():
+    marker = dest / ".arl-swe-complete"
+    if marker.is_file() and marker.read_text() == (venv / ".arl-swe-complete").read_text():
         return dest
     shutil.rmtree(dest, ignore_errors=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
