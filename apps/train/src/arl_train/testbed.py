@@ -70,6 +70,9 @@ START_TIMEOUT_S = 240.0
 STOP_GRACE_S = 10.0
 # Each node's object store: small, in its own /dev/shm (Ray's default takes 30% of the machine per node).
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
+# The checkout the nodes run arl from (apps/train/src/arl_train/ -> the repository root): visible on every
+# node as on the machine, also when it lies under /tmp (which each node has of its own).
+CHECKOUT = Path(__file__).resolve().parents[4]
 NODE_INIT = Path(__file__).with_name("testbed_node.py")
 
 
@@ -302,6 +305,7 @@ class TestBed:
             "--hostname",
             spec.name,
             *[f"--writable={p}" for p in self._software_dirs()],
+            f"--software={CHECKOUT}",
             f"--hosts={self.log_dir / 'hosts'}",
             "--",
             *command,

@@ -8,7 +8,7 @@ node's network namespace. Before starting the command it gives the node what a h
 - its own empty `/tmp` and `/dev/shm` (tmpfs), its own hostname, and an `/etc/hosts` naming every
   node of the bed,
 - the declared shared folder, read-write at the same path on every node (what NFS would give), even
-  where that path lies under `/tmp`.
+  where that path lies under `/tmp`; so are the software folders (the environment, the checkout).
 
 Then it runs the command (a `ray start --block`), reaps every orphan of the namespace (it is their
 init), forwards SIGTERM/SIGINT to the command, and exits with the command's code: the kernel then ends
@@ -46,18 +46,27 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
         raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
 
 
-def make_view(shared: str, hostname: str, writable: list[str] = (), hosts: str = "") -> None:
+def make_view(
+    shared: str, hostname: str, writable: list[str] = (), hosts: str = "", software: list[str] = ()
+) -> None:
     """The node's filesystem and name (module docstring); run as PID 1 of its namespaces. `writable`:
     software folders that stay writable (the Python environment, whose bytecode cache a host's own
-    installation would keep)."""
+    installation would keep); `software`: folders the node runs code from (a checkout), read-only. Those
+    that lie under /tmp or /dev/shm are bound back over the node's own empty ones."""
     os.chdir(shared)  # holds the shared folder while /tmp may be covered
     if hosts:  # the bed's names, as a cluster's DNS would resolve them (bound before /tmp is covered)
         _mount(hosts, "/etc/hosts", None, MS_BIND)
     for path in writable:  # its own bind first: it keeps its flags when / turns read-only
         _mount(path, path, None, MS_BIND)
     _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+    covered = [p for p in (*writable, *software) if p.startswith(("/tmp/", "/dev/shm/"))]
+    held = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in covered}  # reachable once covered
     for private in ("/tmp", "/dev/shm"):
         _mount("tmpfs", private, "tmpfs", 0, "mode=1777")
+    for path, fd in held.items():
+        os.makedirs(path, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND)
+        os.close(fd)
     os.makedirs(shared, exist_ok=True)  # needed when the shared path lies under /tmp
     _mount("/proc/self/cwd", shared, None, MS_BIND)
     _mount(None, shared, None, MS_REMOUNT | MS_BIND)  # a bind of a read-only tree is read-only too
@@ -94,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared", required=True, help="the folder shared by every node (absolute)")
     parser.add_argument("--hostname", required=True)
     parser.add_argument("--writable", action="append", default=[], help="a software folder left writable")
+    parser.add_argument("--software", action="append", default=[], help="a folder the node runs code from")
     parser.add_argument("--hosts", default="", help="a hosts file naming every node, bound on /etc/hosts")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the node's command")
     args = parser.parse_args(argv)
@@ -101,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     if os.getpid() != 1 or not command:
         parser.error("must run as PID 1 of a new PID namespace, with a command after --")
     make_view(
-        os.path.abspath(args.shared), args.hostname, [os.path.abspath(p) for p in args.writable], args.hosts
+        os.path.abspath(args.shared),
+        args.hostname,
+        [os.path.abspath(p) for p in args.writable],
+        args.hosts,
+        [os.path.abspath(p) for p in args.software],
     )
     print(f"arl-testbed-node {args.hostname}: view ready", flush=True)
     return run_as_init(command)
