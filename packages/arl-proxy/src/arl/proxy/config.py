@@ -59,8 +59,19 @@ class ProxyConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Texts shorter than this many characters are tokenized on the event loop: a turn's new messages cost
     # well under a millisecond there, less than handing them to a thread (packages/arl-proxy/BENCHMARKS.md).
     tokenize_inline_chars: int = 4096
+    # The first-generation threshold of Python's cyclic garbage collector, raised to this for the whole
+    # process when the proxy starts (never lowered; 0 leaves the interpreter's). At CPython's 700 a full
+    # collection over the tokenizer's and the sessions' objects runs every ~70k allocations and stalls every
+    # session for 10+ ms: p99 added per turn 12-17 ms against 1.5-2.2 ms at 30,000 (BENCHMARKS.md).
+    gc_threshold: int = 30_000
     # Serve session management routes (POST /sessions, GET/DELETE /sessions/{id}...); the standalone
     # server turns them on.
     admin_routes: bool = False
     # Sessions opened over HTTP (admin routes) write their debug JSON under trajectory_root/<session id>.
     trajectory_root: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.gc_threshold < 0:
+            raise ValueError(
+                f"gc_threshold must be >= 0 (0 leaves the interpreter's), got {self.gc_threshold}"
+            )

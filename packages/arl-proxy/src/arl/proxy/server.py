@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import logging
 import os
@@ -83,6 +84,15 @@ def _sse(payload: Any) -> bytes:
     return b"data: " + msgspec.json.encode(payload) + b"\n\n"
 
 
+def raise_gc_threshold(threshold: int) -> None:
+    """Raise the garbage collector's first-generation threshold to `threshold` for the whole process (0, or
+    a higher one already set, leaves it): fewer full collections, each a pause of every session
+    (`ProxyConfig.gc_threshold`)."""
+    first, second, third = gc.get_threshold()
+    if threshold > first:
+        gc.set_threshold(threshold, second, third)
+
+
 class ChatProxy:
     """OpenAI-compatible chat endpoint in front of a `Generator`, one token-exact trajectory per session."""
 
@@ -121,6 +131,7 @@ class ChatProxy:
         """Bind `config.host:config.port` (port 0 = any free port) and start serving."""
         if self._runner is not None:
             return
+        raise_gc_threshold(self.config.gc_threshold)
         runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port)
