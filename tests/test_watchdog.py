@@ -49,7 +49,10 @@ def test_watchdog_ends_the_children_of_a_sigkilled_driver(tmp_path):
     )
     try:
         assert driver.stdout.readline().strip() == "ready"
-        assert len(run_processes(run_id, exclude={driver.pid}, nested=True)) == 2
+        # Both children, once /proc shows them (a child between fork and exec can be briefly unreadable there).
+        assert _wait(lambda: len(run_processes(run_id, exclude={driver.pid}, nested=True)) == 2, 10), (
+            run_processes(run_id, exclude={driver.pid}, nested=True)
+        )
         driver.send_signal(signal.SIGKILL)
         driver.wait(10)
         assert _wait(lambda: not run_processes(run_id, nested=True), 10), run_processes(run_id, nested=True)
