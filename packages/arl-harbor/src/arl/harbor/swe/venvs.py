@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from arl.harbor.swe.packages import PackageSpec
@@ -38,26 +39,18 @@ def _dist_name(wheel: Path) -> str:
     return re.sub(r"[-_.]+", "_", wheel.name.split("-", 1)[0]).lower()
 
 
+def _download_wheels(python: str, folder: Path, requirements: Sequence[str], what: str) -> None:
+    """`pip download` of `requirements` (wheels only) for `python` into `folder`."""
+    cmd = [python, "-m", "pip", "download", "--quiet", "--only-binary", ":all:", "-d", str(folder)]
+    _run([*cmd, *requirements], f"pip download of {what}")
+
+
 def base_wheelhouse(cache: Path, *, python: str) -> Path:
     """`<cache>/wheels/_base`: pytest and its dependencies as wheels for `python`."""
     folder = cache / "wheels" / "_base"
     if not list(folder.glob("pytest-*.whl")):
         folder.mkdir(parents=True, exist_ok=True)
-        _run(
-            [
-                python,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--only-binary",
-                ":all:",
-                "-d",
-                str(folder),
-                PYTEST_REQUIREMENT,
-            ],
-            "pip download of pytest",
-        )
+        _download_wheels(python, folder, [PYTEST_REQUIREMENT], "pytest")
     return folder
 
 
@@ -71,21 +64,7 @@ def package_wheelhouse(spec: PackageSpec, cache: Path, *, python: str) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     if spec.test_deps:
-        _run(
-            [
-                python,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--only-binary",
-                ":all:",
-                "-d",
-                str(folder),
-                *spec.test_deps,
-            ],
-            f"pip download of {spec.key}'s test deps",
-        )
+        _download_wheels(python, folder, spec.test_deps, f"{spec.key}'s test deps")
         base = {_dist_name(w) for w in base_wheelhouse(cache, python=python).glob("*.whl")}
         for wheel in folder.glob("*.whl"):
             if _dist_name(wheel) in base:
