@@ -144,3 +144,33 @@ def test_swe_preset_config_on_this_cpu(tmp_path: Path, monkeypatch: pytest.Monke
     assert h.agent_import_path == "arl.harbor.shell_agent:ShellAgent"  # swe.toml's agent, kept
     with pytest.raises(ConfigError, match="swe.env"):
         swe_preset.load_swe_config(None, ["swe.env=podman", f"output.dir={out}"], log=lambda _: None)
+
+
+def _set_graded_by_an_older_grader(root: Path, mode: str = "separate") -> Path:
+    """A one-task set as an earlier grader wrote it (its grading version older, its plugin files stale)."""
+    write_swe_task(root, name="a")
+    (root / "manifest.jsonl").write_text(json.dumps({"id": "a", "package": "x"}) + "\n")
+    toml = root / "a" / "task.toml"
+    text = toml.read_text().replace('environment_mode = "separate"', f'environment_mode = "{mode}"')
+    toml.write_text(text.replace('arl_grading = "clean-environment-', 'arl_grading = "clean-environment-0'))
+    (root / "a" / "tests" / "plugin" / "score.py").write_text("# the earlier grader's\n")
+    return root
+
+
+def test_the_swe_preset_gives_a_set_of_an_older_grader_the_current_one(tmp_path: Path) -> None:
+    from arl.harbor.swe.writer import TASK_FILES, outdated_grading
+    from arl_train import swe_preset
+
+    task_set = _set_graded_by_an_older_grader(tmp_path / "set")
+    assert outdated_grading(task_set) == ["a"]
+    assert swe_preset.ensure_task_set(task_set, log=lambda _: None) == task_set
+    assert outdated_grading(task_set) == []
+    assert (task_set / "a/tests/plugin/score.py").read_bytes() == (TASK_FILES / "score.py").read_bytes()
+
+
+def test_the_swe_preset_refuses_a_set_graded_in_the_agents_environment(tmp_path: Path) -> None:
+    from arl_train import swe_preset
+
+    task_set = _set_graded_by_an_older_grader(tmp_path / "set", mode="shared")
+    with pytest.raises(ConfigError, match="a is graded in the agent's own environment.*rebuild it"):
+        swe_preset.ensure_task_set(task_set, log=lambda _: None)

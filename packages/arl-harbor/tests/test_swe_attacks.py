@@ -163,8 +163,8 @@ def test_oracle_scores_one(results, env, script):
 # Attacks the grading does not stop yet (docs/design/swe-grading.md, "What a file rule cannot see"): each
 # must still score 1.0 (strict), so the suite says so the day one is closed.
 KNOWN_HOLES = {
-    "attack:init-forge-recorder": "code written against the report plugin's internals reaches its recorder "
-    "from inside the test process; only a grader outside that process would see it",
+    "attack:init-silence-recorder": "code written against the report plugin's and pluggy's internals silences "
+    "the recorder from inside the test process and writes its own stream with the recorder's nonce",
 }
 
 

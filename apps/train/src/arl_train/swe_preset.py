@@ -63,19 +63,27 @@ CPU_OVERRIDES = [
 
 def ensure_task_set(task_set: Path, log=print) -> Path:
     """`task_set`, first building the smoke set's packages there when it has no manifest (PyPI sdists,
-    a few minutes). A set whose tasks are graded the old way (in the agent's own environment, which a
-    policy can game) is rebuilt when it is the project's smoke set, refused otherwise."""
-    from arl.harbor.swe.writer import outdated_grading
+    a few minutes). A set graded an older clean way gets the current grader (arl.harbor.swe.regrade,
+    seconds); one graded in the agent's own environment (which a policy can game) is rebuilt when it is the
+    project's smoke set, refused otherwise."""
+    from arl.harbor.errors import HarborConfigError
+    from arl.harbor.swe.regrade import regrade_set
+    from arl.harbor.swe.writer import GRADING, outdated_grading
 
     if (task_set / "manifest.jsonl").is_file():
         stale = outdated_grading(task_set)
         if not stale:
             return task_set
-        if task_set.resolve() != SMOKE_SET.resolve():
-            raise ConfigError(
-                f"the SWE task set {task_set} grades in the agent's own environment ({len(stale)} tasks, e.g. "
-                f"{stale[0]}), which a policy can game; rebuild it: python -m arl.harbor.swe build --out {task_set}"
-            )
+        try:
+            regrade_set(task_set)
+            log(f"arl: {len(stale)} task(s) of {task_set} now graded as {GRADING} (their grader rewritten)")
+            return task_set
+        except HarborConfigError as e:
+            if task_set.resolve() != SMOKE_SET.resolve():
+                raise ConfigError(
+                    f"the SWE task set {task_set} cannot take the current grader ({e}), which a policy could "
+                    f"game otherwise; rebuild it: python -m arl.harbor.swe build --out {task_set}"
+                ) from e
         import shutil
 
         log(f"arl: the smoke set in {task_set} grades the old way; rebuilding it")

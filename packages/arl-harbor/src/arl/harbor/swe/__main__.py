@@ -8,6 +8,7 @@ build  --out <set> [--packages a,b] [--max-per-package N] [--max-candidates N] [
 releases --out <set> (--package NAME ... | --pinned) [--pairs N] [--versions A,B,...]
        (tasks from real fixes between consecutive PyPI releases; arl.harbor.swe.release_cli)
 verify <set> [--ids a,b] [--jobs N]     (exit 1 when a task fails a check)
+regrade <set>                           (rewrite the tasks' grader with this version's; arl.harbor.swe.regrade)
 images <set> [--force] [--network none] [--timeout S]   (docker: every task's image built once,
        recorded in manifest.jsonl; arl.harbor.swe.images)
 convert <rows.jsonl|.json|.parquet|import.toml> --out <dir> [--image-template T] [--python P]
@@ -28,9 +29,11 @@ from arl.harbor.errors import HarborConfigError
 from arl.harbor.swe import release_cli
 from arl.harbor.swe.build import MAX_SUITE_SECONDS, build
 from arl.harbor.swe.packages import PackageSpec, select
+from arl.harbor.swe.regrade import regrade_set
 from arl.harbor.swe.specs import check_unique, load_specs_file, spec_from_pin
 from arl.harbor.swe.venvs import DEBIAN_PYTHON
 from arl.harbor.swe.verify import verify_set
+from arl.harbor.swe.writer import GRADING
 
 
 def _log(msg: str) -> None:
@@ -159,6 +162,8 @@ def make_parser() -> argparse.ArgumentParser:
     v.add_argument("set", type=Path)
     v.add_argument("--ids", help="comma-separated task ids (default: all)")
     v.add_argument("--jobs", type=int, default=2)
+    r = sub.add_parser("regrade", help="rewrite a built or imported set's grader with this version's")
+    r.add_argument("set", type=Path)
     sub.add_parser("images", help="build every task's docker image once (python -m arl.harbor.swe.images -h)")
     c = sub.add_parser("convert", help="SWE-bench-format rows -> Harbor task dirs graded like arl's own")
     c.add_argument("rows", help="a .jsonl/.json/.parquet rows file, or an import .toml (ImportOptions' keys)")
@@ -210,6 +215,13 @@ def main(argv: list[str] | None = None) -> int:
         return _rows_command(args)
     if args.cmd == "releases":
         return release_cli.run(args, argv, parser)
+    if args.cmd == "regrade":
+        try:
+            rewritten = regrade_set(args.set)
+        except HarborConfigError as e:
+            parser.error(str(e))
+        _log(f"{len(rewritten)} task(s) of {args.set} now graded as {GRADING}")
+        return 0
 
     if args.cmd == "build":
         if args.max_per_package < 1 or args.jobs < 1:

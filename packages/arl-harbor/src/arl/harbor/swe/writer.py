@@ -35,8 +35,9 @@ MEMORY_MB = 2048
 SANDBOX_VENV = "/arl/venv"  # where the local sandbox binds the package's venv (environment/local_binds.json)
 # The repository as built, read-only in the grading environment: what the agent's change is measured against.
 BASE_DIR = "/arl/base"
-# How the task is graded; tasks without it (or older) share the agent's environment with their verifier.
-GRADING = "clean-environment-2"
+# How the task is graded (tasks without it share the agent's environment with their verifier); a set graded an
+# older clean way takes the current grader with `python -m arl.harbor.swe regrade` (arl.harbor.swe.regrade).
+GRADING = "clean-environment-3"
 # The grader's files, copied into tests/plugin/.
 PLUGIN_FILES = ("arl_swe_report.py", "score.py", "grade_change.py", "pytest.ini")
 _GIT_ENV = {

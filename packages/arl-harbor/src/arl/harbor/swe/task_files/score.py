@@ -2,9 +2,10 @@
 
     score.py CONFIG REPORT REWARD_JSON CHANGE_JSON [RERUN_REPORT]   # write the reward
     score.py --to-rerun CONFIG REPORT                   # print the PASS_TO_PASS ids worth one rerun
-    score.py --take-report SOURCE DEST [NONCE]          # copy the runner's report out, checked
+    score.py --take-report SOURCE DEST [NONCE]          # take the runner's report stream, checked
     score.py --refused CHANGE_JSON REWARD_JSON          # reward 0: grade_change.py refused the change
     score.py --broken REASON REWARD_JSON                # reward 0: the change broke the verifier
+    score.py --tampered REASON REWARD_JSON              # reward 0: the runner's report channel was tampered with
 
 reward = 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passed, else 0.0; the pass fractions of each
 list are extra keys. A listed test that did not run (e.g. its module no longer imports) counts as failed.
@@ -20,8 +21,9 @@ Besides the reward, reward.json says how the change was graded, as numbers (Harb
 numbers): `protected_touched` (paths grade_change.py put back), `change_refused`, `agent_broke_verifier`,
 `runner_tampered` (the report plugin saw the runner's code replaced: reward 0).
 The runner's report is written by a process running the agent's code: it is read without following links,
-bounded in size, checked in shape, and must be exactly one document carrying the run's nonce; anything else
-is a verifier the change broke.
+bounded in size, checked in shape, and must be a stream of outcome lines ending in exactly one document
+carrying the run's nonce; anything else is a verifier the change broke. The stream's outcomes count, and a
+document that disagrees with them is tampering.
 """
 
 import json
@@ -30,6 +32,7 @@ import sys
 
 MAX_RERUN = 3
 _REPORT_LIMIT = 64 * 1024 * 1024
+_OUTCOMES = ("passed", "failed", "skipped")
 
 
 def _load(path):
@@ -49,27 +52,79 @@ def to_rerun(config, outcomes):
     return failed if len(failed) <= MAX_RERUN else []
 
 
+def merge_outcome(old, new):
+    """One test's outcome after another report of it (the plugin's rule): failed beats everything, a
+    skipped phase stays skipped unless the call passed."""
+    if old == "failed" or not (new == "failed" or old is None or (old == "skipped" and new == "passed")):
+        return old
+    return new
+
+
+def _parse_stream(raw):
+    """The runner's stream: outcome lines, tampering lines, then one document; None if it is not that."""
+    lines = [line for line in raw.split(b"\n") if line.strip()]
+    try:
+        items = [json.loads(line) for line in lines]
+    except ValueError:
+        return None
+    if not items or not all(isinstance(item, dict) for item in items):
+        return None
+    *stream, document = items
+    outcomes, tampered = {}, []
+    for item in stream:
+        if (
+            set(item) == {"test", "outcome"}
+            and isinstance(item["test"], str)
+            and item["outcome"] in _OUTCOMES
+        ):
+            outcomes[item["test"]] = merge_outcome(outcomes.get(item["test"]), item["outcome"])
+        elif set(item) == {"tampered"} and isinstance(item["tampered"], str):
+            tampered.append(item["tampered"])
+        else:
+            return None  # a second document, or a line of no known shape
+    return outcomes, tampered, document
+
+
 def take_report(source, dest, nonce=None):
-    """Copy the runner's report to `dest` when it is one JSON document of the plugin's shape (with `nonce`,
-    when given); False if not."""
+    """Copy the runner's report to `dest` when it has the plugin's shape (with `nonce`, when given: a stream
+    ending in one document that carries it); False if not. The stream's outcomes are the report's: outcomes
+    the document lists otherwise were changed in memory after they were streamed, which is tampering."""
     try:
         fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return False
     with os.fdopen(fd, "rb") as f:
         raw = f.read(_REPORT_LIMIT + 1)
-    try:
-        data = json.loads(raw) if len(raw) <= _REPORT_LIMIT else None
-    except ValueError:
-        data = None
+    if len(raw) > _REPORT_LIMIT:
+        return False
+    if nonce is None:
+        try:
+            stream, data = ({}, []), json.loads(raw)
+        except ValueError:
+            return False
+    else:
+        parsed = _parse_stream(raw)
+        if parsed is None:
+            return False
+        outcomes, tampered, data = parsed[0], parsed[1], parsed[2]
+        stream = (outcomes, tampered)
     if not (
         isinstance(data, dict)
         and isinstance(data.get("tests"), dict)
         and all(isinstance(k, str) and isinstance(v, str) for k, v in data["tests"].items())
     ):
         return False
-    if nonce is not None and not (data.get("nonce") == nonce and isinstance(data.get("tampered"), list)):
-        return False
+    if nonce is not None:
+        if not (data.get("nonce") == nonce and isinstance(data.get("tampered"), list)):
+            return False
+        outcomes, tampered = stream
+        changed = sorted(
+            k for k in set(outcomes) | set(data["tests"]) if outcomes.get(k) != data["tests"].get(k)
+        )
+        if changed:
+            tampered.append(f"{len(changed)} outcome(s) changed in memory after they were recorded")
+        data["tests"] = outcomes
+        data["tampered"] = list(dict.fromkeys(data["tampered"] + tampered))
     with open(dest, "w") as f:
         json.dump(data, f)
     return True
@@ -126,6 +181,10 @@ def main() -> int:
         return 0
     if sys.argv[1] == "--broken":
         _write(sys.argv[3], {"reward": 0.0, "agent_broke_verifier": 1.0})
+        return 0
+    if sys.argv[1] == "--tampered":
+        print(f"the runner was tampered with: {sys.argv[2]}", file=sys.stderr)
+        _write(sys.argv[3], {"reward": 0.0, "runner_tampered": 1.0})
         return 0
     config_path, report_path, reward_path, change_path = sys.argv[1:5]
     report = _load(report_path)

@@ -117,6 +117,12 @@ run_pytest() {  # run_pytest REPORT LOG ARGS...: the tests, their report copied 
   while kill -0 "$reader" 2>/dev/null && [ "$waited" -lt 50 ]; do sleep 0.1; waited=$((waited + 1)); done
   kill "$reader" 2>/dev/null
   wait "$reader" 2>/dev/null
+  # The plugin's alarm (arl_swe_report.CHANNEL_ALARM): its report pipe was closed or swapped under it.
+  if [ "$rc" -eq 86 ]; then
+    "$PY" -I "$TESTS_DIR/plugin/score.py" --tampered "the report pipe was closed or swapped" "$LOGS/reward.json" \
+      || fail "scoring failed"
+    exit 0
+  fi
   # 137 is also a test process killed by SIGKILL: a timeout only when the time was up.
   if [ "$rc" -eq 124 ] || { [ "$rc" -eq 137 ] && [ $((SECONDS - started)) -ge "$PYTEST_TIMEOUT_SEC" ]; }; then
     broke "pytest timed out after ${PYTEST_TIMEOUT_SEC}s (see $log)"
