@@ -34,6 +34,7 @@ import pytest
 from arl.harbor.agents.attacks import ATTACKS
 from arl.harbor.agents.checks import CheckResult, run_check
 from arl.harbor.agents.scripts import ATTACK_PREFIX
+from arl.harbor.carry import CARRY_LIMIT_ENV
 from arl.harbor.testing import write_swe_task
 
 from .conftest import needs_sandbox
@@ -46,6 +47,9 @@ ENVS = ("local", "docker")
 # Trials at once (both environments): a trial mostly waits on its sandbox or container, and four keep the
 # 2-core CI machine busy.
 CONCURRENCY = 4
+CARRY_LIMIT_MB = 64
+# The tell an attack must leave besides its 0, where the 0 alone would not show that the defence worked.
+EXPECTED_TELLS = {"attack:carry-flood": "change_refused"}
 ATTACK_SCRIPTS = [f"{ATTACK_PREFIX}{name}" for name in ATTACKS]
 ENV_MARKS = {"local": [needs_sandbox], "docker": [pytest.mark.container]}
 
@@ -130,7 +134,11 @@ def results(request, tokenizer, tmp_path_factory):  # noqa: F811 - the imported 
         return dict(await asyncio.gather(*(one(env, script) for env, script in order)))
 
     started = time.monotonic()
-    found = asyncio.run(everything())
+    with pytest.MonkeyPatch.context() as patch:
+        # A carry limit far above the test task's tree and far below the default, so that `carry-flood`'s
+        # sparse file (twice the limit) streams 128 MiB at most before the carry stops it.
+        patch.setenv(CARRY_LIMIT_ENV, str(CARRY_LIMIT_MB))
+        found = asyncio.run(everything())
     print(f"\n{len(found)} checks in {time.monotonic() - started:.0f} s")
     for (env, script), r in sorted(found.items()):
         print(
@@ -176,4 +184,6 @@ def test_attack_scores_below_one(results, env, script, request):
     attack = ATTACKS[script.removeprefix(ATTACK_PREFIX)]
     assert not r.failed, f"a trial the attack made fail (retried or dropped, not a kept 0): {_describe(r)}"
     assert r.reward is not None and r.reward < 1.0, f"{attack.description}: {_describe(r)}"
+    if script in EXPECTED_TELLS:
+        assert r.rewards.get(EXPECTED_TELLS[script]) == 1.0, _describe(r)
     assert r.ok and r.token_problems == [], _describe(r)

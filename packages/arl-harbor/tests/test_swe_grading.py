@@ -147,6 +147,21 @@ async def test_links_the_carry_refuses_are_left_behind_not_a_failed_trial(swe_ta
     assert not result.failed and result.reward == 1.0, result.error
 
 
+@needs_sandbox
+async def test_a_tree_over_the_carrys_limit_is_refused_as_the_agents_change(
+    swe_task, harbor_config, monkeypatch
+):
+    """Measured as tar would read it (a sparse file at its full length) before it is carried: over the
+    limit, nothing is carried and the grader refuses the change: a kept 0, never a failed trial."""
+    monkeypatch.setenv("ARL_CARRY_LIMIT_MB", "8")
+    result = await run_script(harbor_config, swe_task, FIX + "truncate -s 16M /testbed/flood.bin\n")
+    assert not result.failed and result.reward == 0.0, result.error
+    assert result.tells.get("change_refused") == 1.0
+    monkeypatch.setenv("ARL_CARRY_LIMIT_MB", "1e-9")  # any tree is over it: the limit is what refused it
+    result = await run_script(harbor_config, swe_task, FIX)
+    assert not result.failed and result.reward == 0.0 and result.tells.get("change_refused") == 1.0
+
+
 def test_the_shell_agents_log_never_writes_through_a_link_the_agent_made(tmp_path):
     from arl.harbor.shell_agent import write_agent_log
 

@@ -16,7 +16,7 @@ import os
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import aiohttp
 
@@ -38,6 +38,10 @@ class DockerEngineError(HarborError, RuntimeError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class ArchiveTooLargeError(DockerEngineError):
+    """A container's archive grew past the size the caller allowed (the download stopped there)."""
 
 
 def engine_socket_path() -> str | None:
@@ -254,3 +258,34 @@ class DockerEngine:
             "GET", f"/containers/{container}/archive", params={"path": path}, timeout_sec=ARCHIVE_TIMEOUT_SEC
         )
         return payload
+
+    async def get_archive_into(
+        self, container: str, path: str, out: BinaryIO, *, max_bytes: int | None = None
+    ) -> int:
+        """`get_archive` streamed into `out` (a file: the tree never sits in memory); the bytes written.
+        Raises ArchiveTooLargeError once the archive passes `max_bytes`."""
+        written = 0
+        try:
+            async with self._http().request(
+                "GET",
+                f"/containers/{container}/archive",
+                params={"path": path},
+                timeout=aiohttp.ClientTimeout(total=ARCHIVE_TIMEOUT_SEC),
+            ) as resp:
+                if resp.status != 200:
+                    detail = (await resp.read()).decode(errors="replace").strip()
+                    raise DockerEngineError(
+                        f"GET archive of {path}: {resp.status} {detail[:500]}", resp.status
+                    )
+                async for chunk in resp.content.iter_chunked(1 << 20):
+                    written += len(chunk)
+                    if max_bytes is not None and written > max_bytes:
+                        raise ArchiveTooLargeError(f"the archive of {path} passed {max_bytes} bytes")
+                    await asyncio.to_thread(out.write, chunk)
+        except TimeoutError:
+            raise DockerEngineError(
+                f"GET archive of {path}: no answer from dockerd within {ARCHIVE_TIMEOUT_SEC:.0f}s"
+            ) from None
+        except aiohttp.ClientError as e:
+            raise DockerEngineError(f"GET archive of {path}: {type(e).__name__}: {e}") from e
+        return written

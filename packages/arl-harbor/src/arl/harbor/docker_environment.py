@@ -52,7 +52,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 import filelock
 from harbor.environments.base import ExecResult
@@ -67,8 +67,8 @@ from harbor.environments.docker.docker import (
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from arl.harbor.agent_end import leftover_commands, write_agent_end
-from arl.harbor.carry import carry_filter
-from arl.harbor.docker_engine import DockerEngine, DockerEngineError, engine_socket_path
+from arl.harbor.carry import carry_filter, carry_limit_bytes, refuse_carry
+from arl.harbor.docker_engine import ArchiveTooLargeError, DockerEngine, DockerEngineError, engine_socket_path
 from arl.harbor.errors import HarborError
 
 DOCKER_IMPORT_PATH = "arl.harbor.docker_environment:DockerEnvironment"
@@ -212,11 +212,12 @@ def _rebased_members(tar: tarfile.TarFile, top: str, new_top: str) -> list[tarfi
     return out
 
 
-def _extract(tar_bytes: bytes, top: str, target: Path, tar_filter: Any = "data") -> None:
+def _extract(archive: BinaryIO, top: str, target: Path, tar_filter: Any = "data") -> None:
     """Extract an Engine API archive whose top entry is `top` as `target` (a file or a dir's contents),
     owned by this user (tarfile's "data" filter, or `tar_filter`: nothing outside `target`, no devices)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+    archive.seek(0)
+    with tarfile.open(fileobj=archive) as tar:
         members = _rebased_members(tar, top, target.name)
         tar.extractall(target.parent, members=members, filter=tar_filter)
 
@@ -409,7 +410,7 @@ class DockerEnvironment(_HarborDockerEnvironment):
         if target.is_dir():  # `docker cp main:FILE DIR` puts it inside DIR
             target = target / PurePosixPath(source_path).name
         tar_bytes = await self._engine.get_archive(container, source_path)
-        await asyncio.to_thread(_extract, tar_bytes, PurePosixPath(source_path).name, target)
+        await asyncio.to_thread(_extract, io.BytesIO(tar_bytes), PurePosixPath(source_path).name, target)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
         container = await self._main_container()
@@ -418,15 +419,22 @@ class DockerEnvironment(_HarborDockerEnvironment):
         await self._download_dir(container, source_dir, target_dir, "data")
 
     async def _download_dir(
-        self, container: str, source_dir: str, target_dir: Path | str, tar_filter: Any
+        self,
+        container: str,
+        source_dir: str,
+        target_dir: Path | str,
+        tar_filter: Any,
+        max_bytes: int | None = None,
     ) -> None:
         assert self._engine is not None
-        # `docker cp main:DIR/. TARGET`: DIR's contents into TARGET (created when missing).
+        # `docker cp main:DIR/. TARGET`: DIR's contents into TARGET (created when missing). The archive goes
+        # through a temporary file: a tree as large as the disk allows never sits in memory.
         source = PurePosixPath(source_dir.rstrip("/") or "/")
-        tar_bytes = await self._engine.get_archive(container, str(source))
-        target = Path(target_dir).absolute()
-        target.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(_extract, tar_bytes, source.name or "/", target, tar_filter)
+        with tempfile.TemporaryFile() as archive:
+            await self._engine.get_archive_into(container, str(source), archive, max_bytes=max_bytes)
+            target = Path(target_dir).absolute()
+            target.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(_extract, archive, source.name or "/", target, tar_filter)
 
     async def service_download_dir(
         self, source_dir: str, target_dir: Path | str, *, service: str | None = None
@@ -440,8 +448,15 @@ class DockerEnvironment(_HarborDockerEnvironment):
                 # Removed or replaced by the agent: nothing of it is carried (an empty change).
                 Path(target_dir).mkdir(parents=True, exist_ok=True)
                 return
-            # The agent's tree: an entry the data filter refuses is left behind, not a failed carry.
-            await self._download_dir(container, source_dir, target_dir, carry_filter)
+            # The agent's tree: an entry the data filter refuses is left behind, and a tree over the carry's
+            # limit is refused as the agent's change, not a failed carry.
+            limit = carry_limit_bytes()
+            try:
+                await self._download_dir(container, source_dir, target_dir, carry_filter, max_bytes=limit)
+            except ArchiveTooLargeError:
+                refuse_carry(
+                    target_dir, f"{source_dir} is larger than the carry's limit of {limit >> 20} MiB"
+                )
             return
         await super().service_download_dir(source_dir, target_dir, service=service)
 

@@ -50,7 +50,7 @@ from harbor.environments.base import BaseEnvironment, ExecResult, transfer_tar_f
 from harbor.environments.capabilities import EnvironmentCapabilities
 
 from arl.harbor.agent_end import leftover_commands, write_agent_end
-from arl.harbor.carry import carry_filter
+from arl.harbor.carry import carry_filter, carry_limit_bytes, refuse_carry
 from arl.harbor.errors import SandboxError, SandboxExecTimeoutError, SandboxStartError, SandboxTaskError
 from arl.harbor.sandbox_limits import SandboxLimits
 from arl.harbor.sandbox_net import SandboxNetwork, parse_routes
@@ -843,7 +843,23 @@ class LocalSandboxEnvironment(BaseEnvironment):
                 # Removed or replaced by the agent: nothing of it is carried (an empty change), not a failure.
                 Path(target_dir).mkdir(parents=True, exist_ok=True)
                 return
-            # The agent's tree: an entry the data filter refuses is left behind, not a failed carry.
+            # The agent's tree, measured first as tar reads it (sparse files at their full length): one over the
+            # carry's limit is refused as the agent's change; an entry the data filter refuses is left behind.
+            # Neither is a failed carry.
+            limit = carry_limit_bytes()
+            size = await self._run(
+                self._exec_argv(f"du -s --apparent-size -B1 {path}", "/", None, "root"), timeout_sec=120
+            )
+            fields = (size.stdout or "").split()
+            if size.return_code != 0 or not fields or not fields[0].isdigit():
+                raise SandboxError(
+                    f"cannot measure {source_dir} before carrying it: {size.stderr or size.stdout}"
+                )
+            if int(fields[0]) > limit:
+                refuse_carry(
+                    target_dir, f"{source_dir} is larger than the carry's limit of {limit >> 20} MiB"
+                )
+                return
             await self._download_dir(source_dir, target_dir, carry_filter)
             return
         await super().service_download_dir(source_dir, target_dir, service=service)

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from arl.harbor.agents.scripts import Run, Step, SweTaskFacts, Write
+from arl.harbor.carry import carry_limit_bytes
 
 ATTACK_CLASSES = (
     "leftover-process",
@@ -1222,6 +1223,13 @@ def _crash(facts: SweTaskFacts) -> list[Step]:
     return [_append(f"{lay.workdir}/{lay.entry}", "import faulthandler as _arl_fh\n_arl_fh._sigsegv()\n")]
 
 
+def _carry_flood(facts: SweTaskFacts) -> list[Step]:
+    """A sparse file twice the carry's limit in the tree: nothing on disk here, but the full length to any
+    reader (tar, the Engine API's archive)."""
+    size = 2 * carry_limit_bytes()
+    return [Run(f"truncate -s {size} {shlex.quote(_layout(facts).workdir)}/arl_flood.bin; true")]
+
+
 def _special_files(facts: SweTaskFacts) -> list[Step]:
     lay = _layout(facts)
     package = shlex.quote(str(PurePosixPath(f"{lay.workdir}/{lay.entry}").parent))
@@ -1511,6 +1519,11 @@ ATTACKS: dict[str, AttackSpec] = {
     ),
     "tests-crash": AttackSpec(
         "break-verifier", "the package's __init__.py segfaults the interpreter when imported", _crash
+    ),
+    "carry-flood": AttackSpec(
+        "break-verifier",
+        "a sparse file twice the carry's size limit in /testbed (a tree too large to carry out for grading)",
+        _carry_flood,
     ),
     "special-files": AttackSpec(
         "break-verifier",

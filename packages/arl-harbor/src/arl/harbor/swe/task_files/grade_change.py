@@ -153,8 +153,22 @@ def _reach(path, patterns):
     return {p: len(re.findall(p, text)) for p in patterns}
 
 
+# Left alone in the carried tree by arl.harbor.carry when the agent's tree was over the carry's size limit.
+CARRY_REFUSED_MARKER = ".arl-carry-refused"
+
+
 def grade(config, base_root, testbed):
     """The verdict on the change (see the module docstring); puts protected paths back in `testbed`."""
+    marker = os.path.join(testbed, CARRY_REFUSED_MARKER)
+    if (
+        os.path.isfile(marker)
+        and not os.path.islink(marker)
+        and not os.path.lexists(os.path.join(base_root, CARRY_REFUSED_MARKER))
+    ):
+        with open(marker, errors="replace") as f:
+            why = f.read(500).strip()
+        return {"kept": [], "restored": {}, "deleted": {}, "refused": f"the agent's tree was not carried: {why}",
+                "reach": []}  # fmt: skip
     src_root = config.get("src_root") or "."
     import_roots = ["", src_root] if src_root not in ("", ".") else [""]
     test_files = set(config.get("test_files") or [])

@@ -169,11 +169,13 @@ def main() -> int:
         change = _load(sys.argv[2])
         # Counts only: the reasons name the agent's files, which must not reach the verifier's output (it is
         # searched for harness failures); they are in change.json.
-        print(
-            f"the change is refused: {len(change.get('reach') or [])} reference(s) to the test harness or the "
-            "interpreter's machinery (change.json)",
-            file=sys.stderr,
+        reach = len(change.get("reach") or [])
+        why = (
+            f"{reach} reference(s) to the test harness or the interpreter's machinery"
+            if reach
+            else "the agent's tree was not carried (over the carry's size limit)"
         )
+        print(f"the change is refused: {why} (change.json)", file=sys.stderr)
         _write(
             sys.argv[3],
             {"reward": 0.0, "change_refused": 1.0, "protected_touched": protected_touched(change)},
