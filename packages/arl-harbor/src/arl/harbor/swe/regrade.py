@@ -51,7 +51,7 @@ def _stale_values(task_dir: Path, template: str) -> dict[str, str] | None:
     task = tomllib.loads(text)
     if task.get("metadata", {}).get("arl_grading") == GRADING:
         return None
-    if task.get("verifier", {}).get("environment_mode") != "separate" or not _GRADING_LINE.search(text):
+    if task.get("verifier", {}).get("environment_mode") != "separate" or "[metadata]" not in text:
         raise HarborConfigError(
             f"{task_dir.name} is graded in the agent's own environment (no separate verifier): rebuild it"
         )
@@ -69,7 +69,10 @@ def _rewrite(task_dir: Path, values: dict[str, str], template: str) -> None:
     (tests_dir / "test.sh").write_text(test_sh)
     (tests_dir / "test.sh").chmod(0o755)
     toml_path = task_dir / "task.toml"
-    toml_path.write_text(_GRADING_LINE.sub(f'arl_grading = "{GRADING}"', toml_path.read_text(), count=1))
+    text, found = _GRADING_LINE.subn(f'arl_grading = "{GRADING}"', toml_path.read_text(), count=1)
+    if not found:  # written before tasks named their grading
+        text = text.replace("[metadata]\n", f'[metadata]\narl_grading = "{GRADING}"\n', 1)
+    toml_path.write_text(text)
 
 
 def regrade_set(task_set: Path) -> list[str]:
