@@ -149,9 +149,12 @@ def test_the_app_check_says_how_to_start_docker(monkeypatch):
 
 
 @pytest.mark.slow
-async def test_separate_verifier_mode_in_docker(docker_ready, tmp_path):
+async def test_separate_verifier_mode_in_docker(docker_ready, tmp_path, monkeypatch):
     """Harbor's separate verifier mode: the verifier's image is built from tests/Dockerfile (once), the
-    agent's artifact reaches it; oracle 1.0, nop 0.0."""
+    agent's artifact reaches it; oracle 1.0, nop 0.0. When compose's `down` fails (as it can time out on a
+    loaded host; Harbor only logs a verifier's failed stop), no container of the trial outlives it."""
+    from harbor.environments.docker.docker import DockerEnvironment as HarborDockerEnvironment
+
     from arl.harbor.testing import write_hello_task
 
     task = write_hello_task(tmp_path / "tasks", verifier_mode="separate", tests_image=True)
@@ -167,6 +170,31 @@ async def test_separate_verifier_mode_in_docker(docker_ready, tmp_path):
         ).returncode
         == 0
     )
+
+    async def down_fails(self, delete: bool) -> None:
+        raise RuntimeError("compose down timed out")
+
+    monkeypatch.setattr(HarborDockerEnvironment, "stop", down_fails)
+    await run(config("docker", tmp_path / "trials", agent="oracle"), task)
+    left = subprocess.run(
+        [
+            "docker",
+            "ps",
+            "-aq",
+            "--filter",
+            f"label=com.docker.compose.project.working_dir={task / 'environment'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.split()
+    left += subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project.working_dir={task / 'tests'}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.split()
+    assert left == []
 
 
 @pytest.mark.slow

@@ -64,7 +64,9 @@ def test_an_older_task_gets_the_current_grader_with_its_own_values(tmp_path):
 def test_a_task_written_before_tasks_named_their_grading_gets_the_current_one(tmp_path):
     task = _old_task(tmp_path, "t")
     toml = task / "task.toml"
-    toml.write_text("\n".join(x for x in toml.read_text().splitlines() if not x.startswith("arl_grading")) + "\n")
+    toml.write_text(
+        "\n".join(x for x in toml.read_text().splitlines() if not x.startswith("arl_grading")) + "\n"
+    )
     assert regrade_set(tmp_path) == ["t"] and outdated_grading(tmp_path) == []
 
 

@@ -133,6 +133,12 @@ class DockerEngine:
     async def info(self) -> dict[str, Any]:
         return await self._json("GET", "/info")
 
+    async def remove_container(self, container: str) -> None:
+        """Kill and remove the container with its anonymous volumes (gone already: nothing to do)."""
+        await self._call(
+            "DELETE", f"/containers/{container}", params={"force": "1", "v": "1"}, ok=(200, 204, 404)
+        )
+
     async def inspect(self, container: str) -> dict[str, Any] | None:
         """The container's inspect document, None when it no longer exists."""
         try:

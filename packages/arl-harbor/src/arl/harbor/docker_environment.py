@@ -494,7 +494,19 @@ class DockerEnvironment(_HarborDockerEnvironment):
         finally:
             self._container_id = None
             if self._engine is not None:
-                await self._engine.close()
+                try:
+                    if delete:
+                        await self._remove_leftover_containers()
+                finally:
+                    await self._engine.close()
+
+    async def _remove_leftover_containers(self) -> None:
+        """Every container of this environment's compose project, removed. compose's `down` can fail or time
+        out on a loaded host, and Harbor only logs a separate verifier's failed stop: without this its
+        container would run on, unseen, after the trial."""
+        assert self._engine is not None
+        for found in await self._engine.containers([f"com.docker.compose.project={self._project}"]):
+            await self._engine.remove_container(found["Id"])
 
     async def start(self, force_build: bool) -> None:
         self._container_id = None
