@@ -24,7 +24,7 @@ and their sum per trial. Images are built before the first docker wave
 agent's environment is stopped), `shared` (a copy of the set whose task.toml drops the separate verifier
 mode and the /testbed artifact: the same grader runs in the agent's own environment, as tasks were graded
 before; what `separate` costs on top of it is the second environment and the carried testbed), in the
-order given, each with every env.
+order given, each with every env; naming one twice (`shared,separate,separate,shared`) repeats its waves.
 
 --envs: `local` (arl's sandbox), `docker` (arl's DockerEnvironment: execs and copies over the Engine
 API), `docker-compose` (the same environment with `engine_api=False`: every exec and copy a `docker
@@ -238,8 +238,9 @@ async def wave(
     work: Path,
     trial_timeout: float,
     grading: str = "separate",
+    repeat: int = 0,
 ) -> dict[str, Any]:
-    trials_dir = work / f"{grading}-{env}-{n}"
+    trials_dir = work / f"{grading}-{env}-{n}-{repeat}"
     fields = harbor_fields(env, task_set, trials_dir, trial_timeout)
     busy0, total0 = cpu_times()
     self0, children0, daemons0, containers0 = self_cpu_s(), children_cpu_s(), daemon_cpu(), containers_cpu_s()
@@ -306,9 +307,12 @@ async def main_async(args: argparse.Namespace) -> int:
 
     envs = args.envs.split(",")
     work = Path(tempfile.mkdtemp(prefix="arl-swe-tp-", dir=args.work_dir))
+    # A grading may be named more than once (`shared,separate,separate,shared`: the drift of a shared machine
+    # shows); each wave has a trials dir of its own.
+    gradings = args.grading.split(",")
     task_lists = {
         g: tasks if g == "separate" else shared_grading_copy(task_set, tasks, work)
-        for g in args.grading.split(",")
+        for g in dict.fromkeys(gradings)
     }
     if any(e.startswith("docker") for e in envs):
         from arl.harbor.docker_environment import build_task_image
@@ -326,10 +330,18 @@ async def main_async(args: argparse.Namespace) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     try:
         for n in (int(x) for x in args.concurrency.split(",")):
-            for grading, graded_tasks in task_lists.items():
+            for repeat, grading in enumerate(gradings):
                 for env in envs:
                     w = await wave(
-                        env, n, graded_tasks, task_set, tokenizer, work, args.trial_timeout, grading
+                        env,
+                        n,
+                        task_lists[grading],
+                        task_set,
+                        tokenizer,
+                        work,
+                        args.trial_timeout,
+                        grading,
+                        repeat,
                     )
                     results.append(w)
                     print(fmt(w), flush=True)
