@@ -54,11 +54,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("slow")
         if not any(t in item.keywords for t in (*TIERS, "slow")):
             item.add_marker("unit")
-    # Modules with a full app run first (a stable sort: order within a module is kept). Side by side
-    # (scripts/test.py's xdist workers take whole modules in this order) the long modules start early and
-    # the quick ones fill in at the end, instead of a long one running alone last.
+    # Modules with a full app run first, then those with another slow test, then the quick ones (a stable
+    # sort: order within a module is kept). Side by side (scripts/test.py's xdist workers take whole
+    # modules in this order, `--no-loadscope-reorder`) the long modules start early and the quick ones
+    # fill in at the end, instead of a long one running alone last.
     with_app_run = {item.nodeid.split("::")[0] for item in items if "e2e" in item.keywords}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in with_app_run)
+    with_slow = {item.nodeid.split("::")[0] for item in items if "slow" in item.keywords}
+
+    def rank(item) -> int:
+        module = item.nodeid.split("::")[0]
+        return 0 if module in with_app_run else 1 if module in with_slow else 2
+
+    items.sort(key=rank)
 
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:

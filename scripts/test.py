@@ -19,11 +19,16 @@ starts the project's own, stopped again at the end if this run started it); wher
 container tests skip and the summary says why. `--no-docker` leaves Docker alone.
 
 Parts run side by side, `--jobs` at a time (default 2, the CI machine's cores): the package parts in
-that many processes (each part's output printed whole when it ends), then the apps part on that many
-pytest-xdist workers, whole test modules to a worker (`--dist loadscope`), so a module's shared app run
-(a module-scoped fixture) still runs once. Much of an app run's time is spent waiting on process
-starts, Ray and sandboxes (one alone keeps the 2-core machine ~54% busy); two at a time fill it, and a
-third adds nothing (docs/guide/testing.md).
+that many processes, the longest first (each part's output printed whole when it ends), and the apps
+part on that many pytest-xdist workers, whole test modules to a worker (`--dist loadscope`), so a
+module's shared app run (a module-scoped fixture) still runs once. The apps part does not wait for the
+last package part: it starts as soon as every package part has started and a slot is free, so the long
+arl-harbor part runs beside it instead of alone while the other slots stand empty. The workers take
+the modules in the order the root conftest.py sorts them (`--no-loadscope-reorder`: xdist would
+otherwise hand out the modules with the most tests first and leave the long single-test app runs for
+the end). Much of an app run's time is spent waiting on process starts, Ray and sandboxes (one alone
+keeps the 2-core machine ~54% busy); two at a time fill it, and a third adds nothing
+(docs/guide/testing.md).
 
     uv run scripts/test.py                     # everything (what CI runs)
     uv run scripts/test.py arl-proxy apps      # some parts
@@ -43,7 +48,8 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import docker_setup
@@ -54,12 +60,12 @@ PACKAGES = ["arl-queue", "arl-proxy", "arl-sync", "arl-rollout", "arl-trainer", 
 # The package parts' usual seconds on the 2-core CI machine: side by side, the longest start first, so the
 # last one to end is not a long part started late (a part not listed counts as the longest).
 TYPICAL_SECONDS = {
-    "arl-harbor": 150,
-    "arl-rollout": 105,
-    "arl-trainer": 90,
-    "arl-proxy": 30,
-    "arl-sync": 14,
-    "arl-queue": 12,
+    "arl-harbor": 400,
+    "arl-rollout": 66,
+    "arl-proxy": 53,
+    "arl-trainer": 49,
+    "arl-sync": 24,
+    "arl-queue": 15,
 }
 APPS_PART = "apps"
 LINT_PART = "lint"
@@ -73,6 +79,8 @@ LINT_FIX = "to fix: uv run ruff format . && uv run ruff check --fix . (then what
 APPS_PATHS = ["apps", "tests"]
 # Enough to list every slow test of the apps part (~35), so the CI log prices each one (docs/guide/testing.md).
 DURATIONS = 40
+# A part's name, exit code, seconds and skipped tests (None for the lint part, which has none).
+PartResult = tuple[str, int, float, "list[Skip] | None"]
 # The parts with container tests (arl-harbor's docker environment): the Docker engine is made ready for them.
 DOCKER_PARTS = ("arl-harbor",)
 
@@ -147,6 +155,29 @@ def run_lint(env: dict[str, str], root: Path = REPO_ROOT) -> tuple[int, str]:
     return rc, "\n".join(output)
 
 
+def run_parts(
+    packages: list[str],
+    jobs: int,
+    package_part: Callable[[str], PartResult],
+    apps_part: Callable[[], PartResult] | None,
+) -> list[PartResult]:
+    """The package parts, `jobs` at a time in the given order, and the apps part (when not None); their
+    results in that order. With `jobs` > 1 the apps part starts as soon as fewer than `jobs` package parts
+    are unfinished (all have started and a slot is free), beside those still running: the long one
+    (arl-harbor) would otherwise run alone while the other slots stand empty. With `jobs` 1, one part at
+    a time, in order, the apps part last."""
+    results: list[PartResult] = []
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        # The pool starts the parts in this order, so once fewer than `jobs` are unfinished, all have started.
+        futures = [pool.submit(package_part, p) for p in packages]
+        unfinished = set(futures)
+        while unfinished and (jobs == 1 or len(unfinished) >= jobs):
+            _, unfinished = wait(unfinished, return_when=FIRST_COMPLETED)
+        apps = apps_part() if apps_part is not None else None
+        results += [f.result() for f in futures]
+    return results + ([apps] if apps is not None else [])
+
+
 def summary(
     results: list[tuple[str, int, float, list[Skip] | None]], wall_s: float, docker_note: str | None = None
 ) -> list[str]:
@@ -216,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     print_lock = threading.Lock()
     reports = Path(tempfile.mkdtemp(prefix="arl-test-"))  # each part's JUnit XML: its skips and their reasons
 
-    def package_part(package: str) -> tuple[str, int, float, list[Skip] | None]:
+    def package_part(package: str) -> PartResult:
         started = time.monotonic()
         if args.jobs == 1:
             print(f"\n=== {package} ===", flush=True)
@@ -228,19 +259,26 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n=== {package} ({seconds:.0f} s) ===\n{output}", flush=True)
         return package, rc, seconds, read_skips(junit)
 
+    def apps_part() -> PartResult:
+        started = time.monotonic()
+        with print_lock:
+            print(f"\n=== {APPS_PART} ===", flush=True)
+        # Whole modules to a worker, in the order the root conftest.py sorts them (xdist's default would
+        # hand out the modules with the most tests first: the long single-test app runs last).
+        workers = (
+            ["-n", str(args.jobs), "--dist", "loadscope", "--no-loadscope-reorder"] if args.jobs > 1 else []
+        )
+        junit = reports / f"{APPS_PART}.xml"
+        rc, _ = run_part(sys.executable, APPS_PATHS, [*workers, *junit_args(junit), *pytest_args], env)
+        return APPS_PART, rc, time.monotonic() - started, read_skips(junit)
+
     try:
         packages = sorted(
             (p for p in args.parts if p in PACKAGES), key=lambda p: -TYPICAL_SECONDS.get(p, 1e9)
         )
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            results += pool.map(package_part, packages)
-        if APPS_PART in args.parts:
-            started = time.monotonic()
-            print(f"\n=== {APPS_PART} ===", flush=True)
-            workers = ["-n", str(args.jobs), "--dist", "loadscope"] if args.jobs > 1 else []
-            junit = reports / f"{APPS_PART}.xml"
-            rc, _ = run_part(sys.executable, APPS_PATHS, [*workers, *junit_args(junit), *pytest_args], env)
-            results.append((APPS_PART, rc, time.monotonic() - started, read_skips(junit)))
+        results += run_parts(
+            packages, args.jobs, package_part, apps_part if APPS_PART in args.parts else None
+        )
     finally:
         shutil.rmtree(reports, ignore_errors=True)
         if docker is not None:

@@ -1,5 +1,6 @@
 """scripts/test.py, README's test command: its summary names the skipped tests and why, its lint part runs
-ruff, and it makes the project's Docker engine ready where it can, without failing where it cannot.
+ruff, it makes the project's Docker engine ready where it can, without failing where it cannot, and the
+apps part starts beside the last package part (with two slots), not after it.
 
 The skips come from a small fake part run by the script's own `run_part`; the Docker steps are fake
 scripts in place of scripts/docker/ (the real ones install packages and start daemons).
@@ -10,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,44 @@ def scripts(monkeypatch):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _part(name: str) -> tuple[str, int, float, list]:
+    return name, 0, 0.0, []
+
+
+def test_the_apps_part_starts_beside_the_last_package_part(scripts):
+    """With two slots the apps part starts once the short package parts are done, while the long one still
+    runs: here the long part can only end after the apps part has started."""
+    apps_started = threading.Event()
+
+    def package_part(name: str):
+        if name == "long":
+            assert apps_started.wait(60), "the apps part waited for the long package part"
+        return _part(name)
+
+    def apps_part():
+        apps_started.set()
+        return _part("apps")
+
+    results = scripts.run_parts(["long", "a", "b"], 2, package_part, apps_part)
+    assert [r[0] for r in results] == ["long", "a", "b", "apps"]
+
+
+def test_one_job_runs_the_apps_part_after_every_package_part(scripts):
+    ended: list[str] = []
+
+    def package_part(name: str):
+        ended.append(name)
+        return _part(name)
+
+    def apps_part():
+        assert ended == ["long", "a", "b"]
+        return _part("apps")
+
+    results = scripts.run_parts(["long", "a", "b"], 1, package_part, apps_part)
+    assert [r[0] for r in results] == ["long", "a", "b", "apps"]
+    assert [r[0] for r in scripts.run_parts(["a"], 2, package_part, None)] == ["a"]
 
 
 def test_a_part_s_skips_and_their_reasons_reach_the_summary(scripts, tmp_path):
