@@ -1,9 +1,9 @@
-"""pytest plugin of arl SWE tasks: records every test's outcome, by node id, as one JSON document.
+"""pytest plugin of arl SWE tasks: records every test's outcome, by node id, in one JSON document.
 
 Loaded with `-p arl_swe_report` (this file's folder on PYTHONPATH) by the task's tests/test.sh and by the
 task-set builder, so both see the same node ids. A test counts as "passed" only when no phase failed;
 collection errors are listed by the collector's node id. The document is written at session end, so a
-missing one means pytest itself did not run to the end.
+missing one means pytest itself did not run to the end (the verifier's also streams each outcome first).
 
 Where it goes: the builder (a trusted run) names a file in $ARL_SWE_REPORT. The verifier runs the agent's
 code in this process, so there the report goes to a pipe the root grader reads ($ARL_SWE_REPORT_FD: no
@@ -43,7 +43,8 @@ _CODE_HOLDERS = (classmethod, staticmethod)
 # suite of 10,000 fast subtests would otherwise spend most of its time checking); the end always checks.
 CHECK_SPACING = 20
 _clock = time.perf_counter  # taken before the repository's code runs
-# The exit status of a run whose report pipe was closed or swapped under the recorder (test.sh: broken).
+# The exit status of a run whose report pipe was closed or swapped under the recorder (test.sh scores it as
+# runner_tampered).
 CHANNEL_ALARM = 86
 # Audit events of calls that reach into the interpreter's own state: from the agent's code, tampering.
 _REACHING_EVENTS = frozenset(
