@@ -123,9 +123,16 @@ class _Origins(tuple):
                     self[2].add(what)
                     self[4](self[3], json.dumps({"tampered": what}) + "\n")
 
-    def foreign(self, code: types.CodeType) -> bool:
+    def foreign(self, code: types.CodeType, resolved: dict[str, bool] | None = None) -> bool:
+        """Whether `code` is the agent's; `resolved` (one check's own) remembers each file's verdict."""
         name = code.co_filename
-        return name.startswith("<") or (name, code.co_name) in self[1] or os.path.realpath(name) in self[0]
+        if name.startswith("<") or (name, code.co_name) in self[1]:
+            return True
+        if resolved is None:
+            return os.path.realpath(name) in self[0]
+        if name not in resolved:
+            resolved[name] = os.path.realpath(name) in self[0]
+        return resolved[name]
 
 
 class _RunnerSnapshot(tuple):
@@ -283,11 +290,11 @@ class _Recorder(tuple):
         config = self._run[0]
         if config is None or self.origins is None:
             return []
-        found = []
+        found, resolved = [], {}
         for caller_name, caller in vars(config.pluginmanager.hook).items():
             for impl in getattr(caller, "get_hookimpls", lambda: [])():
                 code = _code_of(impl.function)
-                if code is None or self.origins.foreign(code):
+                if code is None or self.origins.foreign(code, resolved):
                     found.append(f"hook {caller_name} implemented by the agent's code")
         return found
 
