@@ -71,6 +71,13 @@ def swe_task(tmp_path_factory):
     return write_pytest_swe_task(root / "tasks", venv=venv)
 
 
+def _containers_of(environment_dir: Path) -> list[str]:
+    """The ids of every container compose made from `environment_dir`, running or not."""
+    label = f"label=com.docker.compose.project.working_dir={environment_dir.resolve()}"
+    ps = ["docker", "ps", "-aq", "--filter", label]
+    return subprocess.run(ps, capture_output=True, text=True, timeout=30).stdout.split()
+
+
 def config(environment: str, trials: Path, **fields) -> HarborConfig:
     env = {"environment_import_path": DOCKER_IMPORT_PATH} if environment == "docker" else {}
     return HarborConfig(
@@ -115,21 +122,7 @@ async def test_swe_task_oracle_nop_and_broken_import(environment, swe_task, tmp_
             ["docker", "images", "-q", image], capture_output=True, text=True, timeout=30
         ).stdout.split()
         assert len(ids) == 1  # built once, kept across the three trials
-        left = subprocess.run(
-            [
-                "docker",
-                "ps",
-                "-aq",
-                "--filter",
-                "label=com.docker.compose.service=main",
-                "--filter",
-                f"label=com.docker.compose.project.working_dir={(swe_task / 'environment').resolve()}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout.split()
-        assert left == []  # every trial's container is gone
+        assert _containers_of(swe_task / "environment") == []  # every trial's container is gone
 
 
 @pytest.mark.skipif(shutil.which("docker") is None, reason="no docker CLI")
@@ -176,25 +169,7 @@ async def test_separate_verifier_mode_in_docker(docker_ready, tmp_path, monkeypa
 
     monkeypatch.setattr(HarborDockerEnvironment, "stop", down_fails)
     await run(config("docker", tmp_path / "trials", agent="oracle"), task)
-    left = subprocess.run(
-        [
-            "docker",
-            "ps",
-            "-aq",
-            "--filter",
-            f"label=com.docker.compose.project.working_dir={task / 'environment'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout.split()
-    left += subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project.working_dir={task / 'tests'}"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout.split()
-    assert left == []
+    assert _containers_of(task / "environment") + _containers_of(task / "tests") == []
 
 
 @pytest.mark.slow

@@ -85,5 +85,5 @@ def test_a_test_sh_without_a_line_of_the_template_is_named(tmp_path):
     test_sh.write_text(
         "\n".join(x for x in test_sh.read_text().splitlines() if not x.startswith("SRC_ROOT="))
     )
-    with pytest.raises(HarborConfigError, match="no line of the form 'SRC_ROOT=@SRC_ROOT@'"):
+    with pytest.raises(HarborConfigError, match="t: test.sh has no line of the form 'SRC_ROOT=@SRC_ROOT@'"):
         regrade_set(tmp_path)

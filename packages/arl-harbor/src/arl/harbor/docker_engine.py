@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import struct
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -78,7 +79,8 @@ class DockerEngine:
             await self._session.close()
             self._session = None
 
-    async def _call(
+    @contextlib.asynccontextmanager
+    async def _request(
         self,
         method: str,
         path: str,
@@ -88,7 +90,9 @@ class DockerEngine:
         data: bytes | None = None,
         timeout_sec: float = CONTROL_TIMEOUT_SEC,
         ok: Sequence[int] = (200, 201, 204),
-    ) -> tuple[int, bytes, dict[str, str]]:
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The daemon's response with a status in `ok` (DockerEngineError naming the call otherwise, or when
+        the daemon does not answer within `timeout_sec`, reading included)."""
         headers = {"Content-Type": "application/x-tar"} if data is not None else None
         try:
             async with self._http().request(
@@ -100,21 +104,24 @@ class DockerEngine:
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout_sec),
             ) as resp:
-                payload = await resp.read()
                 if resp.status not in ok:
-                    detail = payload.decode(errors="replace").strip()
+                    detail = (await resp.read()).decode(errors="replace").strip()
                     try:
                         detail = json.loads(detail).get("message", detail)
                     except (ValueError, AttributeError):
                         pass
                     raise DockerEngineError(f"{method} {path}: {resp.status} {detail[:500]}", resp.status)
-                return resp.status, payload, dict(resp.headers)
+                yield resp
         except TimeoutError:
             raise DockerEngineError(
                 f"{method} {path}: no answer from dockerd within {timeout_sec:.0f}s"
             ) from None
         except aiohttp.ClientError as e:
             raise DockerEngineError(f"{method} {path}: {type(e).__name__}: {e}") from e
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> tuple[int, bytes, dict[str, str]]:
+        async with self._request(method, path, **kwargs) as resp:
+            return resp.status, await resp.read(), dict(resp.headers)
 
     async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         _, payload, _ = await self._call(method, path, **kwargs)
@@ -271,27 +278,12 @@ class DockerEngine:
         """`get_archive` streamed into `out` (a file: the tree never sits in memory); the bytes written.
         Raises ArchiveTooLargeError once the archive passes `max_bytes`."""
         written = 0
-        try:
-            async with self._http().request(
-                "GET",
-                f"/containers/{container}/archive",
-                params={"path": path},
-                timeout=aiohttp.ClientTimeout(total=ARCHIVE_TIMEOUT_SEC),
-            ) as resp:
-                if resp.status != 200:
-                    detail = (await resp.read()).decode(errors="replace").strip()
-                    raise DockerEngineError(
-                        f"GET archive of {path}: {resp.status} {detail[:500]}", resp.status
-                    )
-                async for chunk in resp.content.iter_chunked(1 << 20):
-                    written += len(chunk)
-                    if max_bytes is not None and written > max_bytes:
-                        raise ArchiveTooLargeError(f"the archive of {path} passed {max_bytes} bytes")
-                    await asyncio.to_thread(out.write, chunk)
-        except TimeoutError:
-            raise DockerEngineError(
-                f"GET archive of {path}: no answer from dockerd within {ARCHIVE_TIMEOUT_SEC:.0f}s"
-            ) from None
-        except aiohttp.ClientError as e:
-            raise DockerEngineError(f"GET archive of {path}: {type(e).__name__}: {e}") from e
+        async with self._request(
+            "GET", f"/containers/{container}/archive", params={"path": path}, timeout_sec=ARCHIVE_TIMEOUT_SEC
+        ) as resp:
+            async for chunk in resp.content.iter_chunked(1 << 20):
+                written += len(chunk)
+                if max_bytes is not None and written > max_bytes:
+                    raise ArchiveTooLargeError(f"the archive of {path} passed {max_bytes} bytes")
+                await asyncio.to_thread(out.write, chunk)
         return written

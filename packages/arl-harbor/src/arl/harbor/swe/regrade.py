@@ -55,7 +55,10 @@ def _stale_values(task_dir: Path, template: str) -> dict[str, str] | None:
         raise HarborConfigError(
             f"{task_dir.name} is graded in the agent's own environment (no separate verifier): rebuild it"
         )
-    return template_values((task_dir / "tests" / "test.sh").read_text(), template)
+    try:
+        return template_values((task_dir / "tests" / "test.sh").read_text(), template)
+    except HarborConfigError as e:
+        raise HarborConfigError(f"{task_dir.name}: {e}") from None
 
 
 def _rewrite(task_dir: Path, values: dict[str, str], template: str) -> None:
