@@ -15,10 +15,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
+from arl.harbor.swe.testing import run_watched_pytest
 from arl.harbor.swe.writer import TASK_FILES
 
 NONCE = "0" * 32
@@ -55,38 +55,10 @@ def run_builder_mode(root: Path) -> float:
 
 def run_verifier_mode(root: Path) -> float:
     (root / "change.json").write_text(json.dumps({"kept": []}))
-    nonce_read, nonce_write = os.pipe()
-    os.write(nonce_write, NONCE.encode())
-    os.close(nonce_write)
-    report_read, report_write = os.pipe()
-    env = _base_env(root) | {
-        "ARL_SWE_NONCE_FD": str(nonce_read),
-        "ARL_SWE_REPORT_FD": str(report_write),
-        "ARL_SWE_CHANGE": str(root / "change.json"),
-        "ARL_SWE_TESTBED_ROOT": str(root),
-    }
-    chunks: list[bytes] = []
     started = time.perf_counter()
-    proc = subprocess.Popen(
-        _pytest_command(root),
-        cwd=root,
-        env=env,
-        pass_fds=(nonce_read, report_write),
-        stdout=subprocess.DEVNULL,
-    )
-    os.close(nonce_read)
-    os.close(report_write)
-
-    def drain() -> None:  # root's reader, as test.sh's `cat`
-        with os.fdopen(report_read, "rb") as pipe:
-            chunks.extend(iter(lambda: pipe.read(65536), b""))
-
-    reader = threading.Thread(target=drain)
-    reader.start()
-    proc.wait(timeout=600)
-    reader.join(timeout=60)
+    _, raw = run_watched_pytest(root, "test_many.py", NONCE)
     elapsed = time.perf_counter() - started
-    document = json.loads(b"".join(chunks).splitlines()[-1])
+    document = json.loads(raw.splitlines()[-1])
     if document.get("nonce") != NONCE or document.get("tampered"):
         raise RuntimeError(f"the watched run did not report cleanly: {document.get('tampered')}")
     return elapsed

@@ -7,7 +7,6 @@ known in-process hole (the recorder silenced through pluggy) is a strict xfail."
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from arl.harbor.agents import attacks
+from arl.harbor.swe.testing import run_watched_pytest
 from arl.harbor.swe.writer import TASK_FILES
 
 NONCE = "0123456789abcdef0123456789abcdef"
@@ -37,47 +37,9 @@ def _run(repo: Path, init: str) -> int:
     (repo / "test_pkg.py").write_text(TESTS)
     (repo / "change.json").write_text(json.dumps({"kept": ["pkg/__init__.py"]}))
     (repo / "pytest.ini").write_text("[pytest]\n")
-    nonce_read, nonce_write = os.pipe()
-    os.write(nonce_write, NONCE.encode())
-    os.close(nonce_write)
-    report_read, report_write = os.pipe()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "ARL_SWE"))}
-    env.update(
-        ARL_SWE_NONCE_FD=str(nonce_read),
-        ARL_SWE_REPORT_FD=str(report_write),
-        ARL_SWE_CHANGE=str(repo / "change.json"),
-        ARL_SWE_TESTBED_ROOT=str(repo),
-        PYTHONPATH=f"{TASK_FILES}:{repo}",
-        PYTHONDONTWRITEBYTECODE="1",
-    )
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-P",
-            "-m",
-            "pytest",
-            "-p",
-            "arl_swe_report",
-            "-p",
-            "no:cacheprovider",
-            f"--rootdir={repo}",
-            "-c",
-            str(repo / "pytest.ini"),
-            "-q",
-            "test_pkg.py",
-        ],
-        cwd=repo,
-        env=env,
-        pass_fds=(nonce_read, report_write),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    os.close(nonce_read)
-    os.close(report_write)
-    with os.fdopen(report_read, "rb") as pipe:
-        raw = pipe.read()
+    rc, raw = run_watched_pytest(repo, "test_pkg.py", NONCE, timeout_s=120)
     (repo / "report.json").write_bytes(raw)
-    return proc.wait(timeout=120)
+    return rc
 
 
 def _take(repo: Path, nonce: str = NONCE) -> dict | None:

@@ -4,10 +4,12 @@
 its PackageSpec; its functions are rich enough for every function-level operator to apply.
 `write_tinycalc_task(root)` writes one SWE task of it with the builder's own writer (a bug in `clamp`),
 for tests of agents and of grading that need a real task without building a set.
+`run_watched_pytest(repo, test_file, nonce)` runs pytest with the report plugin as the verifier does.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from arl.harbor.swe.packages import PackageSpec
@@ -222,3 +224,57 @@ def write_tinycalc_task(
             "".join(f"FROM {base_image}\n" if ln.startswith("FROM ") else ln for ln in lines)
         )
     return task
+
+
+def run_watched_pytest(
+    repo: Path, test_file: str, nonce: str, *, timeout_s: float = 600
+) -> tuple[int, bytes]:
+    """pytest over `repo`'s `test_file` with the report plugin in the verifier's mode, as tests/test.sh runs
+    it: the nonce through one pipe, the report stream back through another (drained while pytest runs, as
+    test.sh's reader does), `repo/change.json` as grade_change.py's verdict. Returns pytest's exit status and
+    the bytes the plugin wrote. `repo` needs a pytest.ini (the pinned config)."""
+    import subprocess
+    import sys
+    import threading
+
+    from arl.harbor.swe.writer import TASK_FILES
+
+    nonce_read, nonce_write = os.pipe()
+    os.write(nonce_write, nonce.encode())
+    os.close(nonce_write)
+    report_read, report_write = os.pipe()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "ARL_SWE"))}
+    env.update(
+        ARL_SWE_NONCE_FD=str(nonce_read),
+        ARL_SWE_REPORT_FD=str(report_write),
+        ARL_SWE_CHANGE=str(repo / "change.json"),
+        ARL_SWE_TESTBED_ROOT=str(repo),
+        PYTHONPATH=f"{TASK_FILES}:{repo}",
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    command = [sys.executable, "-P", "-m", "pytest", "-p", "arl_swe_report", "-p", "no:cacheprovider",
+               f"--rootdir={repo}", "-c", str(repo / "pytest.ini"), "-q", test_file]  # fmt: skip
+    proc = subprocess.Popen(
+        command,
+        cwd=repo,
+        env=env,
+        pass_fds=(nonce_read, report_write),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    os.close(nonce_read)
+    os.close(report_write)
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        with os.fdopen(report_read, "rb") as pipe:
+            chunks.extend(iter(lambda: pipe.read(65536), b""))
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    finally:
+        proc.kill()
+        reader.join(timeout=60)
+    return rc, b"".join(chunks)
