@@ -39,10 +39,12 @@ def carry_limit_bytes() -> int:
     return int(megabytes * 1024 * 1024)
 
 
-def refuse_carry(target_dir: Path | str, why: str) -> None:
-    """`target_dir` made to hold only the marker the grader refuses, with the reason."""
+def refuse_carry(target_dir: Path | str, source_dir: str, limit_bytes: int) -> None:
+    """`target_dir` made to hold only the marker the grader refuses, saying why: `source_dir` was over the
+    limit."""
     target = Path(target_dir)
     target.mkdir(parents=True, exist_ok=True)
+    why = f"{source_dir} is larger than the carry's limit of {limit_bytes >> 20} MiB"
     (target / CARRY_REFUSED_MARKER).write_text(why + "\n")
 
 

@@ -454,9 +454,7 @@ class DockerEnvironment(_HarborDockerEnvironment):
             try:
                 await self._download_dir(container, source_dir, target_dir, carry_filter, max_bytes=limit)
             except ArchiveTooLargeError:
-                refuse_carry(
-                    target_dir, f"{source_dir} is larger than the carry's limit of {limit >> 20} MiB"
-                )
+                refuse_carry(target_dir, source_dir, limit)
             return
         await super().service_download_dir(source_dir, target_dir, service=service)
 

@@ -856,9 +856,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
                     f"cannot measure {source_dir} before carrying it: {size.stderr or size.stdout}"
                 )
             if int(fields[0]) > limit:
-                refuse_carry(
-                    target_dir, f"{source_dir} is larger than the carry's limit of {limit >> 20} MiB"
-                )
+                refuse_carry(target_dir, source_dir, limit)
                 return
             await self._download_dir(source_dir, target_dir, carry_filter)
             return
