@@ -27,7 +27,8 @@
 # default 0.35, only where no peak was measured) | longklsm (long-prompt-kl: colocated, time_sliced (the
 # replica's refilled rate) and concurrent under the run's MPS with the trainer capped at SM_PCT% of the SMs,
 # default 60, the replica sized by compare --size-concurrent from the two earlier runs' trainer peak;
-# CONC_MEM, default 0.45, only where no peak was measured) |
+# CONC_MEM, default 0.45, only where no peak was measured) | longkl17 (long-prompt-kl on the
+# Qwen3-1.7B shape: the three schedules, concurrent as longklsm with SM_PCT default 80, CONC_MEM default 0.40) |
 # conv: issue #29's loss conventions on a learnable long tail, time-sliced (packages/arl-trainer/benchmarks/
 # conventions_sweep.py --workload h200_longtail: one run per arm, CONV_ARMS (default: the KL, norm_len and
 # seq-IS denominator arms), CONV_STEPS steps (default 30; ~4.5 min per arm at 20 on an H100), seed 0)
@@ -88,6 +89,9 @@ for phase in ${PHASES//,/ }; do
         compare long_prompt_kl_sm colocated,time_sliced,concurrent "${CONC_MEM:-0.45}" long-prompt-kl "${LONG_PROMPT_KL[@]}" ;;
     small17) CONC_EXTRA="resources.mps=start ${SMALL17_CONC_EXTRA:-}" COMPARE_FLAGS=--size-concurrent \
         compare small_17b colocated,time_sliced,concurrent "${SMALL17_MEM:-0.35}" balanced model.path=builtin:qwen3-1.7b-random ;;
+    longkl17) CONC_EXTRA="resources.mps=start resources.mps_trainer_sm_percent=${SM_PCT:-80}" COMPARE_FLAGS=--size-concurrent \
+        compare long_prompt_kl_17b colocated,time_sliced,concurrent "${CONC_MEM:-0.40}" long-prompt-kl "${LONG_PROMPT_KL[@]}" \
+        model.path=builtin:qwen3-1.7b-random ;;
     conv)
       timeout 2400 python packages/arl-trainer/benchmarks/conventions_sweep.py --workload h200_longtail \
         --arms "${CONV_ARMS:-kl_k3,kl_clamped,norm_batch_max,norm_constant,seqis_prod_keep,seqis_prod_remove}" --seeds 0 --steps "${CONV_STEPS:-30}" \
