@@ -10,6 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,7 @@ from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
 from harbor.models.trial.paths import TrialPaths
 
 from arl.harbor import HarborAgentLoop, LocalSandboxEnvironment
+from arl.harbor.environment import pinned_namespaces
 from arl.harbor.testing import HELLO_SOLUTION, SCRIPTED_AGENT_IMPORT_PATH, write_hello_task
 from arl.rollout.types import Task
 
@@ -139,6 +144,96 @@ async def test_processes_do_not_outlive_the_sandbox(tmp_path, hello_task):
     )
     assert (await out.communicate())[0] == b""
     assert not (tmp_path / "trial" / "sandbox").exists()
+
+
+# The harness that starts a sandbox, killed outright once the sandbox holds a background process.
+ORPHAN_HARNESS = """
+import asyncio, sys
+from pathlib import Path
+from harbor.models.task.config import EnvironmentConfig
+from harbor.models.trial.paths import TrialPaths
+from arl.harbor import LocalSandboxEnvironment
+from arl.harbor.testing import write_hello_task
+
+async def main(root):
+    task = write_hello_task(root / "tasks")
+    paths = TrialPaths(root / "trial")
+    paths.mkdir()
+    env = LocalSandboxEnvironment(
+        environment_dir=task / "environment", environment_name="orphan", session_id="orphan__test__env",
+        trial_paths=paths, task_env_config=EnvironmentConfig(workdir="/app"),
+    )
+    await env.start(force_build=False)
+    await env.exec("setsid nohup sleep 876.543 >/dev/null 2>&1 &")
+    print("started", flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main(Path(sys.argv[1])))
+"""
+
+
+async def pgrep(pattern: str) -> bytes:
+    out = await asyncio.create_subprocess_exec("pgrep", "-f", pattern, stdout=asyncio.subprocess.PIPE)
+    return (await out.communicate())[0]
+
+
+async def test_a_killed_harness_leaves_no_sandbox_behind(tmp_path):
+    harness = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", ORPHAN_HARNESS, str(tmp_path), stdout=asyncio.subprocess.PIPE
+    )
+    assert harness.stdout is not None
+    try:
+        assert await asyncio.wait_for(harness.stdout.readline(), 60) == b"started\n"
+        for _ in range(100):  # the background child may not have exec'd `sleep` yet
+            if await pgrep("^sleep 876.543$"):
+                break
+            await asyncio.sleep(0.05)
+        assert await pgrep("^sleep 876.543$")
+    finally:
+        harness.kill()  # SIGKILL: no stop, no cleanup of its own
+        await harness.wait()
+    for _ in range(100):
+        if not await pgrep("^sleep 876.543$"):
+            break
+        await asyncio.sleep(0.05)
+    assert await pgrep("^sleep 876.543$") == b""
+
+
+def test_namespace_names_stay_a_stopped_sandboxs_own_while_pinned():
+    """A freed namespace's inode number goes to the next namespace made; pinned, it cannot."""
+    holder = subprocess.Popen(["unshare", "--pid", "--user", "--fork", "sleep", "60"])
+    try:
+        for _ in range(100):  # the holder's child, PID 1 of the new namespace
+            children = Path(f"/proc/{holder.pid}/task/{holder.pid}/children").read_text().split()
+            if children and os.readlink(f"/proc/{children[0]}/ns/pid") != os.readlink("/proc/self/ns/pid"):
+                break
+            time.sleep(0.05)
+        init = int(children[0])
+        pidfd = os.pidfd_open(init)
+        with pinned_namespaces(init, pidfd) as names:
+            assert len(names) == 2
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            holder.wait(10)
+            time.sleep(1.0)  # long enough for the kernel to free an unpinned namespace
+            made = subprocess.run(
+                [
+                    "unshare",
+                    "--pid",
+                    "--user",
+                    "--fork",
+                    "sh",
+                    "-c",
+                    "readlink /proc/self/ns/pid /proc/self/ns/user",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()
+            assert set(made).isdisjoint(names)
+        os.close(pidfd)
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 # -- whole trials ------------------------------------------------------------------------------------

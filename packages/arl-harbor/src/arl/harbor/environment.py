@@ -42,7 +42,7 @@ import shutil
 import signal
 import tarfile
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -241,6 +241,32 @@ def _namespaces(pid: int) -> tuple[str, ...]:
         with contextlib.suppress(OSError):
             out.append(os.readlink(f"/proc/{pid}/ns/{kind}"))
     return tuple(out)
+
+
+@contextlib.contextmanager
+def pinned_namespaces(pid: int, pidfd: int) -> Iterator[tuple[str, ...]]:
+    """The PID and user namespaces of the live process `pid` (held by `pidfd`), kept open while in use.
+
+    Processes are matched to a sandbox by their namespaces' names (`pid:[inode]`), and the kernel gives a
+    freed namespace's inode number to the next namespace made, within a second (measured). A stop that
+    still matched by name after its sandbox's namespaces were freed would kill a sandbox starting beside
+    it (seen as `unshare: sigprocmask unblock failed` or `sandbox init process not found` at its start).
+    An open namespace file keeps the namespace, and so its number, alive. Empty if `pid` has ended.
+    """
+    fds: list[int] = []
+    try:
+        for kind in ("pid", "user"):
+            with contextlib.suppress(OSError):
+                fds.append(os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC))
+        try:
+            signal.pidfd_send_signal(pidfd, 0)  # still that process: the namespaces opened are its own
+            names = tuple(os.readlink(f"/proc/self/fd/{fd}") for fd in fds)
+        except ProcessLookupError:
+            names = ()
+        yield names
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _processes_in(namespaces: tuple[str, ...]) -> list[tuple[int, int, str]]:
@@ -556,7 +582,10 @@ class LocalSandboxEnvironment(BaseEnvironment):
         dirs = self._sandbox_dirs()
         await asyncio.to_thread(self._prepare_host_dirs, dirs)
         self._limits = await asyncio.to_thread(self._limits_for_task)
-        argv = ["unshare", "--mount", "--pid", "--fork", "--ipc", "--uts", "--propagation", "private"]
+        # Nothing outlives this process: the holder dies with it (its parent-death signal), and the
+        # sandbox's init with the holder (`--kill-child`), which ends the whole PID namespace.
+        argv = ["setpriv", "--pdeathsig", "KILL", "unshare", "--kill-child=KILL"]
+        argv += ["--mount", "--pid", "--fork", "--ipc", "--uts", "--propagation", "private"]
         if self._network == "none":
             argv.append("--net")
         argv = [*self._limits.join_argv(), *argv, "--", "/bin/sh", "-c", self._setup_script_text(dirs)]
@@ -651,21 +680,17 @@ class LocalSandboxEnvironment(BaseEnvironment):
 
     async def stop(self, delete: bool) -> None:
         if self._init_pid is not None and self._init_pidfd is not None:
-            namespaces = _namespaces(self._init_pid)
-            try:
-                signal.pidfd_send_signal(self._init_pidfd, 0)  # still the init: the namespaces read are its
-            except ProcessLookupError:
-                namespaces = ()
-            if namespaces and not self._is_separate_verifier():
-                left = leftover_commands(_processes_in(namespaces), self._init_pid)
-                await asyncio.to_thread(write_agent_end, self.trial_paths.trial_dir, left)
-            with contextlib.suppress(ProcessLookupError):
-                # the PID namespace dies with its init
-                signal.pidfd_send_signal(self._init_pidfd, signal.SIGKILL)
-            os.close(self._init_pidfd)
-            self._init_pid = self._init_pidfd = None
-            if namespaces:
-                await self._check_ended(namespaces)
+            with pinned_namespaces(self._init_pid, self._init_pidfd) as namespaces:
+                if namespaces and not self._is_separate_verifier():
+                    left = leftover_commands(_processes_in(namespaces), self._init_pid)
+                    await asyncio.to_thread(write_agent_end, self.trial_paths.trial_dir, left)
+                with contextlib.suppress(ProcessLookupError):
+                    # the PID namespace dies with its init
+                    signal.pidfd_send_signal(self._init_pidfd, signal.SIGKILL)
+                os.close(self._init_pidfd)
+                self._init_pid = self._init_pidfd = None
+                if namespaces:
+                    await self._check_ended(namespaces)
         if self._holder is not None:
             if self._holder.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
