@@ -73,7 +73,9 @@ def test_one_vs_many_microbatches_same_update(tiny_model_dir, mode):
     assert m1["microbatches"] == 1 and mk["microbatches"] >= 4
     for name in g1:
         assert rel(gk[name], g1[name]) <= 1e-5, name
-        assert rel(pk[name].detach(), p1[name].detach()) <= 1e-5, name
+        # Looser for the weights after the step: Adam's normalised step turns rounding in near-zero
+        # gradients into differences of up to lr (the fused attention kernel rounds unlike the math one).
+        assert rel(pk[name].detach(), p1[name].detach()) <= 3e-5, name
     assert mk["loss"] == pytest.approx(m1["loss"], rel=1e-5)
 
 

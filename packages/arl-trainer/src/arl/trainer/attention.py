@@ -72,11 +72,14 @@ def _per_sequence_sdpa(
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end == start:
             continue
-        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))  # (H, s, D)
+        # (1, H, s, D): SDPA's fused kernels take 4-D inputs only; 3-D ones fall back to the math kernel,
+        # which builds the s×s matrix (6-9× slower at 4k tokens on the CPU, measured).
+        qs, ks, vs = (t[start:end].transpose(0, 1)[None] for t in (q, k, v))
         if gqa:
-            rep = qs.shape[0] // ks.shape[0]
-            ks, vs = ks.repeat_interleave(rep, dim=0), vs.repeat_interleave(rep, dim=0)
-        outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale).transpose(0, 1))
+            rep = qs.shape[1] // ks.shape[1]
+            ks, vs = ks.repeat_interleave(rep, dim=1), vs.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
+        outs.append(out[0].transpose(0, 1))
     return torch.cat(outs, dim=0)
 
 
