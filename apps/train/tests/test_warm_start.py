@@ -119,16 +119,21 @@ def test_weakening_target_is_checked():
 
 class _ScriptedPolicy:
     """Stands in for the model: `generate` appends, to every row, the turn `reply(task)` writes for the task
-    whose instruction the prompt holds (what `first_turn_success` must score)."""
+    whose instruction the row's prompt holds (what `first_turn_success` must score), shorter turns padded
+    on the right as generate pads finished rows."""
 
     def __init__(self, tokenizer, tasks, reply):
         self.tokenizer, self.tasks, self.reply = tokenizer, tasks, reply
 
-    def generate(self, prompt, **_):
-        text = self.tokenizer.decode(prompt[0])
-        task = next(t for t in self.tasks if t.instruction.strip() in text)
-        turn = self.tokenizer(self.reply(task), add_special_tokens=False, return_tensors="pt")["input_ids"]
-        return torch.cat([prompt, turn.repeat(prompt.shape[0], 1)], dim=1)
+    def generate(self, input_ids, *, pad_token_id, **_):
+        turns = []
+        for row in input_ids:
+            text = self.tokenizer.decode(row)
+            task = next(t for t in self.tasks if t.instruction.strip() in text)
+            turns.append(self.tokenizer(self.reply(task), add_special_tokens=False)["input_ids"])
+        width = max(len(t) for t in turns)
+        padded = torch.tensor([t + [pad_token_id] * (width - len(t)) for t in turns])
+        return torch.cat([input_ids, padded], dim=1)
 
 
 def test_first_turn_success_counts_exactly_the_oracle_calls(tokenizer):

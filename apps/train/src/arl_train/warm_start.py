@@ -169,24 +169,33 @@ def first_turn_success(
     least this). Seeded: the same model gives the same share."""
     import torch
 
+    if not tasks:
+        raise ValueError("first_turn_success needs at least one task")
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    solved = 0
+    # Every task's samples in one generate call, prompts padded on the left: one decode loop instead of
+    # one per task (the decode steps of a tiny model are mostly per-step overhead).
+    prompts = [first_turn_prompt(tokenizer, task) for task in tasks for _ in range(samples)]
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     torch.manual_seed(seed)
-    for task in tasks:
-        prompt = torch.tensor([first_turn_prompt(tokenizer, task)]).repeat(samples, 1)
-        with torch.no_grad():
-            out = model.generate(
-                prompt,
-                attention_mask=torch.ones_like(prompt),
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=max_tokens,
-                eos_token_id=end_of_turn,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        solved += sum(runs_the_oracle(task, tokenizer.decode(row)) for row in out[:, prompt.shape[1] :])
+    with torch.no_grad():
+        out = model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_tokens,
+            eos_token_id=end_of_turn,
+            pad_token_id=pad,
+        )
+    turns = [tokenizer.decode(row) for row in out[:, width:]]
+    solved = sum(
+        runs_the_oracle(task, turn) for task, turn in zip((t for t in tasks for _ in range(samples)), turns)
+    )
     return solved / (samples * len(tasks))
 
 
