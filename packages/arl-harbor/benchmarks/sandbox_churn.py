@@ -40,7 +40,8 @@ async def start_run_stop(root: Path, task: Path, index: int, errors: collections
         await env.start(force_build=False)
         await env.exec("true", timeout_sec=60)
     except Exception as e:  # counted by kind: a failed start is the measurement
-        errors[f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:120] if str(e).strip() else ''}"] += 1
+        last_line = (str(e).strip().splitlines() or [""])[-1]
+        errors[f"{type(e).__name__}: {last_line[:120]}"] += 1
     finally:
         try:
             await env.stop(delete=True)

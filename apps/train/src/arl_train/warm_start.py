@@ -174,7 +174,9 @@ def first_turn_success(
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
     # Every task's samples in one generate call, prompts padded on the left: one decode loop instead of
     # one per task (the decode steps of a tiny model are mostly per-step overhead).
-    prompts = [first_turn_prompt(tokenizer, task) for task in tasks for _ in range(samples)]
+    rows = [task for task in tasks for _ in range(samples)]  # the task of each row
+    rendered = {id(task): first_turn_prompt(tokenizer, task) for task in tasks}  # once per task
+    prompts = [rendered[id(task)] for task in rows]
     width = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
@@ -193,9 +195,7 @@ def first_turn_success(
             pad_token_id=pad,
         )
     turns = [tokenizer.decode(row) for row in out[:, width:]]
-    solved = sum(
-        runs_the_oracle(task, turn) for task, turn in zip((t for t in tasks for _ in range(samples)), turns)
-    )
+    solved = sum(runs_the_oracle(task, turn) for task, turn in zip(rows, turns))
     return solved / (samples * len(tasks))
 
 
