@@ -8,8 +8,10 @@ shared folder is shared. A chain of two runs of the app's command line, started 
 
   A: two FSDP2 ranks on t1 and t2 (gloo, meeting at t1's address), two replicas (the in-tree engine)
      on r1 and r2, weights over TCP. r2 is lost mid-run (its namespace's processes killed): its
-     requests fail over to r1, the run goes on. Then t1 (rank 0's node) is lost: the driver fails
-     within seconds, saying why.
+     requests fail over to r1, the run goes on. A's answers are long enough (A_MAX_TOKENS) that
+     generation, not training, sets the pace, so the replicas are always generating and the loss
+     catches requests in flight (with the default 12 tokens they often sat idle, gated by staleness).
+     Then t1 (rank 0's node) is lost: the driver fails within seconds, saying why.
   C: a new node t3 joins; resumed from A's last checkpoint in the shared folder, the ranks on t2 and
      t3, the replica on vLLM (the embedded default's engine); it runs to its end, the engine's weights
      equal to the trainer's.
@@ -46,6 +48,7 @@ NODES = [
 ]
 TOTAL_STEPS = 14
 LOSE_ROLLOUT_AT, LOSE_TRAINER_AT = 2, 7
+A_MAX_TOKENS = 48
 # lr 1e-2 makes the digits reward rise within the chain's 14 steps (0.003 -> 0.8 in 16 steps on one host).
 COMMON = [
     "resources.trainer_cpu_ranks=2",
@@ -88,7 +91,11 @@ def _summary(run: faults.AppRun) -> dict:
 @pytest.fixture(scope="module")
 def chain(bed):
     out: dict = {}
-    a = _app(bed, "A", [*COMMON, "rollout.engine=torch", "rollout.replicas=2"])
+    a = _app(
+        bed,
+        "A",
+        [*COMMON, "rollout.engine=torch", "rollout.replicas=2", f"rollout.max_tokens={A_MAX_TOKENS}"],
+    )
     try:
         a.wait_step(LOSE_ROLLOUT_AT)  # between syncs: the trainer trains while both replicas generate
         bed.kill("r2")
