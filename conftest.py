@@ -31,6 +31,24 @@ FIXTURE_TIERS = {
     "app_ray_head": "ray",  # app runs (tests/, apps/bench): `ray.address=<it>`
 }
 SLOW_TIERS = ("e2e", "ray", "container", "packaging")
+# CPU-seconds of the heaviest modules, each run alone on the 2-core CI machine (with the processes it
+# starts: Ray, engines, trainer ranks, sandboxes): the order the workers take them in. A module not
+# listed counts as 0 (after the listed ones of its tier); the figures need only be roughly right.
+MODULE_CPU_S = {
+    "tests/test_multihost.py": 199,
+    "tests/test_train_colocated.py": 160,
+    "tests/test_faults.py": 113,
+    "tests/test_harbor_app.py": 75,
+    "tests/test_agent_preset.py": 73,
+    "apps/bench/tests/test_bench_cpu.py": 57,
+    "tests/test_train_e2e.py": 53,
+    "tests/test_train_resume.py": 53,
+    "tests/test_release_check.py": 44,
+    "apps/train/tests/test_reservation.py": 37,
+    "apps/train/tests/test_tiny_model.py": 23,
+    "apps/train/tests/test_trainer_group.py": 21,
+    "tests/test_train_failures.py": 19,
+}
 TIERS = (*SLOW_TIERS, "gpu")
 
 
@@ -54,16 +72,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("slow")
         if not any(t in item.keywords for t in (*TIERS, "slow")):
             item.add_marker("unit")
-    # Modules with a full app run first, then those with another slow test, then the quick ones (a stable
-    # sort: order within a module is kept). Side by side (scripts/test.py's xdist workers take whole
-    # modules in this order, `--no-loadscope-reorder`) the long modules start early and the quick ones
-    # fill in at the end, instead of a long one running alone last.
+    # Modules with a full app run first, heaviest first (MODULE_CPU_S), then those with another slow test,
+    # then the quick ones (a stable sort: order within a module is kept). Side by side (scripts/test.py's
+    # xdist workers take whole modules in this order, `--no-loadscope-reorder`) the long modules start
+    # early and the quick ones fill in at the end, instead of a long one running alone last while the
+    # other worker has nothing left to take.
     with_app_run = {item.nodeid.split("::")[0] for item in items if "e2e" in item.keywords}
     with_slow = {item.nodeid.split("::")[0] for item in items if "slow" in item.keywords}
 
-    def rank(item) -> int:
+    def rank(item) -> tuple[int, float]:
         module = item.nodeid.split("::")[0]
-        return 0 if module in with_app_run else 1 if module in with_slow else 2
+        tier = 0 if module in with_app_run else 1 if module in with_slow else 2
+        return tier, -MODULE_CPU_S.get(module, 0.0)
 
     items.sort(key=rank)
 

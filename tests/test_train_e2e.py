@@ -57,3 +57,6 @@ def test_short_async_run_syncs_weights_and_resumes_partial_rollouts(tmp_path):
     assert (tmp_path / "reward.png").stat().st_size > 0
     assert (tmp_path / "checkpoint" / "model.safetensors").is_file()
     assert (tmp_path / "checkpoint" / "trainer_state.json").is_file()
+    # The step metrics of a real run: idle ratio per side in metrics.jsonl, the same rows in TensorBoard.
+    assert all(0.0 <= r["trainer_idle_ratio"] <= 1.0 and 0.0 <= r["rollout_idle_ratio"] <= 1.0 for r in rows)
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
