@@ -46,10 +46,10 @@ NODES = [
     NodeSpec("r1", {"rollout": 1}),
     NodeSpec("r2", {"rollout": 1}),
 ]
-TOTAL_STEPS = 14
-LOSE_ROLLOUT_AT, LOSE_TRAINER_AT = 2, 7
+TOTAL_STEPS = 12
+LOSE_ROLLOUT_AT, LOSE_TRAINER_AT = 2, 6
 A_MAX_TOKENS = 48
-# lr 1e-2 makes the digits reward rise within the chain's 14 steps (0.003 -> 0.8 in 16 steps on one host).
+# lr 1e-2 makes the digits reward rise within the chain's 12 steps (0.003 -> 0.8 in 16 steps on one host).
 COMMON = [
     "resources.trainer_cpu_ranks=2",
     "run.agent_workers=1",
@@ -236,8 +236,8 @@ def test_over_the_chain_it_learns(chain):
         r["reward_mean"] for r in chain["C"].rows()
     ]
     assert len(rewards) == TOTAL_STEPS
-    # 14 steps of the digits task: the reward is still small at the end (0.038 from 0.002 in one run on a
-    # loaded 2-core machine), but it has risen by an order of magnitude.
+    # 12 steps of the digits task: the reward is still small at the end (0.003 -> ~0.15 with A's 48-token
+    # answers on an idle 2-core machine), but it has risen by an order of magnitude.
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > 5 * first and last > first + 0.02, rewards
 
