@@ -54,6 +54,7 @@ from arl_train import watchdog
 PREFIX = "arlbed-"
 DEFAULT_SUBNET = "10.213.0"
 RAY_PORT = 6379
+_NODES_MARK = "arl-testbed-nodes: "  # the line wait_for_nodes reads among Ray's own output
 # Every node's own ports, fixed (each node has a network namespace of its own, so they never clash): the
 # raylet then need not wait for its agents to report theirs, and the ports to open are known
 # (docs/guide/cluster.md). Worker processes take Ray's default range, 10002-19999.
@@ -394,6 +395,8 @@ class TestBed:
 
     def wait_for_nodes(self, count: int, timeout_s: float = START_TIMEOUT_S) -> list[dict[str, Any]]:
         """Block until Ray counts `count` nodes alive (asked on the head); their records."""
+        # The answer goes on a line of its own, marked: Ray's driver also prints to stdout (e.g. that a lost
+        # node was marked dead, "raylet has lagging heartbeats"), before or after it.
         script = (
             "import json, sys, time, ray\n"
             "ray.init(address='auto', log_to_driver=False)\n"
@@ -402,11 +405,14 @@ class TestBed:
             "    alive = [n for n in ray.nodes() if n['Alive']]\n"
             f"    if len(alive) >= {count} or time.monotonic() > deadline: break\n"
             "    time.sleep(0.5)\n"
-            "print(json.dumps([{'ip': n['NodeManagerAddress'], 'id': n['NodeID'], 'resources': n['Resources']}"
-            " for n in alive]))\n"
+            f"print({_NODES_MARK!r} + json.dumps([{{'ip': n['NodeManagerAddress'], 'id': n['NodeID'],"
+            " 'resources': n['Resources']} for n in alive]), flush=True)\n"
         )
         done = self.run(self._head_name, [self.python, "-c", script], timeout=timeout_s + 60)
-        nodes = json.loads(done.stdout.strip().splitlines()[-1])
+        answer = [line for line in done.stdout.splitlines() if line.startswith(_NODES_MARK)]
+        if not answer:
+            raise RuntimeError(f"the node count on the head printed no answer: {done.stdout[-2000:]}")
+        nodes = json.loads(answer[-1].removeprefix(_NODES_MARK))
         if len(nodes) < count:
             raise RuntimeError(f"Ray counts {len(nodes)} nodes alive, expected {count}: {nodes}")
         return nodes
