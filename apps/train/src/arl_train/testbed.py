@@ -405,8 +405,9 @@ class TestBed:
             "    alive = [n for n in ray.nodes() if n['Alive']]\n"
             f"    if len(alive) >= {count} or time.monotonic() > deadline: break\n"
             "    time.sleep(0.5)\n"
-            f"print({_NODES_MARK!r} + json.dumps([{{'ip': n['NodeManagerAddress'], 'id': n['NodeID'],"
-            " 'resources': n['Resources']} for n in alive]), flush=True)\n"
+            "records = [{'ip': n['NodeManagerAddress'], 'id': n['NodeID'], 'resources': n['Resources']}"
+            " for n in alive]\n"
+            f"print({_NODES_MARK!r} + json.dumps(records), flush=True)\n"
         )
         done = self.run(self._head_name, [self.python, "-c", script], timeout=timeout_s + 60)
         answer = [line for line in done.stdout.splitlines() if line.startswith(_NODES_MARK)]

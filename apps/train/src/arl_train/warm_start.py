@@ -175,8 +175,8 @@ def first_turn_success(
     # Every task's samples in one generate call, prompts padded on the left: one decode loop instead of
     # one per task (the decode steps of a tiny model are mostly per-step overhead).
     rows = [task for task in tasks for _ in range(samples)]  # the task of each row
-    rendered = {id(task): first_turn_prompt(tokenizer, task) for task in tasks}  # once per task
-    prompts = [rendered[id(task)] for task in rows]
+    rendered = [first_turn_prompt(tokenizer, task) for task in tasks]  # once per task
+    prompts = [prompt for prompt in rendered for _ in range(samples)]
     width = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
