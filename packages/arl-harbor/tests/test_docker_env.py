@@ -78,6 +78,13 @@ def _containers_of(environment_dir: Path) -> list[str]:
     return subprocess.run(ps, capture_output=True, text=True, timeout=30).stdout.split()
 
 
+def _compose_networks_of(task: Path) -> set[str]:
+    """The networks compose made for trials of `task` (their projects are named `<task>__<trial id>__...`)."""
+    ls = ["docker", "network", "ls", "--format", "{{.Name}}", "--filter", "label=com.docker.compose.project"]
+    names = subprocess.run(ls, capture_output=True, text=True, timeout=30).stdout.split()
+    return {name for name in names if name.startswith(f"{task.name}__")}
+
+
 def config(environment: str, trials: Path, **fields) -> HarborConfig:
     env = {"environment_import_path": DOCKER_IMPORT_PATH} if environment == "docker" else {}
     return HarborConfig(
@@ -145,7 +152,7 @@ def test_the_app_check_says_how_to_start_docker(monkeypatch):
 async def test_separate_verifier_mode_in_docker(docker_ready, tmp_path, monkeypatch):
     """Harbor's separate verifier mode: the verifier's image is built from tests/Dockerfile (once), the
     agent's artifact reaches it; oracle 1.0, nop 0.0. When compose's `down` fails (as it can time out on a
-    loaded host; Harbor only logs a verifier's failed stop), no container of the trial outlives it."""
+    loaded host; Harbor only logs a verifier's failed stop), no container or network of the trial outlives it."""
     from harbor.environments.docker.docker import DockerEnvironment as HarborDockerEnvironment
 
     from arl.harbor.testing import write_hello_task
@@ -168,8 +175,10 @@ async def test_separate_verifier_mode_in_docker(docker_ready, tmp_path, monkeypa
         raise RuntimeError("compose down timed out")
 
     monkeypatch.setattr(HarborDockerEnvironment, "stop", down_fails)
+    networks = _compose_networks_of(task)
     await run(config("docker", tmp_path / "trials", agent="oracle"), task)
     assert _containers_of(task / "environment") + _containers_of(task / "tests") == []
+    assert _compose_networks_of(task) == networks
 
 
 @pytest.mark.slow

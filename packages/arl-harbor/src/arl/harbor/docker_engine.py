@@ -135,6 +135,7 @@ class DockerEngine:
         return await self._json("GET", "/containers/json", params=params)
 
     async def networks(self, labels: Sequence[str]) -> list[dict[str, Any]]:
+        """The networks carrying every label in `labels` (`key=value`)."""
         return await self._json("GET", "/networks", params={"filters": json.dumps({"label": list(labels)})})
 
     async def info(self) -> dict[str, Any]:
@@ -145,6 +146,10 @@ class DockerEngine:
         await self._call(
             "DELETE", f"/containers/{container}", params={"force": "1", "v": "1"}, ok=(200, 204, 404)
         )
+
+    async def remove_network(self, network: str) -> None:
+        """Remove the network (gone already: nothing to do)."""
+        await self._call("DELETE", f"/networks/{network}", ok=(200, 204, 404))
 
     async def inspect(self, container: str) -> dict[str, Any] | None:
         """The container's inspect document, None when it no longer exists."""

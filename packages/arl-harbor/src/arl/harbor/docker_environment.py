@@ -494,17 +494,21 @@ class DockerEnvironment(_HarborDockerEnvironment):
             if self._engine is not None:
                 try:
                     if delete:
-                        await self._remove_leftover_containers()
+                        await self._remove_leftovers()
                 finally:
                     await self._engine.close()
 
-    async def _remove_leftover_containers(self) -> None:
-        """Every container of this environment's compose project, removed. compose's `down` can fail or time
-        out on a loaded host, and Harbor only logs a separate verifier's failed stop: without this its
-        container would run on, unseen, after the trial."""
+    async def _remove_leftovers(self) -> None:
+        """Every container and network of this environment's compose project, removed. compose's `down` can
+        fail or time out on a loaded host, and Harbor only logs a separate verifier's failed stop: without
+        this its container would run on, unseen, after the trial, and each such trial would keep a network,
+        until after ~30 the engine has no address pool left and no trial can start."""
         assert self._engine is not None
-        for found in await self._engine.containers([f"com.docker.compose.project={self._project}"]):
+        project = [f"com.docker.compose.project={self._project}"]
+        for found in await self._engine.containers(project):
             await self._engine.remove_container(found["Id"])
+        for network in await self._engine.networks(project):
+            await self._engine.remove_network(network["Id"])
 
     async def start(self, force_build: bool) -> None:
         self._container_id = None
