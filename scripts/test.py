@@ -13,10 +13,12 @@ in the workspace's environment (`.venv`, everything). Every part runs even when 
 `--durations` shows each part's slowest tests, and a summary gives every part's outcome and time, and
 which tests were skipped and why (each part's JUnit XML, scripts/skip_report.py).
 
-Before the arl-harbor part, the project's Docker engine is made ready where it can be, as .ci/run does
-(scripts/docker_setup.py: the engine DOCKER_HOST names when it answers, else scripts/docker/ installs and
-starts the project's own, stopped again at the end if this run started it); where it cannot be, the
-container tests skip and the summary says why. `--no-docker` leaves Docker alone.
+The project's Docker engine is made ready for the arl-harbor part where it can be (scripts/docker_setup.py:
+the engine DOCKER_HOST names when it answers, else scripts/docker/ installs and starts the project's own,
+stopped again at the end if this run started it, and builds the SWE base image); where it cannot be, the
+container tests skip and the summary says why. That runs in the background from the start, beside the
+lint and the other parts (on a fresh machine it is an apt install and a debootstrap, mostly waiting on
+the network and the disk); only the arl-harbor part waits for it. `--no-docker` leaves Docker alone.
 
 Parts run side by side, `--jobs` at a time (default 2, the CI machine's cores): the package parts in
 that many processes, the longest first (each part's output printed whole when it ends), and the apps
@@ -233,18 +235,33 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     env = _env()
     results: list[tuple[str, int, float, list[Skip] | None]] = []
+
+    def prepare_docker() -> docker_setup.DockerEngine:
+        docker = docker_setup.prepare(env)
+        print(f"docker: {docker.note}", flush=True)
+        return docker
+
+    # The Docker engine, made ready in the background; the parts that need it wait for it (`docker_env`).
+    background = ThreadPoolExecutor(max_workers=1)
+    docker_future = (
+        background.submit(prepare_docker)
+        if not args.no_docker and any(p in DOCKER_PARTS for p in args.parts)
+        else None
+    )
     if LINT_PART in args.parts:
         started = time.monotonic()
         rc, output = run_lint(env)
         print(f"\n=== {LINT_PART} ===\n{output}", flush=True)
         results.append((LINT_PART, rc, time.monotonic() - started, None))
-    docker = None
-    if not args.no_docker and any(p in DOCKER_PARTS for p in args.parts):
-        docker = docker_setup.prepare(env)
-        print(f"docker: {docker.note}", flush=True)
-        if docker.host:
-            env["DOCKER_HOST"] = docker.host
     print_lock = threading.Lock()
+
+    def docker_env() -> dict[str, str]:
+        """`env` with the engine's DOCKER_HOST, once the engine is ready (or known not to be)."""
+        if docker_future is None:
+            return env
+        docker = docker_future.result()
+        return env | {"DOCKER_HOST": docker.host} if docker.host else env
+
     reports = Path(tempfile.mkdtemp(prefix="arl-test-"))  # each part's JUnit XML: its skips and their reasons
 
     def package_part(package: str) -> PartResult:
@@ -252,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.jobs == 1:
             print(f"\n=== {package} ===", flush=True)
         junit = reports / f"{package}.xml"
-        rc, output = run_package(package, [*junit_args(junit), *pytest_args], env, capture=args.jobs > 1)
+        part_env = docker_env() if package in DOCKER_PARTS else env
+        rc, output = run_package(package, [*junit_args(junit), *pytest_args], part_env, capture=args.jobs > 1)
         seconds = time.monotonic() - started
         if output:
             with print_lock:
@@ -281,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         shutil.rmtree(reports, ignore_errors=True)
+        docker = docker_future.result() if docker_future is not None else None
+        background.shutdown()
         if docker is not None:
             docker_setup.stop(docker, env)
     print("\n=== summary ===")
