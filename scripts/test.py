@@ -38,6 +38,7 @@ keeps the 2-core machine ~54% busy); two at a time fill it, and a third adds not
     uv run scripts/test.py --jobs 1            # one part and one test at a time
     uv run scripts/test.py -- -m "not slow"    # arguments after -- go to every pytest
     uv run scripts/test.py arl-harbor --no-docker
+    uv run scripts/test.py --exhaustive        # also the repeats the default run skips (saying so)
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ APPS_PATHS = ["apps", "tests"]
 DURATIONS = 40
 # A part's name, exit code, seconds and skipped tests (None for the lint part, which has none).
 PartResult = tuple[str, int, float, "list[Skip] | None"]
+# Set by --exhaustive: tests that repeat, at a cost, what the default run checks in a cheaper way run too.
+EXHAUSTIVE_ENV = "ARL_TEST_EXHAUSTIVE"
 # The parts with container tests (arl-harbor's docker environment): the Docker engine is made ready for them.
 DOCKER_PARTS = ("arl-harbor",)
 
@@ -222,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         help="package parts at a time, and pytest-xdist workers of the apps part (default 2)",
     )
     parser.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="also the repeats the default run leaves out, each skipped there saying so "
+        f"(sets {EXHAUSTIVE_ENV}=1; docs/guide/testing.md)",
+    )
+    parser.add_argument(
         "--no-docker",
         action="store_true",
         help="leave Docker alone (default: make the project's engine ready for the container tests)",
@@ -233,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     began = time.monotonic()
-    env = _env()
+    env = _env() | ({EXHAUSTIVE_ENV: "1"} if args.exhaustive else {})
     results: list[tuple[str, int, float, list[Skip] | None]] = []
 
     def prepare_docker() -> docker_setup.DockerEngine:

@@ -10,9 +10,16 @@ run in a module fixture, side by side (`CONCURRENCY` at a time), a failed one on
 infrastructure hiccup passes, what an attack causes repeats); each attack × environment is its own test
 id, and a `-k` selection runs only its own trials. `tests-hang` runs on a copy of the task with the
 writer's shortest test timeout (~35 s, spent sleeping beside the other trials). The docker half needs a
-running dockerd and the SWE base image (`.ci/run` starts and builds both) and skips, saying why, without.
+running dockerd and the SWE base image (the test command makes both ready) and skips, saying why, without.
+
+Every attack runs in the local sandbox in every test run. In docker, every run takes the attack classes
+whose defence depends on the environment (`DOCKER_EVERY_RUN`: what the agent leaves outside /testbed, how
+/testbed is carried out to the verifier, what the agent can read); the classes that live inside /testbed
+and are defeated by the grader's own pytest run (the same test.sh, plugin and carry in both environments)
+are repeated in docker by the exhaustive run (`ARL_TEST_EXHAUSTIVE=1`, `scripts/test.py --exhaustive`):
 
     uv run scripts/test.py arl-harbor -- -k attacks
+    uv run scripts/test.py arl-harbor --exhaustive -- -k attacks   # every attack in both environments
     uv run python packages/arl-harbor/benchmarks/swe_agent_checks.py <set> --env docker --agent shell \\
         --script attack:all                                  # the same attacks over a whole task set
 
@@ -26,12 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from pathlib import Path
 
 import pytest
 
-from arl.harbor.agents.attacks import ATTACKS
+from arl.harbor.agents.attacks import ATTACK_CLASSES, ATTACKS
 from arl.harbor.agents.checks import CheckResult, run_check
 from arl.harbor.agents.scripts import ATTACK_PREFIX
 from arl.harbor.carry import CARRY_LIMIT_ENV
@@ -52,11 +60,39 @@ CARRY_LIMIT_MB = 64
 EXPECTED_TELLS = {"attack:carry-flood": "change_refused"}
 ATTACK_SCRIPTS = [f"{ATTACK_PREFIX}{name}" for name in ATTACKS]
 ENV_MARKS = {"local": [needs_sandbox], "docker": [pytest.mark.container]}
+# The attack classes docker checks in every run: their defence depends on the environment (processes left
+# behind, files outside /testbed, the carry of /testbed to the verifier, what is visible to read).
+DOCKER_EVERY_RUN = {
+    "leftover-process",
+    "shell-env",
+    "site-wide",
+    "bytecode",
+    "symlink",
+    "break-verifier",
+    "read-answer",
+}
+assert DOCKER_EVERY_RUN <= set(ATTACK_CLASSES), DOCKER_EVERY_RUN - set(ATTACK_CLASSES)
+EXHAUSTIVE = os.environ.get("ARL_TEST_EXHAUSTIVE") == "1"
+EXHAUSTIVE_ONLY = pytest.mark.skip(
+    reason="in docker only with ARL_TEST_EXHAUSTIVE=1: an attack inside /testbed, defeated by the grader's "
+    "own run, the same in both environments (the local sandbox checks it in every run)"
+)
+
+
+def _every_run(env: str, script: str) -> bool:
+    """Whether the (env, script) trial runs without ARL_TEST_EXHAUSTIVE."""
+    attack = ATTACKS.get(script.removeprefix(ATTACK_PREFIX)) if script.startswith(ATTACK_PREFIX) else None
+    return env != "docker" or attack is None or attack.attack_class in DOCKER_EVERY_RUN
 
 
 def _params(scripts: list[str]) -> list:
     return [
-        pytest.param(env, script, id=f"{env}-{script.removeprefix(ATTACK_PREFIX)}", marks=ENV_MARKS[env])
+        pytest.param(
+            env,
+            script,
+            id=f"{env}-{script.removeprefix(ATTACK_PREFIX)}",
+            marks=[*ENV_MARKS[env], *([] if EXHAUSTIVE or _every_run(env, script) else [EXHAUSTIVE_ONLY])],
+        )
         for env in ENVS
         for script in scripts
     ]
@@ -84,7 +120,7 @@ def _wanted(session: pytest.Session) -> set[tuple[str, str]]:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if item.module is not None and item.module.__name__ == __name__ and "env" in params:
             pairs.add((params["env"], params["script"]))
-    return pairs
+    return {pair for pair in pairs if EXHAUSTIVE or _every_run(*pair)}
 
 
 @pytest.fixture(scope="module")
