@@ -44,7 +44,7 @@ MODULE_CPU_S = {
     "tests/test_train_e2e.py": 53,
     "tests/test_train_resume.py": 53,
     "tests/test_release_check.py": 44,
-    "apps/train/tests/test_reservation.py": 37,
+    "apps/train/tests/test_reservation.py": 12,
     "apps/train/tests/test_tiny_model.py": 23,
     "apps/train/tests/test_trainer_group.py": 21,
     "tests/test_train_failures.py": 19,
