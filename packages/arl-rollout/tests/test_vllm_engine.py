@@ -32,7 +32,13 @@ async def test_vllm_engine_end_to_end(model_dir, tmp_path, monkeypatch):
     from arl.rollout.engines import vllm_engine
     from arl.rollout.engines.vllm_engine import VllmEngine, VllmEngineConfig
 
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
+    # The cache the app's runs use (ARL_CACHE_DIR, default /tmp/arl-cache): what vLLM learned by inspecting
+    # the architecture in a subprocess (~17 CPU-s) is then paid once per machine, not once per test.
+    monkeypatch.setenv(
+        "VLLM_CACHE_ROOT",
+        os.environ.get("VLLM_CACHE_ROOT")
+        or os.path.join(os.environ.get("ARL_CACHE_DIR", "/tmp/arl-cache"), "vllm"),
+    )
     engine = VllmEngine(
         VllmEngineConfig(
             model_path=str(model_dir),
