@@ -79,10 +79,11 @@ EXHAUSTIVE_ONLY = pytest.mark.skip(
 )
 
 
-def _every_run(env: str, script: str) -> bool:
-    """Whether the (env, script) trial runs without ARL_TEST_EXHAUSTIVE."""
+def _runs(env: str, script: str) -> bool:
+    """Whether the (env, script) trial runs in this session: always, but for a docker repeat of an attack
+    inside /testbed, which runs only with ARL_TEST_EXHAUSTIVE."""
     attack = ATTACKS.get(script.removeprefix(ATTACK_PREFIX)) if script.startswith(ATTACK_PREFIX) else None
-    return env != "docker" or attack is None or attack.attack_class in DOCKER_EVERY_RUN
+    return EXHAUSTIVE or env != "docker" or attack is None or attack.attack_class in DOCKER_EVERY_RUN
 
 
 def _params(scripts: list[str]) -> list:
@@ -91,7 +92,7 @@ def _params(scripts: list[str]) -> list:
             env,
             script,
             id=f"{env}-{script.removeprefix(ATTACK_PREFIX)}",
-            marks=[*ENV_MARKS[env], *([] if EXHAUSTIVE or _every_run(env, script) else [EXHAUSTIVE_ONLY])],
+            marks=[*ENV_MARKS[env], *([] if _runs(env, script) else [EXHAUSTIVE_ONLY])],
         )
         for env in ENVS
         for script in scripts
@@ -120,7 +121,7 @@ def _wanted(session: pytest.Session) -> set[tuple[str, str]]:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if item.module is not None and item.module.__name__ == __name__ and "env" in params:
             pairs.add((params["env"], params["script"]))
-    return {pair for pair in pairs if EXHAUSTIVE or _every_run(*pair)}
+    return {pair for pair in pairs if _runs(*pair)}
 
 
 @pytest.fixture(scope="module")
