@@ -17,7 +17,14 @@ does.
 A test file marks `e2e`/`packaging` itself (`pytestmark`); `ray` and `container` follow from the fixtures
 a test uses (FIXTURE_TIERS), so a new test taking `docker_ready` is a container test without saying so.
 Every tiered test except `gpu` is also `slow`, so `-m "not slow"` stays the quick pass it always was.
+
+`exhaustive(reason=...)` marks a test that repeats, at a cost, what the default run checks elsewhere (a
+combination of modes each checked on its own, a tool's end-to-end run whose parts have their own tests):
+it runs only in the exhaustive run (`ARL_TEST_EXHAUSTIVE=1`, `scripts/test.py --exhaustive`), and the
+default run skips it saying where its subject is checked instead.
 """
+
+import os
 
 import pytest
 
@@ -50,6 +57,7 @@ MODULE_CPU_S = {
     "tests/test_train_failures.py": 19,
 }
 TIERS = (*SLOW_TIERS, "gpu")
+EXHAUSTIVE_ENV = "ARL_TEST_EXHAUSTIVE"
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +71,14 @@ def app_ray_head():
 
 
 def pytest_collection_modifyitems(config, items):
+    exhaustive = os.environ.get(EXHAUSTIVE_ENV) == "1"
     for item in items:
+        marker = item.get_closest_marker("exhaustive")
+        if marker is not None and not exhaustive:
+            why = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "")
+            if not why:
+                raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.exhaustive needs reason=...")
+            item.add_marker(pytest.mark.skip(reason=f"exhaustive run only ({EXHAUSTIVE_ENV}=1): {why}"))
         fixtures = getattr(item, "fixturenames", ())
         for name, tier in FIXTURE_TIERS.items():
             if name in fixtures and tier not in item.keywords:

@@ -95,6 +95,10 @@ def test_colocated_run_takes_turns_trains_and_syncs(tmp_path, colocated_run):
     assert "aten::mm" in (tmp_path / "profile" / "step_2.txt").read_text()
 
 
+@pytest.mark.exhaustive(
+    reason="a combination checked in parts every run: per-rank sync by the two concurrent ranks below, the "
+    "turn-taking by the colocated vLLM run, the optimizer offload by arl-trainer's tests"
+)
 def test_two_colocated_ranks_each_sync_the_replica_beside_them(tmp_path, colocated_run):
     """Two FSDP2 trainer ranks (gloo) and two replicas taking turns, one replica per rank: every rank
     sends the gathered weights to its own replica (`per_rank_sync`, CUDA IPC on GPUs; the CPU

@@ -29,6 +29,10 @@ STEPS, WARMUP = 10, 2
 
 @pytest.mark.slow
 @pytest.mark.e2e
+@pytest.mark.exhaustive(
+    reason="the bench's own end-to-end run (two app runs, then the simulator fitted to them): the modes it "
+    "runs are the app's, checked by tests/; its report, refusals and simulator have tests of their own here"
+)
 def test_cpu_bench_and_simulator_agree(tmp_path, app_ray_head):
     torch.set_num_threads(1)
     out = tmp_path / "bench"

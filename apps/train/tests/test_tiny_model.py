@@ -197,6 +197,10 @@ _VLLM_PROBE = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.exhaustive(
+    reason="every vLLM app run checks the engine's log probs against the trainer's on this model "
+    "(probe_logprob_max_abs_diff: tests/test_train_colocated.py, tests/test_train_e2e.py)"
+)
 def test_vllm_cpu_loads_it_and_agrees_with_transformers(model_dir, tokenizer, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM

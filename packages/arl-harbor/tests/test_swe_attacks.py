@@ -73,9 +73,10 @@ DOCKER_EVERY_RUN = {
 }
 assert DOCKER_EVERY_RUN <= set(ATTACK_CLASSES), DOCKER_EVERY_RUN - set(ATTACK_CLASSES)
 EXHAUSTIVE = os.environ.get("ARL_TEST_EXHAUSTIVE") == "1"
-EXHAUSTIVE_ONLY = pytest.mark.skip(
-    reason="in docker only with ARL_TEST_EXHAUSTIVE=1: an attack inside /testbed, defeated by the grader's "
-    "own run, the same in both environments (the local sandbox checks it in every run)"
+# The root conftest.py skips it outside the exhaustive run, giving this reason.
+EXHAUSTIVE_ONLY = pytest.mark.exhaustive(
+    reason="an attack inside /testbed repeated in docker: the grader's own run defeats it the same way in "
+    "both environments (the local sandbox checks it in every run)"
 )
 
 

@@ -217,6 +217,10 @@ needs_pypi = pytest.mark.skipif(
 
 @pytest.mark.slow
 @needs_pypi
+@pytest.mark.exhaustive(
+    reason="the command line on two real packages from PyPI: the mutation build is checked every run on a local "
+    "package (above), a real sdist from PyPI by test_swe_releases.py, the refusals by the local refusal tests"
+)
 def test_build_any_pypi_package_from_the_command_line(tmp_path, capsys):
     """`--package NAME==VERSION` of a package not in the pinned list builds valid tasks from its sdist; one whose
     sdist ships no tests (tomli's) is refused with that reason, and the build goes on."""
