@@ -117,15 +117,39 @@ def _exit_without_finalizers() -> None:
     os._exit(0)
 
 
+# What `spawn_local`'s ranks import before any work: multiprocessing's fork server (one single-threaded
+# process per caller, started at the first call) imports them once, and every rank of every later call
+# is forked from it already holding them, instead of each fresh process importing torch, transformers'
+# model classes and the trainer again (~5 CPU-s a rank). The fork server has no CUDA context and starts no
+# threads, so forking from it is safe where forking the caller would not be.
+RANK_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "transformers.modeling_utils",
+    "arl.trainer",
+    "arl.trainer.fsdp",
+)
+
+
 def spawn_local(
     fn: Callable[..., Any], world_size: int, *args: Any, backend: str | None = None, timeout_s: float = 600.0
 ) -> None:
-    """Run `fn(spec, *args)` in `world_size` fresh processes on this host; raises if any rank fails.
+    """Run `fn(spec, *args)` in `world_size` new processes on this host; raises if any rank fails.
 
-    `fn` must be importable by module name (spawned processes re-import it).
+    The ranks are forked from multiprocessing's fork server (RANK_PRELOAD): each starts from its state (a
+    new interpreter holding those imports), never from the caller's. `fn` must be importable by module
+    name (a rank imports it to run it).
     """
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
-    mp.spawn(
-        _entry, args=(fn, world_size, free_port(), backend, timeout_s, args), nprocs=world_size, join=True
+    # Takes effect when the fork server starts (the first call in this process); later calls reuse it.
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(RANK_PRELOAD))
+    mp.start_processes(
+        _entry,
+        args=(fn, world_size, free_port(), backend, timeout_s, args),
+        nprocs=world_size,
+        join=True,
+        start_method="forkserver",
     )
