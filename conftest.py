@@ -45,7 +45,6 @@ MODULE_CPU_S = {
     "tests/test_multihost.py": 199,
     "tests/test_train_colocated.py": 130,
     "tests/test_faults.py": 113,
-    "tests/test_harbor_app.py": 75,
     "tests/test_agent_preset.py": 73,
     "tests/test_train_e2e.py": 53,
     "tests/test_train_resume.py": 53,

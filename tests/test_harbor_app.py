@@ -23,6 +23,10 @@ pytestmark = [
 ]
 
 
+@pytest.mark.exhaustive(
+    reason="Harbor trials in the app are checked every run by the agent preset's run (tests/test_agent_preset.py: "
+    "phases, turns, trial folders, weights), terminus-2 through the proxy by arl-harbor's test_terminus2.py"
+)
 def test_harbor_terminus2_run_on_the_local_sandbox(tmp_path, app_ray_head):
     from arl_train.tiny_model import build_tiny_model
 
