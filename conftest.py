@@ -43,7 +43,7 @@ SLOW_TIERS = ("e2e", "ray", "container", "packaging")
 # listed counts as 0 (after the listed ones of its tier); the figures need only be roughly right.
 MODULE_CPU_S = {
     "tests/test_multihost.py": 199,
-    "tests/test_train_colocated.py": 130,
+    "tests/test_train_colocated.py": 100,
     "tests/test_faults.py": 113,
     "tests/test_agent_preset.py": 73,
     "tests/test_train_e2e.py": 53,

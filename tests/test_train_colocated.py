@@ -125,6 +125,10 @@ def test_two_colocated_ranks_each_sync_the_replica_beside_them(tmp_path, colocat
     assert all(r["colocated_offload_wait_s"] >= 0.0 for r in rows)
 
 
+@pytest.mark.exhaustive(
+    reason="a replica's death in the per-rank colocated layout: a lost replica failing a run fast is checked "
+    "every run by the fault chain (tests/test_faults.py) and the multi-host chain's lost nodes"
+)
 def test_a_dead_replica_fails_a_per_rank_colocated_run_by_name(tmp_path, colocated_run):
     """Rank k sends only to replica k: when replica 1 dies, the next sync cannot serve it and the run
     stops with an error that says so (not a sender waiting out its timeout, not a hang)."""
