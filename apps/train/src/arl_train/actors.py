@@ -71,11 +71,16 @@ class RolloutActor:
     def __init__(
         self,
         spec: RolloutSpec,
+        tokenizer: Any,
         queue_handle: Any,
         engine_handles: list[Any],
         worker_options: list[dict[str, Any]] | None = None,
     ) -> None:
         self.spec = spec
+        # The model's tokenizer as the driver loaded it (`AutoTokenizer`), handed on to the agent-loop
+        # workers: unpickling it imports only its own class, where loading it here by path would import
+        # transformers' auto classes and torch with them (~4 CPU-s in each process).
+        self.tokenizer = tokenizer
         self.queue_handle = queue_handle
         self.engine_handles = engine_handles
         # Ray options of each agent-loop worker (the node it runs on: arl_train.cluster); None: Ray's choice.
@@ -92,14 +97,11 @@ class RolloutActor:
     ) -> None:
         """Start the engines (holding weights of `initial_version`), then the feed loop in the
         background of this actor; `skip_tasks` resumes the dataset where a checkpoint left it."""
-        from transformers import AutoTokenizer
-
         from arl.queue.ray_actor import QueueClient
         from arl.rollout import Rollouter, ServerManager, make_agent_loop
 
         _limit_threads()
-        spec = self.spec
-        tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
+        spec, tokenizer = self.spec, self.tokenizer
         tasks = load_tasks(spec.tasks)  # fail fast on bad data
         self._engines = [
             RemoteEngine(h, initial_version, rpc_timeout_s=RPC_TIMEOUT_S, start_timeout_s=RPC_TIMEOUT_S)
@@ -122,7 +124,7 @@ class RolloutActor:
             self._pool = WorkerPool.create(
                 spec.agent_workers,
                 ray.get_runtime_context().current_actor,
-                {name: {"tokenizer": spec.model_path, **options[name]} for name in agent_names},
+                {name: {"tokenizer": tokenizer, **options[name]} for name in agent_names},
                 imports=("arl.harbor.trial_loop",) if "harbor" in agent_names else (),
                 generate_timeout_s=spec.generate_timeout_s,
                 options=self.worker_options,

@@ -151,6 +151,8 @@ def _place(
 def _start(ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Started) -> RunPlan:
     """Place the run (`_place`), then start the queue, the replicas, the rollout actor and the trainer
     ranks; returns the plan as placed."""
+    from transformers import AutoTokenizer
+
     from arl.queue.ray_actor import create_queue_actor
     from arl_train import cluster
     from arl_train.actors import RolloutActor, TrainerActor
@@ -179,10 +181,12 @@ def _start(ray: Any, plan: RunPlan, log: Callable[[str], None], started: _Starte
         for spec in plan.replicas
     ]
     workers = [cluster.on_node(node) for node in where.workers]
+    # Loaded once here and handed to the rollout actor and its agent-loop workers (RolloutActor).
+    tokenizer = AutoTokenizer.from_pretrained(plan.rollout.model_path)
     started.rollout = (
         ray.remote(num_cpus=0)(RolloutActor)
         .options(**at_driver)
-        .remote(plan.rollout, started.queue, engines, workers)
+        .remote(plan.rollout, tokenizer, started.queue, engines, workers)
     )
     log("arl: starting the rollout engine(s)…")
     ray.get(
