@@ -29,7 +29,8 @@
 # default 60, the replica sized by compare --size-concurrent from the two earlier runs' trainer peak;
 # CONC_MEM, default 0.45, only where no peak was measured) | longkl17 (long-prompt-kl on the
 # Qwen3-1.7B shape: the three schedules, concurrent as longklsm with SM_PCT default 80, CONC_MEM default 0.40) |
-# longkl17ts (longkl17's time_sliced and colocated, time_sliced first; both actor.expandable_segments=true) |
+# longkl17ts (longkl17's time_sliced and colocated, time_sliced first, or LONGKL17TS_MODES; both with
+# actor.expandable_segments=true) |
 # conv: issue #29's loss conventions on a learnable long tail, time-sliced (packages/arl-trainer/benchmarks/
 # conventions_sweep.py --workload h200_longtail: one run per arm, CONV_ARMS (default: the KL, norm_len and
 # seq-IS denominator arms), CONV_STEPS steps (default 30; ~4.5 min per arm at 20 on an H100), seed 0)
@@ -93,7 +94,7 @@ for phase in ${PHASES//,/ }; do
     longkl17) CONC_EXTRA="resources.mps=start resources.mps_trainer_sm_percent=${SM_PCT:-80}" COMPARE_FLAGS=--size-concurrent \
         compare long_prompt_kl_17b colocated,time_sliced,concurrent "${CONC_MEM:-0.40}" long-prompt-kl "${LONG_PROMPT_KL[@]}" \
         model.path=builtin:qwen3-1.7b-random ;;
-    longkl17ts) compare long_prompt_kl_17b_ts time_sliced,colocated 0.40 long-prompt-kl "${LONG_PROMPT_KL[@]}" \
+    longkl17ts) compare long_prompt_kl_17b_ts "${LONGKL17TS_MODES:-time_sliced,colocated}" 0.40 long-prompt-kl "${LONG_PROMPT_KL[@]}" \
         model.path=builtin:qwen3-1.7b-random actor.expandable_segments=true ;;
     conv)
       timeout 2400 python packages/arl-trainer/benchmarks/conventions_sweep.py --workload h200_longtail \
