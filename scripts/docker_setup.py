@@ -92,7 +92,8 @@ def prepare(env: dict[str, str]) -> DockerEngine:
     if not ok or "DOCKER_HOST" not in exported:
         return DockerEngine(None, False, f"no engine: scripts/docker/start.sh failed: {last}")
     host, started = exported["DOCKER_HOST"], exported.get("ARL_DOCKER_STARTED") == "1"
-    note = f"dockerd answers on {host}" + (" (started by this run, stopped at its end)" if started else "")
+    stopped = " (started by this run, stopped once the parts that need it end)"
+    note = f"dockerd answers on {host}" + (stopped if started else "")
     ok, _, last = _step("build_base_image.sh", env | {"DOCKER_HOST": host})
     if not ok:
         note += f"; no SWE base image, its tests skip: {last}"

@@ -15,8 +15,8 @@ which tests were skipped and why (each part's JUnit XML, scripts/skip_report.py)
 
 The project's Docker engine is made ready for the arl-harbor part where it can be (scripts/docker_setup.py:
 the engine DOCKER_HOST names when it answers, else scripts/docker/ installs and starts the project's own,
-stopped again at the end if this run started it, and builds the SWE base image); where it cannot be, the
-container tests skip and the summary says why. That runs in the background from the start, beside the
+stopped again once the parts that need it have ended if this run started it, and builds the SWE base
+image); where it cannot be, the container tests skip and the summary says why. That runs in the background from the start, beside the
 lint and the other parts (on a fresh machine it is an apt install and a debootstrap, mostly waiting on
 the network and the disk); only the arl-harbor part waits for it. `--no-docker` leaves Docker alone.
 
@@ -272,6 +272,23 @@ def main(argv: list[str] | None = None) -> int:
         return env | {"DOCKER_HOST": docker.host} if docker.host else env
 
     reports = Path(tempfile.mkdtemp(prefix="arl-test-"))  # each part's JUnit XML: its skips and their reasons
+    # The engine is stopped (where this run started it) as soon as the last part that needs it ends, not
+    # after the parts still running beside it.
+    docker_parts_left = {p for p in args.parts if p in DOCKER_PARTS}
+    docker_lock = threading.Lock()
+    docker_stopped: list[bool] = []
+
+    def stop_docker_when_unneeded(ended: str | None = None) -> None:
+        """`ended` has ended (None: the whole run): stop the engine once no part left needs it."""
+        with docker_lock:
+            if ended is None:
+                docker_parts_left.clear()
+            else:
+                docker_parts_left.discard(ended)
+            if docker_future is None or docker_parts_left or docker_stopped:
+                return
+            docker_stopped.append(True)
+            docker_setup.stop(docker_future.result(), env)
 
     def package_part(package: str) -> PartResult:
         started = time.monotonic()
@@ -281,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         part_env = docker_env() if package in DOCKER_PARTS else env
         rc, output = run_package(package, [*junit_args(junit), *pytest_args], part_env, capture=args.jobs > 1)
         seconds = time.monotonic() - started
+        if package in DOCKER_PARTS:
+            stop_docker_when_unneeded(package)
         if output:
             with print_lock:
                 print(f"\n=== {package} ({seconds:.0f} s) ===\n{output}", flush=True)
@@ -310,8 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(reports, ignore_errors=True)
         docker = docker_future.result() if docker_future is not None else None
         background.shutdown()
-        if docker is not None:
-            docker_setup.stop(docker, env)
+        stop_docker_when_unneeded()
     print("\n=== summary ===")
     print("\n".join(summary(results, time.monotonic() - began, docker.note if docker else None)))
     return 0 if all(rc in (0, 5) for _, rc, _, _ in results) else 1

@@ -189,7 +189,7 @@ def test_the_engine_is_started_where_it_can_be_and_stopped_after(scripts, tmp_pa
     engine = docker_setup.prepare(env | {"DOCKER_HOST": f"unix://{tmp_path}/nothing.sock"})
     assert engine.host == "unix:///tmp/fake.sock" and engine.started
     assert engine.note == (
-        "dockerd answers on unix:///tmp/fake.sock (started by this run, stopped at its end); "
+        "dockerd answers on unix:///tmp/fake.sock (started by this run, stopped once the parts that need it end); "
         "no SWE base image, its tests skip: build_base_image.sh: no mmdebstrap: run "
         "scripts/docker/install.sh"
     )
