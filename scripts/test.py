@@ -16,9 +16,10 @@ which tests were skipped and why (each part's JUnit XML, scripts/skip_report.py)
 The project's Docker engine is made ready for the arl-harbor part where it can be (scripts/docker_setup.py:
 the engine DOCKER_HOST names when it answers, else scripts/docker/ installs and starts the project's own,
 stopped again once the parts that need it have ended if this run started it, and builds the SWE base
-image); where it cannot be, the container tests skip and the summary says why. That runs in the background from the start, beside the
-lint and the other parts (on a fresh machine it is an apt install and a debootstrap, mostly waiting on
-the network and the disk); only the arl-harbor part waits for it. `--no-docker` leaves Docker alone.
+image); where it cannot be, the container tests skip and the summary says why. That runs in the
+background from the start, beside the lint and the other parts (on a fresh machine it is an apt install
+and a debootstrap, mostly waiting on the network and the disk); only the arl-harbor part waits for it.
+`--no-docker` leaves Docker alone.
 
 Parts run side by side, `--jobs` at a time (default 2, the CI machine's cores): the package parts in
 that many processes, the longest first (each part's output printed whole when it ends), and the apps
