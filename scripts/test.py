@@ -18,7 +18,8 @@ the engine DOCKER_HOST names when it answers, else scripts/docker/ installs and 
 stopped again once the parts that need it have ended if this run started it, and builds the SWE base
 image); where it cannot be, the container tests skip and the summary says why. That runs in the
 background from the start, beside the lint and the other parts (on a fresh machine it is an apt install
-and a debootstrap, mostly waiting on the network and the disk); only the arl-harbor part waits for it.
+and a debootstrap, mostly waiting on the network and the disk); only the arl-harbor part waits for it,
+and it does not hold a slot meanwhile: the slots run the other parts until the engine is ready.
 `--no-docker` leaves Docker alone.
 
 Parts run side by side, `--jobs` at a time (default 2, the CI machine's cores): the package parts in
@@ -53,7 +54,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import docker_setup
@@ -166,21 +167,37 @@ def run_parts(
     jobs: int,
     package_part: Callable[[str], PartResult],
     apps_part: Callable[[], PartResult] | None,
+    ready: Callable[[str], bool] = lambda _part: True,
 ) -> list[PartResult]:
-    """The package parts, `jobs` at a time in the given order, and the apps part (when not None); their
-    results in that order. With `jobs` > 1 the apps part starts as soon as fewer than `jobs` package parts
-    are unfinished (all have started and a slot is free), beside those still running: the long one
-    (arl-harbor) would otherwise run alone while the other slots stand empty. With `jobs` 1, one part at
-    a time, in order, the apps part last."""
-    results: list[PartResult] = []
+    """The package parts, `jobs` at a time, and the apps part (when not None); their results in the
+    given order. A free slot takes the first part in the given order that is `ready` (the arl-harbor part
+    once the Docker engine is: until then the slots run the parts behind it instead of one waiting). With
+    `jobs` > 1 the apps part starts as soon as every package part has started and a slot is free, beside
+    those still running: the long one (arl-harbor) would otherwise run alone while the other slots stand
+    empty. With `jobs` 1, one part at a time, in order, the apps part last."""
+    pending = list(packages)
+    futures: dict[str, Future[PartResult]] = {}
+    running: set[Future[PartResult]] = set()
+
+    def next_part() -> str | None:
+        """The part a free slot takes now: the first ready one (with one slot, the next in order or none)."""
+        return next((p for p in (pending[:1] if jobs == 1 else pending) if ready(p)), None)
+
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        # The pool starts the parts in this order, so once fewer than `jobs` are unfinished, all have started.
-        futures = [pool.submit(package_part, p) for p in packages]
-        unfinished = set(futures)
-        while unfinished and (jobs == 1 or len(unfinished) >= jobs):
-            _, unfinished = wait(unfinished, return_when=FIRST_COMPLETED)
+        while pending:
+            part = next_part() if len(running) < jobs else None
+            if part is not None:
+                pending.remove(part)
+                futures[part] = pool.submit(package_part, part)
+                running.add(futures[part])
+            elif running:  # a slot frees, or a waiting part becomes ready: look again within a second
+                _, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+            else:
+                time.sleep(1.0)
+        while running and (jobs == 1 or len(running) >= jobs):
+            _, running = wait(running, return_when=FIRST_COMPLETED)
         apps = apps_part() if apps_part is not None else None
-        results += [f.result() for f in futures]
+        results = [futures[p].result() for p in packages]
     return results + ([apps] if apps is not None else [])
 
 
@@ -324,7 +341,12 @@ def main(argv: list[str] | None = None) -> int:
             (p for p in args.parts if p in PACKAGES), key=lambda p: -TYPICAL_SECONDS.get(p, 1e9)
         )
         results += run_parts(
-            packages, args.jobs, package_part, apps_part if APPS_PART in args.parts else None
+            packages,
+            args.jobs,
+            package_part,
+            apps_part if APPS_PART in args.parts else None,
+            # A part that needs the engine takes a slot once the engine is ready (or known not to be).
+            ready=lambda p: p not in DOCKER_PARTS or docker_future is None or docker_future.done(),
         )
     finally:
         shutil.rmtree(reports, ignore_errors=True)

@@ -72,6 +72,32 @@ def test_the_apps_part_starts_beside_the_last_package_part(scripts):
     assert [r[0] for r in results] == ["long", "a", "b", "apps"]
 
 
+def test_a_part_waiting_for_its_engine_leaves_its_slot_to_the_parts_behind_it(scripts):
+    """The first part is not ready (its Docker engine is being made ready): both slots run the parts behind
+    it meanwhile, and it takes the first slot that frees once it is ready, before any part still waiting."""
+    b_started, engine_ready, started = threading.Event(), threading.Event(), []
+
+    def package_part(name: str):
+        started.append(name)
+        if name == "a":  # the engine is ready once "a" and "b" hold both slots
+            assert b_started.wait(60)
+            engine_ready.set()
+        if name == "b":
+            b_started.set()
+            assert engine_ready.wait(60)
+        return _part(name)
+
+    results = scripts.run_parts(
+        ["docker", "a", "b", "c"],
+        2,
+        package_part,
+        None,
+        ready=lambda p: p != "docker" or engine_ready.is_set(),
+    )
+    assert [r[0] for r in results] == ["docker", "a", "b", "c"]
+    assert started[:2] == ["a", "b"] and started.index("docker") < started.index("c")
+
+
 def test_one_job_runs_the_apps_part_after_every_package_part(scripts):
     ended: list[str] = []
 
