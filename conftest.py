@@ -51,7 +51,7 @@ MODULE_CPU_S = {
     "tests/test_release_check.py": 44,
     "apps/train/tests/test_reservation.py": 12,
     "apps/train/tests/test_tiny_model.py": 7,
-    "apps/train/tests/test_trainer_group.py": 21,
+    "apps/train/tests/test_trainer_group.py": 16,
     "tests/test_train_failures.py": 19,
 }
 TIERS = (*SLOW_TIERS, "gpu")
