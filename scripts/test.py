@@ -294,19 +294,17 @@ def main(argv: list[str] | None = None) -> int:
     # after the parts still running beside it.
     docker_parts_left = {p for p in args.parts if p in DOCKER_PARTS}
     docker_lock = threading.Lock()
-    docker_stopped: list[bool] = []
 
     def stop_docker_when_unneeded(ended: str | None = None) -> None:
-        """`ended` has ended (None: the whole run): stop the engine once no part left needs it."""
+        """`ended` has ended (None: the whole run): stop the engine once no part left needs it (once)."""
         with docker_lock:
+            needed_before = bool(docker_parts_left)
             if ended is None:
                 docker_parts_left.clear()
             else:
                 docker_parts_left.discard(ended)
-            if docker_future is None or docker_parts_left or docker_stopped:
-                return
-            docker_stopped.append(True)
-            docker_setup.stop(docker_future.result(), env)
+            if docker_future is not None and needed_before and not docker_parts_left:
+                docker_setup.stop(docker_future.result(), env)
 
     def package_part(package: str) -> PartResult:
         started = time.monotonic()
