@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from arl.queue.persistence import write_snapshot
 from arl.rollout import cycle_tasks
 from arl.rollout.types import Task
 from arl_train import faults
@@ -130,6 +131,12 @@ class _FakeRun:
     def rows(self) -> list[dict]:
         return self._rows
 
+    def save_final(self) -> None:
+        """The final checkpoint's queue snapshot and dataset position (what run._finish saves)."""
+        assert not self.queue, "the fake writes an empty snapshot only"
+        write_snapshot(self.out / "checkpoint", [])
+        (self.out / "checkpoint" / "trainer_state.json").write_text(json.dumps(self.tracker.position()))
+
 
 def test_replays_not_started_yet_survive_a_second_resume(tmp_path):
     """The race behind "3 samples lost in run A": run A's checkpoint lists many positions in flight
@@ -175,3 +182,34 @@ def test_replays_not_started_yet_survive_a_second_resume(tmp_path):
     assert book["lost_per_run"] == [0, 0, 0], book["lost_samples"]
     assert book["rolled_back"] == 4 and book["consumed_twice"] == 0 and book["phantom"] == 0
     assert book["steps_continuous"] and book["versions_continuous"]
+
+
+def test_a_replay_backlog_longer_than_the_runs_after_it_is_pending_not_lost(tmp_path):
+    """A stall on a loaded machine drops many prompts (78 in one chain): their positions all wait for
+    replay, ahead of those generating at the checkpoint, and the staleness budget replays ~2 a step. The
+    final run ends before the backlog does; the samples of the prompts at its end were rolled back with
+    their run, and their tasks wait in the final checkpoint's list, for the next resume: not lost."""
+    tasks = [Task(id=f"t{i}", messages=[{"role": "user", "content": str(i)}]) for i in range(64)]
+    a = _FakeRun(tmp_path, "A", tasks)
+    started = a.start(24)  # positions 0..23
+    for task in started[:2]:
+        a.produce(task)
+    a.train(1)
+    # positions 2..21: dropped by the stall; 22, 23: generating at the checkpoint
+    ck_a = a.checkpoint()
+    for task in started[22:]:  # produced after the checkpoint and taken for step 2; then the trainer dies
+        a.produce(task)
+    a.take(2)
+
+    b = _FakeRun(tmp_path, "B", tasks, resume=ck_a)  # the last run: three steps, six replays
+    for step in (2, 3, 4):
+        for task in b.start(2):
+            b.produce(task)
+        b.train(step)
+    b.save_final()
+    state = json.loads((b.out / "checkpoint" / "trainer_state.json").read_text())
+    assert state["tasks_in_flight"] == list(range(8, 24)) and state["tasks_started"] == 24
+    book = faults.check_ledger([(a, 1), (b, None)], total_steps=4)
+    assert book["lost_per_run"] == [0, 0], book["lost_samples"]
+    assert book["pending_replay"] == 2 and book["rolled_back"] == 0
+    assert book["steps_continuous"] and book["consumed_twice"] == 0 and book["phantom"] == 0

@@ -220,11 +220,14 @@ class RolloutActor:
                 "replicas_healthy": self.rollouter.manager.healthy_replicas,
                 "engine_versions": self.rollouter.manager.weight_versions,
                 "last_sync": phases,
-                "next_task": self._tracker.next_position,
-                "tasks_in_flight": self._tracker.in_flight(),
             }
             | ({"agent_workers": self._pool.stats()} if self._pool is not None else {})
         )
+
+    async def dataset_position(self) -> dict[str, Any]:
+        """Where the feed stands, for a checkpoint (`ledger.TaskTracker.position`)."""
+        self._check_alive()
+        return self._tracker.position()
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: Any) -> Any:
         """The load-balanced engines, for agent-loop workers (`run.agent_workers` > 0)."""

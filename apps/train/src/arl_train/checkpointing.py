@@ -46,8 +46,7 @@ def resume_state(config: AppConfig, out_dir: Path) -> dict[str, Any]:
 def save_checkpoint(ray: Any, trainer: Any, rollout: Any, queue: Any, directory: Path) -> str:
     """Weights + optimizer + trainer state + the queued samples + the dataset position; returns the folder."""
     # Read before the queue snapshot: a task still in flight here is either in the snapshot or replayed.
-    stats = ray.get(rollout.stats.remote(), timeout=RPC_TIMEOUT_S)
-    position = {"tasks_started": int(stats["next_task"]), "tasks_in_flight": stats["tasks_in_flight"]}
+    position = ray.get(rollout.dataset_position.remote(), timeout=RPC_TIMEOUT_S)
     path = ray.get(trainer.save_checkpoint.remote(str(directory), position), timeout=SAVE_TIMEOUT_S)
     snapshot = ray.get(queue.snapshot.remote(), timeout=120)
     shutil.copy2(snapshot, Path(path) / SNAPSHOT_FILENAME)

@@ -209,8 +209,10 @@ def wait_gone(run: AppRun, timeout_s: float) -> tuple[float, list[int]]:
 def check_ledger(segments: list[tuple[AppRun, int | None]], total_steps: int) -> dict[str, Any]:
     """`segments`: each run with the checkpoint step the next run resumed from (None for the last run).
 
-    Returns counts: produced, consumed_once, consumed_twice, queued_at_end, rolled_back, dropped (by
-    reason), lost (per run), phantom (consumed, never produced), and whether steps/versions are continuous.
+    Returns counts: produced, consumed_once, consumed_twice, queued_at_end, rolled_back (re-run by a
+    later run), pending_replay (rolled back, its task listed for replay in the final checkpoint), dropped
+    (by reason), lost (per run), phantom (consumed, never produced), and whether steps/versions are
+    continuous.
     """
     from arl.queue.persistence import read_snapshot
 
@@ -232,6 +234,14 @@ def check_ledger(segments: list[tuple[AppRun, int | None]], total_steps: int) ->
             dropped["version_lag"] += int(run_rows[-1].get("dropped_version_lag_total", 0))
     final = segments[-1][0].out / "checkpoint"
     queued_at_end = {s.uid for s in read_snapshot(final)} if final.is_dir() else set()
+    # Tasks the final checkpoint still lists to replay: a long replay backlog (many prompts dropped by a
+    # stall) can outlast the runs after it; the next resume re-runs them, so their samples are not lost.
+    final_state = final / "trainer_state.json"
+    pending_at_end = (
+        set(json.loads(final_state.read_text()).get("task_ids_in_flight", []))
+        if final_state.is_file()
+        else set()
+    )
     counts: dict[str, int] = {}
     for r in committed:
         counts[r["uid"]] = counts.get(r["uid"], 0) + 1
@@ -241,13 +251,15 @@ def check_ledger(segments: list[tuple[AppRun, int | None]], total_steps: int) ->
         tasks_by_run.setdefault(i, set()).add(r["task_id"])
     lost = [0] * len(segments)
     lost_samples: list[dict[str, Any]] = []  # what each lost sample was, for the report
-    rolled_back = 0
+    rolled_back = pending_replay = 0
     for i, r in produced:
         if counts.get(r["uid"], 0) >= 1 or r["uid"] in queued_at_end:
             continue
         later = set().union(*(tasks_by_run.get(j, set()) for j in range(i + 1, len(segments))))
         if r["task_id"] in later:
             rolled_back += 1  # produced after the checkpoint the next run resumed from; its task re-ran
+        elif i + 1 < len(segments) and r["task_id"] in pending_at_end:
+            pending_replay += 1  # rolled back too; its task waits in the final checkpoint's replay list
         else:
             lost[i] += 1
             lost_samples.append(
@@ -266,6 +278,7 @@ def check_ledger(segments: list[tuple[AppRun, int | None]], total_steps: int) ->
         "consumed_twice": sum(1 for c in counts.values() if c > 1),
         "queued_at_end": len(queued_at_end),
         "rolled_back": rolled_back,
+        "pending_replay": pending_replay,
         "dropped": dropped,
         "lost_per_run": lost,
         "lost_samples": lost_samples,
@@ -513,7 +526,8 @@ def run_chain(
     outcomes.append(
         Outcome(
             "none: the resumed run ends normally",
-            f"exit 0, final checkpoint holds {book['queued_at_end']} queued",
+            f"exit 0, final checkpoint holds {book['queued_at_end']} queued"
+            + (f", {book['pending_replay']} rolled-back task(s) to replay" if book["pending_replay"] else ""),
             True,
             lost[3],
             None,

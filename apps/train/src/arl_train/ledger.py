@@ -137,3 +137,11 @@ class TaskTracker:
     def in_flight(self) -> list[int]:
         """Positions a resumed run must replay: started and not queued, or replays not started yet."""
         return sorted(self._in_flight.keys() | set(self._replay))
+
+    def position(self) -> dict[str, Any]:
+        """What a checkpoint records: `tasks_started` (where fresh tasks resume), `tasks_in_flight` (the
+        positions to replay) and `task_ids_in_flight` (their tasks, in the same order: what a run that
+        ends with replays still pending leaves to the next resume)."""
+        positions = self.in_flight()
+        ids = [self._in_flight[p] if p in self._in_flight else self._at(p)[1].id for p in positions]
+        return {"tasks_started": self.next_position, "tasks_in_flight": positions, "task_ids_in_flight": ids}
