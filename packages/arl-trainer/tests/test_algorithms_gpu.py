@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from arl.trainer.advantages import compute_advantages, kl_penalized_rewards
-from arl.trainer.algorithm_config import AlgorithmConfig, compute_token_loss
+from arl.trainer.algorithm_config import AlgorithmConfig
 from arl.trainer.dynamic_sampling import informative_groups
 from arl.trainer.kl import kl_estimate
 from arl.trainer.proximal import loglinear_proximal
+from arl.trainer.token_loss import compute_token_loss
 
 pytestmark = pytest.mark.gpu
 

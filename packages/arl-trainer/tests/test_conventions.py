@@ -13,12 +13,13 @@ import torch
 from arl.queue import Response, Sample
 from arl.trainer import HFPolicy, TrainerConfig, assemble_batch
 from arl.trainer.advantages import compute_advantages
-from arl.trainer.algorithm_config import AlgorithmConfig, compute_token_loss, sequence_keep_rows
+from arl.trainer.algorithm_config import AlgorithmConfig
 from arl.trainer.config import OptimConfig
 from arl.trainer.dynamic_sampling import filter_zero_variance_groups, groups_of_one
 from arl.trainer.errors import AlgorithmError
 from arl.trainer.kl import kl_estimate
 from arl.trainer.loss_agg import Denominators, aggregate
+from arl.trainer.token_loss import compute_token_loss, sequence_keep_rows
 
 E = math.e
 

@@ -6,7 +6,7 @@ import msgspec
 import pytest
 import torch
 
-from arl.trainer.algorithm_config import AlgorithmConfig, compute_token_loss, merge_loss_metrics
+from arl.trainer.algorithm_config import AlgorithmConfig
 from arl.trainer.algorithms import policy_loss
 from arl.trainer.errors import AlgorithmError
 from arl.trainer.losses import (
@@ -20,6 +20,7 @@ from arl.trainer.losses import (
     token_is_weight,
 )
 from arl.trainer.segments import flatten_masked
+from arl.trainer.token_loss import compute_token_loss, merge_loss_metrics
 
 torch.set_num_threads(1)
 

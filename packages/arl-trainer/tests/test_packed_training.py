@@ -94,8 +94,9 @@ def test_loss_aggregation_modes_match_their_definitions():
 
 def test_per_token_loss_matches_token_mean_policy_loss():
     """The engine's per-token loss (algos' compute_token_loss) aggregated by token-mean = the padded policy_loss."""
-    from arl.trainer.algorithm_config import AlgorithmConfig, compute_token_loss
+    from arl.trainer.algorithm_config import AlgorithmConfig
     from arl.trainer.algorithms import policy_loss
+    from arl.trainer.token_loss import compute_token_loss
 
     torch.manual_seed(0)
     logp, prox, behav, adv = (torch.randn(1, 6) for _ in range(4))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from arl.rollout.budget import Budget, compute_budget
-from arl.rollout.engines.torch_engine import TorchEngineConfig
+from arl.rollout.engines.torch_engine_config import TorchEngineConfig
 from arl.rollout.engines.vllm_engine import VllmEngineConfig
 from arl.sync import SyncConfig
 from arl.trainer.config import TrainerConfig

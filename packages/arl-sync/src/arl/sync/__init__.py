@@ -6,6 +6,11 @@ receiver = WeightReceiver(sender.address, SyncConfig(transport="cpu"))
 version = receiver.receive(apply=model.load_weights)              # engine side (atomic)
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     ApplyError,
     ProtocolError,
@@ -17,9 +22,14 @@ from .errors import (
     TransferAbortedError,
     TransportError,
 )
-from .receiver import WeightReceiver
-from .sender import WeightSender
 from .types import SyncConfig, SyncStats, TensorMeta
+
+# The endpoints load torch: loaded on first use, so that `SyncConfig` is read without it.
+_LAZY = {"WeightReceiver": "receiver", "WeightSender": "sender"}
+
+if TYPE_CHECKING:
+    from .receiver import WeightReceiver
+    from .sender import WeightSender
 
 __all__ = [
     "ApplyError",
@@ -37,3 +47,12 @@ __all__ = [
     "WeightReceiver",
     "WeightSender",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'arl.sync' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"arl.sync.{module}"), name)
+    globals()[name] = value
+    return value

@@ -11,14 +11,11 @@ All inputs are 1-D per response: rewards (B,), group_index (B,) long with one in
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
+from arl.trainer.algorithm_config import AdvantageEstimator
 from arl.trainer.errors import AlgorithmError
 from arl.trainer.segments import check_flat, resolve_num_seqs, seq_count, seq_sum
-
-AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo"]
 
 
 def _group_stats(rewards: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,14 +1,19 @@
-"""Trainer configuration (msgspec; loaded from TOML by the app, each field documented)."""
+"""Trainer configuration (msgspec; loaded from TOML by the app, each field documented).
+
+Torch-free at import, like `algorithm_config`: a run's configuration is read and checked without it.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
-import torch
 
 from arl.trainer.algorithm_config import AlgorithmConfig
 from arl.trainer.errors import TrainerConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class OptimConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -173,6 +178,8 @@ def _check(ok: bool, name: str, value: object, rule: str) -> None:
 
 def compute_dtype(config: TrainerConfig, device: torch.device) -> torch.dtype | None:
     """The mixed-precision compute dtype (bf16), or None for none; "auto" = bf16 on CUDA only."""
+    import torch
+
     mp = config.mixed_precision
     if mp == "auto":
         mp = "bf16" if device.type == "cuda" else "none"

@@ -34,12 +34,6 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
-from arl.trainer.algorithm_config import (
-    COUNT_METRICS,
-    compute_token_loss,
-    merge_loss_metrics,
-    sequence_keep_rows,
-)
 from arl.trainer.algorithms import masked_mean
 from arl.trainer.batch import TrainBatch, trajectory_advantages
 from arl.trainer.config import TrainerConfig, compute_dtype
@@ -58,6 +52,12 @@ from arl.trainer.router_replay import (
     packed_routes,
     replay_routes,
     summarize,
+)
+from arl.trainer.token_loss import (
+    COUNT_METRICS,
+    compute_token_loss,
+    merge_loss_metrics,
+    sequence_keep_rows,
 )
 
 

@@ -17,13 +17,10 @@ All are differentiable in `logp`; the reference log probs are treated as constan
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
+from arl.trainer.algorithm_config import KLEstimator
 from arl.trainer.errors import AlgorithmError
-
-KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
 
 
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

@@ -19,14 +19,11 @@ trainer's. Everything is elementwise on token tensors, so the token pieces also 
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
+from arl.trainer.algorithm_config import SeqISAgg
 from arl.trainer.errors import AlgorithmError
 from arl.trainer.segments import seq_mean, seq_sum
-
-SeqISAgg = Literal["geo_mean", "product"]
 
 
 def ppo_ratio(logp: torch.Tensor, proximal_logp: torch.Tensor) -> torch.Tensor:

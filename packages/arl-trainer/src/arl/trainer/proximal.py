@@ -12,13 +12,10 @@ PPO ratio is clipped against) and the current policy being optimised. The proxim
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
+from arl.trainer.algorithm_config import ProximalMode
 from arl.trainer.errors import AlgorithmError
-
-ProximalMode = Literal["recompute", "bypass", "reuse", "loglinear"]
 
 
 def bypass_proximal(behaviour_logp: torch.Tensor) -> torch.Tensor:
