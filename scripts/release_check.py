@@ -348,7 +348,11 @@ def install_and_probe(
 ) -> list[str]:
     """A fresh venv with the package's wheel (+ its arl siblings' wheels) and its declared
     dependencies at the locked versions; import every module; return the problems."""
-    venv = work / "venv" / name
+    # One path for every package's venv in turn, and one bytecode folder: the venvs link the same files
+    # from uv's cache, so a module compiled by an earlier package's probe (torch, transformers: ~3 CPU-s
+    # each) is not compiled again. Each venv is still fresh: the previous one is removed first.
+    venv = work / "venv"
+    shutil.rmtree(venv, ignore_errors=True)
     _run(["uv", "venv", str(venv), "--python", python, "--no-project"], cwd=work, env=env)
     venv_python = venv / "bin" / "python"
     closure = workspace_closure(name)
@@ -370,7 +374,16 @@ def install_and_probe(
     module = PACKAGES[name][1]
     forbidden = FORBIDDEN_IN_LIGHT if name in LIGHT else ()
     out = _run(
-        [str(venv_python), "-I", "-c", _PROBE, ",".join(forbidden), module],
+        [
+            str(venv_python),
+            "-I",
+            "-X",
+            f"pycache_prefix={work / 'pycache'}",
+            "-c",
+            _PROBE,
+            ",".join(forbidden),
+            module,
+        ],
         cwd=work,
         env=env,
         label=f"{venv_python} -I -c <import every module of {module}>",
@@ -403,7 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the check for the packages asked for; 0 on success, 1 on any problem."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("packages", nargs="*", default=list(PACKAGES), help=f"any of {', '.join(PACKAGES)}")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary folder for inspection")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary folder for inspection (with the last package's venv)",
+    )
     parser.add_argument("--python", default=_default_python(), help="interpreter for the fresh venvs")
     parser.add_argument("--workdir", type=Path, help="use this folder (outside the workspace)")
     args = parser.parse_args(argv)
