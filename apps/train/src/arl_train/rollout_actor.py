@@ -3,8 +3,8 @@
 Built from its spec (`arl_train.actor_specs.RolloutSpec`), it starts a `RemoteEngine` per replica
 actor, the agent loops (in this process, or in worker processes: `arl.rollout.worker_pool`), and the
 feed loop, whose samples reach the arl-queue actor through the ledger's recording sink. The trainer
-drives weight syncs through its pause / update_weights / resume. It imports no torch: it samples
-nothing itself (the replicas do), so its process stays light.
+drives weight syncs through its pause / update_weights / resume. This module imports no torch (the
+actor samples nothing itself: the replicas do), so the actor's process stays light.
 """
 
 from __future__ import annotations
