@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections import deque
 from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
@@ -104,23 +103,25 @@ class TaskTracker:
     def __init__(self, tasks: list[Any], *, seed: int, skip: int = 0, replay: list[int] = ()) -> None:
         from arl.rollout import cycle_tasks
 
-        self._tasks, self._seed = tasks, seed
         self._cycle = cycle_tasks(tasks, seed=seed)
-        self._replay = deque(sorted(set(replay)))  # replays not yet handed to the feed loop
+        # Replays not yet handed to the feed loop, oldest first: position -> (epoch, task), found in one pass.
+        wanted = set(replay)
+        self._replay: dict[int, tuple[int, Any]] = {
+            position: item
+            for position, item in enumerate(
+                islice(cycle_tasks(tasks, seed=seed), max(wanted, default=-1) + 1)
+            )
+            if position in wanted
+        }
         self.next_position = skip
         self._in_flight: dict[int, str] = {}
 
-    def _at(self, position: int) -> tuple[int, Any]:
-        from arl.rollout import cycle_tasks
-
-        return next(islice(cycle_tasks(self._tasks, seed=self._seed), position, None))
-
     def __iter__(self) -> Any:
         while self._replay:
-            position = self._replay[0]
-            epoch, task = self._at(position)
+            position = next(iter(self._replay))
+            epoch, task = self._replay[position]
             self._in_flight[position] = task.id
-            self._replay.popleft()
+            del self._replay[position]
             yield epoch, task
         for epoch, task in islice(self._cycle, self.next_position, None):
             self._in_flight[self.next_position] = task.id
@@ -136,12 +137,12 @@ class TaskTracker:
 
     def in_flight(self) -> list[int]:
         """Positions a resumed run must replay: started and not queued, or replays not started yet."""
-        return sorted(self._in_flight.keys() | set(self._replay))
+        return sorted(self._in_flight.keys() | self._replay.keys())
 
     def position(self) -> dict[str, Any]:
         """What a checkpoint records: `tasks_started` (where fresh tasks resume), `tasks_in_flight` (the
         positions to replay) and `task_ids_in_flight` (their tasks, in the same order: what a run that
         ends with replays still pending leaves to the next resume)."""
         positions = self.in_flight()
-        ids = [self._in_flight[p] if p in self._in_flight else self._at(p)[1].id for p in positions]
+        ids = [self._in_flight[p] if p in self._in_flight else self._replay[p][1].id for p in positions]
         return {"tasks_started": self.next_position, "tasks_in_flight": positions, "task_ids_in_flight": ids}
