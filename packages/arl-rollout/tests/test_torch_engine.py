@@ -33,10 +33,12 @@ def test_sample_respects_top_k_top_p_and_reports_processed_logprobs():
     assert tokens.tolist() == [0, 0, 0]
 
 
-async def test_engine_generates_with_exact_logprobs_aborts_and_loads_weights(model_dir):
+# On CUDA the engine decodes on the GPU while the reference stays on the CPU: the same float32 model.
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+async def test_engine_generates_with_exact_logprobs_aborts_and_loads_weights(model_dir, device):
     from transformers import AutoModelForCausalLM
 
-    engine = TorchEngine(TorchEngineConfig(model_path=str(model_dir)))
+    engine = TorchEngine(TorchEngineConfig(model_path=str(model_dir), device=device))
     await engine.start()
     config = SyncConfig(transport="cpu", timeout_s=30)
     sender = WeightSender(config, num_receivers=1)
