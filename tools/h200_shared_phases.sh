@@ -15,7 +15,7 @@
 #   tar czf /tmp/s30.tgz -C /tmp/s30 --exclude=model --exclude='checkpoint*' --exclude='*.safetensors' .
 #
 # phases (default small,longkl,rates): small | longkl (the compares; 9 steps, 1 warm-up: 8 measured) |
-# rates (raw_vllm_rates --share, both workloads) | ratessmall | rateskl |
+# rates (raw_vllm_rates --share, both workloads; RATES_REQUESTS requests each, default 256) | ratessmall | rateskl |
 # the concurrent study on the small workload, one compare each: conc (as the app runs it: up to 256
 # sequences in flight) | conccap (128 in flight, as raw_vllm_rates --share) | concmps and conccapmps (the same
 # with an MPS control daemon running, so that the two processes' kernels can overlap instead of being
@@ -104,7 +104,7 @@ for phase in ${PHASES//,/ }; do
     rates|ratessmall|rateskl)
       w=small,long-prompt-kl; [ "$phase" = ratessmall ] && w=small; [ "$phase" = rateskl ] && w=long-prompt-kl
       OUT=$LOG/rates timeout 900 python apps/bench/benchmarks/raw_vllm_rates.py --workloads $w --share \
-        --gpu-memory-utilization 0.45 --requests 256 --share-seconds 25 --budget-s 900 > "$LOG/rates.log" 2>&1
+        --gpu-memory-utilization 0.45 --requests ${RATES_REQUESTS:-256} --share-seconds 25 --budget-s 900 > "$LOG/rates.log" 2>&1
       say "rates exit $?" ;;
     *) say "unknown phase $phase" ;;
   esac
