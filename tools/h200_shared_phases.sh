@@ -103,8 +103,8 @@ for phase in ${PHASES//,/ }; do
       say "conventions exit $?" ;;
     rates|ratessmall|rateskl)
       w=small,long-prompt-kl; [ "$phase" = ratessmall ] && w=small; [ "$phase" = rateskl ] && w=long-prompt-kl
-      OUT=$LOG/rates timeout 900 python apps/bench/benchmarks/raw_vllm_rates.py --workloads $w --share \
-        --gpu-memory-utilization 0.45 --requests ${RATES_REQUESTS:-256} --share-seconds 25 --budget-s 900 > "$LOG/rates.log" 2>&1
+      OUT=$LOG/rates timeout 1500 python apps/bench/benchmarks/raw_vllm_rates.py --workloads $w --share \
+        --gpu-memory-utilization 0.45 --requests ${RATES_REQUESTS:-256} --share-seconds 25 --budget-s 1400 > "$LOG/rates.log" 2>&1
       say "rates exit $?" ;;
     *) say "unknown phase $phase" ;;
   esac
