@@ -26,7 +26,8 @@
 # the trainer out of memory), plus SMALL17_CONC_EXTRA, e.g. actor.max_tokens_per_microbatch=8192; SMALL17_MEM,
 # default 0.35, only where no peak was measured) | longklsm (long-prompt-kl: colocated, time_sliced (the
 # replica's refilled rate) and concurrent under the run's MPS with the trainer capped at SM_PCT% of the SMs,
-# default 60, the replica sized by compare --size-concurrent from the two earlier runs' trainer peak;
+# default 60, its trainer's allocator on expandable segments (the sized replica left too little room for the
+# fragmented cache otherwise), the replica sized by compare --size-concurrent from the two earlier runs' trainer peak;
 # CONC_MEM, default 0.45, only where no peak was measured) | longkl17 (long-prompt-kl on the
 # Qwen3-1.7B shape: the three schedules, concurrent as longklsm with SM_PCT default 80, CONC_MEM default 0.40) |
 # longkl17ts (longkl17's time_sliced and colocated, time_sliced first, or LONGKL17TS_MODES; both with
@@ -87,7 +88,8 @@ for phase in ${PHASES//,/ }; do
     smallmps) mps_on; compare small_mps colocated,time_sliced,concurrent 0.35 small; mps_off ;;
     longklmps) mps_on; compare long_prompt_kl_mps colocated,time_sliced,concurrent 0.45 long-prompt-kl "${LONG_PROMPT_KL[@]}"; mps_off ;;
     longklmpsconc) CONC_EXTRA=resources.mps=start compare long_prompt_kl_mps colocated,concurrent 0.45 long-prompt-kl "${LONG_PROMPT_KL[@]}" ;;
-    longklsm) CONC_EXTRA="resources.mps=start resources.mps_trainer_sm_percent=${SM_PCT:-60}" COMPARE_FLAGS=--size-concurrent \
+    longklsm) CONC_EXTRA="resources.mps=start resources.mps_trainer_sm_percent=${SM_PCT:-60} actor.expandable_segments=true" \
+        COMPARE_FLAGS=--size-concurrent \
         compare long_prompt_kl_sm colocated,time_sliced,concurrent "${CONC_MEM:-0.45}" long-prompt-kl "${LONG_PROMPT_KL[@]}" ;;
     small17) CONC_EXTRA="resources.mps=start ${SMALL17_CONC_EXTRA:-}" COMPARE_FLAGS=--size-concurrent \
         compare small_17b colocated,time_sliced,concurrent "${SMALL17_MEM:-0.35}" balanced model.path=builtin:qwen3-1.7b-random ;;

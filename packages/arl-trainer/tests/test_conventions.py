@@ -208,6 +208,13 @@ def test_engine_removes_or_keeps_masked_sequences_in_the_denominator(tiny_model_
     with pytest.raises(AlgorithmError, match="seq_is_mask_denominator"):
         AlgorithmConfig(seq_is="mask", proximal_mode="reuse")
     AlgorithmConfig(seq_is="mask", proximal_mode="reuse", seq_is_mask_denominator="keep")
+    # The default, auto, recomputes wherever the proximal log probs are needed before the update.
+    assert AlgorithmConfig(seq_is="mask").resolve_proximal_mode(updates=1) == "recompute"
+    assert AlgorithmConfig(seq_is="mask", seq_is_mask_denominator="keep").resolve_proximal_mode(1) == "reuse"
+    assert AlgorithmConfig(kl_coef=0.1, kl_in="reward").resolve_proximal_mode(1) == "recompute"
+    assert AlgorithmConfig(kl_coef=0.1).resolve_proximal_mode(1) == "reuse"
+    assert AlgorithmConfig().resolve_proximal_mode(updates=2) == "recompute"
+    assert AlgorithmConfig(proximal_mode="bypass").resolve_proximal_mode(updates=2) == "bypass"
 
 
 # --- 3. seq-mean-token-sum-norm: constant norm_len vs the batch's longest response ----------------

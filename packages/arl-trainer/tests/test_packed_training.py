@@ -45,7 +45,7 @@ def test_packed_log_probs_and_gradients_equal_padded(tiny_model_dir):
         assert torch.allclose(g, p.grad, atol=1e-5, rtol=1e-4), name
 
 
-def step_grads(model_dir, batch, version=0, proximal_mode="recompute", **cfg):
+def step_grads(model_dir, batch, version=0, proximal_mode="recompute", mini_batch_rows=None, **cfg):
     config = TrainerConfig(
         optim=OptimConfig(lr=1e-2, grad_clip=1e9),
         algorithm=AlgorithmConfig(proximal_mode=proximal_mode),
@@ -53,7 +53,7 @@ def step_grads(model_dir, batch, version=0, proximal_mode="recompute", **cfg):
     )
     policy = HFPolicy(model_dir, config)
     policy.version = version
-    metrics = policy.train_step(batch, mini_batch_rows=batch.input_ids.shape[0])
+    metrics = policy.train_step(batch, mini_batch_rows=mini_batch_rows or batch.input_ids.shape[0])
     return (
         {n: p.grad.clone() for n, p in policy.model.named_parameters()},
         dict(policy.model.named_parameters()),
@@ -134,6 +134,24 @@ def test_reuse_equals_recompute_and_bypass_uses_rollout_logprobs(tiny_model_dir)
     assert m_half["behaviour_proximal_abs_diff"] == pytest.approx(
         0.5 * m_rec["behaviour_proximal_abs_diff"], rel=1e-5
     )
+
+
+def test_auto_reuses_in_a_one_update_step_and_recomputes_across_updates(tiny_model_dir):
+    """The default proximal mode saves the no-grad pass only where that changes nothing."""
+    batch = random_batch(seed=3)
+    _, p_rec, m_rec = step_grads(tiny_model_dir, batch, proximal_mode="recompute")
+    _, p_auto, m_auto = step_grads(tiny_model_dir, batch, proximal_mode="auto")
+    assert (m_rec["proximal_reused"], m_auto["proximal_reused"]) == (0.0, 1.0)
+    for name in p_rec:
+        assert rel(p_auto[name].detach(), p_rec[name].detach()) <= 1e-6, name
+    # Two updates: the second runs on moved weights, so auto recomputes, exactly as recompute does.
+    half = batch.input_ids.shape[0] // 2
+    _, p_rec2, m_rec2 = step_grads(tiny_model_dir, batch, proximal_mode="recompute", mini_batch_rows=half)
+    _, p_auto2, m_auto2 = step_grads(tiny_model_dir, batch, proximal_mode="auto", mini_batch_rows=half)
+    assert m_auto2["updates"] == 2.0 and m_auto2["proximal_reused"] == 0.0
+    for name in p_rec2:
+        assert torch.equal(p_auto2[name], p_rec2[name]), name
+    assert m_auto2["behaviour_proximal_abs_diff"] == m_rec2["behaviour_proximal_abs_diff"]
 
 
 @pytest.mark.parametrize("mode", ["selective", "full"])

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo"]
 KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
 SeqISAgg = Literal["geo_mean", "product"]
-ProximalMode = Literal["recompute", "bypass", "reuse", "loglinear"]
+ProximalMode = Literal["auto", "recompute", "bypass", "reuse", "loglinear"]
 
 # Conventions where the literature has two forms are explicit fields below; which default and why
 # (with the measured runs): docs/design/loss-conventions.md.
@@ -98,8 +98,10 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     lr_decay_steps: int | None = None
     # Proximal policy of decoupled PPO: "recompute" (forward pass at the step's start), "bypass"
     # (the rollout's log probs), "reuse" (the first update's own detached log probs), "loglinear"
-    # (AReaL's interpolation between behaviour and current log probs by per-token weight versions).
-    proximal_mode: ProximalMode = "recompute"
+    # (AReaL's interpolation between behaviour and current log probs by per-token weight versions),
+    # "auto" (reuse in a step of one optimizer update, where it equals recompute without its forward
+    # pass; recompute otherwise: see `resolve_proximal_mode`).
+    proximal_mode: ProximalMode = "auto"
 
     def __post_init__(self) -> None:
         if self.clip_ratio_low < 0 or self.clip_ratio_high < 0 or self.clip_ratio_low >= 1:
@@ -149,6 +151,21 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def needs_ref_logp(self) -> bool:
         """Whether the trainer must compute reference-policy log probs."""
         return self.kl_coef > 0
+
+    def resolve_proximal_mode(self, updates: int) -> ProximalMode:
+        """The proximal mode a step of `updates` optimizer updates runs: "auto" becomes "reuse" where
+        that is exact and "recompute" elsewhere; any other mode is itself.
+
+        With one update every micro-batch's forward runs on the step's starting weights, so its detached
+        log probs are the recomputed ones and the no-grad pass is saved. Recompute stays where the
+        proximal log probs are needed before the update: more than one update (later ones run on moved
+        weights), seq_is = "mask" with "remove" (its denominators) and KL in the reward (its penalty)."""
+        if self.proximal_mode != "auto":
+            return self.proximal_mode
+        needed_before = (self.seq_is == "mask" and self.seq_is_mask_denominator == "remove") or (
+            self.needs_ref_logp and self.kl_in == "reward"
+        )
+        return "reuse" if updates == 1 and not needed_before else "recompute"
 
     def resolve_norm_len(self, budget: int | None) -> int | None:
         """seq-mean-token-sum-norm's constant L given the generation budget (TrainerConfig.loss_agg_norm_len);

@@ -5,7 +5,8 @@ A backend (single device or FSDP2) subclasses `PackedPolicy`, builds `self.model
 the distributed hooks (`_grad_sync`, `_clip_grad_norm`, `_all_reduce_`). One trainer step:
 
 1. proximal log probs by `proximal_mode` (recompute: a micro-batched no-grad pass; bypass: the
-   rollout's; reuse: each update's own detached log probs; loglinear: AReaL's interpolation);
+   rollout's; reuse: each update's own detached log probs; loglinear: AReaL's interpolation; auto,
+   the default: reuse in a step of one update, where it is exact, else recompute);
 2. with `algorithm.kl_coef > 0`: the frozen reference policy's log probs (`arl.trainer.reference`),
    one micro-batched no-grad pass through `self.ref_packed`; KL in the loss (a per-token term) or in
    the reward (subtracted per trajectory before advantages);
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
+from arl.trainer.algorithm_config import ProximalMode
 from arl.trainer.algorithms import masked_mean
 from arl.trainer.batch import TrainBatch, trajectory_advantages
 from arl.trainer.config import TrainerConfig, compute_dtype
@@ -270,9 +272,11 @@ class PackedPolicy:
             out[f"router_replay/logp_gap_{mode}_max"] = float(acc[2:].max())
         return out
 
-    def _proximal(self, batch: TrainBatch, routes: torch.Tensor | None = None) -> torch.Tensor | None:
-        """(B, T) proximal log probs known before the updates, or None where each micro-batch makes its own."""
-        mode = self.config.algorithm.proximal_mode
+    def _proximal(
+        self, batch: TrainBatch, mode: ProximalMode, routes: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """(B, T) proximal log probs known before the updates, or None where each micro-batch makes its own
+        (`mode`: the step's resolved proximal mode)."""
         if mode == "recompute":
             return self.log_probs(batch, routes)
         if mode == "bypass":
@@ -282,10 +286,15 @@ class PackedPolicy:
         raise ValueError(f"unknown proximal_mode {mode!r}")
 
     def _micro_proximal(
-        self, mb: PackedMicroBatch, logp: torch.Tensor, behav: torch.Tensor, batch: TrainBatch
+        self,
+        mb: PackedMicroBatch,
+        logp: torch.Tensor,
+        behav: torch.Tensor,
+        batch: TrainBatch,
+        mode: ProximalMode,
     ) -> torch.Tensor:
         """Proximal log probs of one micro-batch from its own forward (reuse, loglinear)."""
-        if self.config.algorithm.proximal_mode == "reuse":
+        if mode == "reuse":
             return logp.detach()
         versions = mb.gather(batch.token_versions).to(logp.device)
         return loglinear_proximal(
@@ -319,8 +328,10 @@ class PackedPolicy:
             torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
         # Named ranges (arl.*): a profiled step (arl.trainer.profiling) reads by phase, host and device.
+        n_rows = batch.input_ids.shape[0]
+        proximal_mode = alg.resolve_proximal_mode(updates=-(-n_rows // mini_batch_rows))
         with record_function("arl.proximal"):
-            proximal = self._proximal(batch, routes)
+            proximal = self._proximal(batch, proximal_mode, routes)
         t_prox = time.perf_counter() - t0
         peak_prox = torch.cuda.max_memory_allocated(self.device) if on_cuda else 0
         with record_function("arl.reference"):
@@ -346,7 +357,6 @@ class PackedPolicy:
         # Proximal log probs made micro-batch by micro-batch (reuse / loglinear), for the step's metric.
         made = torch.zeros(batch.loss_mask.shape, dtype=torch.float32) if proximal is None else None
         steps: list[dict[str, float]] = []
-        n_rows = batch.input_ids.shape[0]
         lengths = row_lengths(batch)
         t_update = 0.0
         flops = 0.0
@@ -387,7 +397,7 @@ class PackedPolicy:
                         behav = mb.gather(batch.behaviour_logp).to(dev)
                         adv = mb.gather(advantages).to(dev)
                         if proximal is None:
-                            prox = self._micro_proximal(mb, logp, behav, batch)
+                            prox = self._micro_proximal(mb, logp, behav, batch, proximal_mode)
                             made[mb.loss_rows, mb.loss_cols] = prox.float().cpu()
                         else:
                             prox = mb.gather(proximal).to(dev)
@@ -456,6 +466,7 @@ class PackedPolicy:
             ref_metrics["kl_ref_mean"] = out.get("kl", 0.0)
         out.update(ref_metrics)
         out["proximal_s"] = t_prox
+        out["proximal_reused"] = float(proximal_mode == "reuse")
         out["update_s"] = t_update
         out["train_tokens"] = float(tokens)
         out["train_tokens_per_s_per_gpu"] = tokens / t_update if t_update > 0 else 0.0

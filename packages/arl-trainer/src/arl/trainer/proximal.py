@@ -8,6 +8,9 @@ PPO ratio is clipped against) and the current policy being optimised. The proxim
   unchanged weights; the trainer keeps them),
 - `bypass`: the behaviour log probs themselves (`bypass_proximal`; no extra forward),
 - `loglinear`: AReaL's version-aware log-linear interpolation (`loglinear_proximal`; no extra forward).
+
+The default, `auto`, is `reuse` in a step of one optimizer update (where it equals `recompute`) and
+`recompute` otherwise (`AlgorithmConfig.resolve_proximal_mode`).
 """
 
 from __future__ import annotations
@@ -98,6 +101,11 @@ def proximal_logp_for(
     `computed_logp` is the current policy's log probs at `current_version`, interpolated with the
     behaviour log probs by `token_versions` toward `proximal_version`.
     """
+    if mode == "auto":
+        raise AlgorithmError(
+            "proximal mode 'auto' names no policy by itself: resolve it first "
+            "(AlgorithmConfig.resolve_proximal_mode, from the step's number of updates)"
+        )
     if mode == "bypass":
         return bypass_proximal(behaviour_logp)
     if mode in ("recompute", "reuse"):
