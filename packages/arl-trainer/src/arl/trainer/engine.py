@@ -326,10 +326,10 @@ class PackedPolicy:
         on_cuda = self.device.type == "cuda"
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
-        t0 = time.perf_counter()
-        # Named ranges (arl.*): a profiled step (arl.trainer.profiling) reads by phase, host and device.
         n_rows = batch.input_ids.shape[0]
         proximal_mode = alg.resolve_proximal_mode(updates=-(-n_rows // mini_batch_rows))
+        t0 = time.perf_counter()
+        # Named ranges (arl.*): a profiled step (arl.trainer.profiling) reads by phase, host and device.
         with record_function("arl.proximal"):
             proximal = self._proximal(batch, proximal_mode, routes)
         t_prox = time.perf_counter() - t0
