@@ -136,3 +136,13 @@ def test_the_headline_comes_from_a_steady_window_or_else_from_the_bounds():
     line = headline_line(h)
     assert "time_sliced 1.30× trained tokens/s from the bounds" in line and "footnote" in line
     assert headline({"time_sliced": _window(1.0, 1.0, 1.0)}, bounds, None) == {}  # no colocated: no headline
+    # Not steady, and the window's ratio below the bound's (the schedule short of its bound): the lower,
+    # the window's, is stated; the bound's is kept. Long-prompt-kl on an H100: 1.38x window, 1.44x bound.
+    short = {"colocated": _window(6237.0, 6234.0, 0.903), "concurrent": _window(8586.0, 8117.0, 1.202)}
+    h = headline(short, {"colocated": 6368.0}, 9160.0)["concurrent"]
+    assert h["source"] == "window below its bound" and h["samples_speedup"] is None
+    assert h["trained_tokens_speedup"] == pytest.approx(8586 / 6237)
+    assert h["bound_trained_tokens_speedup"] == pytest.approx(9160 / 6368)
+    assert "concurrent 1.38× trained tokens/s from the window, below its bound's 1.44×" in headline_line(
+        {"concurrent": h}
+    )
