@@ -31,7 +31,10 @@
 # CONC_MEM, default 0.45, only where no peak was measured) | longkl17 (long-prompt-kl on the
 # Qwen3-1.7B shape: the three schedules, concurrent as longklsm with SM_PCT default 80, CONC_MEM default 0.40) |
 # longkl17ts (longkl17's time_sliced and colocated, time_sliced first, or LONGKL17TS_MODES; both with
-# actor.expandable_segments=true) |
+# actor.expandable_segments=true) | longklcaps (long-prompt-kl: colocated once, then concurrent under the
+# run's MPS at each trainer SM cap of SM_PCTS, default "70 60", replica CONC_MEM (default 0.45), trainer on
+# expandable segments; each cap's folder gets a copy of the colocated run and its report; STEPS=16 keeps
+# concurrent's window steady) |
 # conv: issue #29's loss conventions on a learnable long tail, time-sliced (packages/arl-trainer/benchmarks/
 # conventions_sweep.py --workload h200_longtail: one run per arm, CONV_ARMS (default: the KL, norm_len and
 # seq-IS denominator arms), CONV_STEPS steps (default 30; ~4.5 min per arm at 20 on an H100), seed 0)
@@ -91,6 +94,18 @@ for phase in ${PHASES//,/ }; do
     longklsm) CONC_EXTRA="resources.mps=start resources.mps_trainer_sm_percent=${SM_PCT:-60} actor.expandable_segments=true" \
         COMPARE_FLAGS=--size-concurrent \
         compare long_prompt_kl_sm colocated,time_sliced,concurrent "${CONC_MEM:-0.45}" long-prompt-kl "${LONG_PROMPT_KL[@]}" ;;
+    longklcaps)  # colocated once, then concurrent at each cap of SM_PCTS, each reported against that colocated
+      first=1
+      for pct in ${SM_PCTS:-70 60}; do
+        modes=concurrent; [ $first = 1 ] && modes=colocated,concurrent
+        CONC_EXTRA="resources.mps=start resources.mps_trainer_sm_percent=$pct actor.expandable_segments=true" \
+          compare "long_prompt_kl_cap$pct" $modes "${CONC_MEM:-0.45}" long-prompt-kl "${LONG_PROMPT_KL[@]}"
+        if [ $first = 1 ]; then base=$LOG/bench_long_prompt_kl_cap$pct/colocated; first=0
+        elif [ -d "${base:-}" ]; then
+          cp -r "$base" "$LOG/bench_long_prompt_kl_cap$pct/" && python apps/bench/__main__.py report \
+            "$LOG/bench_long_prompt_kl_cap$pct" --warmup-steps 1 >> "$LOG/bench_long_prompt_kl_cap$pct.log" 2>&1
+        fi
+      done ;;
     small17) CONC_EXTRA="resources.mps=start ${SMALL17_CONC_EXTRA:-}" COMPARE_FLAGS=--size-concurrent \
         compare small_17b colocated,time_sliced,concurrent "${SMALL17_MEM:-0.35}" balanced model.path=builtin:qwen3-1.7b-random ;;
     longkl17) CONC_EXTRA="resources.mps=start resources.mps_trainer_sm_percent=${SM_PCT:-80}" COMPARE_FLAGS=--size-concurrent \
