@@ -25,6 +25,11 @@ def test_fsdp2_two_ranks_match_one_device_and_resume_on_one_rank(tiny_model_dir,
     b1 = random_batch(seed=1)
     m1 = single.train_step(b1, mini_batch_rows=b1.input_ids.shape[0])
     assert two["m1"]["loss"] == pytest.approx(m1["loss"], rel=1e-5)
+    # the default proximal mode reuses each rank's own forwards; their sum over ranks is the whole batch's
+    assert two["m1"]["proximal_reused"] == m1["proximal_reused"] == 1.0
+    assert two["m1"]["behaviour_proximal_abs_diff"] == pytest.approx(
+        m1["behaviour_proximal_abs_diff"], rel=1e-5
+    )
     assert two["m1"]["microbatches"] == m1["microbatches"] / 2 or two["m1"]["microbatches"] >= 1
     for name, p in single.model.named_parameters():
         assert rel(two["grads"][name], p.grad) <= 1e-5, name
