@@ -53,10 +53,11 @@ TINY = dict(
 )
 
 
-def qwen25_config(size: str, max_len: int = 32768):
+def qwen25_config(size: str, max_len: int = 32768, shape: dict | None = None):
+    """A Qwen2 config of `size`'s shape (`shape` instead where given; the tiny one under SMOKE)."""
     from transformers import Qwen2Config
 
-    shape = TINY if SMOKE else QWEN25[size]
+    shape = TINY if SMOKE else (shape or QWEN25[size])
     return Qwen2Config(
         **shape,
         max_position_embeddings=max_len,

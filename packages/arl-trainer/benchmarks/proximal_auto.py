@@ -38,14 +38,6 @@ ROWS = 16 if SMOKE else (32 if CPU else 128)
 STEPS = 2 if SMOKE else 5
 
 
-def model_config():
-    if not CPU or SMOKE:
-        return qwen25_config("0.5b")
-    from transformers import Qwen2Config
-
-    return Qwen2Config(**CPU_SHAPE, max_position_embeddings=4096, rope_theta=1e6, use_sliding_window=False)
-
-
 def policy_for(cfg, device: torch.device, mode: str, kl_coef: float):
     from transformers import Qwen2ForCausalLM
 
@@ -101,7 +93,7 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and not CPU else "cpu")
     if device.type == "cpu":
         torch.set_num_threads(os.cpu_count() or 1)
-    cfg = model_config()
+    cfg = qwen25_config("0.5b", shape=CPU_SHAPE if CPU else None)
     small = SMOKE or CPU
     lengths = long_tail_lengths(
         ROWS, median=256 if small else 1024, sigma=1.0, cap=1024 if small else 8192, floor=140
