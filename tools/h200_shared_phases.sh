@@ -35,6 +35,13 @@
 # run's MPS at each trainer SM cap of SM_PCTS, default "70 60", replica CONC_MEM (default 0.45), trainer on
 # expandable segments; each cap's folder gets a copy of the colocated run and its report; STEPS=16 keeps
 # concurrent's window steady) |
+# nanprobe (arl-trainer's benchmarks/nonfinite_probe.py, no app: a few train steps in each setting of
+# NANPROBE_CASES, default "plain exp mps exp_mps mps_load exp_mps_load": allocator on expandable segments
+# (exp), an MPS client with the SMs capped at SM_PCT, default 75 (mps), a neighbour process busy with
+# matmuls on the GPU throughout (load); ~30 s each on an H100) | concnan (long-prompt-kl, concurrent only,
+# STEPS steps, one compare per case of CONCNAN_CASES, default "exp_cap plain_cap exp_nocap exp_nomps": which of
+# the trainer's expandable segments, MPS and its SM cap the non-finite training of the capped concurrent runs
+# needs; the report names a mode that trained on NaN) |
 # conv: issue #29's loss conventions on a learnable long tail, time-sliced (packages/arl-trainer/benchmarks/
 # conventions_sweep.py --workload h200_longtail: one run per arm, CONV_ARMS (default: the KL, norm_len and
 # seq-IS denominator arms), CONV_STEPS steps (default 30; ~4.5 min per arm at 20 on an H100), seed 0)
@@ -105,6 +112,35 @@ for phase in ${PHASES//,/ }; do
           cp -r "$base" "$LOG/bench_long_prompt_kl_cap$pct/" && python apps/bench/__main__.py report \
             "$LOG/bench_long_prompt_kl_cap$pct" --warmup-steps 1 >> "$LOG/bench_long_prompt_kl_cap$pct.log" 2>&1
         fi
+      done ;;
+    nanprobe)
+      mps=0
+      for case in ${NANPROBE_CASES:-plain exp mps exp_mps mps_load exp_mps_load}; do
+        [[ $case == *mps* && $mps == 0 ]] && { mps_on; mps=1; }
+        env=(PROBE_CASE=$case OUT=$LOG/nanprobe)
+        [[ $case == *exp* ]] && env+=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+        # The cases without MPS run first; after the daemon started, a pipe directory nobody listens on
+        # keeps a process out of it.
+        [[ $case == *mps* ]] && env+=(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${SM_PCT:-75}) || env+=(CUDA_MPS_PIPE_DIRECTORY=$LOG/no-mps)
+        if [[ $case == *load* ]]; then
+          env "${env[@]}" python -c "import torch, time
+a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16); t = time.time()
+while time.time() - t < 90: a @ a
+torch.cuda.synchronize()" & load=$!; sleep 5
+        fi
+        env "${env[@]}" timeout 300 python packages/arl-trainer/benchmarks/nonfinite_probe.py > "$LOG/nanprobe_$case.log" 2>&1
+        say "nanprobe $case exit $? finite $(grep -o '"finite_steps": [0-9]*' "$LOG/nanprobe_$case.log")"
+        [[ $case == *load* ]] && kill $load 2>/dev/null; wait 2>/dev/null
+      done
+      [ $mps = 1 ] && mps_off ;;
+    concnan)
+      for case in ${CONCNAN_CASES:-exp_cap plain_cap exp_nocap exp_nomps}; do
+        extra=""; mem=0.45
+        [[ $case == *exp* ]] && extra+=" actor.expandable_segments=true" || mem=0.40
+        [[ $case != *nomps ]] && extra+=" resources.mps=start"
+        [[ $case == *_cap ]] && extra+=" resources.mps_trainer_sm_percent=${SM_PCT:-75}"
+        CONC_EXTRA="$extra" compare "concnan_$case" concurrent $mem long-prompt-kl "${LONG_PROMPT_KL[@]}"
+        say "concnan $case: $(grep -a 'trained on NaN' "$LOG/bench_concnan_$case.log" | head -1)"
       done ;;
     small17) CONC_EXTRA="resources.mps=start ${SMALL17_CONC_EXTRA:-}" COMPARE_FLAGS=--size-concurrent \
         compare small_17b colocated,time_sliced,concurrent "${SMALL17_MEM:-0.35}" balanced model.path=builtin:qwen3-1.7b-random ;;

@@ -92,3 +92,33 @@ def test_a_window_that_trained_more_than_it_generated_is_flagged(tmp_path, capsy
     out = capsys.readouterr().out
     assert "time_sliced trained 26% more tokens than it generated" in out
     assert "colocated trained" not in out
+
+
+def test_a_run_that_trained_on_nan_gets_no_headline(tmp_path, capsys):
+    """A concurrent run on an H100 whose loss went NaN from its second step while its step times stayed
+    those of a healthy run: its figures must not become a headline."""
+    from arl_bench.compare import headline
+
+    nan = float("nan")
+    rows = [step_row(1, loss=-7e-4, grad_norm=0.4)] + [step_row(s, loss=nan, grad_norm=nan) for s in (2, 3)]
+    summary = SimpleNamespace(weights_equal_after_sync=True, wall_s=30.0, output_dir="/runs/x")
+    broken = summarize("concurrent", "d", [], rows, summary, warmup_steps=1)
+    assert broken.nonfinite_steps == 2
+    skipped = [step_row(1), step_row(2, nonfinite_skipped=1.0, loss=nan, grad_norm=nan), step_row(3)]
+    assert summarize("concurrent", "d", [], skipped, summary, 1).nonfinite_steps == 1  # a skipped update
+    healthy = summarize(
+        "colocated", "a", [], [step_row(s, loss=0.1, grad_norm=0.5) for s in (1, 2, 3)], summary, 1
+    )
+    assert healthy.nonfinite_steps == 0
+
+    import msgspec
+
+    modes = {"colocated": msgspec.to_builtins(healthy), "concurrent": msgspec.to_builtins(broken)}
+    h = headline(modes, {}, None)["concurrent"]
+    assert h["source"] == "non-finite training" and h["trained_tokens_speedup"] is None
+    assert h["window_trained_tokens_speedup"] == pytest.approx(1.0)  # kept, as a footnote
+    result = {"modes": modes, "failed_modes": {}, "headline": headline(modes, {}, None)}
+    assert _write_and_print(result, tmp_path) == 1
+    captured = capsys.readouterr()
+    assert "concurrent: no headline (its run or colocated's trained on NaN/inf" in captured.out
+    assert "concurrent trained on NaN/inf in 2 of its steps" in captured.err

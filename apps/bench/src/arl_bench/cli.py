@@ -104,7 +104,15 @@ def _write_and_print(result: dict, out: Path) -> int:
     print(f"arl-bench: {json_path}, {png}")
     for mode, error in result["failed_modes"].items():
         print(f"arl-bench: mode {mode} failed: {error}", file=sys.stderr)
-    if result["failed_modes"]:
+    nonfinite = {m: r.get("nonfinite_steps", 0) for m, r in result["modes"].items()}
+    for mode, n in nonfinite.items():
+        if n:
+            print(
+                f"arl-bench: {mode} trained on NaN/inf in {n} of its steps (loss or gradient norm, or an "
+                f"update skipped for it): its rates are not those of a run that trains",
+                file=sys.stderr,
+            )
+    if result["failed_modes"] or any(nonfinite.values()):
         return 1
     if not all(r["weights_equal_after_sync"] for r in result["modes"].values()):
         print("arl-bench: a run ended with engine weights different from the trainer's", file=sys.stderr)
@@ -135,6 +143,8 @@ def headline_line(headline: dict[str, dict]) -> str:
                     f"is not steady: {why}; both overstate a long run, the lower is stated)"
                 )
             parts.append(f"{mode} {h['trained_tokens_speedup']:.2f}× trained tokens/s {what}")
+        elif h["source"] == "non-finite training":
+            parts.append(f"{mode}: no headline (its run or colocated's trained on NaN/inf; {window})")
         else:
             parts.append(f"{mode}: no headline (the window is not steady and it has no bound; {window})")
     return "headline over colocated: " + "; ".join(parts)

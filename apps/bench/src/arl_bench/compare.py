@@ -26,6 +26,7 @@ of a compare that did not get to (`apps/bench report`).
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,10 @@ class ModeResult(msgspec.Struct, kw_only=True):
     trainer_peak_mem_gib: float = 0.0
     # The trainer's card's memory (GiB; 0 on the CPU).
     gpu_memory_gib: float = 0.0
+    # Steps of the whole run (warm-up included: one non-finite update poisons every later step) whose loss
+    # or gradient norm was NaN or inf, or that skipped an update for it. Such a run's rates are not those
+    # of a run that trains, so its mode gets no headline (`headline`).
+    nonfinite_steps: int = 0
 
 
 def app_supports_colocate() -> bool:
@@ -164,7 +169,14 @@ def summarize(
         kv_cache_usage_max=max(_scheduler(r, "kv_cache_usage_max") for r in window),
         trainer_peak_mem_gib=max(r.get(key, 0.0) for r in window for key in TRAINER_PEAK_KEYS),
         gpu_memory_gib=float(getattr(summary, "trainer", {}).get("gpu_memory_gib", 0.0)),
+        nonfinite_steps=sum(1 for r in rows if trained_nonfinite(r)),
     )
+
+
+def trained_nonfinite(row: dict[str, Any]) -> bool:
+    """Whether a step's update was NaN/inf (its loss or gradient norm) or was skipped for it."""
+    values = [row.get("loss", 0.0), row.get("grad_norm", 0.0)]
+    return row.get("nonfinite_skipped", 0.0) > 0 or not all(math.isfinite(float(v)) for v in values)
 
 
 def _scheduler(row: dict[str, Any], key: str) -> float:
@@ -318,7 +330,9 @@ def headline(
     long-prompt-kl concurrent run measured 1.44x from its bound over 10 steps, not steady, and 1.35x over
     15 steady ones), and a window that drew from the warm-up's stock overstates too, so the lower of the
     two is the one a headline may state. The window's figure is kept as a footnote (`window_*`) and the
-    bound's as `bound_trained_tokens_speedup`. Samples/s only from a steady window (None otherwise)."""
+    bound's as `bound_trained_tokens_speedup`. Samples/s only from a steady window (None otherwise).
+    No headline (source "non-finite training") for a mode whose run, or colocated's, trained on NaN or
+    inf: its rates are those of a broken run."""
     if "colocated" not in modes:
         return {}
     base = modes["colocated"]
@@ -336,7 +350,9 @@ def headline(
             "window_samples_speedup": window_samples,
             "window_imbalance": window_imbalance(mode),
         }
-        if steady:
+        if mode.get("nonfinite_steps", 0) or base.get("nonfinite_steps", 0):
+            entry.update(source="non-finite training", trained_tokens_speedup=None, samples_speedup=None)
+        elif steady:
             entry.update(trained_tokens_speedup=window_tokens, samples_speedup=window_samples)
         elif name in sustained and "colocated" in sustained:
             bound = sustained[name] / sustained["colocated"]

@@ -30,12 +30,16 @@ class OptimConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # CUDA: AdamW's fused single-kernel step (torch's `fused=True`): no full-size temporaries, unlike
     # the default multi-tensor step, whose square-root list alone is the size of the parameters.
     fused: bool = False
+    # An update whose gradient norm is NaN or inf is skipped (weights and optimizer state untouched; the
+    # step reports `nonfinite_skipped`); one more than this many in a row raises NonFiniteGradientError.
+    max_nonfinite_skips: int = 3
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "lr", self.lr, "must be > 0")
         _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
         _check(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "must each be in [0, 1)")
         _check(self.grad_clip > 0, "grad_clip", self.grad_clip, "must be > 0")
+        _check(self.max_nonfinite_skips >= 0, "max_nonfinite_skips", self.max_nonfinite_skips, "must be >= 0")
 
 
 class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -12,7 +12,8 @@ the distributed hooks (`_grad_sync`, `_clip_grad_norm`, `_all_reduce_`). One tra
    the reward (subtracted per trajectory before advantages);
 3. per mini-batch: plan micro-batches (balanced over ranks, token budget), forward each packed
    micro-batch under bf16 autocast where enabled, per-token loss, aggregate with the mini-batch's
-   global denominators, backward (gradient sync only on the last micro-batch), clip, step. With
+   global denominators, backward (gradient sync only on the last micro-batch), clip, step; an update
+   whose gradient norm is not finite is skipped (`arl.trainer.nonfinite`). With
    `activation_offload` on CUDA the training forwards save their activations to pinned host memory
    (`arl.trainer.offload`); with `optimizer_offload` the AdamW state waits in pinned host memory
    between steps and the gradients are dropped after the last update (`arl.trainer.optimizer`).
@@ -42,6 +43,7 @@ from arl.trainer.config import TrainerConfig, compute_dtype
 from arl.trainer.errors import ReferencePolicyError, RouterReplayError
 from arl.trainer.flops import attention_width_and_layers, matmul_params, train_flops
 from arl.trainer.loss_agg import Denominators, aggregate
+from arl.trainer.nonfinite import NonFiniteGuard
 from arl.trainer.offload import HostActivationOffload
 from arl.trainer.optimizer import HostOptimizerState
 from arl.trainer.packed import PackedMicroBatch, pack_rows, row_lengths
@@ -107,6 +109,7 @@ class PackedPolicy:
         from arl.trainer.schedule import make_lr_scheduler
 
         self.scheduler = make_lr_scheduler(self.optimizer, cfg.algorithm)
+        self.nonfinite = NonFiniteGuard(cfg.optim.max_nonfinite_skips)
         self.compute_dtype = compute_dtype(cfg, self.device)
         attn_width, layers = attention_width_and_layers(self.model.config)
         self._n_matmul = matmul_params(self.model)
@@ -363,6 +366,7 @@ class PackedPolicy:
         tokens = 0
         processed = 0  # tokens the model ran, dummy micro-batches included
         offloaded = 0  # bytes of saved activations sent to host memory (activation_offload)
+        skipped_nonfinite = 0  # updates left out because their gradient norm was NaN or inf
         for start in range(0, n_rows, mini_batch_rows):
             t1 = time.perf_counter()
             rows = list(range(start, min(n_rows, start + mini_batch_rows)))
@@ -432,16 +436,21 @@ class PackedPolicy:
                     flops += train_flops(self._n_matmul, [lengths[r] for r in mb.rows], *self._attn)
                     tokens += sum(lengths[r] for r in mb.rows)
             with record_function("arl.optimizer_step"):
-                grad_norm = self._clip_grad_norm(cfg.optim.grad_clip)
+                # The norm is global (all ranks' gradients), so every rank takes the same decision below.
+                grad_norm = float(self._clip_grad_norm(cfg.optim.grad_clip))
                 lr = self.optimizer.param_groups[0]["lr"]
                 if self.optimizer_state is not None:
                     self.optimizer_state.load()  # the update waits for the state's copies (the host does not)
-                self.optimizer.step()
+                if self.nonfinite.admit(grad_norm, loss_total, version=self.version):
+                    self.optimizer.step()
+                else:  # NaN/inf gradients would turn every weight NaN, and the replicas' after the sync
+                    self.optimizer.zero_grad(set_to_none=True)
+                    skipped_nonfinite += 1
                 self.scheduler.step()
             t_update += time.perf_counter() - t1
             merged = self._merge_ranks(merge_loss_metrics(mb_metrics), loss_total)
             merged.update(
-                grad_norm=float(grad_norm),
+                grad_norm=grad_norm,
                 lr=lr,
                 loss_agg_norm_len=float(denom.norm_len),
                 pack_fill=pack_stats["pack_fill"],
@@ -462,6 +471,7 @@ class PackedPolicy:
             (proximal - batch.behaviour_logp).abs(), batch.loss_mask
         ).item()
         out["updates"] = float(len(steps))
+        out["nonfinite_skipped"] = float(skipped_nonfinite)
         if kl_in_loss:  # the KL term the loss carried: token mean over each update, averaged over updates
             ref_metrics["kl_ref_mean"] = out.get("kl", 0.0)
         out.update(ref_metrics)

@@ -33,3 +33,8 @@ class ReferencePolicyError(TrainerError, ValueError):
 class CheckpointError(TrainerError, OSError):
     """A checkpoint cannot be written where it was asked for (e.g. not enough free disk for it); the
     previous checkpoint in that place is left as it was."""
+
+
+class NonFiniteGradientError(TrainerError, FloatingPointError):
+    """Updates kept getting a NaN or inf gradient norm: more in a row than
+    `OptimConfig.max_nonfinite_skips` (each was skipped; the weights are those before the first)."""
