@@ -1,5 +1,6 @@
 """FSDP2 backend on CPU with gloo: 2 ranks make the same update as one device; sharded checkpoints
-saved on 2 ranks resume on 1 with the same next loss; weights stream out one full tensor at a time."""
+saved on 2 ranks resume on 1 with the same next loss; weights stream out one full tensor at a time; a
+NaN gradient on one rank makes every rank skip the update."""
 
 import json
 
@@ -64,3 +65,6 @@ def test_fsdp2_two_ranks_match_one_device_and_resume_on_one_rank(tiny_model_dir,
     for name, t in two["after"].items():
         assert rel(one["after"][name], t) <= 1e-5, name
     assert json.loads((tmp_path / "ckpt" / "trainer_state.json").read_text())["version"] == 3
+
+    # a NaN on one rank: every rank skipped that update and kept its weights
+    assert [(tmp_path / f"nan_skip_rank{r}.txt").read_text() for r in (0, 1)] == ["True", "True"]

@@ -4,27 +4,12 @@ import math
 
 import pytest
 import torch
-from trainer_helpers import random_batch
+from trainer_helpers import NaNSwitch, random_batch
 
 from arl.trainer import HFPolicy, TrainerConfig
 from arl.trainer.config import OptimConfig
 from arl.trainer.errors import NonFiniteGradientError, TrainerConfigError
 from arl.trainer.nonfinite import NonFiniteGuard
-
-
-class NaNSwitch:
-    """A forward hook on the last decoder layer that turns its output NaN while `on` (a broken kernel)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.on = False
-        model.model.layers[-1].register_forward_hook(self._hook)
-
-    def _hook(self, module, args, output):
-        if not self.on:
-            return output
-        hidden = output[0] if isinstance(output, tuple) else output
-        poisoned = hidden * float("nan")
-        return (poisoned, *output[1:]) if isinstance(output, tuple) else poisoned
 
 
 def snapshot(policy):

@@ -56,11 +56,34 @@ def two_rank_run(spec, model_dir, out_dir):
     export_hf(policy, out_dir / "hf")
     m2 = policy.train_step(b2, mini_batch_rows=b2.input_ids.shape[0])
     after = {n: p.detach().full_tensor() for n, p in policy.model.named_parameters()}
+    # NaN on rank 0 only: the global gradient norm is NaN on both ranks, so both skip the update
+    NaNSwitch(policy.model).on = spec.rank == 0
+    m3 = policy.train_step(b1, mini_batch_rows=b1.input_ids.shape[0])
+    after_nan = {n: p.detach().full_tensor() for n, p in policy.model.named_parameters()}
+    skipped_kept = m3["nonfinite_skipped"] == 1.0 and all(
+        torch.equal(after_nan[n], t) for n, t in after.items()
+    )
     if spec.rank == 0:
         torch.save(
             {"m1": m1, "m2": m2, "grads": grads, "params": params, "synced": synced, "after": after},
             out_dir / "two_ranks.pt",
         )
+    (out_dir / f"nan_skip_rank{spec.rank}.txt").write_text(str(skipped_kept))
+
+
+class NaNSwitch:
+    """A forward hook on the last decoder layer that turns its output NaN while `on` (a broken kernel)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.on = False
+        model.model.layers[-1].register_forward_hook(self._hook)
+
+    def _hook(self, module, args, output):
+        if not self.on:
+            return output
+        hidden = output[0] if isinstance(output, tuple) else output
+        poisoned = hidden * float("nan")
+        return (poisoned, *output[1:]) if isinstance(output, tuple) else poisoned
 
 
 def one_rank_resume(spec, model_dir, out_dir):
