@@ -9,9 +9,10 @@ stayed finite. This script takes the app, vLLM and the weight sync out: it train
 of `proximal_auto.py` (groups of 8, KL to a reference in the loss) for a few steps and records each
 step's loss, gradient norm and entropy, under whatever the environment sets: an MPS client
 (`CUDA_MPS_PIPE_DIRECTORY`), its SM cap (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`), the allocator
-(`PYTORCH_CUDA_ALLOC_CONF`). tools/nonfinite_cases.sh runs it in each setting, with and without a
-neighbour busy on the same GPU. Skipped updates are recorded, never raised (`max_nonfinite_skips` is
-set past the step count). One JSON block; $OUT/nonfinite_probe_<case>.json.
+(`PYTORCH_CUDA_ALLOC_CONF`; unset means the allocator's default, not the expandable segments the other
+benchmarks here default to). The `nanprobe` phase of tools/h200_shared_phases.sh runs it in each
+setting, with and without a neighbour busy on the same GPU. Skipped updates are recorded, never raised
+(`max_nonfinite_skips` is set past the step count). One JSON block; $OUT/nonfinite_probe_<case>.json.
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ from __future__ import annotations
 import math
 import os
 
-import _common  # noqa: F401  (sys.path for arl.*)
-import torch
-from _common import SMOKE, emit, long_tail_lengths, qwen25_config
+# Before train_05b (which defaults the allocator to expandable segments) and before CUDA starts: the
+# setting under test is the environment's, or the allocator's own default where it names none.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+
+import _common  # noqa: E402, F401  (sys.path for arl.*)
+import torch  # noqa: E402
+from _common import SMOKE, emit, long_tail_lengths, qwen25_config  # noqa: E402
 
 STEPS = 2 if SMOKE else 4
 ROWS = 16 if SMOKE else 32
