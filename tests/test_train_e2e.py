@@ -49,7 +49,7 @@ def test_short_async_run_syncs_weights_and_resumes_partial_rollouts(tmp_path):
     assert any(r["mixed_version_samples"] > 0 for r in rows)
     # After the sync the engine's weights equal the trainer's: readable tensors bit for bit, prepacked
     # ones through identical log probs on a probe sequence.
-    assert summary.weights_equal_after_sync
+    assert summary.weights_equal_after_sync and summary.weights_finite
     assert summary.weights_max_abs_diff == 0.0
     assert summary.probe_logprob_max_abs_diff < 1e-4
     # ... and the run says so before writing its final checkpoint (which can still fail, e.g. a full disk)

@@ -122,3 +122,9 @@ def test_a_run_that_trained_on_nan_gets_no_headline(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "concurrent: no headline (its run or colocated's trained on NaN/inf" in captured.out
     assert "concurrent trained on NaN/inf in 2 of its steps" in captured.err
+    # finite steps but NaN weights at the end (apps/train's check): no headline either
+    nan_weights = SimpleNamespace(**{**vars(summary), "weights_finite": False})
+    ended_nan = summarize("concurrent", "d", [], [step_row(s) for s in (1, 2, 3)], nan_weights, 1)
+    assert ended_nan.nonfinite_steps == 0 and not ended_nan.weights_finite
+    modes["concurrent"] = msgspec.to_builtins(ended_nan)
+    assert headline(modes, {}, None)["concurrent"]["source"] == "non-finite training"

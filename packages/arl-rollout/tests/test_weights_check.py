@@ -158,6 +158,18 @@ def test_digest_names_a_changed_element_and_swapped_ranks():
     assert not compare_digests(iter(hf.items()), digests(swapped))["equal"]
 
 
+def test_nan_weights_on_both_sides_are_equal_and_named_as_nonfinite():
+    """A run whose trainer stepped on a NaN gradient sends NaN weights to the engine: bit for bit the
+    same, so "equal", and the check names them."""
+    hf = trainer_tensors()
+    assert compare_digests(iter(hf.items()), digests([vllm_rank(hf, 0, 1)]))["trainer_nonfinite"] == []
+    hf["model.layers.0.self_attn.q_proj.weight"][0, 0] = float("nan")
+    hf["model.norm.weight"][1] = float("inf")
+    result = compare_digests(iter(hf.items()), digests([vllm_rank(hf, 0, 1)]))
+    assert result["equal"], result
+    assert result["trainer_nonfinite"] == ["model.layers.0.self_attn.q_proj.weight", "model.norm.weight"]
+
+
 def test_digest_reports_unknown_prepacked_and_checks_a_tied_lm_head():
     hf = trainer_tensors()
     engine = vllm_rank(hf, 0, 1)

@@ -67,7 +67,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _write_and_print(result: dict, out: Path) -> int:
     """bench.json, bench.png and the table; 1 when a mode failed or ended with weights unlike the trainer's."""
-    from arl_bench.compare import STOCK_WARNING_SHARE, drawn_from_stock
+    from arl_bench.compare import STOCK_WARNING_SHARE, drawn_from_stock, trained_finite
     from arl_bench.report import table, write
 
     json_path, png = write(result, out)
@@ -104,15 +104,17 @@ def _write_and_print(result: dict, out: Path) -> int:
     print(f"arl-bench: {json_path}, {png}")
     for mode, error in result["failed_modes"].items():
         print(f"arl-bench: mode {mode} failed: {error}", file=sys.stderr)
-    nonfinite = {m: r.get("nonfinite_steps", 0) for m, r in result["modes"].items()}
-    for mode, n in nonfinite.items():
-        if n:
-            print(
-                f"arl-bench: {mode} trained on NaN/inf in {n} of its steps (loss or gradient norm, or an "
-                f"update skipped for it): its rates are not those of a run that trains",
-                file=sys.stderr,
-            )
-    if result["failed_modes"] or any(nonfinite.values()):
+    broken = [m for m, r in result["modes"].items() if not trained_finite(r)]
+    for mode in broken:
+        r = result["modes"][mode]
+        print(
+            f"arl-bench: {mode} trained on NaN/inf in {r.get('nonfinite_steps', 0)} of its steps (loss or "
+            f"gradient norm, or an update skipped for it)"
+            + ("" if r.get("weights_finite", True) else " and ended with NaN/inf weights")
+            + ": its rates are not those of a run that trains",
+            file=sys.stderr,
+        )
+    if result["failed_modes"] or broken:
         return 1
     if not all(r["weights_equal_after_sync"] for r in result["modes"].values()):
         print("arl-bench: a run ended with engine weights different from the trainer's", file=sys.stderr)

@@ -85,6 +85,8 @@ class ModeResult(msgspec.Struct, kw_only=True):
     # or gradient norm was NaN or inf, or that skipped an update for it. Such a run's rates are not those
     # of a run that trains, so its mode gets no headline (`headline`).
     nonfinite_steps: int = 0
+    # Whether the trainer's weights were finite at the end of the run (apps/train's end-of-run check).
+    weights_finite: bool = True
 
 
 def app_supports_colocate() -> bool:
@@ -170,6 +172,7 @@ def summarize(
         trainer_peak_mem_gib=max(r.get(key, 0.0) for r in window for key in TRAINER_PEAK_KEYS),
         gpu_memory_gib=float(getattr(summary, "trainer", {}).get("gpu_memory_gib", 0.0)),
         nonfinite_steps=sum(1 for r in rows if trained_nonfinite(r)),
+        weights_finite=bool(getattr(summary, "weights_finite", True)),
     )
 
 
@@ -177,6 +180,11 @@ def trained_nonfinite(row: dict[str, Any]) -> bool:
     """Whether a step's update was NaN/inf (its loss or gradient norm) or was skipped for it."""
     values = [row.get("loss", 0.0), row.get("grad_norm", 0.0)]
     return row.get("nonfinite_skipped", 0.0) > 0 or not all(math.isfinite(float(v)) for v in values)
+
+
+def trained_finite(mode: dict[str, Any]) -> bool:
+    """Whether a mode's run trained finite throughout: no NaN/inf step and finite weights at the end."""
+    return not mode.get("nonfinite_steps", 0) and mode.get("weights_finite", True)
 
 
 def _scheduler(row: dict[str, Any], key: str) -> float:
@@ -332,7 +340,7 @@ def headline(
     two is the one a headline may state. The window's figure is kept as a footnote (`window_*`) and the
     bound's as `bound_trained_tokens_speedup`. Samples/s only from a steady window (None otherwise).
     No headline (source "non-finite training") for a mode whose run, or colocated's, trained on NaN or
-    inf: its rates are those of a broken run."""
+    inf or ended with non-finite weights (`trained_finite`): its rates are those of a broken run."""
     if "colocated" not in modes:
         return {}
     base = modes["colocated"]
@@ -350,7 +358,7 @@ def headline(
             "window_samples_speedup": window_samples,
             "window_imbalance": window_imbalance(mode),
         }
-        if mode.get("nonfinite_steps", 0) or base.get("nonfinite_steps", 0):
+        if not (trained_finite(mode) and trained_finite(base)):
             entry.update(source="non-finite training", trained_tokens_speedup=None, samples_speedup=None)
         elif steady:
             entry.update(trained_tokens_speedup=window_tokens, samples_speedup=window_samples)

@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         f"arl-train: metrics {summary.output_dir}/metrics.jsonl, plot {summary.plot}, "
         f"checkpoint {summary.checkpoint or 'none (trainer.save_final = false)'}"
     )
+    if not summary.weights_finite:
+        print("arl-train: the trainer's weights hold NaN or inf at the end of the run", file=sys.stderr)
+        return 1
     if not summary.weights_equal_after_sync:
         print(
             "arl-train: the engine's weights differ from the trainer's after the last sync", file=sys.stderr

@@ -60,6 +60,8 @@ class RunSummary(msgspec.Struct, kw_only=True):
     rollout: dict[str, Any]
     # Where trainer rank 0 ran: device, CUDA_VISIBLE_DEVICES, its sender's address, rank / world size.
     trainer: dict[str, Any] = {}
+    # False when a trainer tensor held NaN or inf at the end (the engine's then does too: it is "equal").
+    weights_finite: bool = True
 
 
 def _await_step(
@@ -288,6 +290,7 @@ def _finish(
         probe_logprob_max_abs_diff=check["probe_logprob_max_abs_diff"],
         sync_phases_ms=phase_medians(rows),
         weights_problems=check["problems"],
+        weights_finite=check["finite"],
         wall_s=time.perf_counter() - began,
         output_dir=str(plan.out_dir),
         checkpoint=checkpoint,

@@ -29,6 +29,9 @@ def verify_engine_weights(
     digests = [ray.get(rollout.engine_digests.remote(i), timeout=300) for i in checked]
     results = ray.get(trainer.check_engine_digests.remote(digests), timeout=step_timeout_s)
     tensors_equal = all(r["equal"] for r in results)
+    # The trainer's own tensors with NaN or inf (the digest pass reads each once): "equal" compares
+    # bits, so a run whose weights went NaN on both sides is equal, and this is what says so.
+    nonfinite = results[0].get("trainer_nonfinite", []) if results else []
     prepacked = sum(len(r["prepacked"]) for r in results)
     problems = [
         f"replica{i}:{k}:{n}"
@@ -50,11 +53,17 @@ def verify_engine_weights(
         "problems": problems,
         "probe_logprob_max_abs_diff": probe_diff,
         "version": trainer_version,
+        "finite": not nonfinite,
+        "nonfinite": nonfinite[:20],
     }
 
 
 def weights_check_line(check: dict[str, Any]) -> str:
     """The check's one-line verdict for the terminal."""
+    if not check.get("finite", True):
+        return f"arl: the trainer's weights hold NaN or inf at version {check['version']}: " + ", ".join(
+            check["nonfinite"]
+        )
     if check["equal"]:
         return f"arl: engine weights equal to the trainer's at version {check['version']}"
     problems = (

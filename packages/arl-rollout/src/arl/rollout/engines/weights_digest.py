@@ -161,7 +161,8 @@ def compare_digests_replicas(
     A trainer tensor is kept only until every engine tensor built from it is checked (the embeddings
     until the end when a tied lm_head needs them). Each result has the shape of
     `weights_check.compare_weights_tp`'s, without `max_abs_diff` (digests say which tensors differ,
-    not by how much).
+    not by how much), plus `trainer_nonfinite`: the trainer tensors holding NaN or inf (the same for
+    every replica). Bit-identical NaNs on both sides are "equal"; this says that they are NaN.
     """
     Key = tuple[int, int, str]  # (replica, TP rank, engine name)
     pending: dict[Key, TensorDigest] = {
@@ -188,8 +189,11 @@ def compare_digests_replicas(
             result[verdict].append(f"rank{rank}:{name}")
         result["compared"] += verdict in ("equal", "mismatched")
 
+    nonfinite: list[str] = []
     for name, tensor in trainer:
         hf[name] = tensor
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            nonfinite.append(name)
         for key in sorted(waiting_on.get(name, ())):
             if key in pending and all(s in hf for s in _sources(key[2])):
                 check(key)
@@ -204,4 +208,5 @@ def compare_digests_replicas(
         result["equal"] = (
             not result["mismatched"] and not result["unmatched"] and engine_total > len(result["prepacked"])
         )
+        result["trainer_nonfinite"] = list(nonfinite)
     return results
