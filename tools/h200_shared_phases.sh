@@ -33,12 +33,14 @@
 # longkl17ts (longkl17's time_sliced and colocated, time_sliced first, or LONGKL17TS_MODES; both with
 # actor.expandable_segments=true) | longklcaps (long-prompt-kl: colocated once, then concurrent under the
 # run's MPS at each trainer SM cap of SM_PCTS, default "70 60", replica CONC_MEM (default 0.45), trainer on
-# expandable segments; each cap's folder gets a copy of the colocated run and its report; STEPS=16 keeps
+# expandable segments unless CAPS_EXPANDABLE=false; each cap's folder gets a copy of the colocated run and its report; STEPS=16 keeps
 # concurrent's window steady) |
 # nanprobe (arl-trainer's benchmarks/nonfinite_probe.py, no app: a few train steps in each setting of
-# NANPROBE_CASES, default "plain exp mps exp_mps mps_load exp_mps_load": allocator on expandable segments
-# (exp), an MPS client with the SMs capped at SM_PCT, default 75 (mps), a neighbour process busy with
-# matmuls on the GPU throughout (load); ~30 s each on an H100) | concnan (long-prompt-kl, concurrent only,
+# NANPROBE_CASES, default "plain mps_nocheck mps mps_load": allocator on expandable segments (exp), an MPS
+# client with the SMs capped at SM_PCT, default 75 (mps), the trainer's startup GEMM check off (nocheck),
+# a neighbour process busy with matmuls on the GPU throughout (load); ~30 s each on an H100) |
+# gemmcaps (arl-trainer's benchmarks/gemm_check_probe.py under MPS at each cap of SM_PCTS, default
+# "25 50 60 70 75 80 90 100": the SMs seen, the SM target the startup check chose, the error after; ~10 s each) | concnan (long-prompt-kl, concurrent only,
 # STEPS steps, one compare per case of CONCNAN_CASES, default "exp_cap plain_cap exp_nocap exp_nomps": which of
 # the trainer's expandable segments, MPS and its SM cap the non-finite training of the capped concurrent runs
 # needs; the report names a mode that trained on NaN) |
@@ -105,7 +107,7 @@ for phase in ${PHASES//,/ }; do
       first=1
       for pct in ${SM_PCTS:-70 60}; do
         modes=concurrent; [ $first = 1 ] && modes=colocated,concurrent
-        CONC_EXTRA="resources.mps=start resources.mps_trainer_sm_percent=$pct actor.expandable_segments=true" \
+        CONC_EXTRA="resources.mps=start resources.mps_trainer_sm_percent=$pct actor.expandable_segments=${CAPS_EXPANDABLE:-true}" \
           compare "long_prompt_kl_cap$pct" $modes "${CONC_MEM:-0.45}" long-prompt-kl "${LONG_PROMPT_KL[@]}"
         if [ $first = 1 ]; then base=$LOG/bench_long_prompt_kl_cap$pct/colocated; first=0
         elif [ -d "${base:-}" ]; then
@@ -115,10 +117,11 @@ for phase in ${PHASES//,/ }; do
       done ;;
     nanprobe)
       mps=0
-      for case in ${NANPROBE_CASES:-plain exp mps exp_mps mps_load exp_mps_load}; do
+      for case in ${NANPROBE_CASES:-plain mps_nocheck mps mps_load}; do
         [[ $case == *mps* && $mps == 0 ]] && { mps_on; mps=1; }
         env=(PROBE_CASE=$case OUT=$LOG/nanprobe)
         [[ $case == *exp* ]] && env+=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+        [[ $case == *nocheck* ]] && env+=(PROBE_CHECK_GEMMS=0)
         # The cases without MPS run first; after the daemon started, a pipe directory nobody listens on
         # keeps a process out of it.
         [[ $case == *mps* ]] && env+=(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${SM_PCT:-75}) || env+=(CUDA_MPS_PIPE_DIRECTORY=$LOG/no-mps)
@@ -133,6 +136,14 @@ torch.cuda.synchronize()" & load=$!; sleep 5
         [[ $case == *load* ]] && kill $load 2>/dev/null; wait 2>/dev/null
       done
       [ $mps = 1 ] && mps_off ;;
+    gemmcaps)  # the trainer's startup GEMM check at each MPS SM cap of SM_PCTS
+      mps_on
+      for pct in ${SM_PCTS:-25 50 60 70 75 80 90 100}; do
+        PROBE_CASE=cap$pct OUT=$LOG/gemmcaps CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct timeout 300 \
+          python packages/arl-trainer/benchmarks/gemm_check_probe.py > "$LOG/gemmcaps_$pct.log" 2>&1
+        say "gemmcaps $pct exit $? $(grep -o '"sm_count": [0-9]*\|"sm_target": [0-9a-z]*\|"worst_error_after": [0-9.e+-]*' "$LOG/gemmcaps_$pct.log" | tr '\n' ' ')"
+      done
+      mps_off ;;
     concnan)
       for case in ${CONCNAN_CASES:-exp_cap plain_cap exp_nocap exp_nomps}; do
         extra=""; mem=0.45

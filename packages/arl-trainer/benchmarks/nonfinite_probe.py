@@ -12,11 +12,14 @@ step's loss, gradient norm and entropy, under whatever the environment sets: an 
 (`PYTORCH_CUDA_ALLOC_CONF`; unset means the allocator's default, not the expandable segments the other
 benchmarks here default to). The `nanprobe` phase of tools/h200_shared_phases.sh runs it in each
 setting, with and without a neighbour busy on the same GPU. Skipped updates are recorded, never raised
-(`max_nonfinite_skips` is set past the step count). One JSON block; $OUT/nonfinite_probe_<case>.json.
+(`max_nonfinite_skips` is set past the step count). The trainer's startup GEMM check
+(`arl.trainer.gemm_check`) runs unless PROBE_CHECK_GEMMS=0, and what it found is recorded.
+One JSON block; $OUT/nonfinite_probe_<case>.json.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -51,6 +54,7 @@ def main() -> None:
         max_tokens_per_microbatch=16384,
         mixed_precision="bf16" if device.type == "cuda" else "no",
         algorithm=AlgorithmConfig(kl_coef=1e-3),
+        check_gemms=os.environ.get("PROBE_CHECK_GEMMS", "1") == "1",
     )
     policy = HFPolicy(Qwen2ForCausalLM(cfg), config, device=str(device))
     steps = []
@@ -69,6 +73,8 @@ def main() -> None:
             if device.type == "cuda"
             else 0,
             "settings": {k: os.environ.get(k, "") for k in SETTINGS},
+            # The trainer's startup GEMM check (None: turned off by PROBE_CHECK_GEMMS=0, or no CUDA).
+            "gemm_check": dataclasses.asdict(policy.gemm_check) if policy.gemm_check else None,
             "tokens": int(batch.attention_mask.sum()),
             "finite_steps": sum(finite),
             "steps": steps,

@@ -361,3 +361,14 @@ def test_host_arena_is_page_locked_exact_and_round_trips_on_gpu():
         b.copy_(v, non_blocking=True)
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(device, back, strict=True))
+
+
+def test_gemm_check_keeps_the_device_plan_on_an_uncapped_gpu():
+    """Outside MPS the GEMMs are right as planned: the check measures them and changes nothing."""
+    from arl.trainer.gemm_check import TOLERANCE, ensure_right_gemms
+
+    dev = torch.device("cuda")
+    check = ensure_right_gemms(dev)
+    assert not check.repaired and check.worst_error < TOLERANCE / 4
+    assert check.sm_count == torch.cuda.get_device_properties(dev).multi_processor_count
+    assert torch._C._get_sm_carveout_experimental() is None

@@ -128,6 +128,7 @@ class _ActorTrainerFields(_Section):
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     activation_offload: bool = False
     compile_layers: bool = False
+    check_gemms: bool = True
     optimizer_offload: bool = False
     optimizer_prefetch: bool = True
     optimizer_prefetch_inflight_mb: int = 256
@@ -251,7 +252,9 @@ class ResourcesConfig(_Section):
     mps: Literal["off", "start"] = "off"
     # With resources.mps="start": the share of each GPU's SMs the trainer's kernels may use, in percent
     # (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in the trainer processes' environment), so that the replica
-    # keeps the rest while both run; 0 = no cap. For a run that is rollout-bound under MPS.
+    # keeps the rest while both run; 0 = no cap. For a run that is rollout-bound under MPS. On an H100
+    # caps of 45-85 gave wrong cuBLAS GEMMs, which the trainer's startup check (actor.check_gemms)
+    # repairs by planning them for fewer SMs; 90 was right as it was.
     mps_trainer_sm_percent: int = 0
     # GPUs per node, to reject layouts that cannot be packed at config load (0 = check at start only).
     gpus_per_node: int = 0

@@ -110,6 +110,10 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the norms, RoPE, SwiGLU and residual adds that run as separate memory-bound kernels eagerly (under
     # FSDP2 its gather/reshard hooks stay eager). The first micro-batch pays the compile. No-op off CUDA.
     compile_layers: bool = False
+    # CUDA: at startup, check the GEMMs of the model's layer shapes against a CPU reference and, if they
+    # are wrong (seen under an MPS SM cap), plan cuBLASLt for fewer SMs until they are right, or raise
+    # GemmCorrectnessError (arl.trainer.gemm_check): a few GEMMs and their CPU reference. No-op off CUDA.
+    check_gemms: bool = True
     # Logit elements (tokens × vocabulary) the chunked log-prob head holds at once.
     logprob_chunk_elements: int = 1 << 27
     # The accelerator's dense bf16 peak in TFLOP/s for the `mfu` metric (0 = do not report MFU).

@@ -42,6 +42,7 @@ from arl.trainer.batch import TrainBatch, trajectory_advantages
 from arl.trainer.config import TrainerConfig, compute_dtype
 from arl.trainer.errors import ReferencePolicyError, RouterReplayError
 from arl.trainer.flops import attention_width_and_layers, matmul_params, train_flops
+from arl.trainer.gemm_check import ensure_right_gemms
 from arl.trainer.loss_agg import Denominators, aggregate
 from arl.trainer.nonfinite import NonFiniteGuard
 from arl.trainer.offload import HostActivationOffload
@@ -111,6 +112,11 @@ class PackedPolicy:
         self.scheduler = make_lr_scheduler(self.optimizer, cfg.algorithm)
         self.nonfinite = NonFiniteGuard(cfg.optim.max_nonfinite_skips)
         self.compute_dtype = compute_dtype(cfg, self.device)
+        self.gemm_check = (
+            ensure_right_gemms(self.device, self.model, self.compute_dtype)
+            if cfg.check_gemms and self.device.type == "cuda"
+            else None
+        )
         attn_width, layers = attention_width_and_layers(self.model.config)
         self._n_matmul = matmul_params(self.model)
         self._attn = (attn_width, layers)

@@ -38,3 +38,8 @@ class CheckpointError(TrainerError, OSError):
 class NonFiniteGradientError(TrainerError, FloatingPointError):
     """Updates kept getting a NaN or inf gradient norm: more in a row than
     `OptimConfig.max_nonfinite_skips` (each was skipped; the weights are those before the first)."""
+
+
+class GemmCorrectnessError(TrainerError, RuntimeError):
+    """GEMMs on this device return wrong values (seen under an MPS SM cap) and no cuBLASLt SM target
+    made them right (`arl.trainer.gemm_check`)."""

@@ -1,0 +1,168 @@
+"""Check that this device's GEMMs are right before training on them, and repair a capped MPS client's.
+
+Measured on an H100 (torch 2.11 + CUDA 13, cuBLASLt): in a process that is an MPS client whose SMs are
+capped (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) at 45, 55, 60, 65, 66, 70, 75, 76, 80 or 85, bf16 GEMMs
+of a 0.5B model's projection shapes return wrong values (a largest error of 2 to 10 where 0.02 is
+right) without any error raised, and the first training step's loss is NaN. Caps of 25, 50, 90, 95
+and 100 were right. Telling cuBLASLt to plan for fewer SMs than the process sees
+(`CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`, set through torch's SM carveout) makes them right again: at
+75% (98 SMs) a target of 68 SMs or fewer, at 70% (92 SMs) 74 or fewer.
+
+So a trainer on CUDA checks a few GEMMs at startup: the shapes of the model's own linear layers and a
+fixed set that showed the fault, forward and both backward products, against a float64 reference on
+the CPU for a sample of rows. If they are wrong it lowers the SM target step by step until they are
+right (confirmed on fresh data), and raises `GemmCorrectnessError` if no target makes them right.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from arl.trainer.errors import GemmCorrectnessError
+
+log = logging.getLogger(__name__)
+
+# (rows, in_features, out_features) that returned wrong values on the H100 under a 70% or 75% cap.
+FAULT_SHAPES: tuple[tuple[int, int, int], ...] = (
+    (1000, 896, 128),
+    (4096, 896, 128),
+    (4096, 896, 4864),
+    (16384, 896, 896),
+)
+MODEL_ROWS = (1000, 4096)  # rows the model's own layer shapes are checked with
+MAX_MODEL_SHAPES = 6
+MAX_WEIGHT_ELEMENTS = 1 << 26  # larger layers (the LM head) are left out: memory at startup
+SAMPLED_ROWS = 128
+# Largest error allowed, relative to the reference's standard deviation. bf16 rounding of the output
+# gives about 0.01; the wrong kernels gave 2 to 7.
+TOLERANCE = 0.1
+SM_TARGET_STEP = 2
+MIN_SM_TARGET = 8
+
+
+@dataclass(frozen=True)
+class GemmCheck:
+    """What the startup check found. `sm_target` is None when the device's own plan was right."""
+
+    sm_count: int
+    worst_error: float  # with the device's own plan, relative to the reference's standard deviation
+    sm_target: int | None = None
+
+    @property
+    def repaired(self) -> bool:
+        return self.sm_target is not None
+
+
+def linear_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
+    """Distinct (in_features, out_features) of the model's linear layers, smallest first, bounded."""
+    shapes = {
+        (m.in_features, m.out_features)
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear) and m.in_features * m.out_features <= MAX_WEIGHT_ELEMENTS
+    }
+    return sorted(shapes, key=lambda s: (s[0] * s[1], s))[:MAX_MODEL_SHAPES]
+
+
+def check_shapes(model: torch.nn.Module | None) -> list[tuple[int, int, int]]:
+    """(rows, in_features, out_features) to check: the known fault shapes, then the model's own."""
+    own = [
+        (rows, k, n) for k, n in (linear_shapes(model) if model is not None else []) for rows in MODEL_ROWS
+    ]
+    return list(dict.fromkeys([*FAULT_SHAPES, *own]))  # distinct, in order
+
+
+def gemm_errors(
+    device: torch.device, shapes: Iterable[tuple[int, int, int]], dtype: torch.dtype, seed: int = 0
+) -> dict[tuple[int, int, int], float]:
+    """Per shape, the largest error of `F.linear` and its two backward products, each relative to its
+    reference's standard deviation; the reference is float64 on the CPU, on a sample of output rows."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    errors = {}
+    for rows, k, n in shapes:
+        x = torch.randn(rows, k, generator=gen).to(device, dtype).requires_grad_(True)
+        w = (torch.randn(n, k, generator=gen) / k**0.5).to(device, dtype).requires_grad_(True)
+        b = torch.randn(n, generator=gen).to(device, dtype)
+        g = torch.randn(rows, n, generator=gen).to(device, dtype)
+        y = F.linear(x, w, b)
+        y.backward(g)
+        x64, w64, b64, g64 = (t.detach().cpu().double() for t in (x, w, b, g))
+        pick_rows = torch.randperm(rows, generator=gen)[:SAMPLED_ROWS]
+        pick_out = torch.randperm(n, generator=gen)[:SAMPLED_ROWS]
+        pairs = (
+            (y.detach(), x64[pick_rows] @ w64.T + b64, pick_rows),  # forward
+            (x.grad, g64[pick_rows] @ w64, pick_rows),  # grad of the input
+            (w.grad, g64[:, pick_out].T @ x64, pick_out),  # grad of the weight
+        )
+        worst = 0.0
+        for got, ref, picked in pairs:
+            err = float(
+                (got[picked.to(device)].cpu().double() - ref).abs().max() / ref.std().clamp_min(1e-12)
+            )
+            worst = max(worst, err if err == err else float("inf"))  # NaN counts as the worst
+        errors[(rows, k, n)] = worst
+    return errors
+
+
+def set_sm_target(sm_target: int | None, sm_count: int) -> None:
+    """Plan cuBLASLt's GEMMs for `sm_target` SMs (None: the device's own count)."""
+    torch._C._set_sm_carveout_experimental(None if sm_target is None else sm_count - sm_target)
+
+
+def find_sm_target(sm_count: int, is_right: Callable[[int | None, int], bool]) -> int | None:
+    """The largest SM target, from the device's own count down, at which `is_right(target, seed)` holds
+    for seed 1 and then seed 2; None when the device's own plan is right (seed 0). Raises
+    GemmCorrectnessError if no target is right."""
+    if is_right(None, 0):
+        return None
+    for target in range(sm_count - SM_TARGET_STEP, MIN_SM_TARGET - 1, -SM_TARGET_STEP):
+        if is_right(target, 1) and is_right(target, 2):
+            return target
+    raise GemmCorrectnessError(
+        f"GEMMs on this device return wrong values at every cuBLASLt SM target from {sm_count} down to "
+        f"{MIN_SM_TARGET}; the trainer would train on garbage. Under MPS, run the trainer uncapped or with "
+        "another CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (resources.mps_trainer_sm_percent)"
+    )
+
+
+def ensure_right_gemms(
+    device: torch.device, model: torch.nn.Module | None = None, dtype: torch.dtype = torch.bfloat16
+) -> GemmCheck:
+    """Check this process's GEMMs on the CUDA `device` and, if they are wrong, lower cuBLASLt's SM
+    target until they are right (for the rest of the process). Raises GemmCorrectnessError when
+    nothing helps, with the device's own plan restored."""
+    if device.type != "cuda":
+        raise ValueError(f"the GEMM check is for CUDA devices, got {device}")
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    shapes = check_shapes(model)
+    first: dict[tuple[int, int, int], float] = {}
+
+    def is_right(target: int | None, seed: int) -> bool:
+        # The search (seed 1) tries only the shapes that were wrong; the confirmation (seed 2) all.
+        tried = [s for s in shapes if first.get(s, 0.0) > TOLERANCE] if seed == 1 else shapes
+        set_sm_target(target, sm_count)
+        errors = gemm_errors(device, tried, dtype, seed)
+        if seed == 0:
+            first.update(errors)
+        return max(errors.values()) <= TOLERANCE
+
+    try:
+        sm_target = find_sm_target(sm_count, is_right)
+    except GemmCorrectnessError:
+        set_sm_target(None, sm_count)
+        raise
+    result = GemmCheck(sm_count=sm_count, worst_error=max(first.values()), sm_target=sm_target)
+    if result.repaired:
+        log.warning(
+            "GEMMs on %s were wrong (largest error %.3g of the reference's std) with cuBLASLt planning for "
+            "all %d SMs this process sees; planned for %d SMs they are right, and the trainer runs so",
+            device,
+            result.worst_error,
+            sm_count,
+            sm_target,
+        )
+    return result

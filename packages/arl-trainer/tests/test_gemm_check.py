@@ -1,0 +1,90 @@
+"""The startup GEMM check: its comparison catches a wrong GEMM, and its search picks the largest SM
+target that is right on two fresh draws (the CUDA planning itself is in test_gpu.py)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from arl.trainer import gemm_check
+from arl.trainer.errors import GemmCorrectnessError
+from arl.trainer.gemm_check import TOLERANCE, find_sm_target, gemm_errors, linear_shapes
+
+SHAPES = [(100, 64, 16), (257, 96, 48)]
+LINEAR = F.linear  # the real one, kept from before a test swaps in a faulty one
+
+
+def test_right_gemms_measure_within_tolerance():
+    errors = gemm_errors(torch.device("cpu"), SHAPES, torch.bfloat16, seed=0)
+    assert set(errors) == set(SHAPES)
+    assert max(errors.values()) < TOLERANCE / 4
+
+
+def test_a_gemm_wrong_in_one_tile_is_caught(monkeypatch):
+    """A linear whose output is off in one block of rows and columns, as the capped MPS kernels were."""
+
+    def tile_wrong_linear(x, w, b=None):
+        y = LINEAR(x, w, b)
+        return y + torch.zeros_like(y).index_fill_(1, torch.arange(y.shape[1] // 2), 3.0).tril_(
+            -(y.shape[0] // 2)
+        )
+
+    monkeypatch.setattr(gemm_check.F, "linear", tile_wrong_linear)
+    errors = gemm_errors(torch.device("cpu"), SHAPES, torch.bfloat16, seed=0)
+    assert min(errors.values()) > TOLERANCE
+
+
+def test_a_nan_output_counts_as_wrong(monkeypatch):
+    monkeypatch.setattr(gemm_check.F, "linear", lambda x, w, b=None: LINEAR(x, w, b) * float("nan"))
+    assert gemm_errors(torch.device("cpu"), SHAPES[:1], torch.float32)[SHAPES[0]] == float("inf")
+
+
+def test_the_device_plan_is_kept_when_right():
+    calls = []
+    assert find_sm_target(98, lambda target, seed: calls.append((target, seed)) or True) is None
+    assert calls == [(None, 0)]
+
+
+def test_the_largest_right_target_is_chosen():
+    """Right at 68 SMs or fewer (the H100 at a 75% cap): the search walks down from 96 in steps of 2."""
+    calls = []
+
+    def right_at_68_or_fewer(target, seed):
+        calls.append((target, seed))
+        return target is not None and target <= 68
+
+    assert find_sm_target(98, right_at_68_or_fewer) == 68
+    assert calls[-2:] == [(68, 1), (68, 2)] and (70, 1) in calls
+
+
+def test_a_target_right_on_one_draw_only_is_passed_over():
+    assert (
+        find_sm_target(
+            98, lambda target, seed: target is not None and (target <= 60 or target == 80 and seed == 1)
+        )
+        == 60
+    )
+
+
+def test_no_right_target_raises_naming_the_remedy():
+    with pytest.raises(GemmCorrectnessError, match="mps_trainer_sm_percent"):
+        find_sm_target(20, lambda target, seed: False)
+
+
+def test_the_model_shapes_are_distinct_bounded_and_leave_the_head_out():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1 << 21,
+    )
+    shapes = linear_shapes(Qwen2ForCausalLM(cfg))
+    assert shapes == [(64, 32), (64, 64), (64, 128), (128, 64)]
+
+
+def test_the_check_is_for_cuda_devices():
+    with pytest.raises(ValueError, match="CUDA"):
+        gemm_check.ensure_right_gemms(torch.device("cpu"))
