@@ -254,7 +254,7 @@ class ResourcesConfig(_Section):
     # (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in the trainer processes' environment), so that the replica
     # keeps the rest while both run; 0 = no cap. For a run that is rollout-bound under MPS. On an H100
     # caps of 45-85 gave wrong cuBLAS GEMMs, which the trainer's startup check (actor.check_gemms)
-    # repairs by planning them for fewer SMs; 90 was right as it was.
+    # repairs by planning them for fewer SMs; at 90 training stayed finite as it was.
     mps_trainer_sm_percent: int = 0
     # GPUs per node, to reject layouts that cannot be packed at config load (0 = check at start only).
     gpus_per_node: int = 0

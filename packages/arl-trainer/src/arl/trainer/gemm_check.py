@@ -3,15 +3,18 @@
 Measured on an H100 (torch 2.11 + CUDA 13, cuBLASLt): in a process that is an MPS client whose SMs are
 capped (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) at 45, 55, 60, 65, 66, 70, 75, 76, 80 or 85, bf16 GEMMs
 of a 0.5B model's projection shapes return wrong values (a largest error of 2 to 10 where 0.02 is
-right) without any error raised, and the first training step's loss is NaN. Caps of 25, 50, 90, 95
-and 100 were right. Telling cuBLASLt to plan for fewer SMs than the process sees
-(`CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`, set through torch's SM carveout) makes them right again: at
-75% (98 SMs) a target of 68 SMs or fewer, at 70% (92 SMs) 74 or fewer.
+right) without any error raised, and the first training step's loss is NaN. At caps of 25, 50, 90,
+95 and 100 training stayed finite (and at 100 the GEMMs measured right). Telling cuBLASLt to plan for
+fewer SMs than the process sees (`CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`, set through torch's SM
+carveout) makes them right again: at 75% (98 SMs) a target of 68 SMs or fewer, at 70% (92 SMs) 74 or
+fewer. That was measured on GEMMs with a bias, which torch runs on cuBLASLt; a target also moves the
+GEMMs without one to cuBLASLt, the only library torch passes the target to.
 
 So a trainer on CUDA checks a few GEMMs at startup: the shapes of the model's own linear layers and a
-fixed set that showed the fault, forward and both backward products, against a float64 reference on
-the CPU for a sample of rows. If they are wrong it lowers the SM target step by step until they are
-right (confirmed on fresh data), and raises `GemmCorrectnessError` if no target makes them right.
+fixed set that showed the fault, forward with and without a bias and both backward products, against
+a float64 reference on the CPU for a sample of rows. If they are wrong it lowers the SM target step by
+step until they are right (confirmed on fresh data), and raises `GemmCorrectnessError` if no target
+makes them right.
 """
 
 from __future__ import annotations
@@ -88,13 +91,16 @@ def gemm_errors(
         w = (torch.randn(n, k, generator=gen) / k**0.5).to(device, dtype).requires_grad_(True)
         b = torch.randn(n, generator=gen).to(device, dtype)
         g = torch.randn(rows, n, generator=gen).to(device, dtype)
-        y = F.linear(x, w, b)
+        y = F.linear(x, w, b)  # with a bias: cuBLASLt with its bias epilogue
         y.backward(g)
+        with torch.no_grad():
+            y_no_bias = F.linear(x, w)  # without: the default BLAS library's plain GEMM
         x64, w64, b64, g64 = (t.detach().cpu().double() for t in (x, w, b, g))
         pick_rows = torch.randperm(rows, generator=gen)[:SAMPLED_ROWS]
         pick_out = torch.randperm(n, generator=gen)[:SAMPLED_ROWS]
         pairs = (
             (y.detach(), x64[pick_rows] @ w64.T + b64, pick_rows),  # forward
+            (y_no_bias, x64[pick_rows] @ w64.T, pick_rows),
             (x.grad, g64[pick_rows] @ w64, pick_rows),  # grad of the input
             (w.grad, g64[:, pick_out].T @ x64, pick_out),  # grad of the weight
         )
@@ -109,8 +115,11 @@ def gemm_errors(
 
 
 def set_sm_target(sm_target: int | None, sm_count: int) -> None:
-    """Plan cuBLASLt's GEMMs for `sm_target` SMs (None: the device's own count)."""
+    """Plan cuBLASLt's GEMMs for `sm_target` SMs (None: the device's own count). A target also routes
+    the GEMMs without an epilogue to cuBLASLt: torch passes the target to cuBLASLt only."""
     torch._C._set_sm_carveout_experimental(None if sm_target is None else sm_count - sm_target)
+    if sm_target is not None:
+        torch.backends.cuda.preferred_blas_library("cublaslt")
 
 
 def find_sm_target(sm_count: int, is_right: Callable[[int | None, int], bool]) -> int | None:
@@ -139,6 +148,7 @@ def ensure_right_gemms(
         raise ValueError(f"the GEMM check is for CUDA devices, got {device}")
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     shapes = check_shapes(model)
+    blas_library = torch.backends.cuda.preferred_blas_library()
     first: dict[tuple[int, int, int], float] = {}
 
     def is_right(target: int | None, seed: int) -> bool:
@@ -154,12 +164,13 @@ def ensure_right_gemms(
         sm_target = find_sm_target(sm_count, is_right)
     except GemmCorrectnessError:
         set_sm_target(None, sm_count)
+        torch.backends.cuda.preferred_blas_library(blas_library)
         raise
     result = GemmCheck(sm_count=sm_count, worst_error=max(first.values()), sm_target=sm_target)
     if result.repaired:
         log.warning(
-            "GEMMs on %s were wrong (largest error %.3g of the reference's std) with cuBLASLt planning for "
-            "all %d SMs this process sees; planned for %d SMs they are right, and the trainer runs so",
+            "GEMMs on %s were wrong (largest error %.3g of the reference's std) as planned for all %d SMs "
+            "this process sees; through cuBLASLt planned for %d SMs they are right, and the trainer runs so",
             device,
             result.worst_error,
             sm_count,
