@@ -7,7 +7,14 @@ import torch.nn.functional as F
 
 from arl.trainer import gemm_check
 from arl.trainer.errors import GemmCorrectnessError
-from arl.trainer.gemm_check import TOLERANCE, find_sm_target, gemm_errors, linear_shapes
+from arl.trainer.gemm_check import (
+    ROW_BAND,
+    TOLERANCE,
+    find_sm_target,
+    gemm_errors,
+    linear_shapes,
+    one_row_per_band,
+)
 
 SHAPES = [(100, 64, 16), (257, 96, 48)]
 LINEAR = F.linear  # the real one, kept from before a test swaps in a faulty one
@@ -19,18 +26,27 @@ def test_right_gemms_measure_within_tolerance():
     assert max(errors.values()) < TOLERANCE / 4
 
 
-def test_a_gemm_wrong_in_one_tile_is_caught(monkeypatch):
-    """A linear whose output is off in one block of rows and columns, as the capped MPS kernels were."""
+@pytest.mark.parametrize("top", [0, 640, 960])
+def test_a_gemm_wrong_in_one_tile_only_is_caught(monkeypatch, top):
+    """A linear whose output is off in one 64 × 32 tile alone, as a kernel that misplans part of its
+    grid would be: a compared row passes through every band of 64 rows, so no tile can hide."""
 
-    def tile_wrong_linear(x, w, b=None):
+    def one_tile_wrong_linear(x, w, b=None):
         y = LINEAR(x, w, b)
-        return y + torch.zeros_like(y).index_fill_(1, torch.arange(y.shape[1] // 2), 3.0).tril_(
-            -(y.shape[0] // 2)
-        )
+        wrong = torch.zeros_like(y)
+        wrong[top : top + 64, 96:128] = 3.0
+        return y + wrong
 
-    monkeypatch.setattr(gemm_check.F, "linear", tile_wrong_linear)
-    errors = gemm_errors(torch.device("cpu"), SHAPES, torch.bfloat16, seed=0)
-    assert min(errors.values()) > TOLERANCE
+    monkeypatch.setattr(gemm_check.F, "linear", one_tile_wrong_linear)
+    errors = gemm_errors(torch.device("cpu"), [(1000, 64, 160)], torch.bfloat16, seed=0)
+    assert errors[(1000, 64, 160)] > TOLERANCE
+
+
+def test_one_row_is_compared_in_every_band():
+    gen = torch.Generator().manual_seed(0)
+    rows = one_row_per_band(1000, gen)
+    assert len(rows) == 16 and rows.max() < 1000
+    assert (rows // ROW_BAND).tolist() == list(range(16))
 
 
 def test_a_nan_output_counts_as_wrong(monkeypatch):

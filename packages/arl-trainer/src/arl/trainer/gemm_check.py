@@ -12,9 +12,9 @@ GEMMs without one to cuBLASLt, the only library torch passes the target to.
 
 So a trainer on CUDA checks a few GEMMs at startup: the shapes of the model's own linear layers and a
 fixed set that showed the fault, forward with and without a bias and both backward products, against
-a float64 reference on the CPU for a sample of rows. If they are wrong it lowers the SM target step by
-step until they are right (confirmed on fresh data), and raises `GemmCorrectnessError` if no target
-makes them right.
+a float64 reference on the CPU for one row in every band of 64 (every column of it). If they are
+wrong it lowers the SM target step by step until they are right (confirmed on fresh data), and raises
+`GemmCorrectnessError` if no target makes them right.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ FAULT_SHAPES: tuple[tuple[int, int, int], ...] = (
 MODEL_ROWS = (1000, 4096)  # rows the model's own layer shapes are checked with
 MAX_MODEL_SHAPES = 6
 MAX_WEIGHT_ELEMENTS = 1 << 26  # larger layers (the LM head) are left out: memory at startup
-SAMPLED_ROWS = 128
+# One compared output row in every band of this many rows: a GEMM tile is at least this tall, so a
+# wrong tile always has a compared row through it (every column of that row is compared).
+ROW_BAND = 64
 # Largest error allowed, relative to the reference's standard deviation. bf16 rounding of the output
 # gives about 0.01; the wrong kernels gave 2 to 7.
 TOLERANCE = 0.1
@@ -83,7 +85,8 @@ def gemm_errors(
     device: torch.device, shapes: Iterable[tuple[int, int, int]], dtype: torch.dtype, seed: int = 0
 ) -> dict[tuple[int, int, int], float]:
     """Per shape, the largest error of `F.linear` and its two backward products, each relative to its
-    reference's standard deviation; the reference is float64 on the CPU, on a sample of output rows."""
+    reference's standard deviation; the reference is float64 on the CPU, on one output row per band of
+    ROW_BAND rows (a wrong tile cannot hide between them)."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     errors = {}
     for rows, k, n in shapes:
@@ -96,11 +99,12 @@ def gemm_errors(
         with torch.no_grad():
             y_no_bias = F.linear(x, w)  # without: the default BLAS library's plain GEMM
         x64, w64, b64, g64 = (t.detach().cpu().double() for t in (x, w, b, g))
-        pick_rows = torch.randperm(rows, generator=gen)[:SAMPLED_ROWS]
-        pick_out = torch.randperm(n, generator=gen)[:SAMPLED_ROWS]
+        pick_rows = one_row_per_band(rows, gen)
+        pick_out = one_row_per_band(n, gen)
+        forward = x64[pick_rows] @ w64.T
         pairs = (
-            (y.detach(), x64[pick_rows] @ w64.T + b64, pick_rows),  # forward
-            (y_no_bias, x64[pick_rows] @ w64.T, pick_rows),
+            (y.detach(), forward + b64, pick_rows),
+            (y_no_bias, forward, pick_rows),
             (x.grad, g64[pick_rows] @ w64, pick_rows),  # grad of the input
             (w.grad, g64[:, pick_out].T @ x64, pick_out),  # grad of the weight
         )
@@ -112,6 +116,13 @@ def gemm_errors(
             worst = max(worst, err if err == err else float("inf"))  # NaN counts as the worst
         errors[(rows, k, n)] = worst
     return errors
+
+
+def one_row_per_band(rows: int, gen: torch.Generator) -> torch.Tensor:
+    """A random row index in each band of ROW_BAND rows of `rows` (the last band may be shorter)."""
+    starts = torch.arange(0, rows, ROW_BAND)
+    heights = (rows - starts).clamp(max=ROW_BAND)
+    return starts + (torch.rand(len(starts), generator=gen) * heights).long()
 
 
 def set_sm_target(sm_target: int | None, sm_count: int) -> None:
