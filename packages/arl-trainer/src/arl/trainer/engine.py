@@ -478,6 +478,8 @@ class PackedPolicy:
         ).item()
         out["updates"] = float(len(steps))
         out["nonfinite_skipped"] = float(skipped_nonfinite)
+        if self.gemm_check is not None and self.gemm_check.repaired:  # GEMMs planned for fewer SMs
+            out["gemm_sm_target"] = float(self.gemm_check.sm_target)
         if kl_in_loss:  # the KL term the loss carried: token mean over each update, averaged over updates
             ref_metrics["kl_ref_mean"] = out.get("kl", 0.0)
         out.update(ref_metrics)
