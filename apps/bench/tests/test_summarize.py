@@ -128,3 +128,21 @@ def test_a_run_that_trained_on_nan_gets_no_headline(tmp_path, capsys):
     assert ended_nan.nonfinite_steps == 0 and not ended_nan.weights_finite
     modes["concurrent"] = msgspec.to_builtins(ended_nan)
     assert headline(modes, {}, None)["concurrent"]["source"] == "non-finite training"
+
+
+def test_a_trainer_whose_gemms_were_repaired_is_named(tmp_path, capsys):
+    """The trainer's startup check planned its GEMMs for fewer SMs (a capped MPS client): its steps
+    carry gemm_sm_target, and the report says so beside the figures."""
+    import msgspec
+
+    summary = SimpleNamespace(weights_equal_after_sync=True, wall_s=30.0, output_dir="/runs/x")
+    repaired = summarize(
+        "concurrent", "d", [], [step_row(s, gemm_sm_target=68.0) for s in (1, 2, 3)], summary, 1
+    )
+    plain = summarize("colocated", "a", [], [step_row(s) for s in (1, 2, 3)], summary, 1)
+    assert (repaired.gemm_sm_target, plain.gemm_sm_target) == (68, 0)
+    modes = {"colocated": msgspec.to_builtins(plain), "concurrent": msgspec.to_builtins(repaired)}
+    assert _write_and_print({"modes": modes, "failed_modes": {}, "headline": {}}, tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "concurrent's trainer found its GEMMs wrong at startup and planned them for 68 SMs" in out
+    assert "colocated's trainer" not in out

@@ -87,6 +87,9 @@ class ModeResult(msgspec.Struct, kw_only=True):
     nonfinite_steps: int = 0
     # Whether the trainer's weights were finite at the end of the run (apps/train's end-of-run check).
     weights_finite: bool = True
+    # The SMs the trainer's GEMMs were planned for after its startup check found them wrong (an MPS SM
+    # cap; arl.trainer.gemm_check); 0 = the device's own plan was right.
+    gemm_sm_target: int = 0
 
 
 def app_supports_colocate() -> bool:
@@ -173,6 +176,7 @@ def summarize(
         gpu_memory_gib=float(getattr(summary, "trainer", {}).get("gpu_memory_gib", 0.0)),
         nonfinite_steps=sum(1 for r in rows if trained_nonfinite(r)),
         weights_finite=bool(getattr(summary, "weights_finite", True)),
+        gemm_sm_target=int(max(r.get("gemm_sm_target", 0) for r in rows)),
     )
 
 
