@@ -253,8 +253,8 @@ class ResourcesConfig(_Section):
     # With resources.mps="start": the share of each GPU's SMs the trainer's kernels may use, in percent
     # (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in the trainer processes' environment), so that the replica
     # keeps the rest while both run; 0 = no cap. For a run that is rollout-bound under MPS. On an H100
-    # caps of 45-85 gave wrong cuBLAS GEMMs, which the trainer's startup check (actor.check_gemms)
-    # repairs by planning them for fewer SMs; at 90 training stayed finite as it was.
+    # caps of 45-85 trained on NaN from wrong cuBLAS GEMMs (measured at 75), which the trainer's startup
+    # check (actor.check_gemms) repairs by planning them for fewer SMs; at 90 training stayed finite.
     mps_trainer_sm_percent: int = 0
     # GPUs per node, to reject layouts that cannot be packed at config load (0 = check at start only).
     gpus_per_node: int = 0
