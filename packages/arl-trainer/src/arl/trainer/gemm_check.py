@@ -2,13 +2,14 @@
 
 Measured on an H100 (torch 2.11 + CUDA 13): in a process that is an MPS client whose SMs are capped
 (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) at 45, 55, 60, 65, 66, 70, 75, 76, 80 or 85, the first training
-step's loss is NaN; at 25, 50, 90, 95 and 100 training stayed finite. At 75 the cause was measured
-(at 70 as well, planned for 88 or 82 of its 92 SMs): bf16 GEMMs of a 0.5B model's projection shapes return wrong values (a largest error of 2 to
-10 where 0.02 is right, as at 100) without any error raised. Telling cuBLASLt to plan for
-fewer SMs than the process sees (`CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`, set through torch's SM
-carveout) makes them right again: at 75% (98 SMs) a target of 68 SMs or fewer, at 70% (92 SMs) 74 or
-fewer. That was measured on GEMMs with a bias, which torch runs on cuBLASLt; a target also moves the
-GEMMs without one to cuBLASLt, the only library torch passes the target to.
+step's loss is NaN; at 25, 50, 90, 95 and 100 training stayed finite. At 75 the cause was measured (at
+70 as well, planned for 88 or 82 of its 92 SMs): bf16 GEMMs of a 0.5B model's projection shapes
+return wrong values (a largest error of 2 to 10 where 0.02 is right, as at 100) without any error
+raised. Telling cuBLASLt to plan for fewer SMs than the process sees
+(`CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`, set through torch's SM carveout) makes them right again: at
+75% (98 SMs) a target of 68 SMs or fewer, at 70% (92 SMs) 74 or fewer. That was measured on GEMMs
+with a bias, which torch runs on cuBLASLt; a target also moves the GEMMs without one to cuBLASLt, the
+only library torch passes the target to.
 
 So a trainer on CUDA checks a few GEMMs at startup: the shapes of the model's own linear layers and a
 fixed set that showed the fault, forward with and without a bias and both backward products, against
