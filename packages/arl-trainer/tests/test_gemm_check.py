@@ -1,5 +1,6 @@
-"""The startup GEMM check: its comparison catches a wrong GEMM, and its search picks the largest SM
-target that is right on two fresh draws (the CUDA planning itself is in test_gpu.py)."""
+"""The startup GEMM check on the CPU: its comparison catches a wrong GEMM (a faulty `F.linear` stands
+in for the capped MPS kernels), its search picks the largest SM target right on two fresh draws, and
+the repair leaves that plan in place or, failing, restores the process's own (CUDA: test_gpu.py)."""
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from arl.trainer.errors import GemmCorrectnessError
 from arl.trainer.gemm_check import (
     ROW_BAND,
     TOLERANCE,
+    check_and_repair,
     find_sm_target,
     gemm_errors,
     linear_shapes,
@@ -99,6 +101,49 @@ def test_the_model_shapes_are_distinct_bounded_and_leave_the_head_out():
     )
     shapes = linear_shapes(Qwen2ForCausalLM(cfg))
     assert shapes == [(64, 32), (64, 64), (64, 128), (128, 64)]
+
+
+@pytest.fixture
+def blas_plan():
+    """The process's GEMM plan (SM carveout, BLAS library), put back after the test."""
+    library = torch.backends.cuda.preferred_blas_library()
+    yield
+    torch._C._set_sm_carveout_experimental(None)
+    torch.backends.cuda.preferred_blas_library(library)
+
+
+def right_only_planned_for_68_of_98(x, w, b=None):
+    """A linear that is wrong (one band of rows off) unless GEMMs are planned for 68 SMs or fewer of 98."""
+    y = LINEAR(x, w, b)
+    carveout = torch._C._get_sm_carveout_experimental()
+    if carveout is None or 98 - carveout > 68:
+        y = y + torch.zeros_like(y).index_fill_(0, torch.arange(min(64, y.shape[0])), 5.0)
+    return y
+
+
+def test_wrong_gemms_are_repaired_with_the_largest_right_target(monkeypatch, blas_plan):
+    monkeypatch.setattr(gemm_check.F, "linear", right_only_planned_for_68_of_98)
+    check = check_and_repair(torch.device("cpu"), 98, SHAPES, torch.bfloat16)
+    assert check.repaired and check.sm_target == 68 and check.worst_error > TOLERANCE
+    assert torch._C._get_sm_carveout_experimental() == 30  # left in place for the training
+    assert str(torch.backends.cuda.preferred_blas_library()).endswith("Cublaslt")
+
+
+def test_right_gemms_leave_the_plan_alone(blas_plan):
+    library = torch.backends.cuda.preferred_blas_library()
+    check = check_and_repair(torch.device("cpu"), 98, SHAPES, torch.bfloat16)
+    assert not check.repaired and check.worst_error < TOLERANCE / 4
+    assert torch._C._get_sm_carveout_experimental() is None
+    assert torch.backends.cuda.preferred_blas_library() == library
+
+
+def test_unrepairable_gemms_raise_with_the_plan_restored(monkeypatch, blas_plan):
+    library = torch.backends.cuda.preferred_blas_library()
+    monkeypatch.setattr(gemm_check.F, "linear", lambda x, w, b=None: LINEAR(x, w, b) + 5.0)
+    with pytest.raises(GemmCorrectnessError, match="every cuBLASLt SM target from 98"):
+        check_and_repair(torch.device("cpu"), 98, SHAPES[:1], torch.bfloat16)
+    assert torch._C._get_sm_carveout_experimental() is None
+    assert torch.backends.cuda.preferred_blas_library() == library
 
 
 def test_the_check_is_for_cuda_devices():

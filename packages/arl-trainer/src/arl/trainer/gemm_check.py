@@ -159,7 +159,13 @@ def ensure_right_gemms(
     if device.type != "cuda":
         raise ValueError(f"the GEMM check is for CUDA devices, got {device}")
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-    shapes = check_shapes(model)
+    return check_and_repair(device, sm_count, check_shapes(model), dtype)
+
+
+def check_and_repair(
+    device: torch.device, sm_count: int, shapes: list[tuple[int, int, int]], dtype: torch.dtype
+) -> GemmCheck:
+    """`ensure_right_gemms` for a device that has `sm_count` SMs, on `shapes`."""
     blas_library = torch.backends.cuda.preferred_blas_library()
     first: dict[tuple[int, int, int], float] = {}
 
