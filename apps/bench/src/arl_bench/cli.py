@@ -101,7 +101,6 @@ def _write_and_print(result: dict, out: Path) -> int:
                 f"arl-bench: {mode} trained {extra:.0%} more tokens than it generated in the measured window: "
                 f"it drew on the warm-up's stock, so its rates overstate a long run's; measure more steps"
             )
-    for mode, r in result["modes"].items():
         if r.get("gemm_sm_target"):
             print(
                 f"arl-bench: {mode}'s trainer found its GEMMs wrong at startup and planned them for "
