@@ -33,8 +33,9 @@
 # longkl17ts (longkl17's time_sliced and colocated, time_sliced first, or LONGKL17TS_MODES; both with
 # actor.expandable_segments=true) | longklcaps (long-prompt-kl: colocated once, then concurrent under the
 # run's MPS at each trainer SM cap of SM_PCTS, default "70 60", replica CONC_MEM (default 0.45), trainer on
-# expandable segments unless CAPS_EXPANDABLE=false; each cap's folder gets a copy of the colocated run and its report; STEPS=16 keeps
-# concurrent's window steady) |
+# expandable segments unless CAPS_EXPANDABLE=false; CAPS_BASE_MODES, default colocated, are the modes run once
+# before (colocated,time_sliced adds time_sliced's refilled decode rate: the at-once bound); each cap's folder
+# gets a copy of those runs and its report; STEPS=12 kept concurrent's window steady at 75%) |
 # nanprobe (arl-trainer's benchmarks/nonfinite_probe.py, no app: a few train steps in each setting of
 # NANPROBE_CASES, default "plain mps_nocheck mps mps_load": allocator on expandable segments (exp), an MPS
 # client with the SMs capped at SM_PCT, default 75 (mps), the trainer's startup GEMM check off (nocheck),
@@ -104,15 +105,16 @@ for phase in ${PHASES//,/ }; do
         COMPARE_FLAGS=--size-concurrent \
         compare long_prompt_kl_sm colocated,time_sliced,concurrent "${CONC_MEM:-0.45}" long-prompt-kl "${LONG_PROMPT_KL[@]}" ;;
     longklcaps)  # colocated once, then concurrent at each cap of SM_PCTS, each reported against that colocated
-      first=1
+      first=1; base_modes=${CAPS_BASE_MODES:-colocated}
       for pct in ${SM_PCTS:-70 60}; do
-        modes=concurrent; [ $first = 1 ] && modes=colocated,concurrent
+        modes=concurrent; [ $first = 1 ] && modes=$base_modes,concurrent
         CONC_EXTRA="resources.mps=start resources.mps_trainer_sm_percent=$pct actor.expandable_segments=${CAPS_EXPANDABLE:-true}" \
           compare "long_prompt_kl_cap$pct" $modes "${CONC_MEM:-0.45}" long-prompt-kl "${LONG_PROMPT_KL[@]}"
-        if [ $first = 1 ]; then base=$LOG/bench_long_prompt_kl_cap$pct/colocated; first=0
-        elif [ -d "${base:-}" ]; then
-          cp -r "$base" "$LOG/bench_long_prompt_kl_cap$pct/" && python apps/bench/__main__.py report \
-            "$LOG/bench_long_prompt_kl_cap$pct" --warmup-steps 1 >> "$LOG/bench_long_prompt_kl_cap$pct.log" 2>&1
+        if [ $first = 1 ]; then base=$LOG/bench_long_prompt_kl_cap$pct; first=0
+        elif [ -d "${base:-}/colocated" ]; then
+          for m in ${base_modes//,/ }; do cp -r "$base/$m" "$LOG/bench_long_prompt_kl_cap$pct/"; done
+          python apps/bench/__main__.py report "$LOG/bench_long_prompt_kl_cap$pct" --warmup-steps 1 \
+            >> "$LOG/bench_long_prompt_kl_cap$pct.log" 2>&1
         fi
       done ;;
     nanprobe)

@@ -146,3 +146,25 @@ def test_a_trainer_whose_gemms_were_repaired_is_named(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "concurrent's trainer found its GEMMs wrong at startup and planned them for 68 SMs" in out
     assert "colocated's trainer" not in out
+
+
+def test_an_ideal_for_a_mode_the_compare_did_not_run_says_so(tmp_path, capsys):
+    """Raw rates give ideals for both shared schedules; a compare that ran only one of them reports the
+    other's ideal as not run rather than a share of nothing."""
+    import msgspec
+
+    summary = SimpleNamespace(weights_equal_after_sync=True, wall_s=30.0, output_dir="/runs/x")
+    modes = {
+        m: msgspec.to_builtins(summarize(m, a, [], [step_row(s) for s in (1, 2, 3)], summary, 1))
+        for m, a in (("colocated", "a"), ("concurrent", "d"))
+    }
+    result = {
+        "modes": modes,
+        "failed_modes": {},
+        "headline": {},
+        "ideal_speedups": {"time_sliced": 1.11, "concurrent": 1.19},
+        "share_of_ideal": {"concurrent": 1.16},
+    }
+    assert _write_and_print(result, tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "time_sliced 1.11× (not run), concurrent 1.19× (measured 116% of it)" in out

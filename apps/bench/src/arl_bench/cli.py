@@ -65,6 +65,11 @@ def _report(args: argparse.Namespace) -> int:
     return _write_and_print(result, out)
 
 
+def _share_of(share: float | None) -> str:
+    """How much of a bound a mode measured, or that the compare did not run that mode."""
+    return "(not run)" if share is None else f"(measured {share:.0%} of it)"
+
+
 def _write_and_print(result: dict, out: Path) -> int:
     """bench.json, bench.png and the table; 1 when a mode failed or ended with weights unlike the trainer's."""
     from arl_bench.compare import STOCK_WARNING_SHARE, drawn_from_stock, trained_finite
@@ -89,7 +94,7 @@ def _write_and_print(result: dict, out: Path) -> int:
         print(
             "arl-bench: ideal over colocated "
             + ", ".join(
-                f"{m} {v:.2f}× (measured {result['share_of_ideal'].get(m, float('nan')):.0%} of it)"
+                f"{m} {v:.2f}× " + _share_of(result["share_of_ideal"].get(m))
                 for m, v in result["ideal_speedups"].items()
             )
         )
