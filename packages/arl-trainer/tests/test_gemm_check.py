@@ -149,3 +149,73 @@ def test_unrepairable_gemms_raise_with_the_plan_restored(monkeypatch, blas_plan)
 def test_the_check_is_for_cuda_devices():
     with pytest.raises(ValueError, match="CUDA"):
         gemm_check.ensure_right_gemms(torch.device("cpu"))
+
+
+def right_only_planned_for_60_or_fewer_of_98(x, w, b=None):
+    """As `right_only_planned_for_68_of_98`, after a neighbour's load moved the right plans lower."""
+    y = LINEAR(x, w, b)
+    carveout = torch._C._get_sm_carveout_experimental()
+    if carveout is None or 98 - carveout > 60:
+        y = y + torch.zeros_like(y).index_fill_(0, torch.arange(min(64, y.shape[0])), 5.0)
+    return y
+
+
+def test_a_recheck_keeps_a_repair_that_is_still_right(monkeypatch, blas_plan):
+    monkeypatch.setattr(gemm_check.F, "linear", right_only_planned_for_68_of_98)
+    first = check_and_repair(torch.device("cpu"), 98, SHAPES, torch.bfloat16)
+    again = check_and_repair(torch.device("cpu"), 98, SHAPES, torch.bfloat16, current=68, seed=30)
+    assert (first.sm_target, again.sm_target) == (68, 68) and again.worst_error < TOLERANCE
+    assert torch._C._get_sm_carveout_experimental() == 30
+
+
+def test_a_recheck_walks_on_down_from_a_repair_that_went_wrong(monkeypatch, blas_plan):
+    """Planned for 68 SMs, right at startup; under new load only 60 or fewer are right: the re-check
+    walks down from 68, not from the device's count, and leaves 60 in place."""
+    monkeypatch.setattr(gemm_check.F, "linear", right_only_planned_for_60_or_fewer_of_98)
+    tried = []
+    real_set = gemm_check.set_sm_target
+    monkeypatch.setattr(gemm_check, "set_sm_target", lambda t, n: tried.append(t) or real_set(t, n))
+    check = check_and_repair(torch.device("cpu"), 98, SHAPES, torch.bfloat16, current=68, seed=30)
+    assert check.sm_target == 60 and check.worst_error > TOLERANCE
+    assert tried[0] == 68 and max(t for t in tried if t is not None) == 68
+    assert torch._C._get_sm_carveout_experimental() == 38
+
+
+@pytest.mark.parametrize(
+    ("cap", "every"),
+    [(None, 0), ("100", 0), ("75", 10), (" 90 ", 10), ("0", 0), ("half", 0)],
+)
+def test_only_a_capped_mps_client_rechecks(cap, every):
+    environ = {} if cap is None else {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": cap}
+    assert gemm_check.recheck_every(10, environ) == every
+
+
+def test_a_capped_policy_rechecks_its_gemms_every_few_steps(tiny_model_dir, monkeypatch, blas_plan):
+    """The policy re-checks every `gemm_recheck_every` steps from the plan it runs on, and its metrics
+    carry the new target. The CPU stands in for the capped GPU: its real check on 98 nominal SMs, with
+    the faulty linear that load made right only at 60 SMs or fewer."""
+    from trainer_helpers import random_batch
+
+    from arl.trainer import HFPolicy, TrainerConfig, engine
+    from arl.trainer.gemm_check import GemmCheck
+
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "75")
+    policy = HFPolicy(tiny_model_dir, TrainerConfig(gemm_recheck_every=2))
+    assert policy.gemm_check is None  # no startup check off CUDA: put in what a capped H100's gave
+    policy.gemm_check = GemmCheck(sm_count=98, worst_error=261.0, sm_target=68)
+    policy._gemm_recheck_every = gemm_check.recheck_every(policy.config.gemm_recheck_every)
+    gemm_check.set_sm_target(68, 98)
+    monkeypatch.setattr(gemm_check.F, "linear", right_only_planned_for_60_or_fewer_of_98)
+    monkeypatch.setattr(
+        engine,
+        "ensure_right_gemms",
+        lambda device, model, dtype, current, seed: check_and_repair(
+            torch.device("cpu"), 98, gemm_check.check_shapes(model), torch.float32, current, seed
+        ),
+    )
+    batch = random_batch(seed=1)
+    rows = batch.input_ids.shape[0]
+    first = policy.train_step(batch, mini_batch_rows=rows)
+    second = policy.train_step(batch, mini_batch_rows=rows)
+    assert "gemm_recheck_s" not in first and first["gemm_sm_target"] == 68
+    assert second["gemm_recheck_s"] > 0 and second["gemm_sm_target"] == 60

@@ -372,3 +372,5 @@ def test_gemm_check_keeps_the_device_plan_on_an_uncapped_gpu():
     assert not check.repaired and check.worst_error < TOLERANCE / 4
     assert check.sm_count == torch.cuda.get_device_properties(dev).multi_processor_count
     assert torch._C._get_sm_carveout_experimental() is None
+    again = ensure_right_gemms(dev, current=check.sm_target, seed=30)  # a re-check, on fresh draws
+    assert not again.repaired and torch._C._get_sm_carveout_experimental() is None

@@ -129,6 +129,7 @@ class _ActorTrainerFields(_Section):
     activation_offload: bool = False
     compile_layers: bool = False
     check_gemms: bool = True
+    gemm_recheck_every: int = 10
     optimizer_offload: bool = False
     optimizer_prefetch: bool = True
     optimizer_prefetch_inflight_mb: int = 256
@@ -253,8 +254,9 @@ class ResourcesConfig(_Section):
     # With resources.mps="start": the share of each GPU's SMs the trainer's kernels may use, in percent
     # (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in the trainer processes' environment), so that the replica
     # keeps the rest while both run; 0 = no cap. For a run that is rollout-bound under MPS. On an H100
-    # caps of 45-85 trained on NaN from wrong cuBLAS GEMMs (measured at 75), which the trainer's startup
-    # check (actor.check_gemms) repairs by planning them for fewer SMs; at 90 training stayed finite.
+    # caps of 45-85 trained on NaN from wrong cuBLAS GEMMs, which the trainer's startup check
+    # (actor.check_gemms, again every actor.gemm_recheck_every steps) repairs by planning them for fewer
+    # SMs; at 75, so repaired, concurrent trained long-prompt-kl at 1.42x colocated (apps/bench).
     mps_trainer_sm_percent: int = 0
     # GPUs per node, to reject layouts that cannot be packed at config load (0 = check at start only).
     gpus_per_node: int = 0

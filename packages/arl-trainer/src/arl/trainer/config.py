@@ -114,6 +114,10 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # are wrong (seen under an MPS SM cap), plan cuBLASLt for fewer SMs until they are right, or raise
     # GemmCorrectnessError (arl.trainer.gemm_check): a few GEMMs and their CPU reference. No-op off CUDA.
     check_gemms: bool = True
+    # An MPS client capped below 100% of the SMs checks its GEMMs again every this many steps, under the
+    # GPU's load of the moment, and plans for fewer SMs if they went wrong (0: at startup only). Which
+    # plans are right moved with a neighbour's load: 78 SMs alone, 70 beside a busy replica (an H100 at 75%).
+    gemm_recheck_every: int = 10
     # Logit elements (tokens × vocabulary) the chunked log-prob head holds at once.
     logprob_chunk_elements: int = 1 << 27
     # The accelerator's dense bf16 peak in TFLOP/s for the `mfu` metric (0 = do not report MFU).
@@ -141,6 +145,12 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "must be >= 0 (None: no bound)",
         )
         _check(self.batch_timeout_s > 0, "batch_timeout_s", self.batch_timeout_s, "must be > 0")
+        _check(
+            self.gemm_recheck_every >= 0,
+            "gemm_recheck_every",
+            self.gemm_recheck_every,
+            "must be >= 0 (0: check the GEMMs at startup only)",
+        )
         _check(
             self.max_tokens_per_microbatch >= 1,
             "max_tokens_per_microbatch",

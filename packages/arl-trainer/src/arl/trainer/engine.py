@@ -42,7 +42,7 @@ from arl.trainer.batch import TrainBatch, trajectory_advantages
 from arl.trainer.config import TrainerConfig, compute_dtype
 from arl.trainer.errors import ReferencePolicyError, RouterReplayError
 from arl.trainer.flops import attention_width_and_layers, matmul_params, train_flops
-from arl.trainer.gemm_check import ensure_right_gemms
+from arl.trainer.gemm_check import ensure_right_gemms, recheck_every
 from arl.trainer.loss_agg import Denominators, aggregate
 from arl.trainer.nonfinite import NonFiniteGuard
 from arl.trainer.offload import HostActivationOffload
@@ -117,6 +117,7 @@ class PackedPolicy:
             if cfg.check_gemms and self.device.type == "cuda"
             else None
         )
+        self._gemm_recheck_every = recheck_every(cfg.gemm_recheck_every) if self.gemm_check else 0
         attn_width, layers = attention_width_and_layers(self.model.config)
         self._n_matmul = matmul_params(self.model)
         self._attn = (attn_width, layers)
@@ -322,6 +323,7 @@ class PackedPolicy:
         alg = cfg.algorithm
         self._check_routes(batch, routes)
         self._steps_done += 1
+        gemm_metrics = self._recheck_gemms()
         aux_coef = cfg.router_aux_loss_coef if self._router_layers else 0.0
         route_stats = RoutingStats()  # the training forwards' routing: each sampled token counted once
         aux_total = 0.0  # Σ over updates of the token-weighted aux loss of this rank's micro-batches
@@ -480,6 +482,7 @@ class PackedPolicy:
         out["nonfinite_skipped"] = float(skipped_nonfinite)
         if self.gemm_check is not None and self.gemm_check.repaired:  # GEMMs planned for fewer SMs
             out["gemm_sm_target"] = float(self.gemm_check.sm_target)
+        out.update(gemm_metrics)
         if kl_in_loss:  # the KL term the loss carried: token mean over each update, averaged over updates
             ref_metrics["kl_ref_mean"] = out.get("kl", 0.0)
         out.update(ref_metrics)
@@ -502,6 +505,22 @@ class PackedPolicy:
         out.update(self._routing_metrics(route_stats, routes is not None, aux_total, len(steps)))
         out.update(gap)
         return out
+
+    def _recheck_gemms(self) -> dict[str, float]:
+        """Every `gemm_recheck_every` steps of a capped MPS client, its GEMMs checked again under the GPU's
+        load of the moment (the replica's, in a concurrent run), and repaired further if they went wrong."""
+        if not (self._gemm_recheck_every and self._steps_done % self._gemm_recheck_every == 0):
+            return {}
+        assert self.gemm_check is not None  # a recheck interval is set only after a startup check
+        t0 = time.perf_counter()
+        self.gemm_check = ensure_right_gemms(
+            self.device,
+            self.model,
+            self.compute_dtype,
+            current=self.gemm_check.sm_target,
+            seed=3 * self._steps_done,  # fresh draws: the check takes seeds seed .. seed + 2
+        )
+        return {"gemm_recheck_s": time.perf_counter() - t0}
 
     def _release_update_memory(self) -> dict[str, float]:
         """optimizer_offload, after the step's last update: gradients dropped, AdamW state to host memory.
