@@ -56,10 +56,10 @@ MIN_SM_TARGET = 8
 
 @dataclass(frozen=True)
 class GemmCheck:
-    """What the startup check found. `sm_target` is None when the device's own plan was right."""
+    """What a check found. `sm_target`: the SMs cuBLASLt plans for now; None is the device's own plan."""
 
     sm_count: int
-    worst_error: float  # with the device's own plan, relative to the reference's standard deviation
+    worst_error: float  # with the plan checked first (at startup the device's own), in reference std units
     sm_target: int | None = None
 
     @property
@@ -141,8 +141,8 @@ def find_sm_target(
     sm_count: int, is_right: Callable[[int | None, int], bool], current: int | None = None
 ) -> int | None:
     """The largest SM target, from the `current` plan (None: the device's own count) down, at which
-    `is_right(target, seed)` holds: the current plan if it is right on seed 0, else the first lower
-    target right on seed 1 and then seed 2. Raises GemmCorrectnessError if no target is right."""
+    `is_right(target, draw)` holds: the current plan if it is right on draw 0, else the first lower
+    target right on draw 1 and then draw 2. Raises GemmCorrectnessError if no target is right."""
     if is_right(current, 0):
         return current
     top = sm_count if current is None else current
