@@ -1,11 +1,13 @@
 """The app on GPUs with vLLM (skipped without CUDA): the colocated layout and the
 concurrent shared-GPU schedule under the run's own MPS daemon on one GPU and, with two GPUs, the split
 layout. Each runs a few steps of the tiny model and must end with the engine holding exactly the
-trainer's weights (every tensor compared bit for bit).
+trainer's weights (every tensor compared bit for bit); the concurrent run caps the trainer's SMs, so it
+checks its GEMMs again at every step.
 
     python -m pytest -q -m gpu tests/test_train_gpu.py
 """
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -44,10 +46,15 @@ def test_concurrent_on_one_gpu_under_the_runs_own_mps_daemon(tmp_path):
         tmp_path,
         "resources.shared_gpu=concurrent",
         "resources.mps=start",
+        "resources.mps_trainer_sm_percent=75",  # a cap whose GEMMs the trainer repaired on an H100
+        "actor.gemm_recheck_every=1",
         "async_training.staleness_threshold=1.0",
     )
     assert s.layout["shared_gpu"] == "concurrent" and s.layout["transport"] == "cuda_ipc" and s.steps == 3
     assert s.weights_equal_after_sync and s.weights_max_abs_diff == 0.0, s.weights_problems
+    # The capped trainer checked its GEMMs again at every step, beside the generating replica.
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["gemm_recheck_s"] > 0 for r in rows), rows
     # The trainer rank and the replica's engine core were the daemon's clients; it quit at the end.
     assert mps.clients_seen(tmp_path / "mps") >= 2, (tmp_path / "mps" / "control.log").read_text()
     assert set(Path("/tmp").glob("arl-mps-*")) == pipes_before

@@ -13,6 +13,7 @@ TRAINER_CASES = [
     ("temperature", 0.0),
     ("max_version_lag", -1),
     ("batch_timeout_s", 0.0),
+    ("gemm_recheck_every", -1),
     ("max_tokens_per_microbatch", 0),
     ("loss_agg_norm_len", 0),
     ("logprob_chunk_elements", 0),
