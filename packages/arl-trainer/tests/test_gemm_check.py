@@ -112,13 +112,21 @@ def blas_plan():
     torch.backends.cuda.preferred_blas_library(library)
 
 
-def right_only_planned_for_68_of_98(x, w, b=None):
-    """A linear that is wrong (one band of rows off) unless GEMMs are planned for 68 SMs or fewer of 98."""
-    y = LINEAR(x, w, b)
-    carveout = torch._C._get_sm_carveout_experimental()
-    if carveout is None or 98 - carveout > 68:
-        y = y + torch.zeros_like(y).index_fill_(0, torch.arange(min(64, y.shape[0])), 5.0)
-    return y
+def right_only_planned_for(most_sms: int, sm_count: int = 98):
+    """A linear that is wrong (one band of rows off) unless GEMMs are planned for `most_sms` SMs or
+    fewer of `sm_count`, as a capped MPS client's were."""
+
+    def linear(x, w, b=None):
+        y = LINEAR(x, w, b)
+        carveout = torch._C._get_sm_carveout_experimental()
+        if carveout is None or sm_count - carveout > most_sms:
+            y = y + torch.zeros_like(y).index_fill_(0, torch.arange(min(64, y.shape[0])), 5.0)
+        return y
+
+    return linear
+
+
+right_only_planned_for_68_of_98 = right_only_planned_for(68)
 
 
 def test_wrong_gemms_are_repaired_with_the_largest_right_target(monkeypatch, blas_plan):
@@ -151,13 +159,8 @@ def test_the_check_is_for_cuda_devices():
         gemm_check.ensure_right_gemms(torch.device("cpu"))
 
 
-def right_only_planned_for_60_or_fewer_of_98(x, w, b=None):
-    """As `right_only_planned_for_68_of_98`, after a neighbour's load moved the right plans lower."""
-    y = LINEAR(x, w, b)
-    carveout = torch._C._get_sm_carveout_experimental()
-    if carveout is None or 98 - carveout > 60:
-        y = y + torch.zeros_like(y).index_fill_(0, torch.arange(min(64, y.shape[0])), 5.0)
-    return y
+# As `right_only_planned_for_68_of_98`, after a neighbour's load moved the right plans lower.
+right_only_planned_for_60_or_fewer_of_98 = right_only_planned_for(60)
 
 
 def test_a_recheck_keeps_a_repair_that_is_still_right(monkeypatch, blas_plan):
