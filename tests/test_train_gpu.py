@@ -1,7 +1,7 @@
-"""The app on GPUs with vLLM (skipped without CUDA): the colocated layout and the
-concurrent shared-GPU schedule under the run's own MPS daemon on one GPU and, with two GPUs, the split
-layout. Each runs a few steps of the tiny model and must end with the engine holding exactly the
-trainer's weights (every tensor compared bit for bit); the concurrent run caps the trainer's SMs, so it
+"""The app on GPUs with vLLM (skipped without CUDA): the colocated layout and the one-GPU default
+(configs/gpu_1.toml as shipped: concurrent under the run's own MPS daemon, the trainer's SMs capped) on
+one GPU and, with two GPUs, the split layout. Each runs a few steps of the tiny model and must end with
+the engine holding exactly the trainer's weights (every tensor compared bit for bit); the capped trainer
 checks its GEMMs again at every step.
 
     python -m pytest -q -m gpu tests/test_train_gpu.py
@@ -20,13 +20,15 @@ from arl_train.config import load_config
 from arl_train.run import run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.e2e]
-CONFIG = Path(__file__).resolve().parents[1] / "apps" / "train" / "configs" / "gpu_tiny.toml"
+CONFIGS = Path(__file__).resolve().parents[1] / "apps" / "train" / "configs"
+CONFIG = CONFIGS / "gpu_tiny.toml"
 
 
-def _run(tmp_path, *overrides):
+def _run(tmp_path, *overrides, config_file=CONFIG):
     pytest.importorskip("vllm")
     config = load_config(
-        CONFIG, [f"output.dir={tmp_path}", "trainer.total_steps=3", "rollout.enforce_eager=true", *overrides]
+        config_file,
+        [f"output.dir={tmp_path}", "trainer.total_steps=3", "rollout.enforce_eager=true", *overrides],
     )
     return run(config, log=print)
 
@@ -40,16 +42,9 @@ def test_colocated_on_one_gpu(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which(mps.CONTROL) is None, reason="no nvidia-cuda-mps-control on this machine")
-def test_concurrent_on_one_gpu_under_the_runs_own_mps_daemon(tmp_path):
+def test_the_one_gpu_default_concurrent_under_the_runs_own_mps_daemon(tmp_path):
     pipes_before = set(Path("/tmp").glob("arl-mps-*"))
-    s = _run(
-        tmp_path,
-        "resources.shared_gpu=concurrent",
-        "resources.mps=start",
-        "resources.mps_trainer_sm_percent=75",  # a cap whose GEMMs the trainer repaired on an H100
-        "actor.gemm_recheck_every=1",
-        "async_training.staleness_threshold=1.0",
-    )
+    s = _run(tmp_path, "actor.gemm_recheck_every=1", config_file=CONFIGS / "gpu_1.toml")
     assert s.layout["shared_gpu"] == "concurrent" and s.layout["transport"] == "cuda_ipc" and s.steps == 3
     assert s.weights_equal_after_sync and s.weights_max_abs_diff == 0.0, s.weights_problems
     # The capped trainer checked its GEMMs again at every step, beside the generating replica.

@@ -256,7 +256,8 @@ class ResourcesConfig(_Section):
     # keeps the rest while both run; 0 = no cap. For a run that is rollout-bound under MPS. On an H100
     # caps of 45-85 trained on NaN from wrong cuBLAS GEMMs, which the trainer's startup check
     # (actor.check_gemms, again every actor.gemm_recheck_every steps) repairs by planning them for fewer
-    # SMs; at 75, so repaired, concurrent trained long-prompt-kl at 1.42x colocated (apps/bench).
+    # SMs; at 75, so repaired, concurrent trained long-prompt-kl at 1.34x colocated, time_sliced 1.22x in
+    # the same run (apps/bench); configs/gpu_1.toml runs it.
     mps_trainer_sm_percent: int = 0
     # GPUs per node, to reject layouts that cannot be packed at config load (0 = check at start only).
     gpus_per_node: int = 0
