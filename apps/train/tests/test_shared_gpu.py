@@ -40,6 +40,20 @@ def test_a_shared_schedule_is_colocated_and_keeps_the_async_mode(schedule):
     assert engine_config(cfg, "/m", 0, 0)[1].enable_sleep_mode == (schedule == "time_sliced")
 
 
+def test_the_one_gpu_config_runs_concurrent_under_mps_and_names_the_keys_to_take_turns_instead():
+    one_gpu = Path(__file__).resolve().parents[1] / "configs" / "gpu_1.toml"
+    r = load_config(one_gpu).resources
+    assert (r.shared_gpu, r.mps, r.mps_trainer_sm_percent) == ("concurrent", "start", 75)
+    with pytest.raises(ConfigError, match=r"resources\.mps=off resources\.mps_trainer_sm_percent=0"):
+        load_config(one_gpu, ["resources.shared_gpu=time_sliced"])
+    taking_turns = [
+        "resources.shared_gpu=time_sliced",
+        "resources.mps=off",
+        "resources.mps_trainer_sm_percent=0",
+    ]
+    assert layout_of(load_config(one_gpu, taking_turns)).sleeps
+
+
 def test_time_sliced_always_resumes_partials_and_mode_b_keeps_its_sync_period():
     c = load_config(overrides=["resources.shared_gpu=time_sliced"], mode="c")
     assert c.async_training.partial_rollout and c.async_training.staleness_threshold == 0.5

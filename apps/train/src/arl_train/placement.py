@@ -300,7 +300,8 @@ def _check_mps(config: AppConfig) -> None:
         key,
         r.mps,
         "is for resources.shared_gpu='concurrent', the one schedule where the trainer and the replica run at "
-        f"once (resources.shared_gpu={r.shared_gpu!r})",
+        f"once (resources.shared_gpu={r.shared_gpu!r}); another schedule takes resources.mps=off "
+        "resources.mps_trainer_sm_percent=0",
     )
     require(
         config.rollout.device == "cuda" or r.trainer_gpus > 0,
