@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from arl_bench.cli import _write_and_print
+from arl_bench.cli import _write_and_print, best_schedule_line
 from arl_bench.compare import drawn_from_stock, summarize
 from arl_bench.report import COLUMNS, table
 
@@ -168,3 +168,17 @@ def test_an_ideal_for_a_mode_the_compare_did_not_run_says_so(tmp_path, capsys):
     assert _write_and_print(result, tmp_path) == 0
     out = capsys.readouterr().out
     assert "time_sliced 1.11× (not run), concurrent 1.19× (measured 116% of it)" in out
+
+
+def test_the_best_schedule_is_named_with_its_margin_over_the_next():
+    """The headlines of the side-by-side long-prompt-kl compare on an H100 (2026-12-07): concurrent from a
+    steady window, time_sliced from its bounds; a mode without a headline figure is left out."""
+    headline = {
+        "time_sliced": {"source": "bounds", "trained_tokens_speedup": 1.2177},
+        "concurrent": {"source": "steady window", "trained_tokens_speedup": 1.3430},
+        "b": {"source": "non-finite training", "trained_tokens_speedup": None},
+    }
+    assert best_schedule_line(headline) == (
+        "best schedule by its headline: concurrent (1.34× colocated in trained tokens/s), 1.10× time_sliced's 1.22×"
+    )
+    assert best_schedule_line({"concurrent": headline["concurrent"], "b": headline["b"]}) is None
