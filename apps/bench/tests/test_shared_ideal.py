@@ -112,8 +112,8 @@ def _window(trained, generated, samples):
 
 
 def test_the_headline_comes_from_a_steady_window_or_else_from_the_bounds():
-    from arl_bench.cli import headline_line
     from arl_bench.compare import headline
+    from arl_bench.report import headline_line
 
     bounds = {"colocated": 5617.0, "time_sliced": 7302.0}
     # Both trained within ±5% of what they generated: the window's own ratios, tokens first.

@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from arl_bench.cli import _write_and_print, best_schedule_line
+from arl_bench.cli import _write_and_print
 from arl_bench.compare import drawn_from_stock, summarize
-from arl_bench.report import COLUMNS, table
+from arl_bench.report import COLUMNS, best_schedule_line, table
 
 
 def step_row(step: int, **extra: float) -> dict:

@@ -65,15 +65,10 @@ def _report(args: argparse.Namespace) -> int:
     return _write_and_print(result, out)
 
 
-def _share_of(share: float | None) -> str:
-    """How much of a bound a mode measured, or that the compare did not run that mode."""
-    return "(not run)" if share is None else f"(measured {share:.0%} of it)"
-
-
 def _write_and_print(result: dict, out: Path) -> int:
     """bench.json, bench.png and the table; 1 when a mode failed or ended with weights unlike the trainer's."""
     from arl_bench.compare import STOCK_WARNING_SHARE, drawn_from_stock, trained_finite
-    from arl_bench.report import table, write
+    from arl_bench.report import best_schedule_line, headline_line, share_of, table, write
 
     json_path, png = write(result, out)
     print(table(result["modes"]))
@@ -94,7 +89,7 @@ def _write_and_print(result: dict, out: Path) -> int:
         print(
             "arl-bench: ideal over colocated "
             + ", ".join(
-                f"{m} {v:.2f}× " + _share_of(result["share_of_ideal"].get(m))
+                f"{m} {v:.2f}× " + share_of(result["share_of_ideal"].get(m))
                 for m, v in result["ideal_speedups"].items()
             )
         )
@@ -132,56 +127,6 @@ def _write_and_print(result: dict, out: Path) -> int:
         print("arl-bench: a run ended with engine weights different from the trainer's", file=sys.stderr)
         return 1
     return 0
-
-
-def headline_line(headline: dict[str, dict]) -> str:
-    """The speedups over colocated a headline may state (compare.headline), trained tokens/s first."""
-    parts = []
-    for mode, h in headline.items():
-        window = f"window {h['window_trained_tokens_speedup']:.2f}×"
-        if h["source"] == "steady window":
-            parts.append(
-                f"{mode} {h['trained_tokens_speedup']:.2f}× trained tokens/s, {h['samples_speedup']:.2f}× "
-                f"samples/s (steady window: trained within ±5% of generated)"
-            )
-        elif h["source"] in ("bounds", "window below its bound"):
-            imbalance = h["window_imbalance"]
-            why = (
-                f"trained {imbalance:.0%} off what it generated" if imbalance is not None else "no generation"
-            )
-            if h["source"] == "bounds":
-                what = f"from the bounds (the window is not steady: {why}; {window} as a footnote only)"
-            else:
-                what = (
-                    f"from the window, below its bound's {h['bound_trained_tokens_speedup']:.2f}× (the window "
-                    f"is not steady: {why}; both overstate a long run, the lower is stated)"
-                )
-            parts.append(f"{mode} {h['trained_tokens_speedup']:.2f}× trained tokens/s {what}")
-        elif h["source"] == "non-finite training":
-            parts.append(f"{mode}: no headline (its run or colocated's trained on NaN/inf; {window})")
-        else:
-            parts.append(f"{mode}: no headline (the window is not steady and it has no bound; {window})")
-    return "headline over colocated: " + "; ".join(parts)
-
-
-def best_schedule_line(headline: dict[str, dict]) -> str | None:
-    """Which schedule's headline is highest, and by how much over the next: the choice between schedules
-    (the one-GPU default is taken from it). None unless two modes have a headline figure."""
-    stated = sorted(
-        (
-            (h["trained_tokens_speedup"], mode)
-            for mode, h in headline.items()
-            if h.get("trained_tokens_speedup")
-        ),
-        reverse=True,
-    )
-    if len(stated) < 2:
-        return None
-    (best, best_mode), (next_best, next_mode) = stated[:2]
-    return (
-        f"best schedule by its headline: {best_mode} ({best:.2f}× colocated in trained tokens/s), "
-        f"{best / next_best:.2f}× {next_mode}'s {next_best:.2f}×"
-    )
 
 
 def _rates_row(path: Path, workload: str) -> dict:

@@ -1,4 +1,4 @@
-"""The bench's output: a table on the terminal, JSON, and one PNG."""
+"""The bench's output: a table on the terminal, the lines that state its headline, JSON, and one PNG."""
 
 from __future__ import annotations
 
@@ -84,3 +84,58 @@ def plot(modes: dict[str, dict[str, Any]], path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def share_of(share: float | None) -> str:
+    """How much of a bound a mode measured, or that the compare did not run that mode."""
+    return "(not run)" if share is None else f"(measured {share:.0%} of it)"
+
+
+def headline_line(headline: dict[str, dict]) -> str:
+    """The speedups over colocated a headline may state (compare.headline), trained tokens/s first."""
+    parts = []
+    for mode, h in headline.items():
+        window = f"window {h['window_trained_tokens_speedup']:.2f}×"
+        if h["source"] == "steady window":
+            parts.append(
+                f"{mode} {h['trained_tokens_speedup']:.2f}× trained tokens/s, {h['samples_speedup']:.2f}× "
+                f"samples/s (steady window: trained within ±5% of generated)"
+            )
+        elif h["source"] in ("bounds", "window below its bound"):
+            imbalance = h["window_imbalance"]
+            why = (
+                f"trained {imbalance:.0%} off what it generated" if imbalance is not None else "no generation"
+            )
+            if h["source"] == "bounds":
+                what = f"from the bounds (the window is not steady: {why}; {window} as a footnote only)"
+            else:
+                what = (
+                    f"from the window, below its bound's {h['bound_trained_tokens_speedup']:.2f}× (the window "
+                    f"is not steady: {why}; both overstate a long run, the lower is stated)"
+                )
+            parts.append(f"{mode} {h['trained_tokens_speedup']:.2f}× trained tokens/s {what}")
+        elif h["source"] == "non-finite training":
+            parts.append(f"{mode}: no headline (its run or colocated's trained on NaN/inf; {window})")
+        else:
+            parts.append(f"{mode}: no headline (the window is not steady and it has no bound; {window})")
+    return "headline over colocated: " + "; ".join(parts)
+
+
+def best_schedule_line(headline: dict[str, dict]) -> str | None:
+    """Which schedule's headline is highest, and by how much over the next: the choice between schedules
+    (the one-GPU default is taken from it). None unless two modes have a headline figure."""
+    stated = sorted(
+        (
+            (h["trained_tokens_speedup"], mode)
+            for mode, h in headline.items()
+            if h.get("trained_tokens_speedup")
+        ),
+        reverse=True,
+    )
+    if len(stated) < 2:
+        return None
+    (best, best_mode), (next_best, next_mode) = stated[:2]
+    return (
+        f"best schedule by its headline: {best_mode} ({best:.2f}× colocated in trained tokens/s), "
+        f"{best / next_best:.2f}× {next_mode}'s {next_best:.2f}×"
+    )
